@@ -1,0 +1,156 @@
+"""`fairserve` command line. Bad input gets one `fairserve: error: ...` line and exit status 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .core import POLICIES, make_policy
+from .metrics import Summary, summarize
+from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
+from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
+
+
+class CliError(Exception):
+    pass
+
+
+def _weights(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        client, sep, value = part.partition("=")
+        try:
+            out[client.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not client.strip() or not out[client.strip()] > 0:
+            raise CliError(f"bad --weights entry {part!r}: expected CLIENT=WEIGHT with WEIGHT > 0")
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fairserve", description="Fair sharing of an LLM server among many clients.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("simulate", help="run a workload on the simulated continuous-batching engine",
+                       description="Run a workload on the simulated engine and print per-client service, response "
+                                   "times and fairness.")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
+    src.add_argument("--trace", metavar="FILE", help="a request trace (CSV/JSONL; see docs/workloads.md)")
+    s.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS)
+    s.add_argument("--policy", default="vtc", metavar="P[,P...]",
+                   help=f"policies to compare: {', '.join(POLICIES)} (rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)")
+    s.add_argument("--weights", metavar="c=w,...", help="client weights for weighted VTC, e.g. client-0=1,client-1=2")
+    s.add_argument("--cost", default="linear", choices=["linear", "profiled"],
+                   help="service cost function (profiled: the paper's A10G/Llama-2-7b h(x, y))")
+    s.add_argument("--w-p", type=float, default=1.0, help="weight of a prompt token (linear cost)")
+    s.add_argument("--w-q", type=float, default=2.0, help="weight of an output token (linear cost)")
+    s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
+    s.add_argument("--kv-tokens", type=_positive_int, metavar="N", help="KV-cache pool in tokens")
+    s.add_argument("--engine-mode", default="reserve", choices=["reserve", "paged"],
+                   help="reserve: the paper's conservative admission; paged: vLLM-like with preemption")
+    s.add_argument("--duration", type=_positive_float, metavar="S", help="shorten a named workload to S seconds")
+    s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _simulate(args)
+    except (CliError, WorkloadError, ValueError, OSError) as e:
+        print(f"fairserve: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    if args.trace:
+        if not Path(args.trace).is_file():
+            raise CliError(f"trace file not found: {args.trace}")
+        workload = load_trace(args.trace, args.trace_format, seed=args.seed)
+    else:
+        workload = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
+    if not workload.arrivals:
+        raise CliError("the workload has no requests")
+    weights = _weights(args.weights) or workload.weights
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not policies:
+        raise CliError("--policy needs at least one policy")
+    for spec in policies:          # validate everything before the first (slow) run
+        make_policy(spec, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q)
+    if args.profile:
+        get_latency_model(args.profile)
+    print(f"workload {workload.name}: {len(workload.arrivals)} requests from "
+          f"{len({a.client for a in workload.arrivals})} clients over {workload.duration_s:g} s")
+    for spec in policies:
+        result = simulate(workload, spec, latency=args.profile, kv_tokens=args.kv_tokens, mode=args.engine_mode,
+                          drain=args.drain, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q,
+                          seed=args.seed)
+        duration = result.end_s if args.drain else workload.duration_s
+        summary = summarize(result.records, duration, args.w_p, args.w_q, weights)
+        print()
+        print(format_summary(result, summary))
+        if args.json:
+            out = Path(args.json)
+            if len(policies) > 1:
+                out = out.with_name(f"{out.stem}.{spec.replace(':', '-')}{out.suffix or '.json'}")
+            write_json(out, result, summary)
+            print(f"wrote {out}")
+    return 0
+
+
+def format_summary(result: SimResult, s: Summary) -> str:
+    cfg = result.config
+    lines = [f"policy {result.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
+             f"simulated {s.duration_s:.0f} s)",
+             f"{'client':<12}{'reqs':>6}{'done':>6}{'rej':>6}{'service':>11}{'svc/s':>9}"
+             f"{'resp mean':>11}{'p50':>8}{'p90':>8}"]
+    for c in s.clients.values():
+        rt = (f"{c.response_mean_s:>10.2f}s{c.response_p50_s:>7.2f}s{c.response_p90_s:>7.2f}s"
+              if c.response_mean_s is not None else f"{'-':>11}{'-':>8}{'-':>8}")
+        lines.append(f"{c.client:<12}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.service:>11,.0f}"
+                     f"{c.service_rate:>9.1f}{rt}")
+    jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
+    pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
+    lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
+              f"max service difference between backlogged clients: {s.max_backlogged_diff:,.0f}{pair}",
+              f"Jain's index (60 s windows, backlogged clients): {jain}"]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, result: SimResult, summary: Summary) -> None:
+    doc = {"summary": {"policy": result.policy.name, "engine_mode": result.config.mode,
+                       "kv_tokens": result.config.kv_tokens, "decode_steps": result.decode_steps,
+                       "preemptions": result.preemptions, **summary.to_dict()},
+           "requests": [r.to_dict() for r in result.records]}
+    path.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

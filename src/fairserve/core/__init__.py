@@ -1,0 +1,16 @@
+"""The engine-agnostic scheduling core: requests, cost functions, predictors and policies."""
+from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
+from .factory import POLICIES, SchedulingPolicy, make_policy
+from .fcfs import FCFS, RPM
+from .policy import Policy, PolicyError
+from .predictor import MovingAveragePredictor, NoisyOraclePredictor, OraclePredictor, Predictor, make_predictor
+from .request import Request, RequestState
+from .vtc import VTC
+
+__all__ = [
+    "CostFunction", "LinearCost", "make_cost", "profiled_a10g_llama2_7b",
+    "POLICIES", "SchedulingPolicy", "make_policy",
+    "FCFS", "RPM", "VTC", "Policy", "PolicyError",
+    "Predictor", "OraclePredictor", "NoisyOraclePredictor", "MovingAveragePredictor", "make_predictor",
+    "Request", "RequestState",
+]

@@ -1,0 +1,194 @@
+"""The one policy interface every driver (simulator, gateway, real engines) uses.
+
+A driver tells the policy what happens to requests; the policy decides admission *order* and keeps
+per-client accounts. Capacity is the driver's business: `admit(fits)` asks the driver's callback.
+
+    arrive ──add()──> queued ──pop()/admit()──> running ──finish()/abort()──> done
+                        ^                          │
+                        └────────requeue()─────────┘   (preempted: keeps its charges, no lift)
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+
+from .cost import CostFunction, LinearCost
+from .predictor import Predictor
+from .request import Request, RequestState
+
+QUEUED, RUNNING = RequestState.QUEUED, RequestState.RUNNING
+
+
+class PolicyError(RuntimeError):
+    """The driver broke the protocol (e.g. finished a request that was never admitted)."""
+
+
+class Policy(ABC):
+    """Base class: request life cycle and charging. Subclasses implement the queue (`_enqueue`, `peek`, `_dequeue`,
+    `_remove`) and may react to charges (`_on_charge`) to keep virtual counters."""
+
+    name = "policy"
+
+    def __init__(self, cost: CostFunction | None = None, weights: dict[str, float] | None = None,
+                 predictor: Predictor | None = None) -> None:
+        self.cost = cost if cost is not None else LinearCost()
+        self.predictor = predictor
+        self.weights: dict[str, float] = {}
+        for client, w in (weights or {}).items():
+            self.set_weight(client, w)
+        self.service: dict[str, float] = {}   # cost actually charged per client (not divided by weight)
+        self.num_queued = 0
+        self._seq = 0
+
+    # ---- arrivals -----------------------------------------------------------------------------------------------
+    def add(self, req: Request, now: float | None = None) -> bool:
+        """A request arrives. Returns False if the policy rejects it (only rate-limiting policies do)."""
+        if req.client not in self.service:
+            self.service[req.client] = 0.0
+            self._new_client(req.client)
+        if not self._accept(req, req.arrival_s if now is None else now):
+            req.state = RequestState.REJECTED
+            return False
+        self._seq += 1
+        req.seq = self._seq
+        req.state = QUEUED
+        self.num_queued += 1
+        self._enqueue(req, front=False)
+        return True
+
+    # ---- admission ----------------------------------------------------------------------------------------------
+    @abstractmethod
+    def peek(self) -> Request | None:
+        """The request the policy would admit next, or None if nothing is queued."""
+
+    def pop(self) -> Request:
+        """Admit the request `peek()` returned: it starts running and is charged its admission cost."""
+        req = self.peek()
+        if req is None:
+            raise PolicyError("pop() with nothing queued")
+        self._dequeue(req)
+        self.num_queued -= 1
+        req.state = RUNNING
+        if not req.admitted:     # NOTE: a preempted request re-prefills, but it was charged already
+            req.admitted = True
+            amount = self.cost.prompt(req.prompt_tokens)
+            if self.predictor is not None:
+                req.predicted = self.predictor.predict(req)
+                amount += self.cost.output(req.prompt_tokens, 0, req.predicted)
+            self._charge(req, amount)
+        return req
+
+    def admit(self, fits: Callable[[Request], bool], limit: int | None = None) -> list[Request]:
+        """Pop requests in policy order while the driver's `fits(req)` accepts them (it should account for each
+        accepted request itself). Stops at the first that does not fit: the policy's order is strict."""
+        out: list[Request] = []
+        while limit is None or len(out) < limit:
+            req = self.peek()
+            if req is None or not fits(req):
+                break
+            out.append(self.pop())
+        return out
+
+    # ---- progress -----------------------------------------------------------------------------------------------
+    def on_output(self, req: Request, tokens: int = 1) -> None:
+        """`tokens` more output tokens were decoded for `req`. Only tokens beyond a prediction are charged."""
+        y0 = req.output_done
+        y1 = req.output_done = y0 + tokens
+        p = req.predicted
+        if y1 > p:
+            self._charge(req, self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1))
+
+    def on_prompt(self, req: Request, prompt_tokens: int) -> None:
+        """The driver learned the true prompt size (e.g. from a backend's `usage`): re-charge the difference."""
+        if prompt_tokens != req.prompt_tokens:
+            old = self._expected(req)
+            req.prompt_tokens = prompt_tokens
+            if req.admitted:
+                self._charge(req, self._expected(req) - old)
+
+    def _expected(self, req: Request) -> float:
+        return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) if req.admitted else 0.0
+
+    # ---- endings ------------------------------------------------------------------------------------------------
+    def finish(self, req: Request, output_tokens: int | None = None) -> None:
+        """`req` finished. With `output_tokens` (e.g. the final `usage`) the account is reconciled to it; any
+        predicted output that was not produced is refunded."""
+        if req.state is not RUNNING:
+            raise PolicyError(f"finish() of request {req.id!r} in state {req.state.value}")
+        self._close(req, output_tokens)
+        req.state = RequestState.FINISHED
+        if self.predictor is not None:
+            self.predictor.observe(req, req.output_done)
+
+    def abort(self, req: Request) -> None:
+        """Cancel `req`: dropped from the queue if queued; if running, charged only for what was produced."""
+        if req.state is QUEUED:
+            self._remove(req)
+            self.num_queued -= 1
+            if req.admitted:      # preempted and re-queued: settle what it already got
+                self._close(req, None)
+        elif req.state is RUNNING:
+            self._close(req, None)
+        else:
+            return
+        req.state = RequestState.ABORTED
+
+    def requeue(self, req: Request) -> None:
+        """The engine preempted `req` (e.g. evict-and-recompute): back to the front of its queue. Its charges stand,
+        it is not charged again when re-admitted, and it is not a new arrival (no counter lift)."""
+        if req.state is not RUNNING:
+            raise PolicyError(f"requeue() of request {req.id!r} in state {req.state.value}")
+        req.state = QUEUED
+        self.num_queued += 1
+        self._enqueue(req, front=True)
+
+    def _close(self, req: Request, output_tokens: int | None) -> None:
+        if output_tokens is not None:
+            req.output_done = output_tokens
+        delta = self.cost.total(req.prompt_tokens, req.output_done) - req.charged
+        if delta:
+            self._charge(req, delta)
+
+    # ---- accounts -----------------------------------------------------------------------------------------------
+    def _charge(self, req: Request, amount: float) -> None:
+        req.charged += amount
+        self.service[req.client] += amount
+        self._on_charge(req.client, amount)
+
+    def set_weight(self, client: str, weight: float) -> None:
+        if not weight > 0:
+            raise ValueError(f"weight of {client!r} must be > 0, got {weight}")
+        self.weights[client] = float(weight)
+
+    def weight(self, client: str) -> float:
+        return self.weights.get(client, 1.0)
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """Per-client virtual counters (for policies without counters: the service received)."""
+        return dict(self.service)
+
+    def queued_clients(self) -> Iterable[str]:
+        """Clients with at least one queued request (the paper's 'backlogged' clients)."""
+        raise NotImplementedError
+
+    # ---- hooks for subclasses -----------------------------------------------------------------------------------
+    def _new_client(self, client: str) -> None:
+        pass
+
+    def _accept(self, req: Request, now: float) -> bool:
+        return True
+
+    def _on_charge(self, client: str, amount: float) -> None:
+        pass
+
+    @abstractmethod
+    def _enqueue(self, req: Request, front: bool) -> None: ...
+
+    @abstractmethod
+    def _dequeue(self, req: Request) -> None:
+        """Remove `req`, which `peek()` just returned."""
+
+    @abstractmethod
+    def _remove(self, req: Request) -> None:
+        """Remove a queued request from anywhere in the queue."""

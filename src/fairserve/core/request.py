@@ -1,0 +1,40 @@
+"""A request as the scheduling core sees it: who sent it, how big it is, and what has been charged for it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RequestState(str, Enum):
+    QUEUED = "queued"        # waiting for admission (this is what makes a client "backlogged")
+    RUNNING = "running"      # admitted by the policy, being served by the engine
+    FINISHED = "finished"
+    ABORTED = "aborted"      # cancelled by the client or the driver
+    REJECTED = "rejected"    # refused at arrival (e.g. an RPM limit)
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Request:
+    """One request. The driver fills the first block; the policy owns the accounting block.
+
+    `eq=False`: requests are compared and hashed by identity, so they can key dicts and sets.
+    """
+
+    id: object
+    client: str
+    prompt_tokens: int
+    max_tokens: int | None = None
+    predicted_output: int | None = None   # the driver's hint (the simulator passes the true length: the oracle)
+    arrival_s: float = 0.0
+
+    # accounting, written only by the policy
+    state: RequestState = RequestState.QUEUED
+    admitted: bool = False      # admitted at least once (a preempted, re-queued request keeps this)
+    output_done: int = 0        # output tokens reported so far
+    predicted: int = 0          # output tokens charged ahead at admission (vtc-predict)
+    charged: float = 0.0        # total cost charged to the client for this request so far
+    seq: int = 0                # arrival order, for deterministic ties
+
+    @property
+    def done(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.ABORTED, RequestState.REJECTED)

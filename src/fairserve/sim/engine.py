@@ -1,0 +1,231 @@
+"""A discrete-event simulation of one continuous-batching LLM server driving a fairserve policy.
+
+The loop is the S-LoRA / LightLLM router's: with nothing running, admit a batch and prefill it; otherwise decode up
+to `max_wait_steps` steps, then try to admit a mini-batch (prefill and merge it), and keep decoding if nothing fits.
+Time advances by the latency model's prefill and decode-step durations; arrivals join the policy at step boundaries
+(with their true arrival time).
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..core.policy import Policy
+from ..core.request import Request, RequestState
+from ..records import RequestRecord
+from .budget import PagedBudget, ReserveBudget
+from .latency import LatencyModel
+
+Mode = Literal["reserve", "paged"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_tokens: int = 10_000                 # KV-cache pool (A10G + Llama-2-7b in the paper)
+    batch_max_tokens: int | None = None     # prefill budget per round; None = max(kv_tokens // 6, 3072)
+    max_wait_steps: int | None = None       # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
+    mode: Mode = "reserve"
+    running_max: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("reserve", "paged"):
+            raise ValueError(f"engine mode must be 'reserve' or 'paged', got {self.mode!r}")
+        if self.kv_tokens < 2:
+            raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.batch_max_tokens if self.batch_max_tokens else max(self.kv_tokens // 6, 3072)
+
+    @property
+    def wait_steps(self) -> int:
+        if self.max_wait_steps is not None:
+            return self.max_wait_steps
+        return 10 if self.mode == "reserve" else 0
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class SimRequest(Request):
+    output_tokens: int           # the true length; the client sends max_tokens = output_tokens (ignore_eos)
+    generated: int = 0           # output tokens produced before the current run (non-zero after a preemption)
+    step_base: int = 0           # decode-step counter when the current run's prefill finished
+    admit_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    last_token_s: float | None = None
+    rejected_reason: str | None = None
+
+    def generated_at(self, step: int) -> int:
+        """Output tokens produced by decode step `step` (the prefill produced one)."""
+        return self.generated + (step - self.step_base) if self.state is RequestState.RUNNING else self.generated
+
+
+@dataclass
+class SimResult:
+    records: list[RequestRecord]
+    policy: Policy
+    end_s: float
+    decode_steps: int
+    prefills: int
+    preemptions: int
+    config: EngineConfig
+    extra: dict = field(default_factory=dict)
+
+
+class SimEngine:
+    """Drives `policy` with the arrivals of a workload. One instance runs one simulation."""
+
+    def __init__(self, policy: Policy, latency: LatencyModel, config: EngineConfig | None = None,
+                 observer: Callable[[SimEngine], None] | None = None) -> None:
+        self.policy = policy
+        self.latency = latency
+        self.config = config or EngineConfig()
+        self.observer = observer            # called after every prefill and decode step (tests, tracing)
+        self.now = 0.0
+        self.step = 0                       # decode steps so far
+        self.kv_used = 0                    # = sum over running requests of prompt + generated tokens
+        self.running: dict[SimRequest, None] = {}   # admission order (paged mode evicts the newest)
+        self._ends: list[tuple[int, int, SimRequest]] = []   # (step at which it has all its tokens, seq, req)
+        self._live = getattr(policy, "needs_live_counters", True)
+        self.prefills = self.preemptions = 0
+
+    @property
+    def kv_free(self) -> int:
+        return self.config.kv_tokens - self.kv_used
+
+    def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
+        """Simulate until every request is done, or until `until_s` (the rest is reported `unfinished`)."""
+        reqs = [SimRequest(id=i, client=a.client, prompt_tokens=a.prompt_tokens, max_tokens=a.output_tokens,
+                           predicted_output=a.output_tokens, arrival_s=a.arrival_s, output_tokens=a.output_tokens)
+                for i, a in enumerate(arrivals)]
+        reqs.sort(key=lambda r: r.arrival_s)
+        policy, cfg, n, i, waited = self.policy, self.config, len(reqs), 0, 0
+        horizon = float("inf") if until_s is None else until_s
+        while True:
+            while i < n and reqs[i].arrival_s <= self.now:
+                self._arrive(reqs[i])
+                i += 1
+            if self.now >= horizon:
+                break
+            if not self.running:
+                if policy.num_queued == 0:
+                    if i == n:
+                        break
+                    self.now = min(max(self.now, reqs[i].arrival_s), horizon)   # idle until the next arrival
+                    continue
+                waited = 0
+                if not self._admit():
+                    raise RuntimeError("nothing fits an empty engine")   # oversized requests are rejected earlier
+                continue
+            if waited >= cfg.wait_steps and policy.num_queued and self._admit():
+                waited = 0
+                continue
+            self._decode()
+            waited += 1
+        self._sync()
+        return SimResult([_record(r, self.step, self.now) for r in reqs], policy, self.now, self.step, self.prefills,
+                         self.preemptions, cfg)
+
+    # ---- events -------------------------------------------------------------------------------------------------
+    def _arrive(self, req: SimRequest) -> None:
+        cfg = self.config
+        if req.prompt_tokens > cfg.prefill_tokens or req.prompt_tokens + req.output_tokens >= cfg.kv_tokens:
+            req.state = RequestState.REJECTED
+            req.rejected_reason = "too large for the engine"
+            return
+        if self._live and self.running:
+            self._sync()     # the counter lift compares against up-to-date counters
+        self.policy.add(req, now=req.arrival_s)
+
+    def _admit(self) -> bool:
+        cfg, running = self.config, list(self.running)
+        if self._live:
+            self._sync()
+        if cfg.mode == "reserve":
+            budget = ReserveBudget(running, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
+        else:
+            budget = PagedBudget(self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
+        batch = self.policy.admit(budget.try_add)
+        if batch:
+            self._prefill(batch)
+        return bool(batch)
+
+    def _prefill(self, batch: list[SimRequest]) -> None:
+        start = self.now
+        self.now += self.latency.prefill_s([r.prompt_tokens + r.generated for r in batch])
+        self.prefills += 1
+        step = self.step
+        for r in batch:
+            if r.admit_s is None:
+                r.admit_s = start
+            if r.first_token_s is None:
+                r.first_token_s = self.now
+            r.generated += 1               # the prefill produces one token
+            r.step_base = step
+            self.kv_used += r.prompt_tokens + r.generated
+            self.running[r] = None
+            left = r.output_tokens - r.generated
+            if left == 0:
+                self._finish(r)
+            else:
+                heapq.heappush(self._ends, (step + left, r.seq, r))
+        if self.observer:
+            self.observer(self)
+
+    def _decode(self) -> None:
+        if self.config.mode == "paged":
+            while self.kv_used + len(self.running) > self.config.kv_tokens:
+                self._preempt(next(reversed(self.running)))
+            if not self.running:
+                return
+        n = len(self.running)
+        self.now += self.latency.decode_step_s(n, self.kv_used)
+        self.step += 1
+        self.kv_used += n
+        ends, step = self._ends, self.step
+        while ends and ends[0][0] <= step:
+            r = heapq.heappop(ends)[2]
+            if r.state is RequestState.RUNNING:
+                r.generated = r.generated_at(step)
+                self._finish(r)
+        if self.observer:
+            self.observer(self)
+
+    def _finish(self, r: SimRequest) -> None:
+        del self.running[r]
+        self.kv_used -= r.prompt_tokens + r.generated
+        r.finish_s = r.last_token_s = self.now
+        self.policy.on_output(r, r.generated - r.output_done)
+        self.policy.finish(r)
+
+    def _preempt(self, r: SimRequest) -> None:
+        """Evict-and-recompute, as vLLM: free its KV cache; it re-prefills prompt + generated tokens later."""
+        r.generated = r.generated_at(self.step)
+        del self.running[r]
+        self.kv_used -= r.prompt_tokens + r.generated
+        self._ends = [e for e in self._ends if e[2] is not r]
+        heapq.heapify(self._ends)
+        self.policy.on_output(r, r.generated - r.output_done)
+        self.policy.requeue(r)
+        self.preemptions += 1
+
+    def _sync(self) -> None:
+        """Charge every running request for the tokens decoded since its last charge."""
+        step, on_output = self.step, self.policy.on_output
+        for r in self.running:
+            n = r.generated + step - r.step_base - r.output_done
+            if n:
+                on_output(r, n)
+
+
+def _record(r: SimRequest, step: int, end_s: float) -> RequestRecord:
+    status = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}.get(r.state, "unfinished")
+    if r.state is RequestState.RUNNING:
+        r.last_token_s = end_s
+    return RequestRecord(id=r.id, client=r.client, arrival_s=r.arrival_s, admit_s=r.admit_s,
+                         first_token_s=r.first_token_s, finish_s=r.finish_s,
+                         last_token_s=r.last_token_s, prompt_tokens=r.prompt_tokens,
+                         output_tokens=r.generated_at(step) if r.admit_s is not None else 0,
+                         max_tokens=r.output_tokens, status=status)

@@ -1,0 +1,302 @@
+"""GPU latency models for the continuous-batching simulator.
+
+The simulator asks a `LatencyModel` for (a) `prefill_s(prompt_lens)`: one prefill pass over a mini-batch of new
+requests, which also yields each request's first output token, and (b) `decode_step_s(batch_size, context_tokens)`:
+one decode step of the running batch, where context_tokens = sum over running requests of (prompt tokens + tokens
+generated so far). decode_step_s runs ~20,000 times per simulated 10 minutes, so it is a few float operations on
+precomputed constants. An empty prefill costs 0; decode expects batch_size >= 1.
+
+Presets (`get_latency_model`, names in `LATENCY_MODELS`); formulas and sources are in docs/latency.md:
+- "a10g-llama2-7b" (default): `LinearLatency` fitted to the paper's A10G / Llama-2-7b profile (constants below).
+- "MODEL@GPU", e.g. "llama-2-13b@a100-80gb": `RooflineLatency` from `hardware.MODELS` x `hardware.GPUS`.
+- "constant": `ConstantLatency()`, for hand-checkable tests.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from fairserve.sim.hardware import GPUS, MODELS, GpuSpec, ModelSpec
+
+__all__ = [
+    "LatencyModel", "ConstantLatency", "LinearLatency", "RooflineLatency", "ModelSpec", "GpuSpec", "MODELS", "GPUS",
+    "A10G_LLAMA2_7B", "DEFAULT_LATENCY_MODEL", "LATENCY_MODELS", "get_latency_model", "default_kv_tokens",
+    "PROFILE_FILENAME", "ProfileRow", "profile_rows", "load_profile", "fit_linear_latency", "fit_errors",
+]
+
+
+@runtime_checkable
+class LatencyModel(Protocol):
+    name: str
+
+    def prefill_s(self, prompt_lens: Sequence[int]) -> float: ...
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float: ...
+
+
+def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not (v >= 0.0 and v != float("inf")):  # also rejects NaN
+            raise ValueError(f"{type(obj).__name__}.{n} must be finite and >= 0, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantLatency:
+    """prefill = prefill_s_fixed + prefill_s_per_token * sum(prompt_lens) (0 if empty); every decode step = decode_s."""
+
+    prefill_s_per_token: float = 0.0
+    prefill_s_fixed: float = 0.0
+    decode_s: float = 0.01
+    name: str = "constant"
+
+    def __post_init__(self) -> None:
+        _check_non_negative(self, ("prefill_s_per_token", "prefill_s_fixed", "decode_s"))
+
+    def prefill_s(self, prompt_lens: Sequence[int]) -> float:
+        if not prompt_lens:
+            return 0.0
+        return self.prefill_s_fixed + self.prefill_s_per_token * float(sum(prompt_lens))
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        return self.decode_s
+
+
+@dataclass(frozen=True, slots=True)
+class LinearLatency:
+    """prefill = fixed + per_token * sum(x) + per_sq_token * sum(x^2)   (x = prompt lengths; attention ~ x^2)
+    decode  = fixed + per_seq * batch_size + per_context_token * context_tokens."""
+
+    name: str
+    prefill_fixed_s: float = 0.0
+    prefill_per_token_s: float = 0.0
+    prefill_per_sq_token_s: float = 0.0
+    decode_fixed_s: float = 0.0
+    decode_per_seq_s: float = 0.0
+    decode_per_context_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_non_negative(self, ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
+                                   "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s"))
+
+    def prefill_s(self, prompt_lens: Sequence[int]) -> float:
+        if not prompt_lens:
+            return 0.0
+        tokens = 0.0
+        squares = 0.0
+        for x in prompt_lens:
+            tokens += x
+            squares += float(x) * x
+        return self.prefill_fixed_s + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        return (self.decode_fixed_s + self.decode_per_seq_s * batch_size
+                + self.decode_per_context_token_s * context_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineLatency:
+    """max(compute time, memory time) + a fixed per-pass overhead, from a ModelSpec and a GpuSpec.
+
+    decode: compute = (2*params*batch + 4*layers*hidden*context) / (peak_flops*mfu)
+            memory  = (weight_bytes + context*kv_bytes_per_token) / (mem_bandwidth*bandwidth_efficiency)
+    prefill: compute = (2*params*sum(x) + 4*layers*hidden*sum(x^2)) / (peak_flops*mfu)
+             memory  = (weight_bytes + sum(x)*kv_bytes_per_token) / (mem_bandwidth*bandwidth_efficiency)
+    """
+
+    model: ModelSpec
+    gpu: GpuSpec
+    mfu: float = 0.5  # achieved / peak tensor FLOP/s (docs/latency.md justifies the defaults)
+    bandwidth_efficiency: float = 0.8  # achieved / datasheet memory bandwidth
+    decode_overhead_s: float = 0.003  # per decode step: kernel launches + scheduler/sampling on the CPU
+    prefill_overhead_s: float = 0.01  # per prefill pass: the above + batching the prompts, allocating KV slots
+    name: str = ""  # "" -> "MODEL@GPU"
+    _w_mem: float = field(init=False, repr=False, compare=False)
+    _kv_mem: float = field(init=False, repr=False, compare=False)
+    _tok_flop: float = field(init=False, repr=False, compare=False)
+    _attn_flop: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.mfu <= 1.0 and 0.0 < self.bandwidth_efficiency <= 1.0):
+            raise ValueError("mfu and bandwidth_efficiency must be in (0, 1]")
+        _check_non_negative(self, ("decode_overhead_s", "prefill_overhead_s"))
+        m, g = self.model, self.gpu
+        flops, bw = g.peak_flops * self.mfu, g.mem_bandwidth * self.bandwidth_efficiency
+        s = object.__setattr__
+        s(self, "name", self.name or f"{m.name}@{g.name}")
+        s(self, "_w_mem", m.weight_bytes / bw)  # s to stream the weights once
+        s(self, "_kv_mem", m.kv_bytes_per_token / bw)  # s to read (decode) or write (prefill) one token's KV
+        s(self, "_tok_flop", 2.0 * m.params / flops)  # s of dense matmuls per token
+        s(self, "_attn_flop", 4.0 * m.layers * m.hidden / flops)  # s of QK^T + AV per (query, key) pair
+
+    def prefill_s(self, prompt_lens: Sequence[int]) -> float:
+        if not prompt_lens:
+            return 0.0
+        tokens = 0.0
+        squares = 0.0
+        for x in prompt_lens:
+            tokens += x
+            squares += float(x) * x
+        compute = self._tok_flop * tokens + self._attn_flop * squares
+        memory = self._w_mem + self._kv_mem * tokens
+        return (compute if compute > memory else memory) + self.prefill_overhead_s
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        compute = self._tok_flop * batch_size + self._attn_flop * context_tokens
+        memory = self._w_mem + self._kv_mem * context_tokens
+        return (compute if compute > memory else memory) + self.decode_overhead_s
+
+
+# Fitted to the paper's A10G / Llama-2-7b profile (shared/profiles/a10g_llama2_7b_batch_profile.json) by
+# benchmarks/fit_profile.py, which reproduces these constants and prints the per-row error (docs/latency.md).
+# Non-negative least squares on relative error. prefill_per_sq_token_s is 0: unconstrained it fits slightly
+# negative (-1.0e-8 s), i.e. the profile shows no attention x^2 growth up to 512-token prompts.
+A10G_LLAMA2_7B = LinearLatency(
+    name="a10g-llama2-7b",
+    prefill_fixed_s=0.05316486426127616,
+    prefill_per_token_s=0.00020893483944306907,
+    prefill_per_sq_token_s=0.0,
+    decode_fixed_s=0.018158802984049108,
+    decode_per_seq_s=0.00021607290693725396,
+    decode_per_context_token_s=1.8906472352447968e-06,
+)
+PAPER_KV_TOKENS = 10_000  # the paper's (S-LoRA's) KV pool on the A10G
+
+DEFAULT_LATENCY_MODEL = "a10g-llama2-7b"
+KV_MEMORY_FRACTION = 0.9  # of GPU memory usable for weights + KV (rest: CUDA context, activations, fragmentation)
+
+
+def _roofline_kv_tokens(model: ModelSpec, gpu: GpuSpec) -> int:
+    return int((gpu.memory_bytes * KV_MEMORY_FRACTION - model.weight_bytes) // model.kv_bytes_per_token)
+
+
+_ROOFLINE_NAMES = [f"{m}@{g}" for m in MODELS for g in GPUS if _roofline_kv_tokens(MODELS[m], GPUS[g]) > 0]
+LATENCY_MODELS: list[str] = [DEFAULT_LATENCY_MODEL, "constant", *_ROOFLINE_NAMES]
+
+
+def _unknown(name: str, why: str = "unknown latency model") -> ValueError:
+    return ValueError(f"{why} {name!r}; valid names: {', '.join(LATENCY_MODELS)}")
+
+
+def _roofline_pair(name: str) -> tuple[ModelSpec, GpuSpec]:
+    model, _, gpu = name.partition("@")
+    if model not in MODELS or gpu not in GPUS:
+        raise _unknown(name)
+    if name not in _ROOFLINE_NAMES:
+        raise _unknown(name, f"{model} weights ({MODELS[model].weight_bytes / 1e9:.1f} GB fp16) leave no room for a "
+                             f"KV cache in {KV_MEMORY_FRACTION:.0%} of {gpu} memory:")
+    return MODELS[model], GPUS[gpu]
+
+
+def get_latency_model(name: str = DEFAULT_LATENCY_MODEL) -> LatencyModel:
+    key = name.strip().lower()
+    if key == DEFAULT_LATENCY_MODEL:
+        return A10G_LLAMA2_7B
+    if key == "constant":
+        return ConstantLatency()
+    if "@" in key:
+        return RooflineLatency(*_roofline_pair(key))
+    raise _unknown(name)
+
+
+def default_kv_tokens(name: str = DEFAULT_LATENCY_MODEL) -> int:
+    """KV-cache pool size in tokens: the paper's 10,000 for the profiled A10G (and "constant"); for a roofline
+    preset, (gpu memory * 0.9 - weight bytes) // kv_bytes_per_token."""
+    key = name.strip().lower()
+    if key in (DEFAULT_LATENCY_MODEL, "constant"):
+        return PAPER_KV_TOKENS
+    if "@" in key:
+        return _roofline_kv_tokens(*_roofline_pair(key))
+    raise _unknown(name)
+
+
+# ---- fitting the profile (used by benchmarks/fit_profile.py and tests; needs numpy, imported lazily) ----
+
+PROFILE_FILENAME = "a10g_llama2_7b_batch_profile.json"
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One profile entry: a batch of `batch_size` requests prefilled once, then decoded `output_len` steps."""
+
+    prompt_len: int
+    output_len: int
+    batch_size: int
+    prefill_s: float  # the whole batch's prefill pass = prefill_s_per_request * batch_size
+    decode_step_s: float  # one decode step = decode_s_per_request * batch_size / output_len
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.batch_size * self.prompt_len
+
+    @property
+    def context_tokens(self) -> float:
+        """Average context over the decode steps: batch * (prompt + output/2)."""
+        return self.batch_size * (self.prompt_len + self.output_len / 2)
+
+    @property
+    def decode_fitted(self) -> bool:
+        """output_len = 1 rows measure prefill only (shared/README.md): their decode column is held out."""
+        return self.output_len > 1
+
+
+def profile_rows(profile: Mapping[str, Mapping[str, Sequence[float]]]) -> list[ProfileRow]:
+    rows = []
+    for p, by_out in profile.items():
+        for o, (b, pre, dec) in by_out.items():
+            p_, o_, b_ = int(p), int(o), int(b)
+            rows.append(ProfileRow(p_, o_, b_, pre * b_, dec * b_ / o_))
+    return sorted(rows, key=lambda r: (r.prompt_len, r.output_len))
+
+
+def load_profile(path: str | Path) -> list[ProfileRow]:
+    return profile_rows(json.loads(Path(path).read_text()))
+
+
+def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[float]:
+    """argmin_{c >= 0} sum(((F c - y) / y)^2), exactly: the optimum is the unconstrained fit on its support, so try
+    every support (2^k, k <= 3) and keep the best feasible one."""
+    import numpy as np
+
+    y = np.asarray(targets, dtype=float)
+    a = np.asarray(features, dtype=float) / y[:, None]
+    ones = np.ones_like(y)
+    k = a.shape[1]
+    best, best_res = np.zeros(k), float(np.sum(ones**2))
+    for size in range(1, k + 1):
+        for support in itertools.combinations(range(k), size):
+            sol, *_ = np.linalg.lstsq(a[:, support], ones, rcond=None)
+            if np.any(sol < 0):
+                continue
+            c = np.zeros(k)
+            c[list(support)] = sol
+            res = float(np.sum((a @ c - ones) ** 2))
+            if res < best_res * (1 - 1e-12):
+                best, best_res = c, res
+    return [float(v) for v in best]
+
+
+def fit_linear_latency(rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL) -> LinearLatency:
+    """Prefill: every row; decode: rows with output_len > 1, context = batch * (prompt + output/2)."""
+    pre = _nnls_relative([[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows],
+                         [r.prefill_s for r in rows])
+    dec_rows = [r for r in rows if r.decode_fitted]
+    dec = _nnls_relative([[1.0, r.batch_size, r.context_tokens] for r in dec_rows], [r.decode_step_s for r in dec_rows])
+    return LinearLatency(name, *pre, *dec)
+
+
+def fit_errors(model: LatencyModel, rows: Sequence[ProfileRow]) -> list[dict[str, Any]]:
+    """Per row: measured and modelled prefill pass and decode step (s), and relative errors (model/measured - 1)."""
+    out = []
+    for r in rows:
+        pre = model.prefill_s([r.prompt_len] * r.batch_size)
+        dec = model.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
+        out.append(dict(prompt_len=r.prompt_len, output_len=r.output_len, batch_size=r.batch_size,
+                        prefill_s=r.prefill_s, prefill_model_s=pre, prefill_err=pre / r.prefill_s - 1,
+                        decode_step_s=r.decode_step_s, decode_model_s=dec, decode_err=dec / r.decode_step_s - 1,
+                        decode_fitted=r.decode_fitted))
+    return out

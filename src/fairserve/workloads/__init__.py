@@ -1,0 +1,21 @@
+"""Workloads: the paper's synthetic workloads and loaders for real request traces."""
+
+from .base import DEFAULT_KV_TOKENS, DEFAULT_LATENCY_PROFILE, Arrival, Workload, WorkloadError
+from .synthetic import WORKLOADS, make_workload
+from .traces import TRACE_FORMATS, load_trace
+from .real import ALL_WORKLOADS, find_arena_trace, get_workload
+
+__all__ = [
+    "ALL_WORKLOADS",
+    "find_arena_trace",
+    "get_workload",
+    "DEFAULT_KV_TOKENS",
+    "DEFAULT_LATENCY_PROFILE",
+    "TRACE_FORMATS",
+    "WORKLOADS",
+    "Arrival",
+    "Workload",
+    "WorkloadError",
+    "load_trace",
+    "make_workload",
+]
