@@ -140,7 +140,7 @@ def format_summary(result: SimResult, s: Summary) -> str:
     pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
     lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
               f"max service difference between backlogged clients: {s.max_backlogged_diff:,.0f}{pair}",
-              f"Jain's index (60 s windows, backlogged clients): {jain}"]
+              f"Jain's index (60 s windows, clients backlogged in them): {jain}"]
     return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ class Summary:
     service_per_s: float
     max_backlogged_diff: float              # largest |ΔW_f - ΔW_g| over an interval both were backlogged
     max_backlogged_diff_pair: tuple[str, str] | None
-    jain_index: float | None                # mean over windows, among clients backlogged the whole window
+    jain_index: float | None                # mean over windows, among clients backlogged >= 90% of the window
     w_p: float
     w_q: float
 
@@ -161,15 +161,15 @@ def jain(values: Sequence[float]) -> float:
 
 def windowed_jain(curves: dict[str, np.ndarray], busy: dict[str, np.ndarray], times: np.ndarray,
                   window_s: float = 60.0, weights: dict[str, float] | None = None) -> np.ndarray:
-    """Jain's index over the weighted service in consecutive windows, among clients backlogged for the whole
-    window; NaN for windows with fewer than two such clients."""
+    """Jain's index over the weighted service in consecutive windows, among clients backlogged for at least 90% of
+    the window; NaN for windows with fewer than two such clients."""
     weights = weights or {}
     step = times[1] - times[0] if len(times) > 1 else window_s
     k = max(1, int(round(window_s / step)))
     out = []
     for a in range(0, len(times) - k, k):
         xs = [(curves[c][a + k] - curves[c][a]) / weights.get(c, 1.0)
-              for c in curves if busy[c][a:a + k + 1].all()]
+              for c in curves if busy[c][a:a + k + 1].mean() >= 0.9]
         out.append(jain(xs) if len(xs) >= 2 else np.nan)
     return np.array(out)
 

@@ -16,8 +16,9 @@ from .request import Request
 
 
 class DRR(Policy):
-    """Selection walks the ring; when every backlogged client is in deficit, the cycles that would serve nobody are
-    skipped in one pass. That pass is O(backlogged clients), unlike VTC's heap: DRR is a baseline here."""
+    """`peek()` is pure: it works out where the round-robin pointer would stop (the first client, in ring order,
+    whose deficit turns positive after the quanta it would receive on the way) and `pop()` applies that walk.
+    That is O(backlogged clients) when the head client has no credit left, unlike VTC's heap: DRR is a baseline."""
 
     name = "drr"
 
@@ -29,7 +30,7 @@ class DRR(Policy):
         self.name = f"drr{quantum:g}"
         self.deficit: dict[str, float] = {}
         self._queues: dict[str, deque[Request]] = {}
-        self._ring: deque[str] = deque()
+        self._ring: deque[str] = deque()    # backlogged clients; the pointer is at the head
 
     def _new_client(self, client: str) -> None:
         self.deficit[client] = 0.0
@@ -43,24 +44,34 @@ class DRR(Policy):
                 self.deficit[req.client] += self.quantum   # the pointer arrives at it
         (q.appendleft if front else q.append)(req)
 
-    def peek(self) -> Request | None:
+    def _walk(self) -> int:
+        """How many pointer moves until a client with credit is reached. Move t visits ring[t % n] and gives it
+        a quantum; a client with deficit d <= 0 first has credit on its (floor(-d / quantum) + 1)-th visit."""
         ring, deficit, qnt = self._ring, self.deficit, self.quantum
-        if not ring:
+        if deficit[ring[0]] > 0:
+            return 0
+        n, best = len(ring), None
+        for j in range(1, n + 1):
+            d = deficit[ring[j % n]]
+            moves = j + (int(-d // qnt) if d <= 0 else 0) * n
+            if best is None or moves < best:
+                best = moves
+        return best
+
+    def peek(self) -> Request | None:
+        if not self._ring:
             return None
-        for cycle in range(3):
-            for _ in range(len(ring)):
-                if deficit[ring[0]] > 0:
-                    return self._queues[ring[0]][0]
-                ring.rotate(-1)                  # its turn is over; the next client receives its quantum
-                deficit[ring[0]] += qnt
-            if cycle == 0:
-                # a whole cycle and everyone is still in deficit: skip the cycles that would serve nobody
-                skip = min(int(-deficit[c] // qnt) for c in ring)
-                for c in ring:
-                    deficit[c] += skip * qnt
-        raise AssertionError("unreachable: a skipped-ahead cycle always finds a client with credit")
+        moves = self._walk()
+        return self._queues[self._ring[moves % len(self._ring)]][0]
 
     def _dequeue(self, req: Request) -> None:
+        moves, ring = self._walk(), self._ring
+        if moves:
+            n = len(ring)
+            for j in range(1, n + 1):
+                if moves >= j:
+                    self.deficit[ring[j % n]] += ((moves - j) // n + 1) * self.quantum
+            ring.rotate(-(moves % n))
         self._drop(req)
 
     def _remove(self, req: Request) -> None:

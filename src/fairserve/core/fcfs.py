@@ -11,6 +11,7 @@ class FCFS(Policy):
     """Admits in arrival order. Aborted requests are dropped lazily, so abort is O(1)."""
 
     name = "fcfs"
+    orders_by_counter = False
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

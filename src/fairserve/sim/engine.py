@@ -15,7 +15,7 @@ from typing import Literal
 from ..core.policy import Policy
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
-from .budget import PagedBudget, ReserveBudget
+from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .latency import LatencyModel
 
 Mode = Literal["reserve", "paged"]
@@ -51,6 +51,7 @@ class SimRequest(Request):
     output_tokens: int           # the true length; the client sends max_tokens = output_tokens (ignore_eos)
     generated: int = 0           # output tokens produced before the current run (non-zero after a preemption)
     step_base: int = 0           # decode-step counter when the current run's prefill finished
+    end_step: int = 0            # decode step at which the current run has produced every token
     admit_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -70,6 +71,7 @@ class SimResult:
     decode_steps: int
     prefills: int
     preemptions: int
+    busy_s: float                # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
     extra: dict = field(default_factory=dict)
 
@@ -88,8 +90,10 @@ class SimEngine:
         self.kv_used = 0                    # = sum over running requests of prompt + generated tokens
         self.running: dict[SimRequest, None] = {}   # admission order (paged mode evicts the newest)
         self._ends: list[tuple[int, int, SimRequest]] = []   # (step at which it has all its tokens, seq, req)
-        self._live = getattr(policy, "needs_live_counters", True)
+        self._index: ReserveIndex | None = None                # cached per running set (reserve mode)
         self.prefills = self.preemptions = 0
+        self.busy_s = 0.0
+        self._eager = policy.orders_by_counter   # charge before every decision, or only when requests end
 
     @property
     def kv_free(self) -> int:
@@ -126,7 +130,7 @@ class SimEngine:
             waited += 1
         self._sync()
         return SimResult([_record(r, self.step, self.now) for r in reqs], policy, self.now, self.step, self.prefills,
-                         self.preemptions, cfg)
+                         self.preemptions, self.busy_s, cfg)
 
     # ---- events -------------------------------------------------------------------------------------------------
     def _arrive(self, req: SimRequest) -> None:
@@ -135,16 +139,18 @@ class SimEngine:
             req.state = RequestState.REJECTED
             req.rejected_reason = "too large for the engine"
             return
-        if self._live and self.running:
+        if self._eager and self.running:
             self._sync()     # the counter lift compares against up-to-date counters
         self.policy.add(req, now=req.arrival_s)
 
     def _admit(self) -> bool:
         cfg, running = self.config, list(self.running)
-        if self._live:
+        if self._eager:
             self._sync()
         if cfg.mode == "reserve":
-            budget = ReserveBudget(running, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
+            if self._index is None:
+                self._index = ReserveIndex([(r.end_step, r.prompt_tokens + r.output_tokens) for r in running])
+            budget = ReserveBudget(self._index, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
         else:
             budget = PagedBudget(self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
         batch = self.policy.admit(budget.try_add)
@@ -154,7 +160,9 @@ class SimEngine:
 
     def _prefill(self, batch: list[SimRequest]) -> None:
         start = self.now
-        self.now += self.latency.prefill_s([r.prompt_tokens + r.generated for r in batch])
+        dt = self.latency.prefill_s([r.prompt_tokens + r.generated for r in batch])
+        self.now += dt
+        self.busy_s += dt
         self.prefills += 1
         step = self.step
         for r in batch:
@@ -166,11 +174,12 @@ class SimEngine:
             r.step_base = step
             self.kv_used += r.prompt_tokens + r.generated
             self.running[r] = None
-            left = r.output_tokens - r.generated
-            if left == 0:
+            r.end_step = step + r.output_tokens - r.generated
+            if r.end_step == step:
                 self._finish(r)
             else:
-                heapq.heappush(self._ends, (step + left, r.seq, r))
+                heapq.heappush(self._ends, (r.end_step, r.seq, r))
+        self._index = None
         if self.observer:
             self.observer(self)
 
@@ -181,7 +190,9 @@ class SimEngine:
             if not self.running:
                 return
         n = len(self.running)
-        self.now += self.latency.decode_step_s(n, self.kv_used)
+        dt = self.latency.decode_step_s(n, self.kv_used)
+        self.now += dt
+        self.busy_s += dt
         self.step += 1
         self.kv_used += n
         ends, step = self._ends, self.step
@@ -194,6 +205,7 @@ class SimEngine:
             self.observer(self)
 
     def _finish(self, r: SimRequest) -> None:
+        self._index = None
         del self.running[r]
         self.kv_used -= r.prompt_tokens + r.generated
         r.finish_s = r.last_token_s = self.now
@@ -203,6 +215,7 @@ class SimEngine:
     def _preempt(self, r: SimRequest) -> None:
         """Evict-and-recompute, as vLLM: free its KV cache; it re-prefills prompt + generated tokens later."""
         r.generated = r.generated_at(self.step)
+        self._index = None
         del self.running[r]
         self.kv_used -= r.prompt_tokens + r.generated
         self._ends = [e for e in self._ends if e[2] is not r]

@@ -1,0 +1,114 @@
+"""FCFS, RPM and DRR by hand, and the policy factory."""
+import pytest
+
+from fairserve.core import POLICIES, Request, RequestState, make_policy
+from fairserve.core.policy import PolicyError
+
+
+def req(i, client, prompt=10, arrival=0.0):
+    return Request(id=i, client=client, prompt_tokens=prompt, max_tokens=5, arrival_s=arrival)
+
+
+def test_fcfs_is_arrival_order_and_skips_aborted():
+    p = make_policy("fcfs")
+    rs = [req(i, c) for i, c in enumerate("abab")]
+    for r in rs:
+        p.add(r)
+    p.abort(rs[1])
+    assert [p.pop() for _ in range(3)] == [rs[0], rs[2], rs[3]]
+    assert p.peek() is None and p.num_queued == 0
+
+
+def test_fcfs_requeue_goes_first():
+    p = make_policy("fcfs")
+    r1, r2 = req(1, "a"), req(2, "b")
+    p.add(r1), p.add(r2)
+    p.pop()
+    p.requeue(r1)
+    assert p.pop() is r1
+
+
+def test_rpm_rejects_beyond_limit_in_previous_60s():
+    p = make_policy("rpm:2")
+    times = [0.0, 10.0, 20.0, 59.9, 60.0, 61.0, 70.0]
+    got = [p.add(req(i, "a", arrival=t)) for i, t in enumerate(times)]
+    # accepted at 0 and 10; at 60.0 the one from 0.0 has left the window; at 70.0 the one from 10.0 has
+    assert got == [True, True, False, False, True, False, True]
+    assert p.add(req(99, "b", arrival=20.0))        # limits are per client
+    rejected = Request(id=100, client="a", prompt_tokens=1, arrival_s=71.0)
+    assert not p.add(rejected) and rejected.state is RequestState.REJECTED
+
+
+def test_rpm_serves_accepted_fcfs():
+    p = make_policy("rpm:1")
+    a, b, a2 = req(1, "a", arrival=0), req(2, "b", arrival=1), req(3, "a", arrival=2)
+    assert p.add(a) and p.add(b) and not p.add(a2)
+    assert [p.pop(), p.pop()] == [a, b]
+
+
+def test_drr_alternates_with_equal_requests_and_keeps_debt():
+    p = make_policy("drr:100")
+    for i in range(6):
+        p.add(req(i, "ab"[i % 2], prompt=100))
+    order = [p.pop().client for _ in range(6)]
+    assert order == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_drr_heavy_prompt_client_waits_for_quanta():
+    p = make_policy("drr:50")
+    big = [req(i, "big", prompt=400) for i in range(3)]
+    small = [req(10 + i, "small", prompt=50) for i in range(10)]
+    for r in big + small:
+        p.add(r)
+    order = [p.pop().client for _ in range(8)]
+    # big's 400-token prompt costs 8 quanta of debt; small pays 1 quantum per request
+    assert order[0] == "big"
+    assert order[1:8] == ["small"] * 7
+
+
+def test_drr_peek_is_pure():
+    p = make_policy("drr:10")
+    for i in range(4):
+        p.add(req(i, "ab"[i % 2], prompt=35))
+    p.pop()
+    before = dict(p.deficit)
+    first = p.peek()
+    assert all(p.peek() is first for _ in range(5))
+    assert p.deficit == before
+    assert p.pop() is first
+
+
+def test_drr_tiny_quantum_behaves_like_vtc():
+    import random
+    rng = random.Random(3)
+    prompts = [rng.randint(1, 300) for _ in range(300)]
+    orders = {}
+    for spec in ("vtc", "drr:0.01", "drr:1000"):
+        p = make_policy(spec)
+        for i, x in enumerate(prompts):
+            p.add(req(i, f"c{i % 3}", prompt=x))
+        orders[spec] = [p.pop().id for _ in range(len(prompts))]
+    assert orders["drr:0.01"] == orders["vtc"]
+    assert orders["drr:1000"] != orders["vtc"]     # a coarse quantum does not
+
+
+def test_factory_names_and_errors():
+    for name in POLICIES:
+        assert make_policy(name).peek() is None
+    assert make_policy("rpm:7").limit == 7
+    assert make_policy("drr:64").quantum == 64
+    for bad, msg in [("nope", "unknown policy"), ("rpm:x", "not a number"), ("vtc:3", "takes no argument"),
+                     ("rpm:0", ">= 1"), ("drr:-1", "> 0"), ("vtc-predict:psychic", "unknown predictor")]:
+        with pytest.raises(ValueError, match=msg):
+            make_policy(bad)
+    with pytest.raises(ValueError, match="weight"):
+        make_policy("vtc", weights={"a": 0})
+
+
+def test_protocol_errors():
+    p = make_policy("vtc")
+    r = req(1, "a")
+    with pytest.raises(PolicyError):
+        p.finish(r)                 # never admitted
+    with pytest.raises(PolicyError):
+        p.pop()                     # nothing queued

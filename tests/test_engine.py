@@ -1,0 +1,88 @@
+"""The simulated engine by hand, with a constant-latency model."""
+import pytest
+
+from fairserve.core import make_policy
+from fairserve.sim import EngineConfig, SimEngine
+from fairserve.sim.latency import ConstantLatency
+from fairserve.workloads import Arrival
+
+LAT = ConstantLatency(prefill_s_fixed=0.1, decode_s=0.01)
+
+
+def run(arrivals, policy="fcfs", **cfg):
+    engine = SimEngine(make_policy(policy), LAT, EngineConfig(**cfg))
+    return engine.run(arrivals), engine
+
+
+def test_prefill_gives_first_token_and_decode_the_rest():
+    res, _ = run([Arrival(0.0, "a", 10, 3), Arrival(0.0, "b", 10, 1)])
+    a, b = res.records
+    assert (a.admit_s, a.first_token_s) == (0.0, pytest.approx(0.1))
+    assert a.finish_s == pytest.approx(0.12) and a.output_tokens == 3 and a.status == "finished"
+    assert b.finish_s == pytest.approx(0.1) and b.output_tokens == 1
+    assert res.decode_steps == 2 and res.prefills == 1
+
+
+def test_new_requests_wait_for_the_ten_step_rhythm():
+    res, _ = run([Arrival(0.0, "a", 10, 100), Arrival(0.001, "b", 10, 5)])
+    b = res.records[1]
+    assert b.admit_s == pytest.approx(0.1 + 10 * 0.01)
+    assert b.first_token_s == pytest.approx(0.3)
+    res, _ = run([Arrival(0.0, "a", 10, 100), Arrival(0.001, "b", 10, 5)], max_wait_steps=0)
+    assert res.records[1].admit_s == pytest.approx(0.1)
+
+
+def test_idle_engine_jumps_to_next_arrival():
+    res, _ = run([Arrival(5.0, "a", 10, 2)])
+    assert res.records[0].admit_s == 5.0 and res.records[0].finish_s == pytest.approx(5.11)
+
+
+def test_reserve_admission_counts_future_growth():
+    # a newcomer counts as (prompt + 1 held, 39 to go); a running one k steps after its prefill as (21 + k, 38 - k).
+    # Together they peak at 2 * (38 - k) + 42 + k = 118 - k, which must stay below 100: b waits for k = 19.
+    res, _ = run([Arrival(0.0, "a", 20, 40), Arrival(0.0, "b", 20, 40)], kv_tokens=100, batch_max_tokens=1000)
+    a, b = res.records
+    assert b.admit_s == pytest.approx(0.1 + 19 * 0.01) and b.admit_s < a.finish_s
+    res, _ = run([Arrival(0.0, "a", 20, 40), Arrival(0.0, "b", 20, 40)], kv_tokens=121, batch_max_tokens=1000)
+    assert res.records[1].admit_s == 0.0
+
+
+def test_prefill_budget_limits_a_round():
+    res, _ = run([Arrival(0.0, c, 3000, 2) for c in "ab"], kv_tokens=100_000, batch_max_tokens=4000)
+    a, b = res.records
+    assert a.admit_s == 0.0 and b.admit_s > 0.0
+
+
+def test_oversized_requests_are_rejected_not_deadlocked():
+    res, _ = run([Arrival(0.0, "a", 5000, 10), Arrival(0.0, "b", 10, 10)], kv_tokens=1000)
+    assert [r.status for r in res.records] == ["rejected", "finished"]
+
+
+def test_until_leaves_unfinished_requests():
+    res, _ = run([Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)])
+    res2 = SimEngine(make_policy("fcfs"), LAT).run([Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)],
+                                                   until_s=1.0)
+    a, b = res2.records
+    assert a.status == "unfinished" and 0 < a.output_tokens < 1000 and a.last_token_s == pytest.approx(res2.end_s)
+    assert b.status == "unfinished" and b.admit_s is None and b.output_tokens == 0
+    assert res2.end_s == pytest.approx(1.0, abs=0.011)
+    assert all(r.status == "finished" for r in res.records)
+
+
+def test_paged_mode_preempts_newest_and_does_not_double_charge():
+    arrivals = [Arrival(0.01 * i, f"c{i % 2}", 30, 60) for i in range(6)]
+    res, engine = run(arrivals, policy="vtc", kv_tokens=200, mode="paged")
+    assert res.preemptions > 0
+    assert all(r.status == "finished" for r in res.records)
+    for c in ("c0", "c1"):
+        expected = sum(r.prompt_tokens + 2 * r.output_tokens for r in res.records if r.client == c)
+        assert res.policy.service[c] == expected
+        assert res.policy.counters[c] == expected
+
+
+def test_engine_config_errors():
+    with pytest.raises(ValueError, match="mode"):
+        EngineConfig(mode="magic")
+    with pytest.raises(ValueError, match="kv_tokens"):
+        EngineConfig(kv_tokens=0)
+    assert EngineConfig().prefill_tokens == 3072 and EngineConfig(kv_tokens=60_000).prefill_tokens == 10_000
