@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
+#   ./dev.sh demo   run the main job: the paper's `overload` workload under VTC and FCFS on the simulated engine
+#   ./dev.sh test   run the whole test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${FAIRSERVE_VENV:-.venv}"
+PYTHON="${PYTHON:-python3}"
+
+setup() {
+    local stamp="$VENV/.fairserve-installed"
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PYTHON" -m venv "$VENV"
+    fi
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+        touch "$stamp"
+    fi
+}
+
+case "${1:-}" in
+    demo) setup; shift; exec "$VENV/bin/fairserve" simulate --workload overload --policy vtc,fcfs "$@" ;;
+    test) setup; shift; exec "$VENV/bin/python" -m pytest "$@" ;;
+    *) echo "usage: ./dev.sh demo|test [extra arguments]" >&2; exit 2 ;;
+esac
