@@ -216,3 +216,24 @@ def test_heap_selection_matches_brute_force_with_many_clients():
             p.finish(done)
         n += 1
         p.add(req(n, f"c{rng.randrange(400)}", prompt=rng.randint(1, 50)))
+
+
+def test_selection_correct_with_100k_clients():
+    import random
+    rng = random.Random(5)
+    p = VTC()
+    n = 0
+    for c in range(100_000):
+        for _ in range(2):
+            n += 1
+            p.add(req(n, f"c{c}", prompt=rng.randint(1, 1000)))
+    for k in range(2000):
+        if k % 250 == 0:
+            counters = p.counters
+            expected = min(counters[c] for c in p.queued_clients())
+            assert counters[p.peek().client] == expected
+        r = p.pop()
+        p.on_output(r, rng.randint(1, 50))
+        p.finish(r)
+        n += 1
+        p.add(req(n, r.client, prompt=rng.randint(1, 1000)))
