@@ -112,3 +112,64 @@ def test_protocol_errors():
         p.finish(r)                 # never admitted
     with pytest.raises(PolicyError):
         p.pop()                     # nothing queued
+
+
+class RingDRR:
+    """The walk, for reference: clients sit in the ring in the order they joined; the client under the pointer is
+    served while its deficit is positive, otherwise the pointer moves to the next client, which gets a quantum."""
+
+    def __init__(self, q):
+        self.q, self.pos, self.d, self.queues, self.at, self.joined = q, {}, {}, {}, 0, 0
+
+    def add(self, r):
+        q = self.queues.setdefault(r.client, [])
+        if not q:
+            self.d[r.client] = min(self.d.get(r.client, 0.0), 0.0)   # no credit kept from before
+            self.joined += 1
+            self.pos[r.client] = self.joined
+        q.append(r)
+
+    def pop(self):
+        by_pos = {p: c for c, p in self.pos.items()}
+        while not (self.at in by_pos and self.d[by_pos[self.at]] > 0):
+            later = [p for p in by_pos if p > self.at]
+            self.at = min(later) if later else min(by_pos)
+            self.d[by_pos[self.at]] += self.q
+        c = by_pos[self.at]
+        r = self.queues[c].pop(0)
+        self.d[c] -= r.prompt_tokens
+        if not self.queues[c]:
+            del self.pos[c]
+        return r
+
+    def charge(self, client, amount):
+        self.d[client] -= amount
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ops = st.lists(st.tuples(st.sampled_from(["add", "pop", "out"]), st.integers(0, 5), st.integers(1, 400)),
+               min_size=1, max_size=200)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops, st.sampled_from([1.0, 37.0, 500.0]))
+def test_drr_heap_matches_the_ring_walk(seq, quantum):
+    fast, ref = make_policy(f"drr:{quantum}"), RingDRR(quantum)
+    running, n = [], 0
+    for op, c, x in seq:
+        if op == "add":
+            n += 1
+            fast.add(req(n, f"c{c}", prompt=x))
+            ref.add(req(n, f"c{c}", prompt=x))
+        elif op == "pop" and fast.num_queued:
+            a, b = fast.pop(), ref.pop()
+            assert (a.id, a.client) == (b.id, b.client)
+            running.append(a)
+        elif op == "out" and running:
+            r = running[x % len(running)]
+            fast.on_output(r, c + 1)
+            ref.charge(r.client, 2 * (c + 1))
+    for client, d in fast.deficit.items():
+        assert d == pytest.approx(ref.d[client])

@@ -1,14 +1,15 @@
 """The paper's adapted Deficit Round Robin baseline (appendix C.2).
 
-Backlogged clients sit in a round-robin ring, each with a deficit of service it may still consume. The client at the
-ring's head is served while its deficit is positive: its head request is admitted and charged (prompt at admission,
-output tokens as they are decoded, both taken from the deficit). When its deficit is not positive it receives one
-quantum and moves to the back, and the next client receives its quantum. A client whose queue empties leaves the ring
-and drops any positive credit (idle clients hoard nothing) but keeps its debt, as in the artifact's `mdrr` queue,
-whose default quantum is the KV pool / 20 = 500 tokens. As the quantum shrinks this approaches VTC.
+Backlogged clients sit in a round-robin ring in the order they became backlogged, each with a deficit of service it may still consume. The client under
+the pointer is served while its deficit is positive: its head request is admitted and charged (prompt at admission,
+output tokens as they are decoded, both taken from the deficit, which may go negative). Otherwise the pointer moves
+on and the next client receives one quantum. A client whose queue empties leaves the ring; when it comes back, any
+positive credit it left with is dropped (idle clients hoard nothing) but its debt is kept, as in the artifact's
+`mdrr` queue, whose quantum is the KV pool / 20 = 500 tokens. As the quantum shrinks this approaches VTC.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from .policy import Policy
@@ -16,9 +17,12 @@ from .request import Request
 
 
 class DRR(Policy):
-    """`peek()` is pure: it works out where the round-robin pointer would stop (the first client, in ring order,
-    whose deficit turns positive after the quanta it would receive on the way) and `pop()` applies that walk.
-    That is O(backlogged clients) when the head client has no credit left, unlike VTC's heap: DRR is a baseline."""
+    """O(log n) selection without walking the ring.
+
+    Ring order is the order clients joined (`_ring_pos`); the pointer is at (round, position). A client's deficit is kept lazily
+    as `base` plus one quantum per visit since `paid` (the last round whose visit is counted). The visit at which a
+    client first has credit, (round, seq), does not change while the pointer passes it (each pass adds the quantum
+    it was waiting for), only when it is charged: so a heap of those visits yields the next client to serve."""
 
     name = "drr"
 
@@ -28,72 +32,108 @@ class DRR(Policy):
         super().__init__(**kwargs)
         self.quantum = quantum
         self.name = f"drr{quantum:g}"
-        self.deficit: dict[str, float] = {}
         self._queues: dict[str, deque[Request]] = {}
-        self._ring: deque[str] = deque()    # backlogged clients; the pointer is at the head
+        self._base: dict[str, float] = {}
+        self._paid: dict[str, int] = {}
+        self._ring_pos: dict[str, int] = {}      # ring position of clients in the ring (absent: not backlogged)
+        self._next_seq = 0
+        self._round, self._at = 0, 0        # the pointer: (round, ring position)
+        self._at_client: str | None = None  # the client the pointer stopped at
+        self._heap: list[tuple[int, int, str, int]] = []   # (round, seq, client, version): first credit
+        self._version: dict[str, int] = {}  # a client's one live heap entry
 
+    # ---- lazy deficits ------------------------------------------------------------------------------------------
+    def _visited(self, client: str) -> int:
+        """Rounds whose visit of `client` the pointer has made (a client outside the ring is never visited)."""
+        seq = self._ring_pos.get(client)
+        if seq is None:
+            return self._paid[client]
+        return self._round if seq <= self._at else self._round - 1
+
+    def _deficit(self, client: str) -> float:
+        return self._base[client] + self.quantum * (self._visited(client) - self._paid[client])
+
+    def _settle(self, client: str) -> float:
+        d = self._base[client] = self._deficit(client)
+        self._paid[client] = self._visited(client)
+        return d
+
+    def _push(self, client: str) -> None:
+        """(Re)compute the visit at which `client` first has credit."""
+        d, seq = self._settle(client), self._ring_pos[client]
+        next_round = self._round if seq > self._at else self._round + 1
+        visits = int(-d // self.quantum) + 1 if d <= 0 else 1
+        version = self._version[client] = self._version.get(client, 0) + 1
+        heapq.heappush(self._heap, (next_round + visits - 1, seq, client, version))
+
+    def _credit_visit(self) -> tuple[int, int, str, int] | None:
+        heap = self._heap
+        while heap:
+            _, seq, client, version = heap[0]
+            if self._ring_pos.get(client) == seq and self._version[client] == version:
+                return heap[0]
+            heapq.heappop(heap)          # stale: the client left the ring or was charged since
+        return None
+
+    # ---- Policy hooks -------------------------------------------------------------------------------------------
     def _new_client(self, client: str) -> None:
-        self.deficit[client] = 0.0
         self._queues[client] = deque()
+        self._base[client] = 0.0
+        self._paid[client] = 0
 
     def _enqueue(self, req: Request, front: bool) -> None:
-        q = self._queues[req.client]
-        if not q:
-            self._ring.append(req.client)
-            if len(self._ring) == 1:
-                self.deficit[req.client] += self.quantum   # the pointer arrives at it
+        client = req.client
+        q = self._queues[client]
+        if not q:               # joins the ring at the tail: visited later in this round
+            d = min(self._settle(client), 0.0)
+            self._next_seq += 1
+            self._ring_pos[client] = self._next_seq
+            self._base[client], self._paid[client] = d, self._visited(client)
+            self._push(client)
         (q.appendleft if front else q.append)(req)
 
-    def _walk(self) -> int:
-        """How many pointer moves until a client with credit is reached. Move t visits ring[t % n] and gives it
-        a quantum; a client with deficit d <= 0 first has credit on its (floor(-d / quantum) + 1)-th visit."""
-        ring, deficit, qnt = self._ring, self.deficit, self.quantum
-        if deficit[ring[0]] > 0:
-            return 0
-        n, best = len(ring), None
-        for j in range(1, n + 1):
-            d = deficit[ring[j % n]]
-            moves = j + (int(-d // qnt) if d <= 0 else 0) * n
-            if best is None or moves < best:
-                best = moves
-        return best
+    def _stays(self) -> bool:
+        """The client under the pointer is still backlogged and has credit: it is served again."""
+        c = self._at_client
+        return c is not None and self._ring_pos.get(c) == self._at and self._deficit(c) > 0
 
     def peek(self) -> Request | None:
-        if not self._ring:
-            return None
-        moves = self._walk()
-        return self._queues[self._ring[moves % len(self._ring)]][0]
+        if self._stays():
+            return self._queues[self._at_client][0]
+        top = self._credit_visit()
+        return self._queues[top[2]][0] if top is not None else None
 
     def _dequeue(self, req: Request) -> None:
-        moves, ring = self._walk(), self._ring
-        if moves:
-            n = len(ring)
-            for j in range(1, n + 1):
-                if moves >= j:
-                    self.deficit[ring[j % n]] += ((moves - j) // n + 1) * self.quantum
-            ring.rotate(-(moves % n))
+        if not self._stays():
+            self._round, self._at, self._at_client, _ = self._credit_visit()   # passed clients got quanta, lazily
         self._drop(req)
 
     def _remove(self, req: Request) -> None:
         self._drop(req)
 
     def _drop(self, req: Request) -> None:
-        q = self._queues[req.client]
+        client = req.client
+        q = self._queues[client]
         q.remove(req) if q[0] is not req else q.popleft()
-        if not q:
-            was_head = self._ring[0] == req.client
-            self._ring.remove(req.client)
-            self.deficit[req.client] = min(self.deficit[req.client], 0.0)
-            if was_head and self._ring:
-                self.deficit[self._ring[0]] += self.quantum
+        if not q:               # leaves the ring
+            self._settle(client)
+            del self._ring_pos[client]
 
     def _on_charge(self, client: str, amount: float) -> None:
         w = self.weights.get(client)
-        self.deficit[client] -= amount * (1.0 / w if w is not None else 1.0)
+        self._settle(client)
+        self._base[client] -= amount / w if w is not None else amount
+        if client in self._ring_pos:
+            self._push(client)
+
+    # ---- inspection ---------------------------------------------------------------------------------------------
+    @property
+    def deficit(self) -> dict[str, float]:
+        return {c: self._deficit(c) for c in self._queues}
 
     @property
     def counters(self) -> dict[str, float]:
         return {c: -d for c, d in self.deficit.items()}
 
     def queued_clients(self) -> list[str]:
-        return list(self._ring)
+        return list(self._ring_pos)
