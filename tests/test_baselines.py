@@ -1,5 +1,7 @@
 """FCFS, RPM and DRR by hand, and the policy factory."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairserve.core import POLICIES, Request, RequestState, make_policy
 from fairserve.core.policy import PolicyError
@@ -146,8 +148,6 @@ class RingDRR:
         self.d[client] -= amount
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 ops = st.lists(st.tuples(st.sampled_from(["add", "pop", "out"]), st.integers(0, 5), st.integers(1, 400)),
                min_size=1, max_size=200)

@@ -36,7 +36,6 @@ def test_backlogged_between_arrival_and_admission():
 
 
 def test_backlogged_difference_counts_only_joint_stretches():
-    times = time_grid(5)
     curves = {"a": np.array([0, 10, 20, 30, 40, 50.0]), "b": np.array([0, 0, 0, 0, 100, 100.0])}
     busy = {"a": np.array([1, 1, 1, 0, 1, 1], bool), "b": np.ones(6, bool)}
     series, worst, pair = backlogged_difference(curves, busy)

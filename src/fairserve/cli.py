@@ -21,34 +21,28 @@ def _weights(text: str | None) -> dict[str, float] | None:
         return None
     out = {}
     for part in text.split(","):
-        client, sep, value = part.partition("=")
+        client, _, value = (x.strip() for x in part.partition("="))
         try:
-            out[client.strip()] = float(value)
+            weight = float(value)
         except ValueError:
-            sep = ""
-        if not sep or not client.strip() or not out[client.strip()] > 0:
+            weight = 0.0
+        if not client or not weight > 0:
             raise CliError(f"bad --weights entry {part!r}: expected CLIENT=WEIGHT with WEIGHT > 0")
+        out[client] = weight
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+def _positive(kind: type, what: str):
+    """An argparse type: a number of `kind` that must be > 0."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return v
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,10 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--w-p", type=float, default=1.0, help="weight of a prompt token (linear cost)")
     s.add_argument("--w-q", type=float, default=2.0, help="weight of an output token (linear cost)")
     s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
-    s.add_argument("--kv-tokens", type=_positive_int, metavar="N", help="KV-cache pool in tokens")
+    s.add_argument("--kv-tokens", type=_positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
     s.add_argument("--engine-mode", default="reserve", choices=["reserve", "paged"],
                    help="reserve: the paper's conservative admission; paged: vLLM-like with preemption")
-    s.add_argument("--duration", type=_positive_float, metavar="S", help="shorten a named workload to S seconds")
+    s.add_argument("--duration", type=_positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds")
     s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")

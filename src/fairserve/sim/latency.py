@@ -45,6 +45,11 @@ def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
             raise ValueError(f"{type(obj).__name__}.{n} must be finite and >= 0, got {v!r}")
 
 
+def _sums(prompt_lens: Sequence[int]) -> tuple[float, float]:
+    """Σx and Σx² over a prefill batch's prompt lengths (attention cost grows with x²)."""
+    return float(sum(prompt_lens)), float(sum(x * x for x in prompt_lens))
+
+
 @dataclass(frozen=True, slots=True)
 class ConstantLatency:
     """prefill = prefill_s_fixed + prefill_s_per_token * sum(prompt_lens) (0 if empty); every decode step = decode_s."""
@@ -86,11 +91,7 @@ class LinearLatency:
     def prefill_s(self, prompt_lens: Sequence[int]) -> float:
         if not prompt_lens:
             return 0.0
-        tokens = 0.0
-        squares = 0.0
-        for x in prompt_lens:
-            tokens += x
-            squares += float(x) * x
+        tokens, squares = _sums(prompt_lens)
         return self.prefill_fixed_s + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
@@ -136,11 +137,7 @@ class RooflineLatency:
     def prefill_s(self, prompt_lens: Sequence[int]) -> float:
         if not prompt_lens:
             return 0.0
-        tokens = 0.0
-        squares = 0.0
-        for x in prompt_lens:
-            tokens += x
-            squares += float(x) * x
+        tokens, squares = _sums(prompt_lens)
         compute = self._tok_flop * tokens + self._attn_flop * squares
         memory = self._w_mem + self._kv_mem * tokens
         return (compute if compute > memory else memory) + self.prefill_overhead_s
