@@ -70,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
+
+    r = sub.add_parser("reproduce", help="run the paper's evaluation and write figures and a report",
+                       description="Reproduce the experiments of 'Fairness in Serving Large Language Models' on the "
+                                   "simulated engine: one PNG per figure, report.md and report.html.")
+    r.add_argument("--out", default="fairserve-results", metavar="DIR", help="output folder (default: %(default)s)")
+    r.add_argument("--only", metavar="NAMES", help="comma-separated experiments (default: all)")
+    r.add_argument("--quick", action="store_true", help="shorter workloads")
+    r.add_argument("--jobs", type=_positive(int, "a whole number"), default=2, metavar="N",
+                   help="worker processes (default: %(default)s)")
+    r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
@@ -77,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _simulate(args)
+        return _reproduce(args) if args.command == "reproduce" else _simulate(args)
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)
         return 2
@@ -116,6 +127,23 @@ def _simulate(args: argparse.Namespace) -> int:
                 out = out.with_name(f"{out.stem}.{spec.replace(':', '-')}{out.suffix or '.json'}")
             write_json(out, result, summary)
             print(f"wrote {out}")
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .reproduce import reproduce   # NOTE: imports matplotlib; `simulate` does not need it
+
+    if args.trace and not Path(args.trace).is_file():
+        raise CliError(f"trace file not found: {args.trace}")
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    findings = reproduce(args.out, only=only, quick=args.quick, jobs=args.jobs, trace=args.trace,
+                         progress=not args.no_progress)
+    width = max(len(f.experiment.name) for f in findings)
+    for f in findings:
+        print(f"{f.experiment.name:<{width}}  {f.verdict:<14}  {f.experiment.claim}")
+    out = Path(args.out)
+    print(f"\nreport: {out / 'report.html'} (also {out / 'report.md'}, and {sum(len(f.figures) for f in findings)} "
+          f"figures in {out}/)")
     return 0
 
 

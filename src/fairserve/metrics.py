@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .core.cost import CostFunction, LinearCost
 from .records import RequestRecord
 
 
@@ -61,17 +62,39 @@ def time_grid(end_s: float, step_s: float = 1.0) -> np.ndarray:
 
 
 def service_curves(records: Sequence[RequestRecord], times: np.ndarray, w_p: float = 1.0,
-                   w_q: float = 2.0) -> dict[str, np.ndarray]:
-    """Accumulated service of each client at each time in `times` (sorted)."""
+                   w_q: float = 2.0, cost: CostFunction | None = None) -> dict[str, np.ndarray]:
+    """Accumulated service of each client at each time in `times` (sorted). `cost` (any h(x, y)) replaces the
+    linear w_p/w_q; output tokens are taken to appear evenly in time, so a request's service at time t is
+    h(x, y(t)), which for a non-linear h is not a straight line."""
+    h = cost or LinearCost(w_p, w_q)
     out = {}
     for client, rs in by_client(records).items():
         served = [r for r in rs if r.first_token_s is not None and r.output_tokens > 0]
         first = np.array([r.first_token_s for r in served], dtype=float)
         last = np.array([r.last_token_s if r.last_token_s is not None else r.first_token_s for r in served])
-        steps = np.array([w_p * r.prompt_tokens + w_q for r in served], dtype=float)   # prompt + first token
-        ramp = np.array([w_q * (r.output_tokens - 1) for r in served], dtype=float)
-        out[client] = _steps_at(first, steps, times) + _ramps_at(first, last, ramp, times)
+        steps = np.array([h.total(r.prompt_tokens, 1) for r in served], dtype=float)   # prompt + first token
+        if isinstance(h, LinearCost):
+            ramp = np.array([h.w_q * (r.output_tokens - 1) for r in served], dtype=float)
+            out[client] = _steps_at(first, steps, times) + _ramps_at(first, last, ramp, times)
+        else:
+            out[client] = _steps_at(first, steps, times) + _curved_ramps_at(served, first, last, h, times)
     return out
+
+
+def _curved_ramps_at(served: list[RequestRecord], first: np.ndarray, last: np.ndarray, h: CostFunction,
+                     times: np.ndarray) -> np.ndarray:
+    """Sum over requests of h(x, y(t)) - h(x, 1), with y rising evenly from 1 to its output over [first, last]."""
+    total = np.zeros(len(times))
+    lo = np.searchsorted(times, first, side="right")
+    hi = np.searchsorted(times, last, side="right")
+    for r, f, l_, a, b in zip(served, first, last, lo, hi):
+        x, n = r.prompt_tokens, r.output_tokens
+        base = h.total(x, 1)
+        if b > a:   # grid points inside its decode
+            y = 1 + (n - 1) * (times[a:b] - f) / (l_ - f)
+            total[a:b] += np.array([h.total(x, v) for v in y]) - base
+        total[b:] += h.total(x, n) - base
+    return total
 
 
 def _steps_at(at: np.ndarray, amount: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -104,6 +127,23 @@ def service_rates(curves: dict[str, np.ndarray], times: np.ndarray, window_s: fl
         lo = np.interp(np.clip(times - window_s / 2, times[0], times[-1]), times, curve)
         hi = np.interp(np.clip(times + window_s / 2, times[0], times[-1]), times, curve)
         out[client] = (hi - lo) / window_s
+    return out
+
+
+def response_times(records: Sequence[RequestRecord], times: np.ndarray,
+                   window_s: float = 60.0) -> dict[str, np.ndarray]:
+    """Mean time to first token of each client's requests whose first token came in a window centred on each
+    time (the paper's ±30 s); NaN where there was none."""
+    out = {}
+    for client, rs in by_client(records).items():
+        done = sorted((r.first_token_s, r.first_token_s - r.arrival_s) for r in rs if r.first_token_s is not None)
+        at = np.array([d[0] for d in done])
+        cum = np.concatenate(([0.0], np.cumsum([d[1] for d in done])))
+        lo = np.searchsorted(at, times - window_s / 2, side="left")
+        hi = np.searchsorted(at, times + window_s / 2, side="right")
+        n = hi - lo
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[client] = np.where(n > 0, (cum[hi] - cum[lo]) / np.maximum(n, 1), np.nan)
     return out
 
 
@@ -179,13 +219,15 @@ def _pct(x: np.ndarray, q: float) -> float | None:
 
 
 def client_stats(records: Sequence[RequestRecord], duration_s: float, w_p: float = 1.0,
-                 w_q: float = 2.0) -> dict[str, ClientStats]:
+                 w_q: float = 2.0, cost: CostFunction | None = None) -> dict[str, ClientStats]:
+    h = cost or LinearCost(w_p, w_q)
     out = {}
     for client, rs in sorted(by_client(records).items()):
         rt = np.array([r.first_token_s - r.arrival_s for r in rs if r.first_token_s is not None])
-        prompt = sum(r.prompt_tokens for r in rs if r.first_token_s is not None)
+        served = [r for r in rs if r.first_token_s is not None]
+        prompt = sum(r.prompt_tokens for r in served)
         output = sum(r.output_tokens for r in rs)
-        service = w_p * prompt + w_q * output
+        service = sum(h.total(r.prompt_tokens, r.output_tokens) for r in served)
         out[client] = ClientStats(
             client=client, requests=len(rs), finished=sum(r.status == "finished" for r in rs),
             rejected=sum(r.status == "rejected" for r in rs), unfinished=sum(r.status == "unfinished" for r in rs),
@@ -197,10 +239,11 @@ def client_stats(records: Sequence[RequestRecord], duration_s: float, w_p: float
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, w_p: float = 1.0, w_q: float = 2.0,
-              weights: dict[str, float] | None = None, step_s: float = 1.0, window_s: float = 60.0) -> Summary:
-    stats = client_stats(records, duration_s, w_p, w_q)
+              weights: dict[str, float] | None = None, step_s: float = 1.0, window_s: float = 60.0,
+              cost: CostFunction | None = None) -> Summary:
+    stats = client_stats(records, duration_s, w_p, w_q, cost)
     times = time_grid(duration_s, step_s)
-    curves = service_curves(records, times, w_p, w_q)
+    curves = service_curves(records, times, w_p, w_q, cost)
     busy = backlogged(records, times)
     _, diff, pair = backlogged_difference(curves, busy, weights)
     jains = windowed_jain(curves, busy, times, window_s, weights)

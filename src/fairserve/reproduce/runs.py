@@ -1,0 +1,115 @@
+"""One simulation of the reproduction suite: what to run, and what comes back (picklable, for worker processes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core.cost import CostFunction, make_cost
+from ..metrics import backlogged, response_times, service_curves, service_rates, summarize, time_grid
+from ..records import RequestRecord
+from ..sim import simulate
+from ..workloads import Workload, get_workload, load_trace
+
+REAL = "real"
+# --quick halves durations (at least 240 s), except where the claim needs the whole run: `increase` only overloads
+# the server in its last third, `dist-shift` needs the phase after the shift, and `real` is a fixed trace.
+QUICK_DURATION_S = {"increase": 600.0, "dist-shift": 600.0, REAL: 600.0}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    workload: str
+    policy: str
+    cost: str = "linear"                  # "linear" or "profiled"
+    weighted: bool = True                 # use the workload's weights (False: plain VTC on a weighted workload)
+    label: str = ""                       # shown in figures and tables; default: the policy
+
+    @property
+    def name(self) -> str:
+        return self.label or self.policy
+
+
+@dataclass
+class RunOutput:
+    spec: RunSpec
+    records: list[RequestRecord]
+    duration_s: float
+    kv_tokens: int
+    busy_s: float
+    weights: dict[str, float] | None
+    max_prompt: int
+    wall_s: float = 0.0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def cost(self) -> CostFunction:
+        return make_cost(self.spec.cost)
+
+    @property
+    def times(self) -> np.ndarray:
+        return self._memo("times", lambda: time_grid(self.duration_s))
+
+    @property
+    def curves(self) -> dict[str, np.ndarray]:
+        return self._memo("curves", lambda: service_curves(self.records, self.times, cost=self.cost))
+
+    @property
+    def busy(self) -> dict[str, np.ndarray]:
+        return self._memo("busy", lambda: backlogged(self.records, self.times))
+
+    @property
+    def rates(self) -> dict[str, np.ndarray]:
+        return self._memo("rates", lambda: service_rates(self.curves, self.times))
+
+    @property
+    def response(self) -> dict[str, np.ndarray]:
+        return self._memo("response", lambda: response_times(self.records, self.times))
+
+    @property
+    def summary(self):
+        return self._memo("summary", lambda: summarize(self.records, self.duration_s, weights=self.weights,
+                                                       cost=self.cost))
+
+    @property
+    def bound(self) -> float:
+        """Theorem 4.4's 2U = 2 max(w_p L_in, w_q M) for this run's pool and prompts (linear cost)."""
+        return 2.0 * max(1.0 * self.max_prompt, 2.0 * self.kv_tokens)
+
+    def _memo(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+
+def load_workload(name: str, quick: bool, trace: str | None) -> Workload:
+    if name == REAL and trace:
+        w = load_trace(trace)
+        return Workload(name=REAL, arrivals=w.arrivals, duration_s=max(w.duration_s, 1.0))
+    w = get_workload(name)
+    if quick:
+        w = get_workload(name, duration_s=quick_duration(w.duration_s, name))
+    return w
+
+
+def quick_duration(full_s: float, name: str) -> float:
+    return QUICK_DURATION_S.get(name, max(240.0, full_s / 2))
+
+
+def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutput:
+    import time
+
+    workload = load_workload(spec.workload, quick, trace)
+    weights = workload.weights if spec.weighted else {}
+    start = time.perf_counter()
+    result = simulate(workload, spec.policy, cost=spec.cost, weights=weights)
+    return RunOutput(spec=spec, records=result.records, duration_s=workload.duration_s,
+                     kv_tokens=result.config.kv_tokens, busy_s=result.busy_s, weights=weights or None,
+                     max_prompt=max(a.prompt_tokens for a in workload.arrivals),
+                     wall_s=time.perf_counter() - start)
+
+
+def trace_available(trace: str | None) -> bool:
+    from ..workloads import find_arena_trace
+    return bool(trace and Path(trace).is_file()) or find_arena_trace() is not None
