@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
-#   ./dev.sh demo   run the main job: the paper's `overload` workload under VTC and FCFS on the simulated engine
+#   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine
 #   ./dev.sh test   run the whole test suite
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,7 +19,7 @@ setup() {
 }
 
 case "${1:-}" in
-    demo) setup; shift; exec "$VENV/bin/fairserve" simulate --workload overload --policy vtc,fcfs "$@" ;;
+    demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test) setup; shift; exec "$VENV/bin/python" -m pytest "$@" ;;
     *) echo "usage: ./dev.sh demo|test [extra arguments]" >&2; exit 2 ;;
 esac

@@ -38,7 +38,7 @@ def blocks(findings: list[Finding], meta: dict) -> list[tuple]:
                 ("p", f"**Workloads:** {', '.join(e.workloads)}. **Policies:** "
                       f"{', '.join(dict.fromkeys(r.name for r in e.runs))}."),
                 ("p", f"**The paper's claim:** {e.claim}"),
-                ("p", f"**Verdict: {f.verdict}.** {f.evidence}.")]
+                ("p", f"**Verdict: {f.verdict}.** {f.evidence[:1].upper()}{f.evidence[1:]}.")]
         if f.runs:
             out.append(("table", ["workload", "policy", "output tokens/s", "service/s", "max backlogged diff",
                                   "Jain's index"], [_run_row(o) for o in f.runs]))
