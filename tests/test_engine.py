@@ -86,3 +86,29 @@ def test_engine_config_errors():
     with pytest.raises(ValueError, match="kv_tokens"):
         EngineConfig(kv_tokens=0)
     assert EngineConfig().prefill_tokens == 3072 and EngineConfig(kv_tokens=60_000).prefill_tokens == 10_000
+
+
+def test_online_submit_advance_and_cancel():
+    from fairserve.sim import SimRequest
+    engine = SimEngine(make_policy("vtc"), LAT, EngineConfig(max_wait_steps=0))
+    a = SimRequest(id="a", client="x", prompt_tokens=10, max_tokens=50, output_tokens=50)
+    b = SimRequest(id="b", client="y", prompt_tokens=10, max_tokens=50, output_tokens=50)
+    q = SimRequest(id="q", client="y", prompt_tokens=10, max_tokens=5, output_tokens=5)
+    engine.submit(a)
+    assert engine.advance() and a.first_token_s == pytest.approx(0.1)       # prefill
+    engine.submit(b)
+    assert engine.advance() and b in engine.running                        # admitted at once (no wait steps)
+    for _ in range(3):
+        engine.advance()
+    engine.cancel(a)                                                        # running: stops, pays what it produced
+    assert a not in engine.running and a.state.value == "aborted"
+    assert engine.policy.service["x"] == 10 + 2 * a.generated
+    assert engine.kv_used == b.prompt_tokens + b.generated_at(engine.step)
+    engine.submit(q)
+    engine.cancel(q)                                                        # queued: dropped, never charged
+    assert engine.policy.num_queued == 0
+    while engine.running:
+        engine.advance()
+    assert b.state.value == "finished" and engine.just_finished == [b]
+    assert not engine.advance()                                             # nothing left to do
+    assert engine.policy.service["y"] == 10 + 2 * 50

@@ -94,6 +94,8 @@ class SimEngine:
         self.prefills = self.preemptions = 0
         self.busy_s = 0.0
         self._eager = policy.orders_by_counter   # charge before every decision, or only when requests end
+        self._waited = 0                        # decode steps since the last admission
+        self.just_finished: list[SimRequest] = []   # requests that finished in the last `advance()`
 
     @property
     def kv_free(self) -> int:
@@ -105,35 +107,53 @@ class SimEngine:
                            predicted_output=a.output_tokens, arrival_s=a.arrival_s, output_tokens=a.output_tokens)
                 for i, a in enumerate(arrivals)]
         reqs.sort(key=lambda r: r.arrival_s)
-        policy, cfg, n, i, waited = self.policy, self.config, len(reqs), 0, 0
+        n, i = len(reqs), 0
         horizon = float("inf") if until_s is None else until_s
         while True:
             while i < n and reqs[i].arrival_s <= self.now:
-                self._arrive(reqs[i])
+                self.submit(reqs[i])
                 i += 1
             if self.now >= horizon:
                 break
-            if not self.running:
-                if policy.num_queued == 0:
-                    if i == n:
-                        break
-                    self.now = min(max(self.now, reqs[i].arrival_s), horizon)   # idle until the next arrival
-                    continue
-                waited = 0
-                if not self._admit():
-                    raise RuntimeError("nothing fits an empty engine")   # oversized requests are rejected earlier
-                continue
-            if waited >= cfg.wait_steps and policy.num_queued and self._admit():
-                waited = 0
-                continue
-            self._decode()
-            waited += 1
+            if not self.advance():
+                if i == n:
+                    break
+                self.now = min(max(self.now, reqs[i].arrival_s), horizon)   # idle until the next arrival
         self._sync()
-        return SimResult([_record(r, self.step, self.now) for r in reqs], policy, self.now, self.step, self.prefills,
-                         self.preemptions, self.busy_s, cfg)
+        return SimResult([_record(r, self.step, self.now) for r in reqs], self.policy, self.now, self.step,
+                         self.prefills, self.preemptions, self.busy_s, self.config)
+
+    def advance(self) -> bool:
+        """One iteration of the router loop: admit and prefill a (mini-)batch, or one decode step. Returns False when
+        there is nothing to do (nothing running, nothing queued); `now` moves by the work's duration."""
+        self.just_finished.clear()
+        if not self.running:
+            if self.policy.num_queued == 0:
+                return False
+            self._waited = 0
+            if not self._admit():
+                raise RuntimeError("nothing fits an empty engine")   # oversized requests are rejected earlier
+            return True
+        if self._waited >= self.config.wait_steps and self.policy.num_queued and self._admit():
+            self._waited = 0
+            return True
+        self._decode()
+        self._waited += 1
+        return True
+
+    def cancel(self, req: SimRequest) -> None:
+        """The client went away: drop a queued request, or stop a running one (it is charged what it produced)."""
+        if req.state is RequestState.RUNNING:
+            req.generated = req.generated_at(self.step)
+            self._index = None
+            del self.running[req]
+            self.kv_used -= req.prompt_tokens + req.generated
+            self.policy.on_output(req, req.generated - req.output_done)
+        self.policy.abort(req)
 
     # ---- events -------------------------------------------------------------------------------------------------
-    def _arrive(self, req: SimRequest) -> None:
+    def submit(self, req: SimRequest) -> None:
+        """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         cfg = self.config
         if req.prompt_tokens > cfg.prefill_tokens or req.prompt_tokens + req.output_tokens >= cfg.kv_tokens:
             req.state = RequestState.REJECTED
@@ -211,6 +231,7 @@ class SimEngine:
         r.finish_s = r.last_token_s = self.now
         self.policy.on_output(r, r.generated - r.output_done)
         self.policy.finish(r)
+        self.just_finished.append(r)
 
     def _preempt(self, r: SimRequest) -> None:
         """Evict-and-recompute, as vLLM: free its KV cache; it re-prefills prompt + generated tokens later."""
