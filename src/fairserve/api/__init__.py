@@ -1,0 +1,1 @@
+"""What the emulator, the gateway and the load generator share about the OpenAI HTTP API."""
