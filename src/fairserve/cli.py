@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,10 @@ from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload
 
 class CliError(Exception):
     pass
+
+
+# subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
+SERVICES = ("emulate", "bench")
 
 
 def _weights(text: str | None) -> dict[str, float] | None:
@@ -81,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes (default: %(default)s)")
     r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    for name in SERVICES:
+        importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
     return p
 
 
@@ -88,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in SERVICES:
+            return importlib.import_module(f"fairserve.{args.command}.cli").run(args)
         return _reproduce(args) if args.command == "reproduce" else _simulate(args)
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)

@@ -1,0 +1,136 @@
+"""`fairserve bench`: replay a workload against an OpenAI-compatible endpoint and report per-client fairness.
+
+`add_parser(subparsers)` registers the subcommand; `run(args)` runs it and returns 0. Bad input raises ValueError
+with a one-line message (the main CLI prints it as `fairserve: error: ...`).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
+from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
+from .runner import DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, endpoint_url, resolve_keys, run_bench
+
+
+def parse_keys(text: str) -> dict[str, str]:
+    """`client=KEY,...`; `*=KEY` is the default for clients not listed."""
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        client, sep, key = (x.strip() for x in part.partition("="))
+        if not sep or not client or not key:
+            raise ValueError(f"bad --keys entry {part.strip()!r}: expected CLIENT=KEY (or *=KEY for the rest)")
+        if client in out:
+            raise ValueError(f"--keys lists client {client!r} twice")
+        out[client] = key
+    if not out:
+        raise ValueError("--keys needs at least one CLIENT=KEY entry")
+    return out
+
+
+def parse_weights(text: str | None) -> dict[str, float] | None:
+    """`client=weight,...` with every weight > 0; None for no text."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        client, _, value = (x.strip() for x in part.partition("="))
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = 0.0
+        if not client or not weight > 0:
+            raise ValueError(f"bad --weights entry {part!r}: expected CLIENT=WEIGHT with WEIGHT > 0")
+        out[client] = weight
+    return out
+
+
+def _positive(kind: type, what: str):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return v
+    return parse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="replay a workload against an OpenAI-compatible endpoint and measure fairness",
+        description="Send a workload's requests, on time, to an OpenAI-compatible streaming endpoint (the fairserve "
+                    "gateway or emulator, vLLM, ...) with one API key per client; print per-client service, response "
+                    "time and latency, fairness and throughput. Times are reported in workload seconds.")
+    p.add_argument("--target", required=True, metavar="URL", help="base URL, e.g. http://127.0.0.1:8000 (or .../v1)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
+    src.add_argument("--trace", metavar="FILE", help="a request trace (CSV/JSONL; see docs/workloads.md)")
+    p.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS)
+    p.add_argument("--keys", required=True, metavar="c=KEY,...",
+                   help="API key per client; *=KEY is the default for clients not listed")
+    p.add_argument("--weights", metavar="c=w,...", help="client weights for the fairness metrics "
+                                                        "(default: the workload's)")
+    p.add_argument("--time-scale", type=_positive(float, "a number"), default=1.0, metavar="X",
+                   help="replay X times faster than the workload (default: 1)")
+    p.add_argument("--duration", type=_positive(float, "a number"), metavar="S",
+                   help="keep only the first S workload seconds")
+    p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name to send (default: %(default)s)")
+    p.add_argument("--timeout", type=_positive(float, "a number"), default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="give up on a request after S wall seconds (default: %(default)g)")
+    p.add_argument("--max-inflight", type=_positive(int, "a whole number"), metavar="N",
+                   help="at most N requests open at once (later ones wait in the client)")
+    p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
+    p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    if args.trace:
+        if not Path(args.trace).is_file():
+            raise ValueError(f"trace file not found: {args.trace}")
+        w = load_trace(args.trace, getattr(args, "trace_format", "auto"), seed=args.seed)
+        if args.duration is not None:
+            w = Workload(name=w.name, arrivals=[a for a in w.arrivals if a.arrival_s < args.duration],
+                         duration_s=args.duration, weights=w.weights)
+    else:
+        w = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
+    if not w.arrivals:
+        raise ValueError(f"the workload {w.name!r} has no requests")
+    return w
+
+
+def run(args: argparse.Namespace) -> int:
+    url = endpoint_url(args.target, args.endpoint)
+    workload = load_workload(args)
+    clients = sorted({a.client for a in workload.arrivals})
+    keys = parse_keys(args.keys)
+    resolve_keys(keys, clients)
+    weights = parse_weights(args.weights) or workload.weights
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
+    print(f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
+          f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
+          flush=True)
+    records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale, endpoint=args.endpoint,
+                        model=args.model, timeout_s=args.timeout, max_inflight=getattr(args, "max_inflight", None))
+    duration = bench_duration(records, workload.duration_s)
+    summary = summarize_bench(records, duration, weights)
+    title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"
+    print()
+    print(format_table(summary, records, title))
+    if args.json:
+        meta = {"target": args.target, "endpoint": args.endpoint, "model": args.model, "workload": workload.name,
+                "time_scale": args.time_scale, "weights": weights}
+        print(f"wrote {write_json(args.json, summary, records, meta)}")
+    if args.plots:
+        label = urlsplit(args.target).netloc or args.target
+        paths = write_plots(args.plots, records, duration, label, f"bench {workload.name}")
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0

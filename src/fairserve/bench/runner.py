@@ -1,0 +1,243 @@
+"""Replay arrivals against an OpenAI-compatible streaming endpoint and record what each client observed.
+
+Every arrival is sent at wall time `arrival_s / time_scale` after the start as one streaming request, and every
+time in the records is in *workload* seconds (wall seconds since the start × time_scale), so the metrics compare
+with the simulator's. What is not observable from outside the server is approximated:
+
+- admit_s (start of the prefill) is taken to be first_token_s;
+- arrival_s is the scheduled time (dispatch is late by at most a few milliseconds of event-loop lag).
+
+Status: "finished" (saw `[DONE]`, or a finish_reason before a clean end); "rejected" (an HTTP error status before
+any streaming, or no connection at all: the request was never accepted); "unfinished" (the stream was cut, ended
+early, reported an error event, or ran past `timeout_s` wall seconds).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from ..api.tokens import prompt_of
+from ..records import RequestRecord
+from ..workloads import Arrival
+
+ENDPOINTS = ("completions", "chat")
+DEFAULT_MODEL = "fairserve-emulated"
+DEFAULT_TIMEOUT_S = 600.0
+CLIENT_HEADER = "X-Fairserve-Client"
+_MAX_CONNECTIONS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRecord(RequestRecord):
+    """A RequestRecord plus what only a benchmark sees; `to_dict()` includes both extra fields."""
+
+    http_status: int | None = None      # None: no HTTP answer (connection failed)
+    error: str | None = None            # one line, for anything but a clean finish
+
+
+class _StreamError(Exception):
+    """The server sent an error event in the middle of the stream."""
+
+
+def resolve_keys(keys: Mapping[str, str], clients: Iterable[str]) -> dict[str, str]:
+    """The API key of every client; `*` is the default for clients not listed. ValueError names the keyless."""
+    names = set(clients)
+    default = keys.get("*")
+    missing = sorted(c for c in names if c not in keys and default is None)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ValueError(f"no API key for client(s) {shown}; add CLIENT=KEY to --keys or a default *=KEY")
+    return {c: keys.get(c, default or "") for c in names}
+
+
+def endpoint_url(target: str, endpoint: str) -> str:
+    """`http://host:port` or `http://host:port/v1` → the completions or chat completions URL."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r}; expected one of: {', '.join(ENDPOINTS)}")
+    base = target.strip().rstrip("/")
+    if not base.startswith(("http://", "https://")) or len(base.split("//", 1)[1]) == 0:
+        raise ValueError(f"bad target {target!r}: expected an http(s) URL such as http://127.0.0.1:8000")
+    if not base.endswith("/v1"):
+        base += "/v1"
+    return base + ("/completions" if endpoint == "completions" else "/chat/completions")
+
+
+def request_body(a: Arrival, endpoint: str, model: str) -> dict:
+    body: dict = {"model": model, "max_tokens": a.output_tokens, "ignore_eos": True, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt_of(a.prompt_tokens)}]
+    else:
+        body["prompt"] = prompt_of(a.prompt_tokens)
+    return body
+
+
+def default_connections(n_requests: int) -> int:
+    """Enough connections that the server, not the client, queues requests; capped below the open-file limit."""
+    cap = _MAX_CONNECTIONS
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            cap = min(cap, max(16, soft - 64))
+    return max(1, min(n_requests, cap))
+
+
+class _Progress:
+    """What one stream has shown so far, in workload seconds."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None      # first content chunk
+        self.first_any: float | None = None  # first chunk with choices, even without text
+        self.last: float | None = None
+        self.chunks = 0
+        self.usage: dict | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def feed(self, line: str, now: float) -> None:
+        """One SSE line; sets `done` on `data: [DONE]`."""
+        if not line.startswith("data:"):
+            return                               # blank separators, comments, `event:` lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(obj, dict):
+            return
+        if obj.get("error"):
+            err = obj["error"]
+            raise _StreamError(str(err.get("message", err) if isinstance(err, dict) else err))
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or []:
+            self.first_any = self.first_any if self.first_any is not None else now
+            text = choice.get("text")
+            if text is None:
+                text = (choice.get("delta") or {}).get("content")
+            if text:
+                self.chunks += 1
+                self.first = self.first if self.first is not None else now
+                self.last = now
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        err = json.loads(body).get("error")
+        return _one_line(str(err.get("message", err) if isinstance(err, dict) else err))
+    except (ValueError, AttributeError):
+        return _one_line(body.decode("utf-8", "replace")) or "(empty body)"
+
+
+async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: str, endpoint: str, model: str,
+                clock: Callable[[], float], timeout_s: float, gate: asyncio.Semaphore | None) -> BenchRecord:
+    p = _Progress()
+    status = "unfinished"
+    http_status: int | None = None
+    error: str | None = None
+    end: float | None = None
+    headers = {"Authorization": f"Bearer {key}", CLIENT_HEADER: a.client}
+    async with gate or contextlib.nullcontext():
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with client.stream("POST", url, json=request_body(a, endpoint, model), headers=headers) as r:
+                    http_status = r.status_code
+                    if r.status_code >= 400:
+                        status, error = "rejected", f"HTTP {r.status_code}: {_error_message(await r.aread())}"
+                    else:
+                        async for line in r.aiter_lines():
+                            p.feed(line, clock())
+                            if p.done:
+                                break
+                        end = clock()
+                        if p.done or p.finish_reason:
+                            status = "finished"
+                        else:
+                            error = "stream ended without [DONE]"
+        except TimeoutError:
+            error = f"timed out after {timeout_s:g} s (wall)"
+        except _StreamError as e:
+            error = _one_line(f"error event: {e}")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            status, error = "rejected", _one_line(f"could not connect: {e}")
+        except httpx.HTTPError as e:
+            error = _one_line(f"{type(e).__name__}: {e}")
+    usage = p.usage or {}
+    out = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else p.chunks
+    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else a.prompt_tokens
+    finish = end if status == "finished" else None
+    first = p.first
+    if first is None and finish is not None:     # finished without text: take the first chunk as its first token
+        first = p.first_any if p.first_any is not None else finish
+    last = finish if finish is not None else p.last
+    return BenchRecord(
+        id=idx, client=a.client, arrival_s=a.arrival_s, admit_s=first, first_token_s=first, finish_s=finish,
+        last_token_s=last if first is not None else None, prompt_tokens=prompt, output_tokens=out,
+        max_tokens=a.output_tokens, status=status, http_status=http_status, error=error)
+
+
+def _check(arrivals: Sequence[Arrival], time_scale: float, timeout_s: float, max_inflight: int | None) -> None:
+    if not time_scale > 0:
+        raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if max_inflight is not None and max_inflight < 1:
+        raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+    if not arrivals:
+        raise ValueError("no requests to send")
+
+
+async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
+                          time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
+                          timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None) -> list[BenchRecord]:
+    """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
+    (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
+    response time. Validation (keys, URL, numbers) raises ValueError before anything is sent."""
+    _check(arrivals, time_scale, timeout_s, max_inflight)
+    key_of = resolve_keys(keys, (a.client for a in arrivals))
+    url = endpoint_url(target, endpoint)
+    conns = default_connections(max_inflight or len(arrivals))
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
+    timeouts = httpx.Timeout(30.0, read=None, pool=None)     # the whole request is bounded by timeout_s instead
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].arrival_s)
+    gate = asyncio.Semaphore(max_inflight) if max_inflight else None
+    async with httpx.AsyncClient(limits=limits, timeout=timeouts) as client:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        def clock() -> float:
+            return (loop.time() - start) * time_scale
+
+        tasks: dict[int, asyncio.Task[BenchRecord]] = {}
+        async with asyncio.TaskGroup() as tg:    # on error or cancellation, every request task is cancelled
+            for i in order:
+                a = arrivals[i]
+                delay = start + a.arrival_s / time_scale - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks[i] = tg.create_task(_send(client, url, i, a, key_of[a.client], endpoint, model, clock,
+                                                timeout_s, gate))
+    return [tasks[i].result() for i in range(len(arrivals))]
+
+
+def run_bench(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *, time_scale: float = 1.0,
+              endpoint: str = "completions", model: str = DEFAULT_MODEL, timeout_s: float = DEFAULT_TIMEOUT_S,
+              max_inflight: int | None = None) -> list[BenchRecord]:
+    """Synchronous `run_bench_async` (its own event loop; not for use inside a running loop)."""
+    return asyncio.run(run_bench_async(target, arrivals, keys, time_scale=time_scale, endpoint=endpoint,
+                                       model=model, timeout_s=timeout_s, max_inflight=max_inflight))

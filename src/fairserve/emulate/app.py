@@ -1,0 +1,220 @@
+"""The emulator's FastAPI app: OpenAI endpoints served by the real-time driver, /v1/models, /healthz, /metrics."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ..api.errors import error_response
+from ..core import RequestState
+from .config import EmulatorConfig, Fault
+from .driver import Emulator, Job, TooLarge
+from .metrics import make_registry
+from .protocol import DONE, BadRequest, Call, Reply, parse_call, parse_json, sse
+
+CLIENT_HEADER = "X-Fairserve-Client"
+POLL_S = 0.05       # how often a non-streaming or hung request checks that its client is still there
+
+
+def create_app(config: EmulatorConfig | None = None) -> FastAPI:
+    config = config or EmulatorConfig()
+    emulator = Emulator(config)
+    registry = make_registry(emulator)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await emulator.start()
+        try:
+            yield
+        finally:
+            await emulator.stop()
+
+    app = FastAPI(title="fairserve emulate", lifespan=lifespan)
+    app.state.emulator = emulator
+    app.add_exception_handler(BadRequest, _bad_request)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _server_error)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(request, emulator, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(request, emulator, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": config.model, "object": "model", "created": 0,
+                                            "owned_by": "fairserve"}]}
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok", "model": config.model, "running": len(emulator.engine.running),
+                "waiting": emulator.engine.policy.num_queued}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
+    call = parse_call(parse_json(await request.body()), chat)
+    try:
+        em.check_fits(call.prompt_tokens, call.max_tokens)
+    except TooLarge as e:
+        raise BadRequest(str(e), "max_tokens") from None
+    fault = em.draw_fault()
+    if fault is Fault.ERROR:
+        em.count("error")
+        return error_response(500, "The emulated server had an error processing your request (injected fault).",
+                              code="emulated_error")
+    if em.config.extra_latency_s:
+        await asyncio.sleep(em.config.extra_latency_s)
+    reply = Reply(chat=chat, model=call.model or em.config.model, prompt_tokens=call.prompt_tokens,
+                  include_usage=call.include_usage)
+    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or "anonymous", call.prompt_tokens,
+                    call.max_tokens)
+    if job.req.state is RequestState.REJECTED:
+        em.close(job, "rejected")
+        return error_response(429, f"Rejected by the engine's policy {em.config.policy!r}.", code="rate_limited")
+    if fault is Fault.HANG:
+        try:
+            while not await request.is_disconnected():
+                await asyncio.sleep(POLL_S)
+        finally:
+            em.close(job, "hung")
+        return Response(status_code=499)       # nobody reads it
+    drop_after = call.max_tokens // 2 if fault is Fault.DROP else None
+    if call.stream:
+        return EventStream(_events(em, job, reply, call, drop_after))
+    try:
+        if not await _wait_tokens(job, request, call.max_tokens if drop_after is None else drop_after):
+            em.close(job, "cancelled")
+            return Response(status_code=499)
+        if drop_after is not None:
+            em.close(job, "dropped")
+            return DroppedResponse(JSONResponse(reply.body(job.delivered)).body)
+        em.close(job, "finished")
+        return JSONResponse(reply.body(job.delivered))
+    finally:
+        em.close(job, "cancelled")          # a no-op unless the handler itself was cancelled
+
+
+async def _wait_tokens(job: Job, request: Request, target: int) -> bool:
+    """Wait until `target` tokens are delivered (or the engine is done); False if the client went away."""
+    next_check = time.monotonic() + POLL_S
+    while job.delivered < target and not job.engine_done:
+        job.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.changed.wait(), POLL_S)
+        if time.monotonic() >= next_check:
+            if await request.is_disconnected():
+                return False
+            next_check = time.monotonic() + POLL_S
+    return True
+
+
+async def _events(em: Emulator, job: Job, reply: Reply, call: Call,
+                  drop_after: int | None) -> AsyncIterator[bytes | None]:
+    """One SSE chunk per token as the driver delivers them; None asks EventStream to drop the connection."""
+    try:
+        if reply.chat:
+            yield sse(reply.role_chunk())
+        sent, limit = 0, call.max_tokens if drop_after is None else drop_after
+        while sent < limit:
+            job.changed.clear()
+            while sent < min(job.delivered, limit):
+                sent += 1
+                yield sse(reply.token_chunk(last=sent == call.max_tokens))
+            if sent >= limit or (job.engine_done and sent >= job.delivered):
+                break
+            await job.changed.wait()
+        if drop_after is not None:
+            em.close(job, "dropped")
+            yield None
+            return
+        em.close(job, "finished")
+        if call.include_usage:
+            yield sse(reply.usage_chunk(sent))
+        yield DONE
+    finally:
+        em.close(job, "cancelled")          # the client went away (a no-op after finished / dropped)
+
+
+class EventStream(StreamingResponse):
+    """text/event-stream that stops (cancelling its generator, hence the job) as soon as the client disconnects,
+    and drops the connection, without the terminating chunk, when the generator yields None."""
+
+    def __init__(self, events: AsyncIterator[bytes | None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pump.cancel()
+            watch.cancel()
+            await asyncio.gather(pump, watch, return_exceptions=True)
+            await self.events.aclose()      # type: ignore[attr-defined]
+
+    async def _pump(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for data in self.events:
+            if data is None:
+                return      # the server closes the connection: the app never finished the body
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class DroppedResponse(Response):
+    """A 200 whose Content-Length promises the whole JSON body, of which only the first half is sent before the
+    connection is closed: the client sees an incomplete response (httpx: RemoteProtocolError)."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__(body, media_type="application/json")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _bad_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, BadRequest)
+    return error_response(400, exc.message, param=exc.param)
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    return error_response(400, f"Invalid request: {first.get('msg', 'bad input')}" + (f" ({where})" if where else ""),
+                          param=where or None)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(500, f"Internal error in the emulator ({type(exc).__name__}); see the server log.")

@@ -1,0 +1,71 @@
+"""The emulator's settings, and the per-request fault draw."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from enum import Enum
+
+from ..core import make_policy
+from ..sim.latency import DEFAULT_LATENCY_MODEL, get_latency_model
+
+ENGINE_MODES = ("reserve", "paged")
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    model: str = "fairserve-emulated"       # the name /v1/models lists
+    time_scale: float = 1.0                 # simulated seconds per wall second (10 = ten times faster)
+    profile: str = DEFAULT_LATENCY_MODEL    # latency profile, as `fairserve.sim.get_latency_model` names it
+    kv_tokens: int = 10_000                 # KV-cache pool of the simulated engine
+    engine_mode: str = "reserve"            # "reserve" | "paged"
+    policy: str = "fcfs"                    # the engine's own scheduler; fairness is the gateway's job
+    error_rate: float = 0.0                 # fraction of requests answered 500 before any work
+    extra_latency_s: float = 0.0            # wall seconds every request waits before it reaches the engine
+    drop_rate: float = 0.0                  # fraction whose connection is closed after half the tokens
+    hang_rate: float = 0.0                  # fraction never answered until the client disconnects
+    seed: int = 0                           # seeds the fault draw
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("model name must be a non-empty string")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale}")
+        if isinstance(self.kv_tokens, bool) or not isinstance(self.kv_tokens, int) or self.kv_tokens < 2:
+            raise ValueError(f"kv_tokens must be an integer >= 2, got {self.kv_tokens!r}")
+        if self.engine_mode not in ENGINE_MODES:
+            raise ValueError(f"engine mode must be one of {', '.join(ENGINE_MODES)}, got {self.engine_mode!r}")
+        for name in ("error_rate", "drop_rate", "hang_rate"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate <= 1.0:      # also rejects NaN
+                raise ValueError(f"{name} must be a probability between 0 and 1, got {rate}")
+        if not (math.isfinite(self.extra_latency_s) and self.extra_latency_s >= 0):
+            raise ValueError(f"extra_latency_s must be a finite number >= 0, got {self.extra_latency_s}")
+        get_latency_model(self.profile)     # ValueError naming the known profiles
+        make_policy(self.policy)            # ValueError naming the known policies
+
+
+class Fault(str, Enum):
+    NONE = "none"
+    ERROR = "error"
+    DROP = "drop"
+    HANG = "hang"
+
+
+class FaultDraw:
+    """Decides each request's fault at arrival. Three draws per request whatever the rates, so one seed gives the
+    same sequence of uniform numbers for any setting; an error wins over a hang, a hang over a drop."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+
+    def __call__(self) -> Fault:
+        c, u = self.config, [self.rng.random() for _ in range(3)]
+        if u[0] < c.error_rate:
+            return Fault.ERROR
+        if u[1] < c.hang_rate:
+            return Fault.HANG
+        if u[2] < c.drop_rate:
+            return Fault.DROP
+        return Fault.NONE
