@@ -18,7 +18,7 @@ class CliError(Exception):
 
 
 # subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
-SERVICES = ("emulate", "bench")
+SERVICES = ("emulate", "gateway", "bench")
 
 
 def _weights(text: str | None) -> dict[str, float] | None:

@@ -1,0 +1,133 @@
+"""`fairserve gateway`: flags and/or a TOML file → GatewayConfig → uvicorn.
+
+Flags override the file's keys; a repeated list flag (`--backend`, `--tenant`, `--model`) replaces the file's list.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .config import GatewayConfig, load_config
+
+# flag dest -> config key, for the scalar keys
+SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "queue_limit": "queue_limit",
+           "queue_ttl": "queue_ttl_s", "max_body_bytes": "max_body_bytes", "admin_key": "admin_key",
+           "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer", "default_max_tokens": "default_max_tokens",
+           "backend_cooldown": "backend_cooldown_s", "request_timeout": "request_timeout_s"}
+BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key"}
+
+
+def parse_backend(text: str) -> dict[str, Any]:
+    """`URL[,max_requests=N][,max_tokens=M][,api_key=K]` → a backend table."""
+    url, *options = (p.strip() for p in text.split(","))
+    out: dict[str, Any] = {"url": url}
+    for opt in options:
+        name, sep, value = (x.strip() for x in opt.partition("="))
+        if not sep or name not in BACKEND_OPTIONS:
+            raise ValueError(f"bad --backend option {opt!r} in {text!r}: expected one of "
+                             f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}")
+        if name == "api_key":
+            out["api_key"] = value
+            continue
+        try:
+            out[BACKEND_OPTIONS[name]] = int(value)
+        except ValueError:
+            raise ValueError(f"bad --backend option {opt!r}: {value!r} is not a whole number") from None
+    return out
+
+
+def parse_tenant(text: str) -> tuple[str, str, float | None]:
+    """`NAME:KEY[:WEIGHT]` → (name, key, weight or None)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise ValueError(f"bad --tenant {text!r}: expected NAME:KEY or NAME:KEY:WEIGHT")
+    weight = None
+    if len(parts) == 3:
+        try:
+            weight = float(parts[2])
+        except ValueError:
+            raise ValueError(f"bad --tenant {text!r}: weight {parts[2]!r} is not a number") from None
+    return parts[0], parts[1], weight
+
+
+def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
+    """Repeating a name adds keys to that tenant (`--tenant a:k1 --tenant a:k2:2`)."""
+    tenants: dict[str, dict[str, Any]] = {}
+    for text in flags:
+        name, key, weight = parse_tenant(text)
+        t = tenants.setdefault(name, {"name": name, "api_keys": []})
+        t["api_keys"].append(key)
+        if weight is not None:
+            t["weight"] = weight
+    return list(tenants.values())
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """Raises ValueError with one line on any problem."""
+    overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in SCALARS.items()
+                                 if getattr(args, dest, None) is not None}
+    if args.backend:
+        overrides["backends"] = [parse_backend(b) for b in args.backend]
+    if args.tenant:
+        overrides["tenants"] = tenants_from_flags(args.tenant)
+    if args.model:
+        overrides["models"] = list(args.model)
+    return load_config(args.config, overrides)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    g = subparsers.add_parser(
+        "gateway", help="serve a fair OpenAI-compatible gateway in front of OpenAI-compatible servers",
+        description="A fair OpenAI-compatible gateway: requests from tenants are queued and admitted to the "
+                    "backends in the order of a fairness policy (VTC by default). See docs/gateway.md.")
+    g.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
+    g.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:8080)")
+    g.add_argument("--backend", action="append", metavar="URL[,max_requests=N,max_tokens=M,api_key=K]",
+                   help="an OpenAI-compatible server; repeat for several")
+    g.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
+    g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
+    g.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
+    g.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
+    g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
+    g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
+    g.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
+    g.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
+    g.add_argument("--trusted-proxy", action="store_true", default=None,
+                   help="honour X-Tenant-Id from holders of a valid key")
+    g.add_argument("--tokenizer", metavar="NAME", help='"" or "estimate" (the only one built in)')
+    g.add_argument("--default-max-tokens", type=int, metavar="N", help="assumed max_tokens when unset (512)")
+    g.add_argument("--model", action="append", metavar="NAME", help="model names for /v1/models if no backend answers")
+    g.add_argument("--backend-cooldown", type=float, metavar="S", help="skip an unreachable backend this long (2)")
+    g.add_argument("--request-timeout", type=float, metavar="S", help="upstream read timeout, seconds (600)")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return g
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted. Config problems raise ValueError with one line."""
+    import uvicorn
+
+    from .app import create_app
+
+    cfg = config_from_args(args)
+    print(f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
+          f"listening on http://{cfg.listen}", file=sys.stderr)
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=args.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m fairserve.gateway.cli`), until the main `fairserve` parser wires it in."""
+    parser = argparse.ArgumentParser(prog="fairserve")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["gateway", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except ValueError as e:
+        print(f"fairserve: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

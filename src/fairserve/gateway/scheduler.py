@@ -1,0 +1,211 @@
+"""The gateway's driver of the scheduling core: tickets, backend capacity, and the dispatcher.
+
+The policy decides the order (VTC, FCFS, ...); this module decides capacity: `fits(req)` picks the least-loaded
+backend with room for one more request and its tokens (prompt + max_tokens). Dispatch runs on every arrival and
+whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from ..core import Policy, Request, RequestState, make_policy
+from .config import BackendConfig, GatewayConfig
+from .metrics import GatewayMetrics
+
+
+@dataclass(eq=False)
+class Backend:
+    cfg: BackendConfig
+    requests: int = 0          # in flight
+    tokens: int = 0            # prompt + max_tokens of those in flight
+    healthy: bool = True       # the last attempt reached it
+    down_until: float = 0.0    # unreachable: skipped until then
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    def room_for(self, tokens: int) -> bool:
+        if self.requests >= self.cfg.max_inflight_requests:
+            return False
+        limit = self.cfg.max_inflight_tokens
+        # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
+        return limit is None or self.tokens + tokens <= limit or self.requests == 0
+
+    def load(self) -> tuple[float, float]:
+        limit = self.cfg.max_inflight_tokens
+        return self.requests / self.cfg.max_inflight_requests, self.tokens / limit if limit else 0.0
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One accepted request on its way through the gateway."""
+
+    req: Request
+    tokens: int                                   # capacity it reserves on a backend
+    queued_at: float
+    admitted: asyncio.Future[Backend]
+    backend: Backend | None = None
+    tried: set[str] = field(default_factory=set)  # backends that failed it
+    outcome: str | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.req.client
+
+
+class Scheduler:
+    def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.policy: Policy = make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
+        self.backends = [Backend(b) for b in cfg.backends]
+        self.tenants = [t.name for t in cfg.tenants]
+        self.queued = dict.fromkeys(self.tenants, 0)
+        self.in_flight = dict.fromkeys(self.tenants, 0)
+        self._tickets: dict[Request, Ticket] = {}
+        self._ids = itertools.count(1)
+        self._wakeup: asyncio.TimerHandle | None = None
+
+    # ---- arrivals -----------------------------------------------------------------------------------------------
+    def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
+        now = time.monotonic()
+        out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
+        req = Request(id=f"gw-{next(self._ids)}", client=tenant, prompt_tokens=prompt_tokens, max_tokens=out,
+                      arrival_s=now)
+        return Ticket(req, prompt_tokens + out * n, now, asyncio.get_running_loop().create_future())
+
+    def submit(self, t: Ticket) -> str | None:
+        """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected")."""
+        if self.queued[t.tenant] >= self.cfg.queue_limit:
+            return self.end(t, "queue_full")
+        if not self.policy.add(t.req, t.req.arrival_s):
+            return self.end(t, "rejected")
+        self._tickets[t.req] = t
+        self.queued[t.tenant] += 1
+        self.dispatch()
+        return None
+
+    # ---- admission ----------------------------------------------------------------------------------------------
+    def _fits(self, req: Request) -> bool:
+        t = self._tickets[req]
+        now = time.monotonic()
+        room = [b for b in self.backends if b.url not in t.tried and b.down_until <= now and b.room_for(t.tokens)]
+        if not room:
+            return False
+        b = min(room, key=Backend.load)
+        b.requests += 1
+        b.tokens += t.tokens
+        t.backend = b
+        return True
+
+    def dispatch(self) -> None:
+        now = time.monotonic()
+        for req in self.policy.admit(self._fits):
+            t = self._tickets[req]
+            self.queued[t.tenant] -= 1
+            self.in_flight[t.tenant] += 1
+            self.metrics.queue_wait.labels(t.tenant).observe(now - t.queued_at)
+            if not t.admitted.done():
+                t.admitted.set_result(t.backend)
+        self._wake_after_cooldown(now)
+
+    def _wake_after_cooldown(self, now: float) -> None:
+        """While a backend cools down, dispatch again when it is back, so queued requests are not stranded."""
+        later = [b.down_until for b in self.backends if b.down_until > now]
+        if not later or not self.policy.num_queued:
+            return
+        at = min(later) + 0.01
+        if self._wakeup is not None:
+            if self._wakeup.when() <= at:
+                return
+            self._wakeup.cancel()
+
+        def wake() -> None:
+            self._wakeup = None
+            self.dispatch()
+        self._wakeup = asyncio.get_running_loop().call_at(at, wake)
+
+    async def wait(self, t: Ticket, timeout_s: float) -> Backend | None:
+        """The backend the ticket was admitted to, or None when it waited `timeout_s` in vain."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(t.admitted), timeout_s)
+        except TimeoutError:
+            return t.admitted.result() if t.admitted.done() else None
+
+    # ---- failures -----------------------------------------------------------------------------------------------
+    def backend_failed(self, t: Ticket, unreachable: bool) -> bool:
+        """`t` failed on its backend before any output reached the client. Requeue it (its charges stand) if
+        some backend has not failed it yet; returns False when none is left."""
+        b = t.backend
+        assert b is not None
+        t.tried.add(b.url)
+        if unreachable:
+            b.healthy = False
+            b.down_until = time.monotonic() + self.cfg.backend_cooldown_s
+        self._release(t)
+        if all(x.url in t.tried for x in self.backends):
+            return False
+        self.in_flight[t.tenant] -= 1
+        self.queued[t.tenant] += 1
+        t.queued_at = time.monotonic()
+        t.admitted = asyncio.get_running_loop().create_future()
+        self.policy.requeue(t.req)
+        self.dispatch()
+        return True
+
+    def backend_ok(self, b: Backend) -> None:
+        b.healthy = True
+        b.down_until = 0.0
+
+    def _release(self, t: Ticket) -> None:
+        b, t.backend = t.backend, None
+        if b is not None:
+            b.requests -= 1
+            b.tokens -= t.tokens
+
+    # ---- the one ending of every accepted request -----------------------------------------------------------------
+    def end(self, t: Ticket, outcome: str, prompt_tokens: int | None = None, output_tokens: int | None = None,
+            refund: bool = False) -> str:
+        """Settle `t` once: free its backend slot, settle its account with the policy, count its outcome.
+        ok: reconciled to the usage given. Otherwise aborted: charged what it produced, or nothing if `refund`
+        (the backends failed it before it produced anything)."""
+        if t.outcome is not None:
+            return t.outcome
+        t.outcome = outcome
+        req = t.req
+        known = self._tickets.pop(req, None) is not None    # refused tickets never reached the policy
+        was = req.state if known else RequestState.REJECTED
+        if was is RequestState.QUEUED:
+            self.queued[t.tenant] -= 1
+        elif was is RequestState.RUNNING:
+            self.in_flight[t.tenant] -= 1
+        if known and (refund or prompt_tokens is not None):
+            self.policy.on_prompt(req, 0 if refund else prompt_tokens)
+        if was is RequestState.RUNNING and outcome == "ok":
+            self.policy.finish(req, output_tokens)
+        elif known:
+            self.policy.abort(req)
+        if req.admitted:
+            self.metrics.prompt_tokens.labels(t.tenant).inc(req.prompt_tokens)
+            self.metrics.output_tokens.labels(t.tenant).inc(req.output_done)
+        self.metrics.requests.labels(t.tenant, outcome).inc()
+        self._release(t)
+        self.dispatch()
+        return outcome
+
+    # ---- admin --------------------------------------------------------------------------------------------------
+    def set_weight(self, tenant: str, weight: float) -> None:
+        self.policy.set_weight(tenant, weight)
+        self.dispatch()
+
+    def reset(self) -> bool:
+        reset = getattr(self.policy, "reset_counters", None)
+        if reset is None:
+            return False
+        reset()
+        self.dispatch()
+        return True
