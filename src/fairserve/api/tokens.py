@@ -7,6 +7,9 @@ against a real model the gateway corrects its estimate from the backend's `usage
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 CHARS_PER_TOKEN = 4
 OUTPUT_PIECE = " tok"          # what the emulator emits per output token (4 characters)
 
@@ -30,3 +33,28 @@ def messages_text(messages: list) -> str:
         elif isinstance(content, list):
             parts += [p.get("text", "") for p in content if isinstance(p, dict)]
     return "\n".join(parts)
+
+
+TokenCounter = Callable[[str], int]
+
+
+def token_counter(spec: str) -> TokenCounter:
+    """"" or "estimate": `estimate_tokens`. "hf:PATH": a Hugging Face `tokenizer.json` on local disk, read with the
+    `tokenizers` package (optional extra `fairserve[tokenizers]`; nothing is downloaded)."""
+    if spec in ("", "estimate"):
+        return estimate_tokens
+    if spec.startswith("hf:"):
+        path = Path(spec[3:])
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("tokenizer 'hf:…' needs the `tokenizers` package: pip install 'fairserve[tokenizers]'") \
+                from None
+        if not path.is_file():
+            raise ValueError(f"tokenizer file not found: {path}")
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:   # the library raises its own exception types for a bad file
+            raise ValueError(f"cannot read tokenizer {path}: {e}") from None
+        return lambda text: len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+    raise ValueError(f'unknown tokenizer {spec!r}: use "estimate" or "hf:PATH/tokenizer.json"')

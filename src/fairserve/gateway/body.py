@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..api.tokens import estimate_tokens, messages_text
+from ..api.tokens import TokenCounter, estimate_tokens, messages_text
 
 CHAT, COMPLETIONS = "chat", "completions"
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
@@ -38,15 +38,15 @@ def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
     return v
 
 
-def _prompt_tokens(prompt: Any) -> int:
+def _prompt_tokens(prompt: Any, count: TokenCounter) -> int:
     """A completions `prompt`: a string, a list of strings, a list of token ids, or a list of such lists."""
     if isinstance(prompt, str):
-        return estimate_tokens(prompt)
+        return count(prompt)
     if isinstance(prompt, list):
         total = 0
         for p in prompt:
             if isinstance(p, str):
-                total += estimate_tokens(p)
+                total += count(p)
             elif isinstance(p, int) and not isinstance(p, bool):
                 total += 1
             elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -57,7 +57,7 @@ def _prompt_tokens(prompt: Any) -> int:
     raise BodyError("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
 
 
-def parse_body(raw: bytes, kind: str) -> Parsed:
+def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -71,13 +71,13 @@ def parse_body(raw: bytes, kind: str) -> Parsed:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BodyError("'messages' is required and must be a non-empty list of message objects", "messages")
         try:
-            prompt = estimate_tokens(messages_text(messages))
+            prompt = count(messages_text(messages))
         except (AttributeError, TypeError):
             raise BodyError("'messages' has malformed content parts", "messages") from None
     else:
         if "prompt" not in body:
             raise BodyError("'prompt' is required", "prompt")
-        prompt = _prompt_tokens(body["prompt"])
+        prompt = _prompt_tokens(body["prompt"], count)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -105,8 +105,8 @@ def upstream_body(parsed: Parsed) -> bytes:
         return json.dumps(body).encode()
 
 
-def delta_tokens(chunk: dict[str, Any], kind: str) -> int:
-    """Output tokens in one streamed chunk, by the estimate: at least 1 for each choice with non-empty text."""
+def delta_tokens(chunk: dict[str, Any], kind: str, count: TokenCounter = estimate_tokens) -> int:
+    """Output tokens in one streamed chunk, by `count`: at least 1 for each choice with non-empty text."""
     total = 0
     choices = chunk.get("choices")
     for choice in choices if isinstance(choices, list) else ():
@@ -125,7 +125,7 @@ def delta_tokens(chunk: dict[str, Any], kind: str) -> int:
                 if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                     text += fn["arguments"]
         if text:
-            total += max(1, estimate_tokens(text))
+            total += max(1, count(text))
     return total
 
 
@@ -141,10 +141,10 @@ def usage_of(doc: Any) -> tuple[int | None, int | None]:
     return count("prompt_tokens"), count("completion_tokens")
 
 
-def response_output_tokens(doc: Any, kind: str) -> int:
+def response_output_tokens(doc: Any, kind: str, count: TokenCounter = estimate_tokens) -> int:
     """The estimate of a non-streamed response's output, for backends that report no usage."""
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         return 0
     chunk = {"choices": [{"delta": c.get("message"), "text": c.get("text")} if isinstance(c, dict) else c
                          for c in doc["choices"]]}
-    return delta_tokens(chunk, kind)
+    return delta_tokens(chunk, kind, count)

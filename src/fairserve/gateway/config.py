@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..api.tokens import token_counter
 from ..core import make_policy
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -68,7 +69,7 @@ class GatewayConfig(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     admin_key: str | None = None
     trusted_proxy: bool = False                   # honour `X-Tenant-Id` from a holder of a valid key
-    tokenizer: str = ""                           # "" or "estimate": fairserve.api.tokens.estimate_tokens
+    tokenizer: str = ""                           # "" / "estimate", or "hf:PATH/tokenizer.json" (api.tokens)
     default_max_tokens: int = Field(512, ge=1)    # assumed when a request sets no max_tokens
     models: list[str] = Field(default_factory=list)   # /v1/models when no backend answers
     backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
@@ -91,8 +92,7 @@ class GatewayConfig(_Strict):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer(cls, v: str) -> str:
-        if v not in ("", "estimate"):
-            raise ValueError(f"only the built-in estimate is supported (\"\" or \"estimate\"), got {v!r}")
+        token_counter(v)          # loads it now, so a bad name or file stops the gateway at start
         return v
 
     @model_validator(mode="after")

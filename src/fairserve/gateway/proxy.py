@@ -63,7 +63,7 @@ class Proxy:
             return error_response(413, f"the request body is larger than {self.cfg.max_body_bytes} bytes",
                                   code="body_too_large")
         try:
-            parsed = parse_body(raw, kind)
+            parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
             metrics.requests.labels(tenant, "invalid").inc()
             return error_response(400, str(e), code="invalid_request", param=e.param)
@@ -164,7 +164,7 @@ class Proxy:
             doc = None
         prompt, output = usage_of(doc)
         if output is None:
-            output = response_output_tokens(doc, kind)
+            output = response_output_tokens(doc, kind, self.sched.count_tokens)
         self.sched.end(t, "ok", prompt_tokens=prompt, output_tokens=output)
         return _passthrough(resp)
 

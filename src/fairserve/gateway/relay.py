@@ -71,7 +71,7 @@ class Relay:
                 return None, 0, False
             doc = {k: v for k, v in doc.items() if k != "usage"}
             raw = sse(doc)
-        return raw, delta_tokens(doc, self.kind), False
+        return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), False
 
     async def prefetch(self) -> None:
         """Read events until the first with output (or the end). Raises UpstreamFailed if the backend fails first."""

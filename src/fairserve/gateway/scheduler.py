@@ -11,6 +11,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from ..api.tokens import token_counter
 from ..core import Policy, Request, RequestState, make_policy
 from .config import BackendConfig, GatewayConfig
 from .metrics import GatewayMetrics
@@ -61,6 +62,7 @@ class Scheduler:
     def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
+        self.count_tokens = token_counter(cfg.tokenizer)
         self.policy: Policy = make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
         self.backends = [Backend(b) for b in cfg.backends]
         self.tenants = [t.name for t in cfg.tenants]
