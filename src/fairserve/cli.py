@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from .argtypes import parse_weights, positive
 from .core import POLICIES, make_policy
 from .metrics import Summary, summarize
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
@@ -19,35 +20,6 @@ class CliError(Exception):
 
 # subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
 SERVICES = ("emulate", "gateway", "bench")
-
-
-def _weights(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    out = {}
-    for part in text.split(","):
-        client, _, value = (x.strip() for x in part.partition("="))
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = 0.0
-        if not client or not weight > 0:
-            raise CliError(f"bad --weights entry {part!r}: expected CLIENT=WEIGHT with WEIGHT > 0")
-        out[client] = weight
-    return out
-
-
-def _positive(kind: type, what: str):
-    """An argparse type: a number of `kind` that must be > 0."""
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return v
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,10 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--w-p", type=float, default=1.0, help="weight of a prompt token (linear cost)")
     s.add_argument("--w-q", type=float, default=2.0, help="weight of an output token (linear cost)")
     s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
-    s.add_argument("--kv-tokens", type=_positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
+    s.add_argument("--kv-tokens", type=positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
     s.add_argument("--engine-mode", default="reserve", choices=["reserve", "paged"],
                    help="reserve: the paper's conservative admission; paged: vLLM-like with preemption")
-    s.add_argument("--duration", type=_positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds")
+    s.add_argument("--duration", type=positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds")
     s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
@@ -82,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="fairserve-results", metavar="DIR", help="output folder (default: %(default)s)")
     r.add_argument("--only", metavar="NAMES", help="comma-separated experiments (default: all)")
     r.add_argument("--quick", action="store_true", help="shorter workloads")
-    r.add_argument("--jobs", type=_positive(int, "a whole number"), default=2, metavar="N",
+    r.add_argument("--jobs", type=positive(int, "a whole number"), default=2, metavar="N",
                    help="worker processes (default: %(default)s)")
     r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -112,7 +84,7 @@ def _simulate(args: argparse.Namespace) -> int:
         workload = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
     if not workload.arrivals:
         raise CliError("the workload has no requests")
-    weights = _weights(args.weights) or workload.weights
+    weights = parse_weights(args.weights) or workload.weights
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")

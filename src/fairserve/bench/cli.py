@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..argtypes import parse_weights, positive
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
 from .runner import DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, endpoint_url, resolve_keys, run_bench
@@ -31,35 +32,6 @@ def parse_keys(text: str) -> dict[str, str]:
     return out
 
 
-def parse_weights(text: str | None) -> dict[str, float] | None:
-    """`client=weight,...` with every weight > 0; None for no text."""
-    if not text:
-        return None
-    out = {}
-    for part in text.split(","):
-        client, _, value = (x.strip() for x in part.partition("="))
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = 0.0
-        if not client or not weight > 0:
-            raise ValueError(f"bad --weights entry {part!r}: expected CLIENT=WEIGHT with WEIGHT > 0")
-        out[client] = weight
-    return out
-
-
-def _positive(kind: type, what: str):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return v
-    return parse
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="replay a workload against an OpenAI-compatible endpoint and measure fairness",
@@ -75,15 +47,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="API key per client; *=KEY is the default for clients not listed")
     p.add_argument("--weights", metavar="c=w,...", help="client weights for the fairness metrics "
                                                         "(default: the workload's)")
-    p.add_argument("--time-scale", type=_positive(float, "a number"), default=1.0, metavar="X",
+    p.add_argument("--time-scale", type=positive(float, "a number"), default=1.0, metavar="X",
                    help="replay X times faster than the workload (default: 1)")
-    p.add_argument("--duration", type=_positive(float, "a number"), metavar="S",
+    p.add_argument("--duration", type=positive(float, "a number"), metavar="S",
                    help="keep only the first S workload seconds")
     p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name to send (default: %(default)s)")
-    p.add_argument("--timeout", type=_positive(float, "a number"), default=DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=positive(float, "a number"), default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="give up on a request after S wall seconds (default: %(default)g)")
-    p.add_argument("--max-inflight", type=_positive(int, "a whole number"), metavar="N",
+    p.add_argument("--max-inflight", type=positive(int, "a whole number"), metavar="N",
                    help="at most N requests open at once (later ones wait in the client)")
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
