@@ -2,7 +2,7 @@
 import pytest
 
 from fairserve.cli import main
-from fairserve.reproduce import experiments, report, runner
+from fairserve.reproduce import report, runner
 from fairserve.reproduce.experiments import EXPERIMENTS, Results
 from fairserve.reproduce.runs import RunSpec, run
 
@@ -88,10 +88,3 @@ def test_cli_reproduce(tmp_path, capsys):
     assert main(["reproduce", "--only", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown experiment" in capsys.readouterr().err
     assert main(["reproduce", "--trace", "/no/such.csv", "--out", str(tmp_path)]) == 2
-
-
-def test_run_names_are_unique():
-    experiments._check_unique_names()
-    seen = {}
-    for r in (r for e in EXPERIMENTS for r in e.runs):
-        assert seen.setdefault((r.workload, r.name), r) == r

@@ -73,20 +73,29 @@ class Relay:
             raw = sse(doc)
         return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), False
 
+    async def _next(self) -> tuple[bytes | None, int, bool] | None:
+        """The next event, processed, with its output tokens charged; None at the end of the stream."""
+        lines = await self._event()
+        if lines is None:
+            return None
+        raw, tokens, failed = self._process(lines)
+        if tokens:
+            self.sched.policy.on_output(self.ticket.req, tokens)
+        return raw, tokens, failed
+
     async def prefetch(self) -> None:
         """Read events until the first with output (or the end). Raises UpstreamFailed if the backend fails first."""
         try:
             while not self._done:
-                lines = await self._event()
-                if lines is None:
+                event = await self._next()
+                if event is None:
                     break
-                raw, tokens, failed = self._process(lines)
+                raw, tokens, failed = event
                 if failed:
                     raise UpstreamFailed("the backend sent an error event before any output")
                 if raw is not None:
                     self._buffer.append(raw)
                 if tokens:
-                    self.sched.policy.on_output(self.ticket.req, tokens)
                     return
         except httpx.HTTPError as e:
             raise UpstreamFailed(f"the backend stream broke before any output: {e!r}") from None
@@ -104,15 +113,12 @@ class Relay:
         for raw in self._buffer:
             yield raw
         self._buffer.clear()
-        req = self.ticket.req
         try:
             while not self._done:
-                lines = await self._event()
-                if lines is None:
+                event = await self._next()
+                if event is None:
                     break
-                raw, tokens, failed = self._process(lines)
-                if tokens:
-                    self.sched.policy.on_output(req, tokens)
+                raw, _, failed = event
                 if failed:
                     self.sched.end(self.ticket, "backend_error")
                 elif self._done:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from ..core.policy import Policy
@@ -56,7 +56,6 @@ class SimRequest(Request):
     first_token_s: float | None = None
     finish_s: float | None = None
     last_token_s: float | None = None
-    rejected_reason: str | None = None
 
     def generated_at(self, step: int) -> int:
         """Output tokens produced by decode step `step` (the prefill produced one)."""
@@ -73,7 +72,6 @@ class SimResult:
     preemptions: int
     busy_s: float                # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
-    extra: dict = field(default_factory=dict)
 
 
 class SimEngine:
@@ -156,8 +154,7 @@ class SimEngine:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         cfg = self.config
         if req.prompt_tokens > cfg.prefill_tokens or req.prompt_tokens + req.output_tokens >= cfg.kv_tokens:
-            req.state = RequestState.REJECTED
-            req.rejected_reason = "too large for the engine"
+            req.state = RequestState.REJECTED      # too large for the engine: it could never be admitted
             return
         if self._eager and self.running:
             self._sync()     # the counter lift compares against up-to-date counters
