@@ -13,6 +13,10 @@ setup() {
         "$PYTHON" -m venv "$VENV"
     fi
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        # NOTE: torch first, pinned: 2.13.0 is the CPU build this project develops on (on its dev machines pip takes
+        # it from local disk); the range in pyproject.toml would otherwise pull the newest, a multi-GB CUDA build
+        "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
+            "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.13.0
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
         touch "$stamp"
     fi

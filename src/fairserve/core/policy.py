@@ -128,15 +128,16 @@ class Policy(ABC):
         if self.predictor is not None:
             self.predictor.observe(req, req.output_done)
 
-    def abort(self, req: Request) -> None:
-        """Cancel `req`: dropped from the queue if queued; if running, charged only for what was produced."""
+    def abort(self, req: Request, output_tokens: int | None = None) -> None:
+        """Cancel `req`: dropped from the queue if queued; if running, charged only for what was produced
+        (`output_tokens` when the driver knows it exactly, else what was reported)."""
         if req.state is QUEUED:
             self._remove(req)
             self.num_queued -= 1
             if req.admitted:      # preempted and re-queued: settle what it already got
-                self._close(req, None)
+                self._close(req, output_tokens)
         elif req.state is RUNNING:
-            self._close(req, None)
+            self._close(req, output_tokens)
         else:
             return
         req.state = RequestState.ABORTED

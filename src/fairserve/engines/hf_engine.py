@@ -1,0 +1,159 @@
+"""A transformers continuous-batching engine driven by a fairserve policy, with an asyncio front for servers.
+
+    HFEngine(model, tokenizer, policy, EngineSizing(...))
+    engine.start()                      # the generation thread; checks transformers really uses our scheduler
+    async for out in engine.generate(client, input_ids, max_new_tokens): ...   # GenerationOutput per step
+    engine.stop()                       # joins the thread (otherwise the process hangs at exit)
+
+`policy=None` runs transformers' own FIFO scheduler (no accounts): the baseline of the benchmarks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from transformers import ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
+
+from ..core import Policy
+from .hf import FairScheduler, register, unregister
+from .queue import ClientAccount, EngineQueue, request_id_for
+
+log = logging.getLogger("fairserve.engine")
+
+START_TIMEOUT_S = 60.0
+LIVENESS_POLL_S = 1.0     # how often a waiting request checks that the generation thread is alive
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request, or is not running."""
+
+
+@dataclass(frozen=True)
+class EngineSizing:
+    """Explicit KV-cache and batch sizes: left on auto, transformers sizes a CPU cache at 60% of RAM.
+    The KV pool holds `num_blocks × page_size` tokens (the paper's M)."""
+
+    num_blocks: int = 512
+    page_size: int = 32
+    max_batch_tokens: int = 512
+    max_requests_per_batch: int = 64
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.page_size
+
+    def validate(self) -> EngineSizing:
+        for name in ("num_blocks", "page_size", "max_batch_tokens", "max_requests_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.page_size < 4:
+            raise ValueError(f"page_size must be >= 4 (transformers' minimum), got {self.page_size}")
+        return self
+
+
+class HFEngine:
+    def __init__(self, model, tokenizer, policy: Policy | None, sizing: EngineSizing | None = None,  # noqa: ANN001
+                 default_max_tokens: int = 256) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.sizing = (sizing or EngineSizing()).validate()
+        self.queue: EngineQueue | None = EngineQueue(policy) if policy is not None else None
+        eos = tokenizer.eos_token_id if tokenizer is not None else None
+        self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
+        self.generation_config = GenerationConfig(
+            max_new_tokens=default_max_tokens, do_sample=False, eos_token_id=self.eos_token_id,
+            pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0)
+        self._scheduler_name: str | None = None
+        self.manager = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.sizing
+        if self.queue is not None:
+            self._scheduler_name, used = register(self.queue)
+        cb = ContinuousBatchingConfig(
+            scheduler_type=self._scheduler_name or "fifo", num_blocks=s.num_blocks, page_size=s.page_size,
+            max_batch_tokens=s.max_batch_tokens, max_requests_per_batch=s.max_requests_per_batch,
+            use_async_batching=False, cpu_offload_space=0.0)
+        self.manager = self.model.init_continuous_batching(generation_config=self.generation_config,
+                                                           continuous_batching_config=cb)
+        self.manager.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.manager.batch_processor is None and self.manager.is_running() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        processor = self.manager.batch_processor
+        if processor is None:
+            why = self.failure()
+            self.stop()
+            raise EngineError(f"the engine did not start: {why or 'timed out'}")
+        if self.queue is not None and not (used.is_set() and isinstance(processor.scheduler, FairScheduler)):
+            self.stop()
+            raise EngineError(f"transformers runs {type(processor.scheduler).__name__}, not the fairserve scheduler "
+                              "(it falls back to FIFO on unknown names): this transformers version is not supported")
+
+    def stop(self) -> None:
+        if self.manager is not None:
+            self.manager.stop(block=True, timeout=30)
+            self.manager = None
+        if self._scheduler_name is not None:
+            unregister(self._scheduler_name)
+            self._scheduler_name = None
+
+    @property
+    def running(self) -> bool:
+        return self.manager is not None and self.manager.is_running()
+
+    def failure(self) -> str | None:
+        """Why the generation thread stopped, if it did."""
+        if self.manager is None:
+            return "the engine is not started"
+        error = self.manager.background_thread_status.fatal_error
+        if error is not None:
+            return f"the generation loop failed: {error}"
+        return None if self.manager.is_running() else "the generation loop has stopped"
+
+    # ---- requests -----------------------------------------------------------------------------------------------
+    async def generate(self, client: str, input_ids: list[int], max_new_tokens: int,
+                       ignore_eos: bool = False) -> AsyncIterator[GenerationOutput]:
+        """Every step's output for one request (`generated_tokens` grows); the last one `is_finished()`.
+        Closing the iterator early cancels the request in the engine. Raises EngineError on failure."""
+        if (why := self.failure()) is not None:
+            raise EngineError(why)
+        mgr = self.manager
+        rid = request_id_for(client, uuid.uuid4().hex)
+        outputs: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        mgr.register_result_handler(rid, outputs.put_nowait)
+        done = False
+        try:
+            # NOTE: called inline (the input queue is unbounded, so this never blocks) to keep arrival order
+            added = mgr.add_request(input_ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True,
+                                    eos_token_id=-1 if ignore_eos or self.eos_token_id is None else self.eos_token_id)
+            if added is None:
+                raise EngineError(self.failure() or "the engine is not accepting requests")
+            while True:
+                try:
+                    out = await asyncio.wait_for(outputs.get(), LIVENESS_POLL_S)
+                except TimeoutError:
+                    if (why := self.failure()) is not None:
+                        raise EngineError(why) from None
+                    continue
+                if out.status == RequestStatus.FAILED:
+                    done = True
+                    raise EngineError(f"the engine failed this request: {out.error}")
+                done = out.is_finished()
+                yield out
+                if done:
+                    return
+        finally:
+            if not done:
+                with mgr.output_router._lock:       # NOTE: transformers drops handlers only for finished requests
+                    mgr.output_router.result_handlers.pop(rid, None)
+                mgr.cancel_request(rid)
+
+    # ---- accounts -----------------------------------------------------------------------------------------------
+    def accounts(self) -> dict[str, ClientAccount]:
+        return self.queue.accounts() if self.queue is not None else {}

@@ -1,0 +1,202 @@
+"""VTC inside the real transformers continuous-batching engine (tiny random Llama on the CPU)."""
+import asyncio
+import logging
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from fairserve.core import make_policy  # noqa: E402
+from fairserve.engines.hf import FairScheduler  # noqa: E402
+from fairserve.engines.hf_engine import EngineError, EngineSizing, HFEngine  # noqa: E402
+from fairserve.engines.hf_models import load_model  # noqa: E402
+
+PROMPT, OUTPUT = 30, 20           # tokens per request
+W_P, W_Q = 1, 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-random")
+
+
+def bound(sizing: EngineSizing) -> float:
+    """Theorem 4.4: 2·max(w_p·L_in, w_q·M), M = the KV pool in tokens."""
+    return 2 * max(W_P * PROMPT, W_Q * sizing.kv_tokens)
+
+
+class Trace:
+    """Every client's service and queue length after each charged step, seen from inside the engine."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.rows: list[dict[str, tuple[float, int]]] = []
+        self.exact: list[tuple[float, float]] = []     # (charged before reconciling, actual cost) per finished request
+        q = engine.queue
+        output, finished = q.output, q.finished
+
+        def traced_output(rid, tokens=1):
+            output(rid, tokens)
+            self.rows.append({c: (a.service, a.queued) for c, a in q.accounts().items()})
+
+        def traced_finished(rid, output_tokens=None):
+            req = q.request(rid)
+            if req is not None:
+                self.exact.append((req.charged, W_P * req.prompt_tokens + W_Q * output_tokens))
+            finished(rid, output_tokens)
+
+        q.output, q.finished = traced_output, traced_finished
+
+    def backlogged_gap(self, weights: dict[str, float]) -> float:
+        """The largest difference of weighted service while every client is backlogged."""
+        gaps = [max(r[c][0] / w for c, w in weights.items()) - min(r[c][0] / w for c, w in weights.items())
+                for r in self.rows if all(c in r and r[c][1] > 0 for c in weights)]
+        assert gaps, "the clients were never backlogged together"
+        return max(gaps)
+
+
+def run_clients(engine: HFEngine, counts: dict[str, int]) -> list[tuple[str, int, int]]:
+    """All requests at once, each client's spread evenly over the arrival order (the heavy client sends three
+    for each of the light one's); (client, prompt, output) per request."""
+    order = [c for _, c in sorted(((k + 1) / n, c) for c, n in counts.items() for k in range(n))]
+
+    async def one(client: str, i: int) -> tuple[str, int, int]:
+        out = None
+        async for out in engine.generate(client, [3 + i % 200] * (PROMPT - 1) + [7], OUTPUT, ignore_eos=True):
+            pass
+        return client, len(out.prompt_ids), len(out.generated_tokens)
+
+    async def main():
+        results = await asyncio.gather(*(one(c, i) for i, c in enumerate(order)))
+        for _ in range(50):       # the scheduler settles a finish at its next loop turn
+            if all(a.running == 0 for a in engine.accounts().values()):
+                break
+            await asyncio.sleep(0.02)
+        return results
+
+    return asyncio.run(main())
+
+
+def started(tiny, policy, sizing: EngineSizing) -> HFEngine:
+    model, tok = tiny
+    engine = HFEngine(model, tok, policy, sizing)
+    engine.start()
+    return engine
+
+
+SIZING = EngineSizing(num_blocks=8, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)   # M = 128
+
+
+def served(results, client):
+    return sum(W_P * p + W_Q * o for c, p, o in results if c == client)
+
+
+@pytest.mark.parametrize("policy", ["vtc", "fcfs"])
+def test_heavy_client_three_times_more(tiny, policy):
+    engine = started(tiny, make_policy(policy), SIZING)
+    try:
+        assert isinstance(engine.manager.batch_processor.scheduler, FairScheduler)   # not transformers' fallback
+        trace = Trace(engine)
+        results = run_clients(engine, {"heavy": 30, "light": 10})
+        accounts = engine.accounts()
+    finally:
+        engine.stop()
+    assert all(o == OUTPUT for _, _, o in results)
+    # the counters are exactly the tokens the engine processed, and were exact before any reconciliation
+    for client in ("heavy", "light"):
+        assert accounts[client].service == served(results, client)
+    assert trace.exact and all(charged == actual for charged, actual in trace.exact)
+    gap = trace.backlogged_gap({"heavy": 1, "light": 1})
+    if policy == "vtc":
+        assert gap <= bound(SIZING)
+    else:   # FIFO serves the heavy client three requests for every one of the light client's
+        assert gap > 2 * bound(SIZING)
+
+
+def test_weights_one_to_two(tiny):
+    engine = started(tiny, make_policy("vtc", weights={"one": 1, "two": 2}), SIZING)
+    try:
+        trace = Trace(engine)
+        results = run_clients(engine, {"one": 24, "two": 24})
+    finally:
+        engine.stop()
+    assert trace.backlogged_gap({"one": 1, "two": 2}) <= bound(SIZING)
+    last = [r for r in trace.rows if r["one"][1] > 0 and r["two"][1] > 0][-1]
+    assert last["two"][0] / last["one"][0] == pytest.approx(2, rel=0.25)
+    assert served(results, "one") + served(results, "two") == 48 * (W_P * PROMPT + W_Q * OUTPUT)
+
+
+def test_evict_and_recompute_is_not_charged_twice(tiny):
+    # six 16-token pages: three requests fit at admission, then run out of pages while decoding
+    small = EngineSizing(num_blocks=6, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)
+    engine = started(tiny, make_policy("vtc"), small)
+    preempted: list[str] = []
+    requeue = engine.queue.preempted
+    engine.queue.preempted = lambda rid, item: preempted.append(rid) or requeue(rid, item)
+    try:
+        trace = Trace(engine)
+        results = run_clients(engine, {"a": 4, "b": 4})
+        accounts = engine.accounts()
+    finally:
+        engine.stop()
+    assert preempted, "the cache was large enough: nothing was evicted"
+    assert all(o == OUTPUT for _, _, o in results)
+    assert trace.exact and all(charged == actual for charged, actual in trace.exact)
+    assert accounts["a"].service == served(results, "a") and accounts["b"].service == served(results, "b")
+
+
+def test_cancel_charges_only_what_was_generated(tiny):
+    engine = started(tiny, make_policy("vtc"), SIZING)
+
+    async def main():
+        gen = engine.generate("c", [5] * PROMPT, 200, ignore_eos=True)
+        async for out in gen:
+            if len(out.generated_tokens) >= 5:
+                break
+        await gen.aclose()
+        for _ in range(100):
+            acct = engine.accounts()["c"]
+            if acct.running == 0:
+                return acct
+            await asyncio.sleep(0.02)
+        raise AssertionError("the cancelled request never left the engine")
+
+    try:
+        acct = asyncio.run(main())
+    finally:
+        engine.stop()
+    # 5 tokens were seen; the engine may have produced a few more before the cancel reached it, never 200
+    assert W_P * PROMPT + W_Q * 5 <= acct.service <= W_P * PROMPT + W_Q * 20
+
+
+def test_scheduler_exception_fails_requests_with_a_clear_error(tiny, caplog):
+    policy = make_policy("vtc")
+    engine = started(tiny, policy, SIZING)
+
+    def broken():
+        raise ValueError("policy exploded")
+
+    policy.peek = broken
+
+    async def main():
+        async for _ in engine.generate("c", [5] * PROMPT, 10):
+            pass
+
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(EngineError, match="policy exploded"):
+            asyncio.run(asyncio.wait_for(main(), 20))
+        with pytest.raises(EngineError, match="policy exploded"):      # and the next one too, at once
+            asyncio.run(asyncio.wait_for(main(), 5))
+    finally:
+        engine.stop()
+    assert "policy exploded" in caplog.text
+
+
+def test_fifo_baseline_uses_transformers_own_scheduler(tiny):
+    engine = started(tiny, None, SIZING)
+    try:
+        assert not isinstance(engine.manager.batch_processor.scheduler, FairScheduler)
+        results = run_clients(engine, {"a": 3})
+    finally:
+        engine.stop()
+    assert [o for _, _, o in results] == [OUTPUT] * 3 and engine.accounts() == {}
