@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -15,10 +16,13 @@ from starlette.responses import JSONResponse, Response
 
 from ..api.errors import error_response
 from .admin import admin_router
-from .body import CHAT, COMPLETIONS
+from starlette.types import Receive, Scope, Send
+
+from .body import CHAT, COMPLETIONS, PATHS
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .proxy import Proxy
+from .relay import Upstream
 from .scheduler import Scheduler
 
 log = logging.getLogger("fairserve.gateway")
@@ -43,16 +47,31 @@ class Gateway:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(cfg.request_timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
-        self.proxy = Proxy(self.sched, self.client)
+        self.upstream = Upstream(connect_timeout=5.0, read_timeout=cfg.request_timeout_s)
+        self.proxy = Proxy(self.sched, self.upstream)
 
     def tenant(self, request: Request) -> str | None:
         """The tenant a request is from: its key's owner; with `trusted_proxy`, `X-Tenant-Id` (the key must still
         be a valid tenant or admin key). None: unauthenticated."""
-        key = bearer(request)
+        return self._tenant(bearer(request), request.headers.get("x-tenant-id"))
+
+    def tenant_of_scope(self, scope: Scope) -> str | None:
+        """`tenant()` from a raw ASGI scope (the hot path builds no Request)."""
+        auth = claimed = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if auth is None:
+                    auth = value.decode("latin-1")
+            elif name == b"x-tenant-id" and claimed is None:
+                claimed = value.decode("latin-1")
+        scheme, _, key = (auth or "").partition(" ")
+        key = key.strip()
+        return self._tenant(key if scheme.lower() == "bearer" and key else None, claimed)
+
+    def _tenant(self, key: str | None, claimed: str | None) -> str | None:
         if key is None:
             return None
         owner = self.owners.get(key)
-        claimed = request.headers.get("x-tenant-id")
         if self.cfg.trusted_proxy and claimed is not None:
             valid = owner is not None or key == self.cfg.admin_key
             return claimed if valid and claimed in self.sched.queued else None
@@ -73,6 +92,37 @@ class Gateway:
                                                         for m in self.cfg.models]})
 
 
+_FAST = {path: kind for kind, path in PATHS.items()}
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI, except that the two completion POSTs go straight to the proxy (no middleware, routing or
+    Request on the hot path); everything else is routed as usual."""
+
+    completion: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and self.completion is not None:
+            kind = _FAST.get(scope["path"])
+            if kind is not None:
+                return await self.completion(scope, receive, send, kind)
+        await super().__call__(scope, receive, send)
+
+
+def _started(scope: Scope) -> bool:
+    return bool(scope.get("fairserve.streaming"))    # set by the proxy before it starts a stream
+
+
+class _Asgi(Response):
+    """A response that is an ASGI callable."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
 def _unauthorized() -> Response:
     return error_response(401, "missing or unknown API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
 
@@ -84,15 +134,29 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await gw.client.aclose()
+        await gw.upstream.aclose()
 
-    app = FastAPI(title="fairserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = _GatewayApp(title="fairserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw
 
-    async def completion(request: Request, kind: str) -> Response:
-        tenant = gw.tenant(request)
+    async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+        tenant = gw.tenant_of_scope(scope)
         if tenant is None:
-            return _unauthorized()
-        return await gw.proxy.handle(request, kind, tenant)
+            return await _unauthorized()(scope, receive, send)
+        try:
+            await gw.proxy.handle(scope, receive, send, kind, tenant)
+        except Exception as exc:        # what the app's handler of unexpected errors would do
+            log.error("unexpected error on %s %s: %r", scope["method"], scope["path"], exc)
+            if not _started(scope):
+                await error_response(500, "internal gateway error", code="internal_error")(scope, receive, send)
+            else:
+                raise
+
+    app.completion = completion_asgi
+
+    async def completion(request: Request, kind: str) -> Response:
+        # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
+        return _Asgi(lambda scope, receive, send: completion_asgi(scope, receive, send, kind))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from ..api.tokens import TokenCounter, estimate_tokens, messages_text
 
 CHAT, COMPLETIONS = "chat", "completions"
@@ -19,6 +21,14 @@ class BodyError(ValueError):
         self.param = param
 
 
+def loads(data: bytes | str) -> Any:
+    """JSON, by orjson when it can (it refuses a few things json accepts: NaN, lone surrogates, huge ints)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 @dataclass(slots=True)
 class Parsed:
     body: dict[str, Any]
@@ -27,6 +37,7 @@ class Parsed:
     prompt_tokens: int         # the gateway's estimate
     max_tokens: int | None     # as the client set it (max_completion_tokens or max_tokens)
     n: int
+    raw: bytes = b""           # the body as the client sent it
 
 
 def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
@@ -58,10 +69,15 @@ def _prompt_tokens(prompt: Any, count: TokenCounter) -> int:
 
 
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
+    raw_in = raw
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise BodyError("the request body is not valid JSON") from None
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raw = b""                   # not plain UTF-8 JSON: re-encoded before it goes upstream
+        try:
+            body = json.loads(raw_in)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise BodyError("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BodyError("the request body must be a JSON object")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -90,12 +106,18 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     max_tokens = _int_field(body, "max_completion_tokens", 1)
     legacy = _int_field(body, "max_tokens", 1)
     n = _int_field(body, "n", 1) or 1
-    return Parsed(body, stream, wants_usage, prompt, max_tokens if max_tokens is not None else legacy, n)
+    return Parsed(body, stream, wants_usage, prompt, max_tokens if max_tokens is not None else legacy, n, raw)
 
 
 def upstream_body(parsed: Parsed) -> bytes:
     """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage)."""
     body = parsed.body
+    if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
+        return parsed.raw           # nothing to change: the client's bytes as they are
+    if "stream_options" not in body and parsed.raw:
+        end = parsed.raw.rstrip().rfind(b"}")
+        if end > 0:                 # the one key added at the end of the client's object
+            return parsed.raw[:end] + b',"stream_options":{"include_usage":true}}'
     if parsed.stream and not parsed.wants_usage:
         body = dict(body)
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

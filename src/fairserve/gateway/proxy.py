@@ -1,21 +1,24 @@
 """Forwarding one completion request: read and check it, queue it, wait for the policy, send it to a backend,
-retry elsewhere if that backend fails before any output, and relay the answer while charging it."""
+retry elsewhere if that backend fails before any output, and relay the answer while charging it.
+
+This is the hot path, so it speaks ASGI directly (no Request/Response objects on the way of a streamed answer)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from typing import Any
 
-import httpx
-from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
-from .relay import Relay, RelayResponse, UpstreamFailed
+from .body import loads as json_loads
+from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Scheduler, Ticket
 
 RETRYABLE = {408, 429}           # and every 5xx: another backend may do better
 DISCONNECTED = 499               # nginx's "client closed request"; nobody is left to read it
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 class Failed(Exception):
@@ -26,91 +29,107 @@ class Failed(Exception):
         self.unreachable = unreachable
 
 
-async def read_body(request: Request, limit: int) -> bytes | None:
+class _Gone(Exception):
+    """The client went away before its body was read."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
     """The body, or None if it is larger than `limit` bytes (not read any further then)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            if value.isdigit() and int(value) > limit:
+                return None
+            break
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Gone
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             return None
         chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client goes away (the body has been read, so only `http.disconnect` can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class Proxy:
-    def __init__(self, sched: Scheduler, client: httpx.AsyncClient) -> None:
+    def __init__(self, sched: Scheduler, upstream: Any) -> None:
         self.sched = sched
         self.cfg = sched.cfg
-        self.client = client
+        self.upstream = upstream
 
-    async def handle(self, request: Request, kind: str, tenant: str) -> Response:
+    async def handle(self, scope: Scope, receive: Receive, send: Send, kind: str, tenant: str) -> None:
         sched, metrics = self.sched, self.sched.metrics
         try:
-            raw = await read_body(request, self.cfg.max_body_bytes)
-        except ClientDisconnect:
-            return Response(status_code=DISCONNECTED)
+            raw = await read_body(scope, receive, self.cfg.max_body_bytes)
+        except _Gone:
+            return await Response(status_code=DISCONNECTED)(scope, receive, send)
         if raw is None:
             metrics.requests.labels(tenant, "invalid").inc()
-            return error_response(413, f"the request body is larger than {self.cfg.max_body_bytes} bytes",
-                                  code="body_too_large")
+            return await error_response(413, f"the request body is larger than {self.cfg.max_body_bytes} bytes",
+                                        code="body_too_large")(scope, receive, send)
         try:
             parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
             metrics.requests.labels(tenant, "invalid").inc()
-            return error_response(400, str(e), code="invalid_request", param=e.param)
+            return await error_response(400, str(e), code="invalid_request", param=e.param)(scope, receive, send)
         ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n)
         refused = sched.submit(ticket)
         if refused == "queue_full":
-            return error_response(429, f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
-                                  code="queue_full", headers={"Retry-After": "1"})
+            return await error_response(429, f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
+                                        code="queue_full", headers={"Retry-After": "1"})(scope, receive, send)
         if refused is not None:
             window = round(getattr(sched.policy, "window_s", 1))
-            return error_response(429, f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
-                                  code="rate_limited", headers={"Retry-After": str(window)})
+            return await error_response(429, f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
+                                        code="rate_limited",
+                                        headers={"Retry-After": str(window)})(scope, receive, send)
 
-        work = asyncio.create_task(self._serve(ticket, parsed, kind))
-        gone = asyncio.create_task(_disconnect(request))
+        # NOTE: one watcher for the whole request: when the client goes away it cancels this task, whether the
+        # request is queued, waiting for the backend, or streaming; the cancellation is then absorbed here
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            task.cancel()
+        watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone
-            if not work.done():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-        if work.cancelled():
+            await self._serve(ticket, parsed, kind, scope, receive, send)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
             sched.end(ticket, "client_disconnected")
-            return Response(status_code=DISCONNECTED)
-        return work.result()
+        finally:
+            watcher.cancel()
 
-    async def _serve(self, t: Ticket, parsed: Parsed, kind: str) -> Response:
+    async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive,
+                     send: Send) -> None:
         body = upstream_body(parsed)
         try:
             while True:
                 backend = await self.sched.wait(t, self.cfg.queue_ttl_s)
                 if backend is None:
                     self.sched.end(t, "timeout", refund=True)
-                    return error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
-                                          "without a free backend", code="queue_timeout",
-                                          headers={"Retry-After": "1"})
+                    response = error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
+                                              "without a free backend", code="queue_timeout",
+                                              headers={"Retry-After": "1"})
+                    return await response(scope, receive, send)
                 try:
-                    return await self._attempt(t, backend, parsed, kind, body)
+                    return await self._attempt(t, backend, parsed, kind, body, scope, receive, send)
                 except Failed as e:
                     if not self.sched.backend_failed(t, e.unreachable):
                         self.sched.end(t, "backend_error", refund=True)
-                        return error_response(502, f"no backend could serve the request; last error: {e}",
-                                              code="backend_error")
+                        response = error_response(502, f"no backend could serve the request; last error: {e}",
+                                                  code="backend_error")
+                        return await response(scope, receive, send)
         except asyncio.CancelledError:
             self.sched.end(t, "client_disconnected")
             raise
@@ -118,57 +137,66 @@ class Proxy:
             self.sched.end(t, "internal_error")
             raise
 
-    def _headers(self, backend: Backend, stream: bool) -> dict[str, str]:
-        h = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
+    def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
+        h = [("content-type", "application/json"), ("accept", "text/event-stream" if stream else "application/json")]
         if backend.cfg.api_key:
-            h["authorization"] = f"Bearer {backend.cfg.api_key}"
+            h.append(("authorization", f"Bearer {backend.cfg.api_key}"))
         return h
 
-    async def _attempt(self, t: Ticket, backend: Backend, parsed: Parsed, kind: str, body: bytes) -> Response:
-        req = self.client.build_request("POST", backend.url + PATHS[kind], content=body,
-                                        headers=self._headers(backend, parsed.stream))
+    async def _attempt(self, t: Ticket, backend: Backend, parsed: Parsed, kind: str, body: bytes, scope: Scope,
+                       receive: Receive, send: Send) -> None:
         try:
-            resp = await self.client.send(req, stream=parsed.stream)
-        except httpx.HTTPError as e:
-            raise Failed(f"{backend.url}: {type(e).__name__}",
-                         unreachable=isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)) from None
+            resp = await self.upstream.post(backend.url, PATHS[kind], body, self._headers(backend, parsed.stream))
+        except UpstreamError as e:
+            raise Failed(f"{backend.url}: {e.kind}", unreachable=e.unreachable) from None
+        relay = None
         try:
             if resp.status_code != 200:
-                await resp.aread()
+                content = await resp.read()
                 if resp.status_code >= 500 or resp.status_code in RETRYABLE:
                     raise Failed(f"{backend.url}: HTTP {resp.status_code}")
                 self.sched.backend_ok(backend)
                 self.sched.end(t, "backend_rejected", refund=True)
-                return _passthrough(resp)
+                return await _passthrough(resp, content)(scope, receive, send)
             if not parsed.stream:
+                content = await resp.read()
                 self.sched.backend_ok(backend)
-                return self._settle(t, resp, kind)
+                return await self._settle(t, resp, content, kind)(scope, receive, send)
             relay = Relay(self.sched, t, resp, kind, parsed.wants_usage)
             await relay.prefetch()
         except UpstreamFailed as e:
-            await resp.aclose()
+            resp.close()
             raise Failed(f"{backend.url}: {e}") from None
-        except httpx.HTTPError as e:
-            await resp.aclose()
-            raise Failed(f"{backend.url}: {type(e).__name__}") from None
+        except UpstreamError as e:
+            resp.close()
+            raise Failed(f"{backend.url}: {e.kind}") from None
         except BaseException:
-            await resp.aclose()
+            resp.close()
             raise
+        finally:
+            if relay is None:
+                resp.close()
         self.sched.backend_ok(backend)
-        return RelayResponse(relay, headers={"cache-control": "no-cache"})
-
-    def _settle(self, t: Ticket, resp: httpx.Response, kind: str) -> Response:
+        scope["fairserve.streaming"] = True
         try:
-            doc = resp.json()
-        except ValueError:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await relay.send_body(send)
+        finally:
+            relay.close()
+
+    def _settle(self, t: Ticket, resp: UpstreamResponse, content: bytes, kind: str) -> Response:
+        try:
+            doc = json_loads(content)
+        except (ValueError, RecursionError):
             doc = None
         prompt, output = usage_of(doc)
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         self.sched.end(t, "ok", prompt_tokens=prompt, output_tokens=output)
-        return _passthrough(resp)
+        return _passthrough(resp, content)
 
 
-def _passthrough(resp: httpx.Response) -> Response:
-    return Response(resp.content, status_code=resp.status_code,
-                    media_type=resp.headers.get("content-type", "application/json"))
+def _passthrough(resp: UpstreamResponse, content: bytes) -> Response:
+    media = resp.header(b"content-type")
+    return Response(content, status_code=resp.status_code,
+                    media_type=media.decode("latin-1") if media is not None else "application/json")

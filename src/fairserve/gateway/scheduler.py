@@ -133,6 +133,8 @@ class Scheduler:
 
     async def wait(self, t: Ticket, timeout_s: float) -> Backend | None:
         """The backend the ticket was admitted to, or None when it waited `timeout_s` in vain."""
+        if t.admitted.done():         # admitted at once: no timer
+            return t.admitted.result()
         try:
             return await asyncio.wait_for(asyncio.shield(t.admitted), timeout_s)
         except TimeoutError:
