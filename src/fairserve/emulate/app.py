@@ -10,10 +10,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
+from ..api.streaming import EventStream
 from ..core import RequestState
 from .config import EmulatorConfig, Fault
 from .driver import Emulator, Job, TooLarge
@@ -153,34 +154,6 @@ async def _events(em: Emulator, job: Job, reply: Reply, call: Call,
         em.close(job, "cancelled")          # the client went away (a no-op after finished / dropped)
 
 
-class EventStream(StreamingResponse):
-    """text/event-stream that stops (cancelling its generator, hence the job) as soon as the client disconnects,
-    and drops the connection, without the terminating chunk, when the generator yields None."""
-
-    def __init__(self, events: AsyncIterator[bytes | None]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.events = events
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            pump.cancel()
-            watch.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
-            await self.events.aclose()      # type: ignore[attr-defined]
-
-    async def _pump(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for data in self.events:
-            if data is None:
-                return      # the server closes the connection: the app never finished the body
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
 class DroppedResponse(Response):
     """A 200 whose Content-Length promises the whole JSON body, of which only the first half is sent before the
     connection is closed: the client sees an incomplete response (httpx: RemoteProtocolError)."""
@@ -191,11 +164,6 @@ class DroppedResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _bad_request(request: Request, exc: Exception) -> Response:

@@ -29,6 +29,9 @@ class Call:
     max_tokens: int
     stream: bool
     include_usage: bool
+    prompt: str = ""                    # completions: the prompt text
+    messages: tuple = ()                # chat: the messages, as sent
+    ignore_eos: bool = False
 
 
 def parse_json(raw: bytes) -> Any:
@@ -72,7 +75,8 @@ def parse_call(body: Any, chat: bool) -> Call:
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise BadRequest(f"'{flag}' must be a boolean.", flag)
     return Call(chat=chat, model=model, prompt_tokens=max(1, estimate_tokens(text)), max_tokens=max_tokens,
-                stream=bool(stream), include_usage=include_usage)
+                stream=bool(stream), include_usage=include_usage, prompt="" if chat else text,
+                messages=tuple(body["messages"]) if chat else (), ignore_eos=body.get("ignore_eos") is True)
 
 
 def _prompt(body: dict) -> str:
@@ -147,15 +151,16 @@ class Reply:
     def role_chunk(self) -> dict[str, Any]:
         return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-    def token_chunk(self, last: bool) -> dict[str, Any]:
-        content = {"delta": {"content": OUTPUT_PIECE}} if self.chat else {"text": OUTPUT_PIECE}
-        return self._chunk({**content, "finish_reason": "length" if last else None})
+    def token_chunk(self, last: bool, text: str = OUTPUT_PIECE, finish_reason: str = "length") -> dict[str, Any]:
+        content = {"delta": {"content": text}} if self.chat else {"text": text}
+        return self._chunk({**content, "finish_reason": finish_reason if last else None})
 
     def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
         return {**self._head(True), "choices": [], "usage": self.usage(completion_tokens)}
 
-    def body(self, completion_tokens: int) -> dict[str, Any]:
-        text = OUTPUT_PIECE * completion_tokens
+    def body(self, completion_tokens: int, text: str | None = None, finish_reason: str = "length") -> dict[str, Any]:
+        text = OUTPUT_PIECE * completion_tokens if text is None else text
         content = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        return {**self._head(False), "choices": [{"index": 0, **content, "logprobs": None, "finish_reason": "length"}],
+        return {**self._head(False), "choices": [{"index": 0, **content, "logprobs": None,
+                                                  "finish_reason": finish_reason}],
                 "usage": self.usage(completion_tokens)}

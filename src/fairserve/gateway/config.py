@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..api.tokens import token_counter
 from ..core import make_policy
 
+M = TypeVar("M", bound=BaseModel)
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 
@@ -57,7 +58,51 @@ class TenantConfig(_Strict):
         return v
 
 
-class GatewayConfig(_Strict):
+def check_listen(v: str) -> str:
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {v!r}")
+    return v
+
+
+def check_tenants(tenants: list[TenantConfig], admin_key: str | None) -> None:
+    """Unique names; a key belongs to one tenant and is not the admin key."""
+    names = [t.name for t in tenants]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+    owner: dict[str, str] = {}
+    for t in tenants:
+        for k in t.api_keys:
+            if k in owner and owner[k] != t.name:
+                raise ValueError(f"an API key is shared by tenants {owner[k]!r} and {t.name!r}")
+            owner[k] = t.name
+    if admin_key is not None and admin_key in owner:
+        raise ValueError(f"admin_key is also an API key of tenant {owner[admin_key]!r}")
+
+
+class TenantsMixin:
+    """What a config with `listen`, `tenants` and `admin_key` derives (the gateway's and `fairserve serve`'s)."""
+
+    listen: str
+    tenants: list[TenantConfig]
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def weights(self) -> dict[str, float]:
+        return {t.name: t.weight for t in self.tenants}
+
+    def key_owners(self) -> dict[str, str]:
+        return {k: t.name for t in self.tenants for k in t.api_keys}
+
+
+class GatewayConfig(TenantsMixin, _Strict):
     listen: str = "127.0.0.1:8080"
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
@@ -75,13 +120,7 @@ class GatewayConfig(_Strict):
     backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
     request_timeout_s: float = Field(600.0, gt=0) # upstream read timeout
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {v!r}")
-        return v
+    _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
     @field_validator("policy")
     @classmethod
@@ -97,37 +136,12 @@ class GatewayConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        names = [t.name for t in self.tenants]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
-        owner: dict[str, str] = {}
-        for t in self.tenants:
-            for k in t.api_keys:
-                if k in owner and owner[k] != t.name:
-                    raise ValueError(f"an API key is shared by tenants {owner[k]!r} and {t.name!r}")
-                owner[k] = t.name
-        if self.admin_key is not None and self.admin_key in owner:
-            raise ValueError(f"admin_key is also an API key of tenant {owner[self.admin_key]!r}")
+        check_tenants(self.tenants, self.admin_key)
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
             raise ValueError("backend URLs must be unique")
         return self
 
-    # ---- derived ------------------------------------------------------------------------------------------------
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    def weights(self) -> dict[str, float]:
-        return {t.name: t.weight for t in self.tenants}
-
-    def key_owners(self) -> dict[str, str]:
-        return {k: t.name for t in self.tenants for k in t.api_keys}
 
 
 def _one_line(err: ValidationError) -> str:
@@ -139,10 +153,10 @@ def _one_line(err: ValidationError) -> str:
     return "; ".join(parts).replace("\n", " ")
 
 
-def build_config(data: dict[str, Any]) -> GatewayConfig:
+def build_config(data: dict[str, Any], model: type[M] = GatewayConfig) -> M:   # type: ignore[assignment]
     """Validate a dict (parsed TOML, possibly with flag overrides). Raises ValueError with one line."""
     try:
-        return GatewayConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise ValueError(_one_line(e)) from None
 

@@ -1,0 +1,248 @@
+"""`fairserve serve`: an OpenAI-compatible server whose engine (transformers continuous batching) schedules by a
+fairserve policy. Tenants come from API keys exactly as in the gateway; admission order, counters and charges live
+inside the engine (`engines.hf.FairScheduler`)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..api.errors import error_body, error_response
+from ..api.streaming import EventStream
+from ..core import make_policy
+from ..emulate.protocol import DONE, BadRequest, Call, Reply, parse_call, parse_json, sse
+from ..engines.hf_engine import EngineError, EngineSizing, HFEngine
+from ..engines.queue import ClientAccount
+from ..gateway.admin import admin_router
+from ..gateway.app import bearer
+from .config import ANONYMOUS, ServeConfig
+
+log = logging.getLogger("fairserve.serve")
+POLL_S = 0.1        # how often a non-streaming request checks that its client is still there
+
+
+def build_engine(cfg: ServeConfig) -> HFEngine:
+    from ..engines.hf_models import load_model
+
+    model, tokenizer = load_model(cfg.model, seed=cfg.seed)
+    policy = None if cfg.policy == "fifo" else make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p,
+                                                             w_q=cfg.w_q)
+    sizing = EngineSizing(num_blocks=cfg.num_blocks, page_size=cfg.page_size, max_batch_tokens=cfg.max_batch_tokens,
+                          max_requests_per_batch=cfg.max_requests_per_batch)
+    return HFEngine(model, tokenizer, policy, sizing, default_max_tokens=cfg.default_max_tokens)
+
+
+class Accounts:
+    """The engine's per-tenant accounts in the shape the gateway's admin API reads."""
+
+    def __init__(self, cfg: ServeConfig, engine: HFEngine) -> None:
+        assert engine.queue is not None
+        self.cfg, self.engine, self.queue = cfg, engine, engine.queue
+        self.policy = self.queue.policy
+        self.tenants = [t.name for t in cfg.tenants] or [ANONYMOUS]
+
+    def _rows(self) -> dict[str, ClientAccount]:
+        return self.queue.accounts()
+
+    @property
+    def queued(self) -> dict[str, int]:
+        rows = self._rows()
+        return {t: rows[t].queued if t in rows else 0 for t in self.tenants}
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        rows = self._rows()
+        return {t: rows[t].running if t in rows else 0 for t in self.tenants}
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        self.queue.set_weight(tenant, weight)
+
+    def reset(self) -> bool:
+        reset = getattr(self.policy, "reset_counters", None)
+        if reset is None:
+            return False
+        with self.queue.lock:
+            reset()
+        return True
+
+
+class TenantCollector:
+    """Per-tenant service, counter, queued and running requests, read from the engine at scrape time."""
+
+    def __init__(self, accounts: Accounts) -> None:
+        self.accounts = accounts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self.accounts.queue.accounts()
+        families = {
+            "service": GaugeMetricFamily("fairserve_tenant_service", "weighted tokens served", labels=["tenant"]),
+            "counter": GaugeMetricFamily("fairserve_tenant_counter", "the policy's virtual counter", labels=["tenant"]),
+            "queued": GaugeMetricFamily("fairserve_tenant_queued", "requests waiting in the engine", labels=["tenant"]),
+            "running": GaugeMetricFamily("fairserve_tenant_running", "requests being served", labels=["tenant"]),
+        }
+        for tenant in self.accounts.tenants:      # NOTE: configured tenants only: bounded label cardinality
+            row = rows.get(tenant)
+            for name, family in families.items():
+                family.add_metric([tenant], float(getattr(row, name)) if row is not None else 0.0)
+        yield from families.values()
+
+
+class Detokenizer:
+    """Text deltas of a growing token list; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer) -> None:   # noqa: ANN001
+        self.tokenizer, self.sent = tokenizer, ""
+
+    def delta(self, tokens: list[int], final: bool) -> str:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        new, self.sent = text[len(self.sent):], text
+        return new
+
+
+def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
+    engine = engine if engine is not None else build_engine(cfg)
+    tokenizer = engine.tokenizer
+    owners = cfg.key_owners()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(engine.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(engine.stop)     # NOTE: the generation thread would keep the process alive
+
+    app = FastAPI(title="fairserve serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    registry = CollectorRegistry()
+    if engine.queue is not None:
+        accounts = Accounts(cfg, engine)
+        registry.register(TenantCollector(accounts))
+        app.include_router(admin_router(accounts, bearer))   # type: ignore[arg-type]
+
+    def tenant_of(request: Request) -> str | None:
+        return ANONYMOUS if cfg.open else owners.get(bearer(request) or "")
+
+    def encode(call: Call) -> list[int]:
+        if call.chat:
+            text = tokenizer.apply_chat_template(list(call.messages), add_generation_prompt=True, tokenize=False)
+            return list(tokenizer(text, add_special_tokens=False).input_ids)
+        return list(tokenizer(call.prompt).input_ids)
+
+    async def serve(request: Request, chat: bool) -> Response:
+        tenant = tenant_of(request)
+        if tenant is None:
+            return error_response(401, "missing or unknown API key: send 'Authorization: Bearer KEY'",
+                                  code="invalid_api_key")
+        raw = await request.body()
+        if len(raw) > cfg.max_body_bytes:
+            return error_response(413, f"the request body is larger than {cfg.max_body_bytes} bytes",
+                                  code="body_too_large")
+        call = parse_call(parse_json(raw), chat)
+        input_ids = encode(call)
+        if not input_ids:
+            raise BadRequest("The prompt is empty.", "messages" if chat else "prompt")
+        need, pool = len(input_ids) + call.max_tokens, engine.sizing.kv_tokens
+        if need > pool:
+            raise BadRequest(f"This request needs {need} tokens of KV cache ({len(input_ids)} in the prompt + "
+                             f"{call.max_tokens} max_tokens), but the engine's pool holds {pool}.", "max_tokens")
+        if (why := engine.failure()) is not None:
+            return error_response(503, f"the engine is not serving: {why}", code="engine_unavailable")
+        reply = Reply(chat=chat, model=cfg.model_name, prompt_tokens=len(input_ids),
+                      include_usage=call.include_usage)
+        outputs = engine.generate(tenant, input_ids, call.max_tokens, call.ignore_eos)
+        if call.stream:
+            return EventStream(events(outputs, reply, call))
+        return await complete(request, outputs, reply, call)
+
+    async def events(outputs: AsyncIterator, reply: Reply, call: Call) -> AsyncIterator[bytes]:
+        detok, produced = Detokenizer(tokenizer), 0
+        try:
+            if reply.chat:
+                yield sse(reply.role_chunk())
+            async for out in outputs:
+                produced, last = len(out.generated_tokens), out.is_finished()
+                text = detok.delta(out.generated_tokens, last)
+                if text or last:
+                    yield sse(reply.token_chunk(last, text, finish_reason(produced, call)))
+            if call.include_usage:
+                yield sse(reply.usage_chunk(produced))
+            yield DONE
+        except EngineError as e:
+            log.error("request %s failed: %s", reply.id, e)
+            yield sse(error_body(500, str(e), code="engine_error"))
+        finally:
+            await outputs.aclose()     # type: ignore[attr-defined]
+
+    async def complete(request: Request, outputs: AsyncIterator, reply: Reply, call: Call) -> Response:
+        async def collect() -> list[int]:
+            tokens: list[int] = []
+            async for out in outputs:
+                tokens = out.generated_tokens
+            return tokens
+
+        task = asyncio.ensure_future(collect())
+        try:
+            while not (await asyncio.wait({task}, timeout=POLL_S))[0]:
+                if await request.is_disconnected():
+                    task.cancel()
+                    return Response(status_code=499)      # nobody reads it
+            tokens = task.result()
+        except EngineError as e:
+            log.error("request %s failed: %s", reply.id, e)
+            return error_response(500, str(e), code="engine_error")
+        finally:
+            if not task.done():
+                task.cancel()
+            await outputs.aclose()     # type: ignore[attr-defined]
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return JSONResponse(reply.body(len(tokens), text, finish_reason(len(tokens), call)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": 0,
+                                            "owned_by": "fairserve"}]}
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        why = engine.failure()
+        body = {"status": "ok" if why is None else "failed", "engine": cfg.engine, "model": cfg.model_name,
+                "policy": cfg.policy, "kv_tokens": engine.sizing.kv_tokens, "error": why}
+        return JSONResponse(body, status_code=200 if why is None else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, exc: BadRequest) -> Response:
+        return error_response(400, exc.message, param=exc.param)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc)
+        return error_response(500, f"internal error ({type(exc).__name__}); see the server log",
+                              code="internal_error")
+
+    return app
+
+
+def finish_reason(produced: int, call: Call) -> str:
+    return "length" if produced >= call.max_tokens else "stop"

@@ -1,0 +1,169 @@
+"""`fairserve serve --engine transformers --model tiny-random`: the OpenAI API on the real engine, tenants by key."""
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("transformers")
+
+import openai  # noqa: E402
+
+from fairserve.api.server import free_port, running_server  # noqa: E402
+from fairserve.serve.app import create_app  # noqa: E402
+from fairserve.serve.config import load_config  # noqa: E402
+
+KEYS = {"alice": "ka", "bob": "kb"}
+ADMIN = {"authorization": "Bearer adm"}
+
+
+def config(**overrides):
+    return load_config(overrides={"tenants": [{"name": n, "api_keys": [k]} for n, k in KEYS.items()],
+                                  "admin_key": "adm", "num_blocks": 64, "page_size": 16, "max_batch_tokens": 128,
+                                  **overrides})
+
+
+@pytest.fixture(scope="module")
+def server():
+    app = create_app(config())
+    with running_server(app, timeout_s=60) as url:
+        yield url, app.state.engine
+
+
+def client(url, tenant="alice"):
+    return openai.OpenAI(base_url=url + "/v1", api_key=KEYS[tenant], max_retries=0, timeout=30)
+
+
+def account(url, tenant):
+    rows = httpx.get(url + "/admin/tenants", headers=ADMIN).json()["tenants"]
+    return next(r for r in rows if r["name"] == tenant)
+
+
+def test_openai_client_chat_and_completions(server):
+    url, engine = server
+    tok = engine.tokenizer
+    before = account(url, "alice")["service"]
+    c = client(url)
+    chat = c.chat.completions.create(model="tiny-random", messages=[{"role": "user", "content": "hello"}],
+                                     max_tokens=7, extra_body={"ignore_eos": True})
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                     tokenize=False)
+    assert chat.usage.prompt_tokens == len(tok(prompt, add_special_tokens=False).input_ids)
+    assert chat.usage.completion_tokens == 7 and chat.choices[0].finish_reason == "length"
+    comp = c.completions.create(model="tiny-random", prompt="the quick brown fox", max_tokens=5,
+                                extra_body={"ignore_eos": True})
+    assert comp.usage.prompt_tokens == len("the quick brown fox")       # the byte-level tokenizer: one per byte
+    assert comp.usage.completion_tokens == 5
+    # greedy decoding: the stream carries the same text as the non-streamed answer
+    stream = c.completions.create(model="tiny-random", prompt="the quick brown fox", max_tokens=5, stream=True,
+                                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == comp.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 5
+    chat_stream = c.chat.completions.create(model="tiny-random", messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=7, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat_stream) == chat.choices[0].message.content
+    # the engine charged exactly the tokens of the four answers to alice
+    served = sum(u.prompt_tokens + 2 * u.completion_tokens for u in (chat.usage, comp.usage, comp.usage, chat.usage))
+    assert account(url, "alice")["service"] - before == served
+    assert account(url, "bob")["service"] == 0
+
+
+def test_errors_are_openai_shaped(server):
+    url, _ = server
+    post = lambda body, key="ka", **kw: httpx.post(url + "/v1/completions", headers={"authorization": f"Bearer {key}"},
+                                                   **({"json": body} if body is not None else kw))
+    r = post({"prompt": "x"}, key="nope")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = post(None, content=b"{not json")
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = post({"prompt": "x", "max_tokens": 10_000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens" and "pool" in r.text
+    r = post({"max_tokens": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = post({"prompt": "x", "n": 2})
+    assert r.status_code == 400
+    r = post(None, content=b"{" + b" " * (5 * 1024 * 1024) + b"}")
+    assert r.status_code == 413
+
+
+def test_disconnect_cancels_in_the_engine(server):
+    url, engine = server
+    before = account(url, "bob")["service"]
+    with httpx.stream("POST", url + "/v1/completions", headers={"authorization": "Bearer kb"},
+                      json={"prompt": "abc", "max_tokens": 900, "stream": True, "ignore_eos": True}) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+    assert all(line.startswith("data:") or not line for line in got)
+    for _ in range(100):
+        row = account(url, "bob")
+        if row["in_flight"] == 0 and row["queue_length"] == 0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the request is still in the engine after its client left")
+    charged = row["service"] - before
+    assert 3 + 2 * 3 <= charged < 3 + 2 * 900
+
+
+def test_admin_weight_and_metrics(server):
+    url, engine = server
+    r = httpx.put(url + "/admin/tenants/bob/weight", headers=ADMIN, json={"weight": 3})
+    assert r.status_code == 200 and engine.queue.policy.weight("bob") == 3
+    assert httpx.put(url + "/admin/tenants/bob/weight", headers={"authorization": "Bearer kb"},
+                     json={"weight": 9}).status_code == 403
+    text = httpx.get(url + "/metrics").text
+    assert 'fairserve_tenant_service{tenant="alice"}' in text and 'tenant="bob"' in text
+    assert httpx.get(url + "/healthz").json()["status"] == "ok"
+
+
+def test_engine_failure_is_a_clear_error_not_a_hang():
+    app = create_app(config())
+    engine = app.state.engine
+    with running_server(app, timeout_s=60) as url:
+        def broken():
+            raise RuntimeError("scheduler bug")
+        engine.queue.policy.peek = broken
+        r = httpx.post(url + "/v1/completions", headers={"authorization": "Bearer ka"},
+                       json={"prompt": "abc", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 500 and "scheduler bug" in r.json()["error"]["message"]
+        r = httpx.post(url + "/v1/completions", headers={"authorization": "Bearer ka"},
+                       json={"prompt": "abc", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
+        assert httpx.get(url + "/healthz").status_code == 503
+
+
+def test_cli_serves_and_exits_on_interrupt():
+    """From the README: `fairserve serve --model tiny-random`, then Ctrl-C stops it (the generation thread too)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fairserve", "serve", "--model", "tiny-random",
+                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                            "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_config_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "fairserve", "serve", "--model", "/no/such/model"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().startswith("fairserve: error: --model")
+    assert "Traceback" not in out.stderr
