@@ -2,6 +2,7 @@
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
 #   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine
 #   ./dev.sh test   run the whole test suite
+#   ./dev.sh serve  run `fairserve serve` (an OpenAI server on transformers, scheduled by VTC); arguments pass through
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${FAIRSERVE_VENV:-.venv}"
@@ -25,5 +26,6 @@ setup() {
 case "${1:-}" in
     demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test) setup; shift; exec "$VENV/bin/python" -m pytest "$@" ;;
-    *) echo "usage: ./dev.sh demo|test [extra arguments]" >&2; exit 2 ;;
+    serve) setup; shift; exec "$VENV/bin/fairserve" serve "$@" ;;
+    *) echo "usage: ./dev.sh demo|test|serve [extra arguments]" >&2; exit 2 ;;
 esac
