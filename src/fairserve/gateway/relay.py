@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+import orjson
 
 from ..api.errors import error_body
 from .body import delta_tokens, loads, usage_of
@@ -42,6 +43,14 @@ class UpstreamError(Exception):
 
 def sse(data: Any) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
+
+
+def sse_compact(data: Any) -> bytes:
+    """`sse()` by orjson (compact, UTF-8): for chunks re-encoded on every event."""
+    try:
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+    except (TypeError, orjson.JSONEncodeError):     # what orjson refuses (huge ints, lone surrogates)
+        return sse(data)
 
 
 # ---- the upstream HTTP/1.1 client ------------------------------------------------------------------------------------
@@ -362,7 +371,7 @@ class Relay:
                 if not doc.get("choices"):
                     return None, 0, False
                 doc = {k: v for k, v in doc.items() if k != "usage"}
-                raw = sse(doc)
+                raw = sse_compact(doc)
         return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), False
 
     async def prefetch(self) -> None:

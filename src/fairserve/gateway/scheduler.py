@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..api.tokens import token_counter
 from ..core import Policy, Request, RequestState, make_policy
@@ -71,6 +72,15 @@ class Scheduler:
         self._tickets: dict[Request, Ticket] = {}
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _metric(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
@@ -110,7 +120,7 @@ class Scheduler:
             t = self._tickets[req]
             self.queued[t.tenant] -= 1
             self.in_flight[t.tenant] += 1
-            self.metrics.queue_wait.labels(t.tenant).observe(now - t.queued_at)
+            self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
             if not t.admitted.done():
                 t.admitted.set_result(t.backend)
         self._wake_after_cooldown(now)
@@ -194,9 +204,9 @@ class Scheduler:
         elif known:
             self.policy.abort(req)
         if req.admitted:
-            self.metrics.prompt_tokens.labels(t.tenant).inc(req.prompt_tokens)
-            self.metrics.output_tokens.labels(t.tenant).inc(req.output_done)
-        self.metrics.requests.labels(t.tenant, outcome).inc()
+            self._metric(self.metrics.prompt_tokens, t.tenant).inc(req.prompt_tokens)
+            self._metric(self.metrics.output_tokens, t.tenant).inc(req.output_done)
+        self._metric(self.metrics.requests, t.tenant, outcome).inc()
         self._release(t)
         self.dispatch()
         return outcome
