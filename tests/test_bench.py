@@ -243,3 +243,33 @@ def test_cli_named_workload_and_errors(fake, tmp_path, capsys):
         run(_parse("--target", url, "--workload", "overload", "--duration", "2", "--keys", "*=k", "--weights", "x"))
     with pytest.raises(SystemExit):          # --workload and --trace are exclusive
         _parse("--target", url, "--workload", "overload", "--trace", "t.csv", "--keys", "*=k")
+
+
+def test_client_xargs_names_the_client_in_the_body(fake):
+    f, url = fake
+    before = len(f.seen)
+    arr = [Arrival(0.0, "a", 5, 2), Arrival(0.0, "b", 5, 2)]
+    recs = run_bench(url, arr, {"*": "fast"}, timeout_s=5, xargs_key="fairserve_client")
+    assert [r.status for r in recs] == ["finished", "finished"]
+    bodies = {s["client"]: s["body"] for s in f.seen[before:]}
+    assert bodies["a"]["vllm_xargs"] == {"fairserve_client": "a"}
+    assert bodies["b"]["vllm_xargs"] == {"fairserve_client": "b"}
+    run_bench(url, arr[:1], {"*": "fast"}, timeout_s=5)
+    assert "vllm_xargs" not in f.seen[-1]["body"]              # off by default
+
+    assert _parse("--target", url, "--workload", "overload", "--keys", "*=k").client_xargs is None
+    assert _parse("--target", url, "--workload", "overload", "--keys", "*=k",
+                  "--client-xargs").client_xargs == "fairserve_client"
+    assert _parse("--target", url, "--workload", "overload", "--keys", "*=k",
+                  "--client-xargs", "tenant").client_xargs == "tenant"
+
+
+def test_cli_client_xargs_reaches_the_server(fake, capsys):
+    f, url = fake
+    before = len(f.seen)
+    args = _parse("--target", url, "--workload", "overload", "--duration", "1", "--time-scale", "20",
+                  "--keys", "*=fast", "--client-xargs", "tenant")
+    assert run(args) == 0
+    seen = f.seen[before:]
+    assert seen and all(s["body"]["vllm_xargs"] == {"tenant": s["client"]} for s in seen)
+    assert "client-0" in capsys.readouterr().out

@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 from ..argtypes import parse_weights, positive
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
-from .runner import DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, endpoint_url, resolve_keys, run_bench
+from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_KEY, endpoint_url, resolve_keys,
+                     run_bench)
 
 
 def parse_keys(text: str) -> dict[str, str]:
@@ -57,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="give up on a request after S wall seconds (default: %(default)g)")
     p.add_argument("--max-inflight", type=positive(int, "a whole number"), metavar="N",
                    help="at most N requests open at once (later ones wait in the client)")
+    p.add_argument("--client-xargs", nargs="?", const=XARGS_CLIENT_KEY, metavar="KEY",
+                   help="also name the client in each request body as \"vllm_xargs\": {KEY: CLIENT} (KEY defaults "
+                        f"to {XARGS_CLIENT_KEY}), for vLLM with fairserve's scheduler, which sees no API keys")
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
     p.add_argument("--seed", type=int, default=0)
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
           f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
           flush=True)
     records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale, endpoint=args.endpoint,
-                        model=args.model, timeout_s=args.timeout, max_inflight=getattr(args, "max_inflight", None))
+                        model=args.model, timeout_s=args.timeout, max_inflight=getattr(args, "max_inflight", None),
+                        xargs_key=getattr(args, "client_xargs", None))
     duration = bench_duration(records, workload.duration_s)
     summary = summarize_bench(records, duration, weights)
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"

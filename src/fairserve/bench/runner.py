@@ -29,6 +29,7 @@ ENDPOINTS = ("completions", "chat")
 DEFAULT_MODEL = "fairserve-emulated"
 DEFAULT_TIMEOUT_S = 600.0
 CLIENT_HEADER = "X-Fairserve-Client"
+XARGS_CLIENT_KEY = "fairserve_client"   # what fairserve.engines.vllm_scheduler reads by default
 _MAX_CONNECTIONS = 4096
 
 
@@ -67,9 +68,13 @@ def endpoint_url(target: str, endpoint: str) -> str:
     return base + ("/completions" if endpoint == "completions" else "/chat/completions")
 
 
-def request_body(a: Arrival, endpoint: str, model: str) -> dict:
+def request_body(a: Arrival, endpoint: str, model: str, xargs_key: str | None = None) -> dict:
+    """The streaming request for `a`. With `xargs_key`, the client also goes in the body as
+    `"vllm_xargs": {xargs_key: client}`: vLLM passes that to its scheduler, and it sees no API key."""
     body: dict = {"model": model, "max_tokens": a.output_tokens, "ignore_eos": True, "stream": True,
                   "stream_options": {"include_usage": True}}
+    if xargs_key:
+        body["vllm_xargs"] = {xargs_key: a.client}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt_of(a.prompt_tokens)}]
     else:
@@ -145,7 +150,8 @@ def _error_message(body: bytes) -> str:
 
 
 async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: str, endpoint: str, model: str,
-                clock: Callable[[], float], timeout_s: float, gate: asyncio.Semaphore | None) -> BenchRecord:
+                clock: Callable[[], float], timeout_s: float, gate: asyncio.Semaphore | None,
+                xargs_key: str | None = None) -> BenchRecord:
     p = _Progress()
     status = "unfinished"
     http_status: int | None = None
@@ -155,7 +161,8 @@ async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: 
     async with gate or contextlib.nullcontext():
         try:
             async with asyncio.timeout(timeout_s):
-                async with client.stream("POST", url, json=request_body(a, endpoint, model), headers=headers) as r:
+                async with client.stream("POST", url, json=request_body(a, endpoint, model, xargs_key),
+                                         headers=headers) as r:
                     http_status = r.status_code
                     if r.status_code >= 400:
                         status, error = "rejected", f"HTTP {r.status_code}: {_error_message(await r.aread())}"
@@ -204,10 +211,12 @@ def _check(arrivals: Sequence[Arrival], time_scale: float, timeout_s: float, max
 
 async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
                           time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
-                          timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None) -> list[BenchRecord]:
+                          timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None,
+                          xargs_key: str | None = None) -> list[BenchRecord]:
     """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
     (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
-    response time. Validation (keys, URL, numbers) raises ValueError before anything is sent."""
+    response time. `xargs_key` also names the client in each body's `vllm_xargs`. Validation (keys, URL,
+    numbers) raises ValueError before anything is sent."""
     _check(arrivals, time_scale, timeout_s, max_inflight)
     key_of = resolve_keys(keys, (a.client for a in arrivals))
     url = endpoint_url(target, endpoint)
@@ -231,13 +240,14 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
                 if delay > 0:
                     await asyncio.sleep(delay)
                 tasks[i] = tg.create_task(_send(client, url, i, a, key_of[a.client], endpoint, model, clock,
-                                                timeout_s, gate))
+                                                timeout_s, gate, xargs_key))
     return [tasks[i].result() for i in range(len(arrivals))]
 
 
 def run_bench(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *, time_scale: float = 1.0,
               endpoint: str = "completions", model: str = DEFAULT_MODEL, timeout_s: float = DEFAULT_TIMEOUT_S,
-              max_inflight: int | None = None) -> list[BenchRecord]:
+              max_inflight: int | None = None, xargs_key: str | None = None) -> list[BenchRecord]:
     """Synchronous `run_bench_async` (its own event loop; not for use inside a running loop)."""
     return asyncio.run(run_bench_async(target, arrivals, keys, time_scale=time_scale, endpoint=endpoint,
-                                       model=model, timeout_s=timeout_s, max_inflight=max_inflight))
+                                       model=model, timeout_s=timeout_s, max_inflight=max_inflight,
+                                       xargs_key=xargs_key))

@@ -1,0 +1,312 @@
+"""VTC (or any fairserve policy) as the waiting-queue order of vLLM's v1 engine.
+
+Switch it on with one flag, `vllm serve MODEL --scheduler-cls fairserve.engines.vllm_scheduler.VTCScheduler`, or
+`LLM(model, scheduler_cls="fairserve.engines.vllm_scheduler.VTCScheduler")`. vLLM builds the scheduler itself, so
+the policy is configured through the environment of the engine process (docs/vllm.md):
+
+    FAIRSERVE_POLICY      a `make_policy` spec: vtc (default), weighted-vtc, lcf, fcfs, drr:Q, vtc-predict:P
+                          (rate-limiting policies such as rpm:N are refused: a scheduler cannot reject a request)
+    FAIRSERVE_WEIGHTS     client weights, e.g. "a=1,b=2" (weighted VTC; unlisted clients weigh 1)
+    FAIRSERVE_WP          cost of one prompt token (default 1)
+    FAIRSERVE_WQ          cost of one output token (default 2)
+    FAIRSERVE_COST        "linear" (default, uses WP/WQ) or "profiled"
+    FAIRSERVE_CLIENT_KEY  the key of `SamplingParams.extra_args` naming the client (default "fairserve_client");
+                          OpenAI requests pass it as `"vllm_xargs": {"fairserve_client": "alice"}`
+
+A request without that key belongs to the client its request id names ("<client>::<rest>", see
+`engines.queue.request_id_for`), else to the default client "default".
+
+Targeted and checked against vLLM 0.33.0 (the wheel's `vllm/v1/core/sched/{scheduler,async_scheduler,
+request_queue}.py`, `vllm/v1/request.py`, `vllm/config/scheduler.py`, `vllm/config/vllm.py`); the hooks used
+(`waiting` as a `RequestQueue`, `update_from_output`, `_free_request`) also exist, with the same meaning, in the
+0.1x/0.2x v1 schedulers read for comparison (those had a temporary `skipped_waiting_requests` queue instead of
+0.33's `kv_holding_waiting`). The scheduler interface is not public in vLLM: other versions may need changes.
+
+How engine events become the paper's charges (`EngineQueue` does the policy calls):
+
+    Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
+    waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
+    waiting.prepend_request(s) (preempted / skipped)  preempted()  back to the front of its client: no charge, no lift
+    update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (stop-trimmed)
+    _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
+
+vLLM 0.33 also keeps `kv_holding_waiting`, a queue of waiting requests that already hold KV blocks (async KV loads,
+streaming-input sessions), drained before `waiting`. Everything in it was admitted (and charged) through `waiting`
+or arrived holding blocks, so it stays vLLM's own queue: to VTC those requests are running.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..argtypes import parse_weights
+from ..core import RPM, Policy, make_policy
+from .queue import ClientAccount, EngineQueue, client_of
+
+logger = logging.getLogger(__name__)
+
+CLIENT_ARG = "fairserve_client"
+SCHEDULER_PATH = "fairserve.engines.vllm_scheduler.VTCScheduler"   # the value of --scheduler-cls
+_CANCEL_STATUSES = frozenset({"FINISHED_ABORTED", "FINISHED_ERROR"})   # charged only for what was done
+
+
+# ---- configuration ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VTCConfig:
+    policy: str = "vtc"
+    weights: dict[str, float] | None = None
+    w_p: float = 1.0
+    w_q: float = 2.0
+    cost: str | None = None
+    client_key: str = CLIENT_ARG
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> VTCConfig:
+        """Read the FAIRSERVE_* variables. ValueError names the bad one."""
+        env = os.environ if env is None else env
+        return cls(policy=env.get("FAIRSERVE_POLICY", "").strip() or "vtc",
+                   weights=parse_weights(env.get("FAIRSERVE_WEIGHTS", "").strip(), "FAIRSERVE_WEIGHTS"),
+                   w_p=_number(env, "FAIRSERVE_WP", 1.0), w_q=_number(env, "FAIRSERVE_WQ", 2.0),
+                   cost=env.get("FAIRSERVE_COST", "").strip() or None,
+                   client_key=env.get("FAIRSERVE_CLIENT_KEY", "").strip() or CLIENT_ARG)
+
+    def make_policy(self) -> Policy:
+        policy = make_policy(self.policy, weights=self.weights, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
+        if isinstance(policy, RPM):
+            raise ValueError(f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
+                             "use a policy that only orders (vtc, weighted-vtc, lcf, fcfs, drr, vtc-predict)")
+        return policy
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"{name} must be a number >= 0, got {text!r}")
+    return value
+
+
+# ---- what the policy needs to know of a vLLM request --------------------------------------------------------------
+def client_of_request(request: Any, key: str = CLIENT_ARG) -> str:
+    """`sampling_params.extra_args[key]`, else the client named by the request id, else the default client."""
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    if isinstance(extra, Mapping):
+        client = extra.get(key)
+        if client is not None and str(client).strip():
+            return str(client).strip()
+    return client_of(request.request_id)
+
+
+def prefilled_tokens(request: Any) -> int | None:
+    """Prompt tokens a cancelled request really had prefilled; None: all of them (it was prefilled once already,
+    before a preemption reset `num_computed_tokens`)."""
+    if getattr(request, "num_preemptions", 0):
+        return None
+    return min(request.num_computed_tokens, request.num_prompt_tokens)
+
+
+def _max_tokens(request: Any) -> int | None:
+    value = getattr(request, "max_tokens", None)
+    if value is None:
+        value = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
+    return value if isinstance(value, int) else None
+
+
+def _status_name(request: Any) -> str:
+    status = request.status
+    return getattr(status, "name", str(status))
+
+
+# ---- the waiting queue ------------------------------------------------------------------------------------------
+class VTCRequestQueue:
+    """vLLM's `RequestQueue` interface over an `EngineQueue`: `peek_request`/`pop_request` follow the policy.
+
+    A request taken out by `pop_request` is admitted by the policy (its prompt is charged) even when vLLM only
+    skips it for this step (grammar still compiling, LoRA slots full, ...): it comes back through `prepend_request`
+    as a requeue, so it is charged once and its client's counter is not lifted. `__iter__` is in no particular
+    order. `remove_request(s)` is only used by vLLM for requests that end while waiting."""
+
+    def __init__(self, engine_queue: EngineQueue, client_key: str = CLIENT_ARG) -> None:
+        self.engine_queue = engine_queue
+        self.client_key = client_key
+
+    @classmethod
+    def from_config(cls, config: VTCConfig) -> VTCRequestQueue:
+        return cls(EngineQueue(config.make_policy()), config.client_key)
+
+    @property
+    def policy(self) -> Policy:
+        return self.engine_queue.policy
+
+    # ---- RequestQueue -------------------------------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        rid = request.request_id
+        if self.engine_queue.request(rid) is not None:
+            self._put_back(request)     # a streaming session's next turn, or any re-enqueue of a known request
+            return
+        accepted = self.engine_queue.arrive(rid, request, request.num_prompt_tokens,
+                                            client=client_of_request(request, self.client_key),
+                                            max_tokens=_max_tokens(request),
+                                            now=float(getattr(request, "arrival_time", 0.0) or 0.0))
+        if not accepted:    # VTCConfig refuses rejecting policies; a custom one must not reject either
+            raise RuntimeError(f"policy {self.policy.name!r} rejected request {rid!r}")
+
+    def pop_request(self) -> Any:
+        if not len(self.engine_queue):
+            raise IndexError("pop from an empty queue")
+        return self.engine_queue.pop()
+
+    def peek_request(self) -> Any:
+        item = self.engine_queue.peek()
+        if item is None:
+            raise IndexError("peek from an empty queue")
+        return item
+
+    def prepend_request(self, request: Any) -> None:
+        self._put_back(request)
+
+    def prepend_requests(self, requests: Iterable[Any]) -> None:
+        # each goes to the front of its client's queue, so the last given ends up first (as FCFS's extendleft)
+        for request in list(requests):
+            self._put_back(request)
+
+    def remove_request(self, request: Any) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Any]) -> None:
+        for request in list(requests):
+            rid = request.request_id
+            if rid in self.engine_queue:
+                self.engine_queue.cancelled(rid, prefilled_tokens(request), request.num_output_tokens)
+
+    def __bool__(self) -> bool:
+        return len(self.engine_queue) > 0
+
+    def __len__(self) -> int:
+        return len(self.engine_queue)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.engine_queue)
+
+    # ---- charging (called by the scheduler) ---------------------------------------------------------------------
+    def charge_outputs(self, requests: Iterable[Any]) -> None:
+        """Charge each request's output tokens not yet charged: after vLLM's `update_from_output` appended a step's
+        sampled tokens (trimmed at a stop, rejected drafts excluded), that is exactly the step's new tokens."""
+        eq = self.engine_queue
+        for request in requests:
+            if request is None:
+                continue
+            req = eq.request(request.request_id)
+            if req is None:
+                continue
+            new = request.num_output_tokens - req.output_done
+            if new > 0:
+                eq.output(request.request_id, new)
+
+    def settle(self, request: Any) -> None:
+        """vLLM freed `request` (finished, aborted or failed): reconcile its account to what it really used."""
+        rid = request.request_id
+        if self.engine_queue.request(rid) is None:
+            return
+        if _status_name(request) in _CANCEL_STATUSES:
+            self.engine_queue.cancelled(rid, prefilled_tokens(request), request.num_output_tokens)
+        else:
+            self.engine_queue.finished(rid, request.num_output_tokens)
+
+    def accounts(self) -> dict[str, ClientAccount]:
+        return self.engine_queue.accounts()
+
+    def _put_back(self, request: Any) -> None:
+        rid = request.request_id
+        eq = self.engine_queue
+        if eq.preempted(rid, request) or rid in eq:
+            return
+        # unknown here: it reached vLLM's queues without passing ours (e.g. a session that arrived holding blocks)
+        eq.arrive(rid, request, request.num_prompt_tokens, client=client_of_request(request, self.client_key),
+                  max_tokens=_max_tokens(request), now=float(getattr(request, "arrival_time", 0.0) or 0.0))
+
+
+# ---- the scheduler classes (need vLLM) ----------------------------------------------------------------------------
+def scheduler_classes(scheduler_base: type, async_base: type,
+                      log: logging.Logger = logger) -> tuple[type, type]:
+    """(VTCScheduler, VTCSyncScheduler) over the given vLLM bases. `VTCScheduler` subclasses the async scheduler
+    (a custom class that subclasses the plain one loses async scheduling) and becomes a `VTCSyncScheduler` when
+    the engine runs without async scheduling (`--no-async-scheduling`, pipeline parallelism, ...)."""
+
+    class _VTCMixin:
+        fairserve: VTCRequestQueue
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            config = VTCConfig.from_env()
+            if len(self.waiting):
+                raise RuntimeError("the waiting queue was not empty when fairserve replaced it")
+            self.fairserve = VTCRequestQueue.from_config(config)
+            self.waiting = self.fairserve
+            log.info("fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, client key %r)",
+                     self.fairserve.policy.name, self.fairserve.policy.cost.name, config.weights or "none",
+                     config.client_key)
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            requests = self.requests
+            self.fairserve.charge_outputs(requests.get(rid) for rid in scheduler_output.num_scheduled_tokens)
+            return outputs
+
+        def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            result = super()._free_request(request, *args, **kwargs)
+            self.fairserve.settle(request)
+            return result
+
+        def fairserve_accounts(self) -> dict[str, ClientAccount]:
+            """Per-client counter, service, queued and running counts."""
+            return self.fairserve.accounts()
+
+    class VTCSyncScheduler(_VTCMixin, scheduler_base):  # type: ignore[misc, valid-type]
+        """The fairserve scheduler for engines that run without async scheduling."""
+
+    class VTCScheduler(_VTCMixin, async_base):  # type: ignore[misc, valid-type]
+        """vLLM's async scheduler with the waiting queue in fairserve policy order."""
+
+        def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:   # vLLM passes vllm_config=...
+            if cls is VTCScheduler and not _async_scheduling(vllm_config):
+                return VTCSyncScheduler(vllm_config, *args, **kwargs)   # not a VTCScheduler: __init__ runs once
+            return super().__new__(cls)
+
+    for cls in (VTCSyncScheduler, VTCScheduler):   # picklable by name, as vLLM may pass the class to its workers
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+    return VTCScheduler, VTCSyncScheduler
+
+
+def _async_scheduling(vllm_config: Any) -> bool:
+    value = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", None)
+    return value is None or bool(value)     # None: not resolved yet; vLLM then enables it where it can
+
+
+def _load_vllm_classes() -> tuple[type, type]:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.request_queue import RequestQueue
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    RequestQueue.register(VTCRequestQueue)
+    # under "vllm.", so vLLM's own log handler prints it in the engine process
+    return scheduler_classes(Scheduler, AsyncScheduler, logging.getLogger("vllm.fairserve"))
+
+
+def __getattr__(name: str) -> Any:
+    # vLLM resolves --scheduler-cls by importing this module and reading the attribute: build the classes then
+    if name in ("VTCScheduler", "VTCSyncScheduler"):
+        vtc, sync = _load_vllm_classes()
+        globals().update(VTCScheduler=vtc, VTCSyncScheduler=sync)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
