@@ -138,7 +138,8 @@ class Proxy:
             raise
 
     def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
-        h = [("content-type", "application/json"), ("accept", "text/event-stream" if stream else "application/json")]
+        h = [("content-type", "application/json"), ("accept", "text/event-stream" if stream else "application/json"),
+             ("accept-encoding", "identity"), ("user-agent", "fairserve-gateway")]
         if backend.cfg.api_key:
             h.append(("authorization", f"Bearer {backend.cfg.api_key}"))
         return h

@@ -14,10 +14,12 @@ import asyncio
 import collections
 import json
 import ssl
+import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+import httpx
 import orjson
 
 from ..api.errors import error_body
@@ -72,6 +74,7 @@ class _Conn(asyncio.Protocol):
         self.headers_done = False
         self.complete = False
         self.framed = False              # content-length or chunked: the end is known without EOF
+        self.keep_alive = False
         self.got_bytes = False
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
@@ -128,6 +131,7 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()      # read now: the parser resets after this
         self.complete = True
         self._wake()
 
@@ -167,6 +171,8 @@ class _Origin:
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.path.rstrip("/")
         self.host_header = u.netloc.rpartition("@")[2]
+        proxies = urllib.request.getproxies_environment()
+        self.proxied = u.scheme in proxies and not urllib.request.proxy_bypass_environment(self.host, proxies)
         self.idle: list[_Conn] = []
 
     async def connect(self) -> _Conn:
@@ -237,12 +243,45 @@ class UpstreamResponse:
             return
         self.closed = True
         conn = self.conn
-        if conn.complete and not conn.chunks and conn.error is None and not conn.lost and conn.parser.should_keep_alive():
+        if conn.complete and not conn.chunks and conn.error is None and not conn.lost and conn.keep_alive:
             conn._reset()
             conn.reused = True
             conn.origin.idle.append(conn)
         elif conn.transport is not None:
             conn.transport.close()
+
+
+class _HttpxResponse:
+    """`UpstreamResponse` over an httpx response (backends behind a proxy)."""
+
+    _closing: set[asyncio.Task[None]] = set()
+
+    def __init__(self, resp: httpx.Response, read_timeout: float) -> None:
+        self.resp = resp
+        self.status_code = resp.status_code
+        self.headers = [(k.lower(), v) for k, v in resp.headers.raw]
+        self.read_timeout = read_timeout
+        self._chunks = resp.aiter_bytes()
+        self.closed = False
+
+    header = UpstreamResponse.header
+
+    async def next_chunk(self) -> bytes | None:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+        except httpx.HTTPError as e:
+            raise UpstreamError(type(e).__name__) from None
+
+    read = UpstreamResponse.read
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            task = asyncio.get_running_loop().create_task(self.resp.aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
 
 class Upstream:
@@ -252,10 +291,11 @@ class Upstream:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self._origins: dict[str, _Origin] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._httpx: httpx.AsyncClient | None = None
 
     def ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            self._ssl = ssl.create_default_context()
+            self._ssl = httpx.create_ssl_context()      # what httpx verifies with (certifi, SSL_CERT_FILE/DIR)
         return self._ssl
 
     def origin(self, url: str) -> _Origin:
@@ -264,10 +304,13 @@ class Upstream:
             o = self._origins[url] = _Origin(url, self)
         return o
 
-    async def post(self, url: str, path: str, body: bytes, headers: list[tuple[str, str]]) -> UpstreamResponse:
+    async def post(self, url: str, path: str, body: bytes,
+                   headers: list[tuple[str, str]]) -> UpstreamResponse | _HttpxResponse:
         """Send; return once the status line and headers are in. A kept-alive connection the backend closed in
         the meantime (nothing received) is retried once on a new one."""
         o = self.origin(url)
+        if o.proxied:
+            return await self._via_httpx(url + path, body, headers)
         head = [f"POST {o.prefix}{path} HTTP/1.1\r\nhost: {o.host_header}\r\n"
                 f"content-length: {len(body)}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers]
@@ -300,7 +343,20 @@ class Upstream:
             await conn.wait(self.read_timeout)
         return UpstreamResponse(conn, self.read_timeout)
 
+    async def _via_httpx(self, url: str, body: bytes, headers: list[tuple[str, str]]) -> _HttpxResponse:
+        """A backend behind an HTTP(S) proxy from the environment: httpx, which speaks to proxies."""
+        if self._httpx is None:
+            self._httpx = httpx.AsyncClient(timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout))
+        client = self._httpx
+        try:
+            resp = await client.send(client.build_request("POST", url, content=body, headers=headers), stream=True)
+        except httpx.HTTPError as e:
+            raise UpstreamError(type(e).__name__) from None
+        return _HttpxResponse(resp, self.read_timeout)
+
     async def aclose(self) -> None:
+        if self._httpx is not None:
+            await self._httpx.aclose()
         for o in self._origins.values():
             for conn in o.idle:
                 if conn.transport is not None:

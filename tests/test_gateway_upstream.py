@@ -1,0 +1,186 @@
+"""The gateway's own upstream HTTP/1.1 client and SSE relay, against backends that send exactly the bytes a test
+chooses: keep-alive reuse, a kept-alive connection the backend closed, CRLF events split across reads, bodies
+delimited by the connection's end, read timeouts, and backends behind an HTTP proxy from the environment."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from test_gateway_support import KEYS, FakeBackend, chat_body, gateway, serve
+
+from fairserve.api.server import running_server
+from fairserve.gateway.relay import Upstream, UpstreamError
+
+AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
+
+
+@contextlib.contextmanager
+def raw_backend(answer: Callable[[int, bytes], list[bytes] | None]) -> Iterator[tuple[str, list[int]]]:
+    """A TCP server on loopback: for the n-th request on any connection (n from 1), writes the pieces
+    `answer(n, request)` returns, 5 ms apart, then keeps the connection open (None: closes it without answering;
+    an empty piece: closes it there).
+    Yields its URL and the list of connection numbers each request came on."""
+    seen: list[int] = []
+    ready = threading.Event()
+    state: dict = {}
+
+    async def main() -> None:
+        count = {"conn": 0, "req": 0}
+
+        async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            count["conn"] += 1
+            number = count["conn"]
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length"))
+                    body = await reader.readexactly(length)
+                    count["req"] += 1
+                    seen.append(number)
+                    pieces = answer(count["req"], body)
+                    if pieces is None:
+                        writer.close()
+                        return
+                    for piece in pieces:
+                        if not piece:
+                            writer.close()
+                            return
+                        writer.write(piece)
+                        await writer.drain()
+                        await asyncio.sleep(0.005)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        server = await asyncio.start_server(conn, "127.0.0.1", 0)
+        state["port"] = server.sockets[0].getsockname()[1]
+        state["stop"] = asyncio.Event()
+        state["loop"] = asyncio.get_running_loop()
+        ready.set()
+        await state["stop"].wait()
+        server.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(5)
+    try:
+        yield f"http://127.0.0.1:{state['port']}", seen
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(5)
+
+
+def sse_answer(events: list[bytes], split: int = 7, eol: bytes = b"\n") -> list[bytes]:
+    """A chunked text/event-stream answer carrying `events`, cut into pieces of `split` bytes."""
+    body = b"".join(e.replace(b"\n", eol) for e in events)
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    data = head + chunked
+    return [data[i:i + split] for i in range(0, len(data), split)]
+
+
+def chunk(text: str | None = None, usage: dict | None = None) -> bytes:
+    doc = {"id": "c", "object": "chat.completion.chunk", "choices": [] if text is None else
+           [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    if usage is not None:
+        doc["usage"] = usage
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+EVENTS = [chunk("Hello"), chunk(" world"), chunk(usage={"prompt_tokens": 3, "completion_tokens": 2}),
+          b"data: [DONE]\n\n"]
+
+
+def stream_text(base: str) -> tuple[str, list[dict]]:
+    with httpx.Client(timeout=10) as c:
+        r = c.post(base + "/v1/chat/completions", json=chat_body(2, stream=True), headers=AUTH)
+        assert r.status_code == 200, r.text
+    docs = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join(d["choices"][0]["delta"].get("content", "") for d in docs if d["choices"]), docs
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+def test_events_split_across_reads_and_any_line_end(eol):
+    with raw_backend(lambda n, body: sse_answer(EVENTS, split=5, eol=eol)) as (url, _):
+        with gateway([url]) as base:
+            text, docs = stream_text(base)
+    assert text == "Hello world"
+    assert all("usage" not in d for d in docs)      # the client did not ask for usage
+
+
+def test_connection_is_kept_alive_across_requests():
+    with raw_backend(lambda n, body: sse_answer(EVENTS, split=4096)) as (url, seen):
+        with gateway([url]) as base:
+            for _ in range(3):
+                assert stream_text(base)[0] == "Hello world"
+    assert seen == [1, 1, 1]
+
+
+def test_a_kept_alive_connection_the_backend_closed_is_retried_on_a_new_one():
+    # request 2 arrives on the kept-alive connection, which the backend closes without an answer
+    with raw_backend(lambda n, body: None if n == 2 else sse_answer(EVENTS, split=4096)) as (url, seen):
+        with gateway([url]) as base:
+            assert stream_text(base)[0] == "Hello world"
+            assert stream_text(base)[0] == "Hello world"
+    assert seen == [1, 1, 2]
+
+
+def test_body_delimited_by_the_end_of_the_connection_and_read_timeouts():
+    doc = {"id": "r", "choices": [{"index": 0, "message": {"content": "hi"}}]}
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
+
+    async def read(url: str, timeout: float) -> bytes:
+        up = Upstream(connect_timeout=2, read_timeout=timeout)
+        resp = await up.post(url, "/v1/chat/completions", b"{}", [])
+        assert resp.status_code == 200 and resp.header(b"content-type") == b"application/json"
+        try:
+            return await resp.read()
+        finally:
+            resp.close()
+
+    # b"" last: the backend closes the connection after its answer, which ends the body
+    with raw_backend(lambda n, body: [head, json.dumps(doc).encode(), b""]) as (url, _):
+        assert json.loads(asyncio.run(read(url, 5))) == doc
+    # kept open: the body never ends, and the read times out
+    with raw_backend(lambda n, body: [head, json.dumps(doc).encode()]) as (url, _):
+        with pytest.raises(UpstreamError) as e:
+            asyncio.run(read(url, 0.3))
+        assert e.value.kind == "ReadTimeout"
+
+
+def test_unreachable_backend_is_a_connect_error():
+    async def run() -> None:
+        up = Upstream(connect_timeout=2, read_timeout=2)
+        with pytest.raises(UpstreamError) as e:
+            await up.post("http://127.0.0.1:9", "/v1/completions", b"{}", [])
+        assert e.value.unreachable
+    asyncio.run(run())
+
+
+def test_backend_behind_a_proxy_from_the_environment(monkeypatch):
+    fake = FakeBackend()
+    # NOTE: the fake backend doubles as the proxy: it answers the absolute-form request httpx sends a proxy
+    with running_server(fake.app) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.setenv("NO_PROXY", "")
+        monkeypatch.delenv("no_proxy", raising=False)
+        with gateway(["http://backend.invalid:8000"]) as base:
+            with httpx.Client(timeout=10, trust_env=False) as c:
+                r = c.post(base + "/v1/chat/completions", json=chat_body(3, stream=True), headers=AUTH)
+    assert r.status_code == 200 and r.text.count("tok") == 3 and fake.calls == 1
+
+
+def test_client_body_goes_upstream_with_include_usage_added():
+    fake = FakeBackend()
+    with serve(fake) as base:
+        with httpx.Client(timeout=10) as c:
+            raw = b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9"}], "stream": true} \n'
+            r = c.post(base + "/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 200
+    assert fake.bodies[0] == {"model": "m", "messages": [{"role": "user", "content": "hé"}], "stream": True,
+                              "stream_options": {"include_usage": True}}
