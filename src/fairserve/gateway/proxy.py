@@ -17,6 +17,7 @@ from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Scheduler, Ticket
 
 RETRYABLE = {408, 429}           # and every 5xx: another backend may do better
+WATCH_AFTER_S = 0.02             # when a request starts watching for its client's disconnect
 DISCONNECTED = 499               # nginx's "client closed request"; nobody is left to read it
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -88,10 +89,13 @@ class Proxy:
                                         headers={"Retry-After": str(window)})(scope, receive, send)
 
         # NOTE: one watcher for the whole request: when the client goes away it cancels this task, whether the
-        # request is queued, waiting for the backend, or streaming; the cancellation is then absorbed here
+        # request is queued, waiting for the backend, or streaming; the cancellation is then absorbed here. It
+        # starts WATCH_AFTER_S in: most short requests are over by then, and a disconnect is noticed that late
         task = asyncio.current_task()
         assert task is not None
+        loop = asyncio.get_running_loop()
         gone = False
+        watcher: asyncio.Task[None] | None = None
 
         async def watch() -> None:
             nonlocal gone
@@ -99,7 +103,11 @@ class Proxy:
                 pass
             gone = True
             task.cancel()
-        watcher = asyncio.get_running_loop().create_task(watch())
+
+        def start_watching() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(watch())
+        timer = loop.call_later(WATCH_AFTER_S, start_watching)
         try:
             await self._serve(ticket, parsed, kind, scope, receive, send)
         except asyncio.CancelledError:
@@ -108,7 +116,9 @@ class Proxy:
             task.uncancel()
             sched.end(ticket, "client_disconnected")
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive,
                      send: Send) -> None:
