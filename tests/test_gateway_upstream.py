@@ -106,27 +106,25 @@ def stream_text(base: str) -> tuple[str, list[dict]]:
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
 def test_events_split_across_reads_and_any_line_end(eol):
-    with raw_backend(lambda n, body: sse_answer(EVENTS, split=5, eol=eol)) as (url, _):
-        with gateway([url]) as base:
-            text, docs = stream_text(base)
+    with raw_backend(lambda n, body: sse_answer(EVENTS, split=5, eol=eol)) as (url, _), gateway([url]) as base:
+        text, docs = stream_text(base)
     assert text == "Hello world"
     assert all("usage" not in d for d in docs)      # the client did not ask for usage
 
 
 def test_connection_is_kept_alive_across_requests():
-    with raw_backend(lambda n, body: sse_answer(EVENTS, split=4096)) as (url, seen):
-        with gateway([url]) as base:
-            for _ in range(3):
-                assert stream_text(base)[0] == "Hello world"
+    with raw_backend(lambda n, body: sse_answer(EVENTS, split=4096)) as (url, seen), gateway([url]) as base:
+        for _ in range(3):
+            assert stream_text(base)[0] == "Hello world"
     assert seen == [1, 1, 1]
 
 
 def test_a_kept_alive_connection_the_backend_closed_is_retried_on_a_new_one():
     # request 2 arrives on the kept-alive connection, which the backend closes without an answer
-    with raw_backend(lambda n, body: None if n == 2 else sse_answer(EVENTS, split=4096)) as (url, seen):
-        with gateway([url]) as base:
-            assert stream_text(base)[0] == "Hello world"
-            assert stream_text(base)[0] == "Hello world"
+    answer = lambda n, body: None if n == 2 else sse_answer(EVENTS, split=4096)
+    with raw_backend(answer) as (url, seen), gateway([url]) as base:
+        assert stream_text(base)[0] == "Hello world"
+        assert stream_text(base)[0] == "Hello world"
     assert seen == [1, 1, 2]
 
 
@@ -169,18 +167,16 @@ def test_backend_behind_a_proxy_from_the_environment(monkeypatch):
         monkeypatch.setenv("HTTP_PROXY", proxy)
         monkeypatch.setenv("NO_PROXY", "")
         monkeypatch.delenv("no_proxy", raising=False)
-        with gateway(["http://backend.invalid:8000"]) as base:
-            with httpx.Client(timeout=10, trust_env=False) as c:
-                r = c.post(base + "/v1/chat/completions", json=chat_body(3, stream=True), headers=AUTH)
+        with gateway(["http://backend.invalid:8000"]) as base, httpx.Client(timeout=10, trust_env=False) as c:
+            r = c.post(base + "/v1/chat/completions", json=chat_body(3, stream=True), headers=AUTH)
     assert r.status_code == 200 and r.text.count("tok") == 3 and fake.calls == 1
 
 
 def test_client_body_goes_upstream_with_include_usage_added():
     fake = FakeBackend()
-    with serve(fake) as base:
-        with httpx.Client(timeout=10) as c:
-            raw = b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9"}], "stream": true} \n'
-            r = c.post(base + "/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
+    with serve(fake) as base, httpx.Client(timeout=10) as c:
+        raw = b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9"}], "stream": true} \n'
+        r = c.post(base + "/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
     assert r.status_code == 200
     assert fake.bodies[0] == {"model": "m", "messages": [{"role": "user", "content": "hé"}], "stream": True,
                               "stream_options": {"include_usage": True}}

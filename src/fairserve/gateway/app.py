@@ -13,11 +13,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from .admin import admin_router
-from starlette.types import Receive, Scope, Send
-
 from .body import CHAT, COMPLETIONS, PATHS
 from .config import GatewayConfig
 from .metrics import GatewayMetrics

@@ -15,7 +15,7 @@ import collections
 import json
 import ssl
 import urllib.request
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httptools
@@ -254,7 +254,7 @@ class UpstreamResponse:
 class _HttpxResponse:
     """`UpstreamResponse` over an httpx response (backends behind a proxy)."""
 
-    _closing: set[asyncio.Task[None]] = set()
+    _closing: ClassVar[set[asyncio.Task[None]]] = set()     # closes in flight, kept from the GC
 
     def __init__(self, resp: httpx.Response, read_timeout: float) -> None:
         self.resp = resp
@@ -311,8 +311,7 @@ class Upstream:
         o = self.origin(url)
         if o.proxied:
             return await self._via_httpx(url + path, body, headers)
-        head = [f"POST {o.prefix}{path} HTTP/1.1\r\nhost: {o.host_header}\r\n"
-                f"content-length: {len(body)}\r\n"]
+        head = [f"POST {o.prefix}{path} HTTP/1.1\r\nhost: {o.host_header}\r\ncontent-length: {len(body)}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers]
         head.append("\r\n")
         request = "".join(head).encode("latin-1") + body
