@@ -84,8 +84,8 @@ def main() -> int:
     print(f"\nadded by the gateway: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; "
           f"throughput {g[2] / d[2]:.2f}× direct")
     found = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
-    print(f"({a.rounds} rounds of {a.requests} requests; uvicorn's auto choice finds: {', '.join(found) or 'neither'} "
-          "of uvloop/httptools)")
+    print(f"({a.rounds} rounds of {a.requests} requests; uvloop/httptools installed for uvicorn: "
+          f"{', '.join(found) or 'neither'})")
     return 0
 
 
