@@ -2,8 +2,9 @@
 
 Workload: two clients, one sending three times as many requests, all submitted at once (both backlogged from the
 start); every request has the same prompt and output length (ignore_eos), so both schedulers do the same work.
-Reported per scheduler: output tokens/s of the whole run, wall seconds, and the scheduler's share of step time
-(time inside `schedule_batch` / wall time of the run). Rounds alternate FIFO and VTC; medians over rounds.
+Reported per scheduler: output tokens/s of the whole run, wall seconds, output tokens per CPU second of this process
+(steadier than wall time on a shared machine), and the scheduler's share of step time (time inside `schedule_batch`
+/ wall time of the run). Rounds alternate FIFO and VTC; medians over rounds.
 
 Run: .venv/bin/python benchmarks/hf_engine.py [--model small-random] [--requests 48] [--rounds 3] [--quick]
 """
@@ -62,12 +63,13 @@ def one_run(model, tokenizer, policy: str, args: argparse.Namespace) -> dict[str
         async def main() -> int:
             return sum(await asyncio.gather(*(request(i, c) for i, c in enumerate(clients))))
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tokens = asyncio.run(main())
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         engine.stop()
-    return {"tokens_per_s": tokens / wall, "wall_s": wall, "sched_share": sum(spent) / wall,
+    return {"tokens_per_s": tokens / wall, "wall_s": wall, "tokens_per_cpu_s": tokens / cpu,
+            "sched_share": sum(spent) / wall,
             "sched_ms_per_step": 1e3 * sum(spent) / max(1, len(spent))}
 
 
@@ -98,16 +100,18 @@ def main() -> None:
     print(f"{args.model}, torch {torch.__version__} on {torch.get_num_threads()} threads; {args.requests} requests "
           f"(3:1 heavy:light) × {args.prompt} prompt + {args.output} output tokens; KV pool "
           f"{args.num_blocks * args.page_size} tokens; median of {args.rounds} alternating rounds\n")
-    print("| scheduler | output tokens/s | wall s | scheduler share of step time | scheduler ms/step |")
-    print("|---|---:|---:|---:|---:|")
+    print("| scheduler | output tokens/s | wall s | tokens per CPU s | scheduler share of step time | scheduler ms/step |")
+    print("|---|---:|---:|---:|---:|---:|")
     names = {"fifo": "transformers FIFO"}
     for pol, m in med.items():
         print(f"| {names.get(pol, 'fairserve ' + pol)} | {m['tokens_per_s']:.1f} | {m['wall_s']:.2f} | "
+              f"{m['tokens_per_cpu_s']:.1f} | "
               f"{100 * m['sched_share']:.2f}% | {m['sched_ms_per_step']:.3f} |")
     ratio = med[args.policy]["tokens_per_s"] / med["fifo"]["tokens_per_s"]
     per_round = [v["tokens_per_s"] / f["tokens_per_s"] for v, f in zip(runs[args.policy], runs["fifo"])]
+    cpu_ratio = med[args.policy]["tokens_per_cpu_s"] / med["fifo"]["tokens_per_cpu_s"]
     print(f"\n{args.policy} ÷ FIFO tokens/s: {ratio:.3f} (per round: {', '.join(f'{r:.3f}' for r in per_round)}); "
-          f"target ≥ {TARGET}: {'met' if ratio >= TARGET else 'NOT met'}")
+          f"per CPU second: {cpu_ratio:.3f}; target ≥ {TARGET}: {'met' if min(ratio, cpu_ratio) >= TARGET else 'NOT met'}")
 
 
 if __name__ == "__main__":

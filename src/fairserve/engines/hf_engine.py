@@ -30,7 +30,11 @@ LIVENESS_POLL_S = 1.0     # how often a waiting request checks that the generati
 
 
 class EngineError(RuntimeError):
-    """The engine failed a request, or is not running."""
+    """The engine failed a request."""
+
+
+class EngineStopped(EngineError):
+    """The engine is not running (it failed earlier, or is stopping): it did not take the request."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class HFEngine:
         """Every step's output for one request (`generated_tokens` grows); the last one `is_finished()`.
         Closing the iterator early cancels the request in the engine. Raises EngineError on failure."""
         if (why := self.failure()) is not None:
-            raise EngineError(why)
+            raise EngineStopped(why)
         mgr = self.manager
         rid = request_id_for(client, uuid.uuid4().hex)
         outputs: asyncio.Queue[GenerationOutput] = asyncio.Queue()
@@ -132,8 +136,8 @@ class HFEngine:
             # NOTE: called inline (the input queue is unbounded, so this never blocks) to keep arrival order
             added = mgr.add_request(input_ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True,
                                     eos_token_id=-1 if ignore_eos or self.eos_token_id is None else self.eos_token_id)
-            if added is None:
-                raise EngineError(self.failure() or "the engine is not accepting requests")
+            if added is None:       # stopping: wait for the reason (a crash records it just after failing requests)
+                raise EngineStopped(await self._reason_to_stop())
             while True:
                 try:
                     out = await asyncio.wait_for(outputs.get(), LIVENESS_POLL_S)
@@ -153,6 +157,12 @@ class HFEngine:
                 with mgr.output_router._lock:       # NOTE: transformers drops handlers only for finished requests
                     mgr.output_router.result_handlers.pop(rid, None)
                 mgr.cancel_request(rid)
+
+    async def _reason_to_stop(self, timeout_s: float = 5.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while (why := self.failure()) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return why or "the engine is not accepting requests"
 
     # ---- accounts -----------------------------------------------------------------------------------------------
     def accounts(self) -> dict[str, ClientAccount]:

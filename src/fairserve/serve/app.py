@@ -18,7 +18,7 @@ from ..api.errors import error_body, error_response
 from ..api.streaming import EventStream
 from ..core import make_policy
 from ..emulate.protocol import DONE, BadRequest, Call, Reply, parse_call, parse_json, sse
-from ..engines.hf_engine import EngineError, EngineSizing, HFEngine
+from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
 from ..engines.queue import ClientAccount
 from ..gateway.admin import admin_router
 from ..gateway.app import bearer
@@ -197,6 +197,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
                     task.cancel()
                     return Response(status_code=499)      # nobody reads it
             tokens = task.result()
+        except EngineStopped as e:
+            return error_response(503, f"the engine is not serving: {e}", code="engine_unavailable")
         except EngineError as e:
             log.error("request %s failed: %s", reply.id, e)
             return error_response(500, str(e), code="engine_error")
