@@ -1,45 +1,16 @@
 """Gateway + emulator + bench together, on loopback, on a time-scaled `overload`: the fairness of the paper through
 real HTTP, streamed tokens and the one scheduling core."""
-import contextlib
-import subprocess
-import sys
-import time
-
 import httpx
 import numpy as np
 import pytest
 
-from fairserve.api.server import free_port
 from fairserve.bench import run_bench
 from fairserve.metrics import backlogged, service_curves, summarize, time_grid
 from fairserve.workloads import get_workload
+from processes import serve
 
 SCALE = 20.0          # simulated seconds per wall second
 SECONDS = 40.0        # of workload
-
-
-@contextlib.contextmanager
-def serve(*args):
-    """`fairserve ARGS --…` in its own process (the load generator keeps this one busy), on a loopback port."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "fairserve", *args]
-    cmd += ["--port", str(port)] if args[0] == "emulate" else ["--listen", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, f"{args[0]} did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def bench_through_gateway(workload, policy, weights=None):

@@ -7,7 +7,7 @@ import sys
 import httpx
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_end_to_end import serve  # noqa: E402
+from processes import serve  # noqa: E402
 
 from fairserve.api.tokens import prompt_of  # noqa: E402
 

@@ -10,8 +10,9 @@ import pytest
 pytest.importorskip("transformers")
 
 import openai  # noqa: E402
+from processes import fairserve_process  # noqa: E402
 
-from fairserve.api.server import free_port, running_server  # noqa: E402
+from fairserve.api.server import running_server  # noqa: E402
 from fairserve.serve.app import create_app  # noqa: E402
 from fairserve.serve.config import load_config  # noqa: E402
 
@@ -137,29 +138,12 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
 
 def test_cli_serves_and_exits_on_interrupt():
     """From the README: `fairserve serve --model tiny-random`, then Ctrl-C stops it (the generation thread too)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "fairserve", "serve", "--model", "tiny-random",
-                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
-            time.sleep(0.2)
+    with fairserve_process("serve", "--model", "tiny-random", timeout_s=60) as (url, proc):
         r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                             "max_tokens": 3}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_bad_config_is_one_line():
