@@ -109,6 +109,22 @@ def test_disconnect_cancels_in_the_engine(server):
     assert 3 + 2 * 3 <= charged < 3 + 2 * 900
 
 
+def test_non_streaming_client_that_leaves_is_cancelled(server):
+    url, _ = server
+    before = account(url, "bob")["service"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/completions", headers={"authorization": "Bearer kb"},
+                   json={"prompt": "abc", "max_tokens": 900, "ignore_eos": True}, timeout=1.0)
+    for _ in range(100):
+        row = account(url, "bob")
+        if row["in_flight"] == 0 and row["queue_length"] == 0 and row["service"] > before:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the request is still in the engine after its client left")
+    assert row["service"] - before < 3 + 2 * 900
+
+
 def test_admin_weight_and_metrics(server):
     url, engine = server
     r = httpx.put(url + "/admin/tenants/bob/weight", headers=ADMIN, json={"weight": 3})

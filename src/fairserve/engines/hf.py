@@ -99,7 +99,7 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
 
     def reset(self) -> None:
         super().reset()
-        for state in getattr(self, "_ending", {}).values():
+        for state in self._ending.values():
             self.queue.finished(state.request_id, generated(state))
         self._ending = {}
 
