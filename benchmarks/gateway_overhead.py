@@ -3,6 +3,7 @@
 
 Reports, per path: latency of a whole short stream (p50/p99, ms) with one request at a time, and the most streamed
 requests per second with many at a time. Targets (issue 4): ≤ 1 ms p50 added, ≥ 0.8× direct throughput.
+Two gateways run side by side: as a user starts it (uvicorn's access log on) and with `--no-access-log`.
 Run: .venv/bin/python benchmarks/gateway_overhead.py [--requests 400] [--concurrency 32] [--rounds 5]
 """
 from __future__ import annotations
@@ -65,12 +66,15 @@ def main() -> int:
     if min(a.requests, a.concurrency, a.rounds) < 1:
         print("gateway_overhead.py: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)
         return 2
-    rows: dict[str, list] = {"direct": [], "gateway": []}
+    rows: dict[str, list] = {"direct": [], "gateway": [], "gateway --no-access-log": []}
+    gateway_args = ["--tenant=a:key-a"]
     # NOTE: time scale 1e6 makes the emulated GPU instant, so what is measured is HTTP and scheduling
     with serve("emulate", "--time-scale", "1000000") as emulator:
-        with serve("gateway", "--backend", f"{emulator},max_requests=256", "--tenant=a:key-a") as gateway:
-            for _ in range(a.rounds):                      # interleaved, so both paths see the same machine
-                for name, url in (("direct", emulator), ("gateway", gateway)):
+        backend = f"--backend={emulator},max_requests=256"
+        with serve("gateway", backend, *gateway_args) as gateway, \
+                serve("gateway", backend, *gateway_args, "--no-access-log") as quiet:
+            for _ in range(a.rounds):                      # interleaved, so all paths see the same machine
+                for name, url in zip(rows, (emulator, gateway, quiet), strict=True):
                     rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
     stats = {}
     for name, runs in rows.items():
@@ -80,9 +84,11 @@ def main() -> int:
     print("|---|---:|---:|---:|")
     for name, (p50, p99, rps) in stats.items():
         print(f"| {name} | {p50:.2f} | {p99:.2f} | {rps:.0f} |")
-    d, g = stats["direct"], stats["gateway"]
-    print(f"\nadded by the gateway: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; "
-          f"throughput {g[2] / d[2]:.2f}× direct")
+    d = stats["direct"]
+    print()
+    for name in ("gateway", "gateway --no-access-log"):
+        g = stats[name]
+        print(f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct")
     found = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
     print(f"({a.rounds} rounds of {a.requests} requests; uvloop/httptools installed for uvicorn: "
           f"{', '.join(found) or 'neither'})")

@@ -147,3 +147,13 @@ def test_run_serves_with_uvicorn(monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--listen", "127.0.0.1:9999")) == 0
     assert seen["host"] == "127.0.0.1" and seen["port"] == 9999 and seen["app"].title == "fairserve gateway"
+    assert seen["access_log"] is True
+    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log")) == 0
+    assert seen["access_log"] is False
+
+
+def test_access_log_from_the_file_and_the_flag(tmp_path):
+    (tmp_path / "gw.toml").write_text('access_log = false\n[[backends]]\nurl = "http://a:1"\n'
+                                      '[[tenants]]\nname = "t"\napi_keys = ["k"]\n')
+    assert not gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"))).access_log
+    assert gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k")).access_log

@@ -119,6 +119,7 @@ class GatewayConfig(TenantsMixin, _Strict):
     models: list[str] = Field(default_factory=list)   # /v1/models when no backend answers
     backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
     request_timeout_s: float = Field(600.0, gt=0) # upstream read timeout
+    access_log: bool = True                       # uvicorn's line per request (`--no-access-log`)
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
