@@ -1,6 +1,6 @@
-"""The gateway's own upstream HTTP/1.1 client and SSE relay, against backends that send exactly the bytes a test
-chooses: keep-alive reuse, a kept-alive connection the backend closed, CRLF events split across reads, bodies
-delimited by the connection's end, read timeouts, and backends behind an HTTP proxy from the environment."""
+"""The gateway's upstream hop (aiohttp) and SSE relay, against backends that send exactly the bytes a test chooses:
+keep-alive reuse, a kept-alive connection the backend closed, CRLF/CR events split across reads, bodies delimited by
+the connection's end, read timeouts, no cookie jar, and backends behind an HTTP proxy from the environment."""
 from __future__ import annotations
 
 import asyncio
@@ -43,7 +43,7 @@ def raw_backend(answer: Callable[[int, bytes], list[bytes] | None]) -> Iterator[
                     body = await reader.readexactly(length)
                     count["req"] += 1
                     seen.append(number)
-                    pieces = answer(count["req"], body)
+                    pieces = answer(count["req"], head + body)
                     if pieces is None:
                         writer.close()
                         return
@@ -151,6 +151,19 @@ def test_body_delimited_by_the_end_of_the_connection_and_read_timeouts():
         assert e.value.kind == "ReadTimeout"
 
 
+def test_cookies_a_backend_sets_are_not_sent_on_later_requests():
+    requests: list[bytes] = []
+
+    def answer(n: int, request: bytes) -> list[bytes]:
+        requests.append(request)
+        head, _, rest = sse_answer(EVENTS, split=1 << 16)[0].partition(b"\r\n")
+        return [head + b"\r\nset-cookie: session=tenant-a\r\n" + rest]
+    with raw_backend(answer) as (url, _), gateway([url]) as base:
+        for _ in range(2):
+            assert stream_text(base)[0] == "Hello world"
+    assert len(requests) == 2 and all(b"cookie" not in r.lower().partition(b"\r\n\r\n")[0] for r in requests)
+
+
 def test_unreachable_backend_is_a_connect_error():
     async def run() -> None:
         up = Upstream(connect_timeout=2, read_timeout=2)
@@ -162,7 +175,7 @@ def test_unreachable_backend_is_a_connect_error():
 
 def test_backend_behind_a_proxy_from_the_environment(monkeypatch):
     fake = FakeBackend()
-    # NOTE: the fake backend doubles as the proxy: it answers the absolute-form request httpx sends a proxy
+    # NOTE: the fake backend doubles as the proxy: it answers the absolute-form request sent to a proxy
     with running_server(fake.app) as proxy:
         monkeypatch.setenv("HTTP_PROXY", proxy)
         monkeypatch.setenv("NO_PROXY", "")

@@ -46,7 +46,7 @@ class Gateway:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(cfg.request_timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
-        self.upstream = Upstream(connect_timeout=5.0, read_timeout=cfg.request_timeout_s)
+        self.upstream = Upstream(connect_timeout=5.0, read_timeout=cfg.request_timeout_s, max_connections=limit)
         self.proxy = Proxy(self.sched, self.upstream)
 
     def tenant(self, request: Request) -> str | None:
