@@ -4,7 +4,9 @@
 and returns its name for `ContinuousBatchingConfig(scheduler_type=...)`. Each step it schedules, like transformers'
 FIFO scheduler, the running requests first (decodes, then split prefills), and then admits waiting requests **in the
 policy's order**, strictly: it stops at the first one that does not fit, so a client cannot overtake the client with
-the smallest counter by being smaller.
+the smallest counter by being smaller. As in the paper's engine, it admits no more requests than one batch runs
+(`max_requests_per_batch`), so every admitted request advances every step and the backlog waits where the policy
+orders it.
 
 Charging (through `EngineQueue`): the whole prompt at admission (the paper; refunded down to what was prefilled if
 the request is cancelled mid-prefill), one output token per scheduled step that yields a token, and a reconciliation
@@ -135,7 +137,9 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         new: list[FutureRequestState] = []
         failed, fast_path, num_q, max_kv = False, True, 0, 0
         margin_ok: bool | None = None
-        while token_budget > 0 and len(batch) + len(new) < self.max_requests_per_batch:
+        # NOTE: admitted requests must all fit one batch: transformers decodes at most max_requests_per_batch a step,
+        # oldest first, so admitting more (cheap with prefix sharing) would hand the order to arrival time, not VTC
+        while token_budget > 0 and len(self.active_requests) < self.max_requests_per_batch:
             state = self.queue.peek()
             if state is None:
                 break
