@@ -200,3 +200,35 @@ def test_fifo_baseline_uses_transformers_own_scheduler(tiny):
     finally:
         engine.stop()
     assert [o for _, _, o in results] == [OUTPUT] * 3 and engine.accounts() == {}
+
+
+def test_admits_no_more_than_one_batch(tiny):
+    """Requests beyond one batch wait in the policy's queue. Identical prompts make admission nearly free (prefix
+    sharing) while decodes starve for pages: left to itself, transformers keeps admitting into the slots the
+    starved requests leave in the batch (10 active here), and the oldest-first decode order then decides."""
+    sizing = EngineSizing(num_blocks=16, page_size=16, max_batch_tokens=128, max_requests_per_batch=4)
+    engine = started(tiny, make_policy("vtc"), sizing)
+    scheduler = engine.manager.batch_processor.scheduler
+    inner, active = scheduler.schedule_batch, []
+
+    def schedule_batch(token_budget, cache_budget):
+        out = inner(token_budget, cache_budget)
+        active.append(len(scheduler.active_requests))
+        return out
+
+    scheduler.schedule_batch = schedule_batch
+
+    async def one(i):
+        out = None
+        async for out in engine.generate("ab"[i % 2], [5] * PROMPT, 60, ignore_eos=True):
+            pass
+        return len(out.generated_tokens)
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(24)))
+
+    try:
+        produced = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert produced == [60] * 24 and max(active) == 4
