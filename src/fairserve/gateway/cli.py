@@ -96,7 +96,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
     g.add_argument("--trusted-proxy", action="store_true", default=None,
                    help="honour X-Tenant-Id from holders of a valid key")
-    g.add_argument("--tokenizer", metavar="NAME", help='"estimate" (default) or "hf:PATH/tokenizer.json" (a local Hugging Face tokenizer)')
+    g.add_argument("--tokenizer", metavar="NAME", help='"estimate" (default), "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken" (local files)')
     g.add_argument("--default-max-tokens", type=int, metavar="N", help="assumed max_tokens when unset (512)")
     g.add_argument("--model", action="append", metavar="NAME", help="model names for /v1/models if no backend answers")
     g.add_argument("--backend-cooldown", type=float, metavar="S", help="skip an unreachable backend this long (2)")
