@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from ..api.errors import error_response
 from .admin import admin_router
 from .body import CHAT, COMPLETIONS, PATHS
+from .capacity import CapacityMonitor
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .proxy import Proxy
@@ -48,6 +49,7 @@ class Gateway:
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
         self.upstream = Upstream(connect_timeout=5.0, read_timeout=cfg.request_timeout_s, max_connections=limit)
         self.proxy = Proxy(self.sched, self.upstream)
+        self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)   # adaptive backends only
 
     def tenant(self, request: Request) -> str | None:
         """The tenant a request is from: its key's owner; with `trusted_proxy`, `X-Tenant-Id` (the key must still
@@ -131,7 +133,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        gw.capacity.start()          # NOTE: a task of its own, nothing on the request path
         yield
+        await gw.capacity.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
 
@@ -174,7 +178,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> Response:
         backends = [{"url": b.url, "healthy": b.healthy, "in_flight_requests": b.requests,
-                     "in_flight_tokens": b.tokens} for b in gw.sched.backends]
+                     "in_flight_tokens": b.tokens, "limit_requests": b.limit, "adaptive": b.cfg.adaptive}
+                    for b in gw.sched.backends]
         return JSONResponse({"status": "ok", "policy": gw.sched.policy.name, "queued": gw.sched.policy.num_queued,
                              "backends": backends})
 

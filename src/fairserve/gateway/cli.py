@@ -15,12 +15,14 @@ SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "
            "queue_ttl": "queue_ttl_s", "max_body_bytes": "max_body_bytes", "admin_key": "admin_key",
            "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer", "default_max_tokens": "default_max_tokens",
            "backend_cooldown": "backend_cooldown_s", "request_timeout": "request_timeout_s",
-           "access_log": "access_log"}
-BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key"}
+           "access_log": "access_log", "metrics_interval": "metrics_interval_s"}
+BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
+                   "adaptive": "adaptive", "metrics_url": "metrics_url"}
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def parse_backend(text: str) -> dict[str, Any]:
-    """`URL[,max_requests=N][,max_tokens=M][,api_key=K]` → a backend table."""
+    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U]` → a backend table."""
     url, *options = (p.strip() for p in text.split(","))
     out: dict[str, Any] = {"url": url}
     for opt in options:
@@ -28,8 +30,13 @@ def parse_backend(text: str) -> dict[str, Any]:
         if not sep or name not in BACKEND_OPTIONS:
             raise ValueError(f"bad --backend option {opt!r} in {text!r}: expected one of "
                              f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}")
-        if name == "api_key":
-            out["api_key"] = value
+        if name in ("api_key", "metrics_url"):
+            out[name] = value
+            continue
+        if name == "adaptive":
+            if value.lower() not in FLAGS:
+                raise ValueError(f"bad --backend option {opt!r}: expected adaptive=1 or adaptive=0")
+            out["adaptive"] = FLAGS[value.lower()]
             continue
         try:
             out[BACKEND_OPTIONS[name]] = int(value)
@@ -84,8 +91,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "backends in the order of a fairness policy (VTC by default). See docs/gateway.md.")
     g.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
     g.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:8080)")
-    g.add_argument("--backend", action="append", metavar="URL[,max_requests=N,max_tokens=M,api_key=K]",
-                   help="an OpenAI-compatible server; repeat for several")
+    g.add_argument("--backend", action="append",
+                   metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U]",
+                   help="an OpenAI-compatible server; repeat for several. adaptive=1: limit its in-flight requests "
+                        "from its /metrics (vLLM, SGLang, llama.cpp)")
     g.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
     g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
     g.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
@@ -103,6 +112,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--request-timeout", type=float, metavar="S", help="upstream read timeout, seconds (600)")
     g.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
                    help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)")
+    g.add_argument("--metrics-interval", type=float, metavar="S",
+                   help="seconds between reads of adaptive backends' /metrics (1)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return g
 

@@ -28,6 +28,8 @@ class BackendConfig(_Strict):
     max_inflight_requests: int = Field(32, ge=1)
     max_inflight_tokens: int | None = Field(None, ge=1)   # prompt + max_tokens of the requests in flight
     api_key: str | None = None                             # sent upstream as `Authorization: Bearer`
+    adaptive: bool = False                                 # limit in-flight requests from the backend's /metrics
+    metrics_url: str | None = None                         # default: URL/metrics (gateway/capacity.py)
 
     @field_validator("url")
     @classmethod
@@ -36,6 +38,13 @@ class BackendConfig(_Strict):
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000, got {v!r}")
         return v[: -len("/v1")] if v.endswith("/v1") else v
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v.strip()):
+            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000/metrics, got {v!r}")
+        return v.strip() if v is not None else None
 
 
 class TenantConfig(_Strict):
@@ -120,6 +129,7 @@ class GatewayConfig(TenantsMixin, _Strict):
     backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
     request_timeout_s: float = Field(600.0, gt=0) # upstream read timeout
     access_log: bool = True                       # uvicorn's line per request (`--no-access-log`)
+    metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 

@@ -91,8 +91,11 @@ class _Live(Collector):
         toks = GaugeMetricFamily(P + "backend_inflight_tokens", "Prompt + max_tokens of requests in flight",
                                  labels=["backend"])
         up = GaugeMetricFamily(P + "backend_healthy", "1 if the last attempt reached the backend", labels=["backend"])
+        limit = GaugeMetricFamily(P + "backend_limit_requests", "In-flight request limit now (adaptive backends: "
+                                  "from the backend's /metrics; else max_inflight_requests)", labels=["backend"])
         for b in s.backends:
             reqs.add_metric([b.url], b.requests)
             toks.add_metric([b.url], b.tokens)
             up.add_metric([b.url], 1.0 if b.healthy else 0.0)
-        yield from (reqs, toks, up)
+            limit.add_metric([b.url], b.limit)
+        yield from (reqs, toks, up, limit)

@@ -1,7 +1,8 @@
 """The gateway's driver of the scheduling core: tickets, backend capacity, and the dispatcher.
 
 The policy decides the order (VTC, FCFS, ...); this module decides capacity: `fits(req)` picks the least-loaded
-backend with room for one more request and its tokens (prompt + max_tokens). Dispatch runs on every arrival and
+backend with room for one more request and its tokens (prompt + max_tokens). A backend's request limit is its
+`max_inflight_requests`, or with `adaptive` what gateway/capacity.py sets from the backend's /metrics. Dispatch runs on every arrival and
 whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
 """
 from __future__ import annotations
@@ -25,13 +26,17 @@ class Backend:
     tokens: int = 0            # prompt + max_tokens of those in flight
     healthy: bool = True       # the last attempt reached it
     down_until: float = 0.0    # unreachable: skipped until then
+    limit: int = 0             # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
+
+    def __post_init__(self) -> None:
+        self.limit = self.cfg.max_inflight_requests
 
     @property
     def url(self) -> str:
         return self.cfg.url
 
     def room_for(self, tokens: int) -> bool:
-        if self.requests >= self.cfg.max_inflight_requests:
+        if self.requests >= self.limit:
             return False
         limit = self.cfg.max_inflight_tokens
         # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
@@ -39,7 +44,7 @@ class Backend:
 
     def load(self) -> tuple[float, float]:
         limit = self.cfg.max_inflight_tokens
-        return self.requests / self.cfg.max_inflight_requests, self.tokens / limit if limit else 0.0
+        return self.requests / self.limit, self.tokens / limit if limit else 0.0
 
 
 @dataclass(eq=False)
