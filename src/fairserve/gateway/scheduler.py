@@ -2,8 +2,8 @@
 
 The policy decides the order (VTC, FCFS, ...); this module decides capacity: `fits(req)` picks the least-loaded
 backend with room for one more request and its tokens (prompt + max_tokens). A backend's request limit is its
-`max_inflight_requests`, or with `adaptive` what gateway/capacity.py sets from the backend's /metrics. Dispatch runs on every arrival and
-whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
+`max_inflight_requests`, or with `adaptive` what gateway/capacity.py sets from the backend's /metrics. Dispatch runs
+on every arrival and whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
 """
 from __future__ import annotations
 
