@@ -123,7 +123,7 @@ class GatewayConfig(TenantsMixin, _Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     admin_key: str | None = None
     trusted_proxy: bool = False                   # honour `X-Tenant-Id` from a holder of a valid key
-    tokenizer: str = ""                           # "" / "estimate", or "hf:PATH/tokenizer.json" (api.tokens)
+    tokenizer: str = ""                           # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
     default_max_tokens: int = Field(512, ge=1)    # assumed when a request sets no max_tokens
     models: list[str] = Field(default_factory=list)   # /v1/models when no backend answers
     backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
