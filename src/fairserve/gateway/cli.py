@@ -84,6 +84,15 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return load_config(args.config, overrides)
 
 
+def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size."""
+    p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
+    p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
+    p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
+    p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
+    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = subparsers.add_parser(
         "gateway", help="serve a fair OpenAI-compatible gateway in front of OpenAI-compatible servers",
@@ -95,14 +104,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U]",
                    help="an OpenAI-compatible server; repeat for several. adaptive=1: limit its in-flight requests "
                         "from its /metrics (vLLM, SGLang, llama.cpp)")
-    g.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
     g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
-    g.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
-    g.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
+    add_tenant_arguments(g)
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
     g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
-    g.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
-    g.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
     g.add_argument("--trusted-proxy", action="store_true", default=None,
                    help="honour X-Tenant-Id from holders of a valid key")
     g.add_argument("--tokenizer", metavar="NAME", help='"estimate" (default), "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken" (local files)')

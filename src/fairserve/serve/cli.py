@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..gateway.cli import tenants_from_flags
+from ..gateway.cli import add_tenant_arguments, tenants_from_flags
 from .config import ENGINES, ServeConfig, load_config
 
 SCALARS = ("listen", "engine", "model", "served_model_name", "policy", "w_p", "w_q", "admin_key", "max_body_bytes",
@@ -25,14 +25,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tiny-random (default) or small-random: a random Llama built locally; or a local Hugging "
                         "Face model directory (never downloaded)")
     p.add_argument("--served-model-name", metavar="NAME", help="the model name /v1/models lists (default: --model)")
-    p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]",
-                   help="a tenant and its API key; repeat (none: no keys, one tenant 'anonymous')")
     p.add_argument("--policy", metavar="P", help="vtc (default), weighted-vtc, lcf, vtc-predict, fcfs, drr:Q; or "
                                                  "fifo for transformers' own scheduler (no accounts)")
-    p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
-    p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
-    p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
-    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
+    add_tenant_arguments(p)       # without --tenant: no keys, one tenant "anonymous"
     p.add_argument("--default-max-tokens", type=int, metavar="N", help="max_tokens when a request sets none (256)")
     p.add_argument("--num-blocks", type=int, metavar="N", help="KV-cache blocks (default 512)")
     p.add_argument("--page-size", type=int, metavar="N", help="tokens per block (default 32; pool = blocks × size)")
