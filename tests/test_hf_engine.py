@@ -1,6 +1,7 @@
 """VTC inside the real transformers continuous-batching engine (tiny random Llama on the CPU)."""
 import asyncio
 import logging
+import threading
 
 import pytest
 
@@ -232,3 +233,42 @@ def test_admits_no_more_than_one_batch(tiny):
     finally:
         engine.stop()
     assert produced == [60] * 24 and max(active) == 4
+
+
+def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
+    """The HTTP thread's POST /admin/reset lands between the scheduler's peek and pop: it must wait for the pop
+    (else the policy pops another request than the one transformers scheduled, and the engine breaks)."""
+    engine = started(tiny, make_policy("vtc"), EngineSizing(num_blocks=32, page_size=16, max_batch_tokens=64,
+                                                            max_requests_per_batch=2))
+    q = engine.queue
+    pop, fired = q.pop, []
+
+    def reset_from_another_thread():
+        with q.lock:
+            q.policy.reset_counters()
+
+    def racing_pop():
+        if len(q.policy.queued_clients()) == 2 and not fired:
+            fired.append(threading.Thread(target=reset_from_another_thread))
+            fired[0].start()
+            fired[0].join(0.2)          # runs now unless the scheduler holds the lock across peek → pop
+        return pop()
+
+    q.pop = racing_pop
+
+    async def one(client):
+        out = None
+        async for out in engine.generate(client, [5] * PROMPT, 30, ignore_eos=True):
+            pass
+        return len(out.generated_tokens)
+
+    async def main():
+        first = [asyncio.ensure_future(one("a")) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        return await asyncio.wait_for(asyncio.gather(*first, *(one("b") for _ in range(3))), 30)
+
+    try:
+        produced = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert fired and produced == [30] * 6

@@ -1,4 +1,6 @@
 """`fairserve serve --engine transformers --model tiny-random`: the OpenAI API on the real engine, tenants by key."""
+import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import openai  # noqa: E402
 from processes import fairserve_process  # noqa: E402
 
 from fairserve.api.server import running_server  # noqa: E402
-from fairserve.serve.app import create_app  # noqa: E402
+from fairserve.serve.app import Detokenizer, create_app  # noqa: E402
 from fairserve.serve.config import load_config  # noqa: E402
 
 KEYS = {"alice": "ka", "bob": "kb"}
@@ -112,9 +114,20 @@ def test_disconnect_cancels_in_the_engine(server):
 def test_non_streaming_client_that_leaves_is_cancelled(server):
     url, _ = server
     before = account(url, "bob")["service"]
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url + "/v1/completions", headers={"authorization": "Bearer kb"},
-                   json={"prompt": "abc", "max_tokens": 900, "ignore_eos": True}, timeout=1.0)
+
+    async def leave_while_running():
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = asyncio.ensure_future(http.post(url + "/v1/completions", headers={"authorization": "Bearer kb"},
+                                                   json={"prompt": "abc", "max_tokens": 900, "ignore_eos": True}))
+            for _ in range(200):
+                if account(url, "bob")["in_flight"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            call.cancel()       # closes the connection mid-request
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+
+    asyncio.run(leave_while_running())
     for _ in range(100):
         row = account(url, "bob")
         if row["in_flight"] == 0 and row["queue_length"] == 0 and row["service"] > before:
@@ -125,14 +138,36 @@ def test_non_streaming_client_that_leaves_is_cancelled(server):
     assert row["service"] - before < 3 + 2 * 900
 
 
+def test_default_max_tokens_applies_when_a_request_sets_none():
+    app = create_app(config(default_max_tokens=3))
+    with running_server(app, timeout_s=60) as url:
+        for path, body in (("/v1/completions", {"prompt": "abc"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+            r = httpx.post(url + path, headers={"authorization": "Bearer ka"}, json={**body, "ignore_eos": True},
+                           timeout=30)
+            assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_detokenizer_streams_multibyte_text_whole(server):
+    _, engine = server
+    tok = engine.tokenizer
+    text = "héllo wörld — 日本語 €"
+    ids = tok(text).input_ids
+    detok = Detokenizer(tok)
+    pieces = [detok.delta(ids[:n], final=n == len(ids)) for n in range(1, len(ids) + 1)]
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+
+
 def test_admin_weight_and_metrics(server):
     url, engine = server
     r = httpx.put(url + "/admin/tenants/bob/weight", headers=ADMIN, json={"weight": 3})
     assert r.status_code == 200 and engine.queue.policy.weight("bob") == 3
     assert httpx.put(url + "/admin/tenants/bob/weight", headers={"authorization": "Bearer kb"},
                      json={"weight": 9}).status_code == 403
+    client(url).completions.create(model="tiny-random", prompt="x", max_tokens=2)
     text = httpx.get(url + "/metrics").text
-    assert 'fairserve_tenant_service{tenant="alice"}' in text and 'tenant="bob"' in text
+    line = next(x for x in text.splitlines() if x.startswith('fairserve_tenant_service{tenant="alice"}'))
+    assert float(line.split()[-1]) == account(url, "alice")["service"] > 0
     assert httpx.get(url + "/healthz").json()["status"] == "ok"
 
 

@@ -42,15 +42,16 @@ def parse_json(raw: bytes) -> Any:
             from None
 
 
-def parse_call(body: Any, chat: bool) -> Call:
-    """Validate an OpenAI request body. Unknown fields (temperature, ignore_eos, ...) are accepted and ignored."""
+def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
+    """Validate an OpenAI request body. Unknown fields (temperature, ...) are accepted and ignored. Without
+    max_tokens: `default_max_tokens`, else OpenAI's defaults (16 for completions, 256 for chat)."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string.", "model")
     text = _messages(body) if chat else _prompt(body)
-    max_tokens = DEFAULT_MAX_TOKENS[chat]
+    max_tokens = default_max_tokens or DEFAULT_MAX_TOKENS[chat]
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     for name in names:
         if body.get(name) is not None:

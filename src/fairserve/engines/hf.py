@@ -11,9 +11,11 @@ orders it.
 Charging (through `EngineQueue`): the whole prompt at admission (the paper; refunded down to what was prefilled if
 the request is cancelled mid-prefill), one output token per scheduled step that yields a token, and a reconciliation
 to the tokens really generated when the request ends. Evict-and-recompute (transformers' "soft reset") and CPU
-offload call `finish_request(id)` and then `add_waiting_request(state)` with the same id: the first is held back
-until the next scheduling step, so such a request is re-queued (no lift, no second prompt charge) instead of being
-finished and arriving anew.
+offload (off in `HFEngine`; possible for `register()` users, untested) call `finish_request(id)` and then
+`add_waiting_request(state)` with the same id and a state marked as such: the finish is held back until the next
+scheduling step, so such a request is re-queued (no lift, no second prompt charge) instead of being finished and
+arriving anew. Parallel sampling (`num_return_sequences > 1`) is refused: transformers forks those requests straight
+into the running set, past the scheduler.
 
 Prefix caching: a prompt served partly from cached blocks is still charged in full (service is what the client
 asked for, not what the engine saved).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 from transformers.generation.continuous_batching import scheduler as hf_scheduler
 from transformers.generation.continuous_batching.requests import FutureRequestState, RequestState, RequestStatus
@@ -66,12 +69,20 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
 
     # ---- request life cycle -------------------------------------------------------------------------------------
     def add_waiting_request(self, state: RequestState) -> None:
+        # NOTE: raising here makes transformers fail this one request with our message
         rid = state.request_id
-        if self._ending.pop(rid, None) is not None:         # evicted a moment ago: it comes back, not anew
-            self.queue.preempted(rid, state)
-        elif not self.queue.arrive(rid, state, prompt_length(state), max_tokens=state.max_new_tokens):
-            # NOTE: raising here makes transformers fail this one request with our message
-            raise RuntimeError(f"the policy {self.queue.policy.name!r} rejected request {rid!r}")
+        if state.num_children or "__child#" in rid:
+            raise RuntimeError("parallel sampling (num_return_sequences > 1) is not supported by the fairserve "
+                               "scheduler: its forked requests would bypass the policy")
+        ended = self._ending.pop(rid, None)
+        if ended is not None and (state._true_initial_tokens or state.is_cpu_offloaded):
+            self.queue.preempted(rid, state)        # evicted a moment ago (soft reset or offload): back, not anew
+        else:
+            if ended is not None:                   # a finished request whose id is reused
+                self.queue.finished(rid, generated(ended))
+            if not self.queue.arrive(rid, state, prompt_length(state), max_tokens=state.max_new_tokens,
+                                     now=time.monotonic()):
+                raise RuntimeError(f"the policy {self.queue.policy.name!r} rejected request {rid!r}")
         super().add_waiting_request(state)
 
     def finish_request(self, request_id: str) -> None:
@@ -140,18 +151,19 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         # NOTE: admitted requests must all fit one batch: transformers decodes at most max_requests_per_batch a step,
         # oldest first, so admitting more (cheap with prefix sharing) would hand the order to arrival time, not VTC
         while token_budget > 0 and len(self.active_requests) < self.max_requests_per_batch:
-            state = self.queue.peek()
-            if state is None:
+            if (batch or new) and margin_ok is None:    # transformers' rule: under the safety margin, one new prefill
+                margin_ok = self._try_to_meet_safety_margin()
+            if margin_ok is False:
                 break
-            if batch or new:        # transformers' rule: under the safety margin, only one new prefill
-                if margin_ok is None:
-                    margin_ok = self._try_to_meet_safety_margin()
-                if not margin_ok:
+            with self.queue.lock:       # NOTE: a counter reset or weight change must not reorder peek → pop
+                state = self.queue.peek()
+                if state is None:
                     break
-            got, failed, fast, q, kv = self._process_candidates([state], token_budget, cache_budget, left_waiting)
-            if state.request_id not in self.waiting_requests:     # scheduled, or moved to active by a prefix match
-                self.queue.pop()
-            if not got:
+                got, failed, fast, q, kv = self._process_candidates([state], token_budget, cache_budget,
+                                                                    left_waiting)
+                if state.request_id not in self.waiting_requests:   # scheduled, or made active by a prefix match
+                    self.queue.pop()
+            if not got:     # `failed` then says whether it failed for want of cache
                 break
             new += got
             fast_path &= fast

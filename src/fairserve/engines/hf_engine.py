@@ -60,6 +60,28 @@ class EngineSizing:
         return self
 
 
+class _Latest:
+    """The newest output of one request. Outputs are cumulative, so a slow reader skips intermediate ones instead of
+    queueing copies of a growing token list."""
+
+    def __init__(self) -> None:
+        self.out: GenerationOutput | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, out: GenerationOutput) -> None:
+        self.out = out
+        self.ready.set()
+
+    async def get(self, timeout_s: float) -> GenerationOutput | None:
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        except TimeoutError:
+            return None
+        self.ready.clear()
+        out, self.out = self.out, None
+        return out
+
+
 class HFEngine:
     def __init__(self, model, tokenizer, policy: Policy | None, sizing: EngineSizing | None = None,  # noqa: ANN001
                  default_max_tokens: int = 256) -> None:
@@ -103,6 +125,8 @@ class HFEngine:
         if self.manager is not None:
             self.manager.stop(block=True, timeout=30)
             self.manager = None
+        if self.queue is not None and (left := self.queue.abandon_all()):
+            log.warning("%d requests were still in the engine when it stopped", left)
         if self._scheduler_name is not None:
             unregister(self._scheduler_name)
             self._scheduler_name = None
@@ -121,29 +145,29 @@ class HFEngine:
         return None if self.manager.is_running() else "the generation loop has stopped"
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    async def generate(self, client: str, input_ids: list[int], max_new_tokens: int,
-                       ignore_eos: bool = False) -> AsyncIterator[GenerationOutput]:
-        """Every step's output for one request (`generated_tokens` grows); the last one `is_finished()`.
-        Closing the iterator early cancels the request in the engine. Raises EngineError on failure."""
+    async def generate(self, client: str, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
+                       stream: bool = True) -> AsyncIterator[GenerationOutput]:
+        """The request's latest output (its `generated_tokens` are cumulative) whenever the engine produced more,
+        or only the final one with `stream=False`; the last one `is_finished()`. Closing the iterator early cancels
+        the request in the engine. Raises EngineStopped if the engine did not take it, EngineError if it failed."""
         if (why := self.failure()) is not None:
             raise EngineStopped(why)
         mgr = self.manager
         rid = request_id_for(client, uuid.uuid4().hex)
-        outputs: asyncio.Queue[GenerationOutput] = asyncio.Queue()
-        mgr.register_result_handler(rid, outputs.put_nowait)
+        latest = _Latest()
+        mgr.register_result_handler(rid, latest.put)
         done = False
         try:
             # NOTE: called inline (the input queue is unbounded, so this never blocks) to keep arrival order
-            added = mgr.add_request(input_ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True,
+            added = mgr.add_request(input_ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=stream,
                                     eos_token_id=-1 if ignore_eos or self.eos_token_id is None else self.eos_token_id)
             if added is None:       # stopping: wait for the reason (a crash records it just after failing requests)
                 raise EngineStopped(await self._reason_to_stop())
             while True:
-                try:
-                    out = await asyncio.wait_for(outputs.get(), LIVENESS_POLL_S)
-                except TimeoutError:
+                out = await latest.get(LIVENESS_POLL_S)
+                if out is None:
                     if (why := self.failure()) is not None:
-                        raise EngineError(why) from None
+                        raise EngineError(why)
                     continue
                 if out.status == RequestStatus.FAILED:
                     done = True

@@ -11,12 +11,14 @@ the policy accounts for, and turns engine events into policy calls:
     finished or failed                        finish()     reconciled to the tokens really produced
     cancelled                                 abort()      charged only for what was prefilled and produced
 
-Engines call it from their scheduling thread while HTTP handlers read accounts from another: every method holds
-one lock (uncontended: ~0.1 µs).
+Engines call it from their scheduling thread while HTTP handlers read accounts (and reset counters, change weights)
+from another: every method takes `lock`, a re-entrant lock, and a scheduler that must peek, try and then pop the
+same request holds it across the three (uncontended: ~0.1 µs).
 """
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -31,6 +33,8 @@ DEFAULT_CLIENT = "default"  # requests whose id names no client
 
 def request_id_for(client: str, unique: str) -> str:
     """The engine request id that carries `client` (engines have no field for it)."""
+    if not client or CLIENT_SEP in client:
+        raise ValueError(f"a client name must be non-empty and without {CLIENT_SEP!r}, got {client!r}")
     return f"{client}{CLIENT_SEP}{unique}"
 
 
@@ -53,9 +57,11 @@ class EngineQueue(Generic[T]):
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._reqs: dict[str, Request] = {}     # every request not yet done, queued or running
         self._items: dict[str, T] = {}          # the engine's object for each queued request
+        self._queued: Counter[str] = Counter()  # per client
+        self._running: Counter[str] = Counter()
 
     # ---- arrivals and admission ---------------------------------------------------------------------------------
     def arrive(self, request_id: str, item: T, prompt_tokens: int, client: str | None = None,
@@ -70,6 +76,7 @@ class EngineQueue(Generic[T]):
                 return False
             self._reqs[request_id] = req
             self._items[request_id] = item
+            self._queued[req.client] += 1
             return True
 
     def peek(self) -> T | None:
@@ -82,6 +89,8 @@ class EngineQueue(Generic[T]):
         """Admit the request `peek()` returned; its prompt is charged (unless it is a resumed one)."""
         with self.lock:
             req = self.policy.pop()
+            self._queued[req.client] -= 1
+            self._running[req.client] += 1
             return self._items.pop(req.id)
 
     # ---- progress -----------------------------------------------------------------------------------------------
@@ -100,6 +109,8 @@ class EngineQueue(Generic[T]):
                 return False
             self.policy.requeue(req)
             self._items[request_id] = item
+            self._running[req.client] -= 1
+            self._queued[req.client] += 1
             return True
 
     # ---- endings ------------------------------------------------------------------------------------------------
@@ -109,7 +120,7 @@ class EngineQueue(Generic[T]):
             req = self._reqs.pop(request_id, None)
             if req is None:
                 return
-            self._items.pop(request_id, None)
+            self._forget(req)
             if req.state is RequestState.RUNNING:
                 self.policy.finish(req, output_tokens)
             else:
@@ -122,10 +133,22 @@ class EngineQueue(Generic[T]):
             req = self._reqs.pop(request_id, None)
             if req is None:
                 return
-            self._items.pop(request_id, None)
+            self._forget(req)
             if req.admitted and prefilled is not None and prefilled < req.prompt_tokens:
                 self.policy.on_prompt(req, prefilled)
             self.policy.abort(req, output_tokens)
+
+    def abandon_all(self) -> int:
+        """The engine is gone: cancel every request still here (charged what was reported). Returns how many."""
+        with self.lock:
+            left = list(self._reqs)
+            for request_id in left:
+                self.cancelled(request_id)
+            return len(left)
+
+    def _forget(self, req: Request) -> None:
+        self._items.pop(req.id, None)
+        (self._queued if req.state is RequestState.QUEUED else self._running)[req.client] -= 1
 
     # ---- inspection ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -143,17 +166,12 @@ class EngineQueue(Generic[T]):
         return self._reqs.get(request_id)
 
     def accounts(self) -> dict[str, ClientAccount]:
-        """Every client's counter, service, queue and running counts, read consistently."""
+        """Every client's counter, service, queued and running requests, read consistently (O(clients))."""
         with self.lock:
             pol = self.policy
             counters = pol.counters
-            queued: dict[str, int] = {}
-            running: dict[str, int] = {}
-            for req in self._reqs.values():
-                into = queued if req.state is RequestState.QUEUED else running
-                into[req.client] = into.get(req.client, 0) + 1
-            return {c: ClientAccount(counter=counters.get(c, 0.0), service=s, queued=queued.get(c, 0),
-                                     running=running.get(c, 0), weight=pol.weight(c))
+            return {c: ClientAccount(counter=counters.get(c, 0.0), service=s, queued=self._queued[c],
+                                     running=self._running[c], weight=pol.weight(c))
                     for c, s in pol.service.items()}
 
     def set_weight(self, client: str, weight: float) -> None:

@@ -95,17 +95,21 @@ class TenantCollector:
 
 
 class Detokenizer:
-    """Text deltas of a growing token list; holds back an incomplete UTF-8 character."""
+    """Text deltas of a growing token list, decoding only a short window (not the whole list each step); holds back
+    an incomplete UTF-8 character until the next token completes it."""
 
     def __init__(self, tokenizer) -> None:   # noqa: ANN001
-        self.tokenizer, self.sent = tokenizer, ""
+        self.tokenizer = tokenizer
+        self.prefix = self.read = 0     # tokens[prefix:read] were already turned into text
 
     def delta(self, tokens: list[int], final: bool) -> str:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
+        decode = self.tokenizer.decode
+        done = decode(tokens[self.prefix:self.read], skip_special_tokens=True)
+        text = decode(tokens[self.prefix:], skip_special_tokens=True)
+        if len(text) <= len(done) or (text.endswith("\ufffd") and not final):
             return ""
-        new, self.sent = text[len(self.sent):], text
-        return new
+        self.prefix, self.read = self.read, len(tokens)
+        return text[len(done):]
 
 
 def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
@@ -147,7 +151,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         if len(raw) > cfg.max_body_bytes:
             return error_response(413, f"the request body is larger than {cfg.max_body_bytes} bytes",
                                   code="body_too_large")
-        call = parse_call(parse_json(raw), chat)
+        call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
         input_ids = encode(call)
         if not input_ids:
             raise BadRequest("The prompt is empty.", "messages" if chat else "prompt")
@@ -159,7 +163,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
             return error_response(503, f"the engine is not serving: {why}", code="engine_unavailable")
         reply = Reply(chat=chat, model=cfg.model_name, prompt_tokens=len(input_ids),
                       include_usage=call.include_usage)
-        outputs = engine.generate(tenant, input_ids, call.max_tokens, call.ignore_eos)
+        outputs = engine.generate(tenant, input_ids, call.max_tokens, call.ignore_eos, stream=call.stream)
         if call.stream:
             return EventStream(events(outputs, reply, call))
         return await complete(request, outputs, reply, call)
@@ -173,7 +177,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
                 produced, last = len(out.generated_tokens), out.is_finished()
                 text = detok.delta(out.generated_tokens, last)
                 if text or last:
-                    yield sse(reply.token_chunk(last, text, finish_reason(produced, call)))
+                    reason = finish_reason(out.generated_tokens, call, engine.eos_token_id)
+                    yield sse(reply.token_chunk(last, text, reason))
             if call.include_usage:
                 yield sse(reply.usage_chunk(produced))
             yield DONE
@@ -194,7 +199,9 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         try:
             while not (await asyncio.wait({task}, timeout=POLL_S))[0]:
                 if await request.is_disconnected():
-                    task.cancel()
+                    task.cancel()       # NOTE: cancels the request in the engine (the generator's finally)
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                     return Response(status_code=499)      # nobody reads it
             tokens = task.result()
         except EngineStopped as e:
@@ -207,7 +214,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
                 task.cancel()
             await outputs.aclose()     # type: ignore[attr-defined]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
-        return JSONResponse(reply.body(len(tokens), text, finish_reason(len(tokens), call)))
+        return JSONResponse(reply.body(len(tokens), text, finish_reason(tokens, call, engine.eos_token_id)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -246,5 +253,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     return app
 
 
-def finish_reason(produced: int, call: Call) -> str:
-    return "length" if produced >= call.max_tokens else "stop"
+def finish_reason(tokens: list[int], call: Call, eos: int | None = None) -> str:
+    """"stop" when the model ended (its last token is EOS) or stopped early, "length" when max_tokens cut it."""
+    if eos is not None and not call.ignore_eos and tokens and tokens[-1] == eos:
+        return "stop"
+    return "length" if len(tokens) >= call.max_tokens else "stop"
