@@ -277,6 +277,26 @@ def test_known_request_added_again_is_a_requeue_and_unknown_prepend_is_an_arriva
     assert len(q) == 2 and q.accounts()["b"].queued == 1
 
 
+def test_streaming_session_turns_are_charged_not_refunded():
+    """vLLM 0.33's `_update_request_as_session`: the next turn clears the outputs and grows the prompt (history +
+    new input). Earlier turns' outputs stay charged; the grown prompt is charged like a chat turn's history."""
+    q = make_queue()
+    r = FakeRequest("s-0", "a", prompt=10)
+    q.add_request(r)
+    q.pop_request()
+    r._output_token_ids = list(range(100))
+    q.charge_outputs([r])
+    assert service(q) == {"a": 10 + 2 * 100}
+    r._output_token_ids, r.num_prompt_tokens = [], 10 + 100 + 10      # the next turn
+    q.charge_outputs([r])
+    assert service(q) == {"a": 120 + 2 * 100}
+    r._output_token_ids = list(range(10))
+    q.charge_outputs([r])
+    r.status = Status.FINISHED_STOPPED
+    q.settle(r)
+    assert service(q) == {"a": 120 + 2 * 110}
+
+
 def test_config_from_env():
     cfg = VTCConfig.from_env({"FAIRSERVE_POLICY": "weighted-vtc", "FAIRSERVE_WEIGHTS": "a=1, b=2",
                               "FAIRSERVE_WP": "0.5", "FAIRSERVE_WQ": "3", "FAIRSERVE_CLIENT_KEY": "tenant"})

@@ -100,6 +100,14 @@ class EngineQueue(Generic[T]):
             if req is not None and req.state is RequestState.RUNNING:
                 self.policy.on_output(req, tokens)
 
+    def prompt(self, request_id: str, prompt_tokens: int) -> None:
+        """The request's prompt is now `prompt_tokens` long (e.g. the next turn of a streaming session): the
+        difference is charged (or refunded) at once if it was admitted."""
+        with self.lock:
+            req = self._reqs.get(request_id)
+            if req is not None:
+                self.policy.on_prompt(req, prompt_tokens)
+
     def preempted(self, request_id: str, item: T) -> bool:
         """The engine put a running request back in its waiting queue (possibly as a new object, `item`).
         False if the id is unknown or not running (the engine's own bookkeeping: nothing to do)."""

@@ -27,7 +27,7 @@ How engine events become the paper's charges (`EngineQueue` does the policy call
     Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
     waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
     waiting.prepend_request(s) (preempted / skipped)  preempted()  back to the front of its client: no charge, no lift
-    update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (stop-trimmed)
+    update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (EOS/stop-token trimmed)
     _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
 
 vLLM 0.33 also keeps `kv_holding_waiting`, a queue of waiting requests that already hold KV blocks (async KV loads,
@@ -137,6 +137,7 @@ class VTCRequestQueue:
 
     def __init__(self, engine_queue: EngineQueue, client_key: str = CLIENT_ARG) -> None:
         self.engine_queue = engine_queue
+        self._turns: dict[str, tuple[int, int]] = {}    # request id -> (outputs of earlier session turns, last count)
         self.client_key = client_key
 
     @classmethod
@@ -186,7 +187,8 @@ class VTCRequestQueue:
         for request in list(requests):
             rid = request.request_id
             if rid in self.engine_queue:
-                self.engine_queue.cancelled(rid, prefilled_tokens(request), request.num_output_tokens)
+                self.engine_queue.cancelled(rid, prefilled_tokens(request), self._outputs(request))
+                self._turns.pop(rid, None)
 
     def __bool__(self) -> bool:
         return len(self.engine_queue) > 0
@@ -208,7 +210,9 @@ class VTCRequestQueue:
             req = eq.request(request.request_id)
             if req is None:
                 continue
-            new = request.num_output_tokens - req.output_done
+            if request.num_prompt_tokens > req.prompt_tokens:     # a streaming session's next turn
+                eq.prompt(request.request_id, request.num_prompt_tokens)
+            new = self._outputs(request) - req.output_done
             if new > 0:
                 eq.output(request.request_id, new)
 
@@ -217,10 +221,23 @@ class VTCRequestQueue:
         rid = request.request_id
         if self.engine_queue.request(rid) is None:
             return
+        outputs = self._outputs(request)
+        self._turns.pop(rid, None)
         if _status_name(request) in _CANCEL_STATUSES:
-            self.engine_queue.cancelled(rid, prefilled_tokens(request), request.num_output_tokens)
+            self.engine_queue.cancelled(rid, prefilled_tokens(request), outputs)
         else:
-            self.engine_queue.finished(rid, request.num_output_tokens)
+            self.engine_queue.finished(rid, outputs)
+
+    def _outputs(self, request: Any) -> int:
+        """Output tokens produced so far. A streaming-input session's next turn restarts vLLM's count
+        (`_update_request_as_session` clears the outputs and grows the prompt): earlier turns' outputs are kept."""
+        rid, produced = request.request_id, request.num_output_tokens
+        base, last = self._turns.get(rid, (0, 0))
+        if produced < last:
+            base += last
+        if base or produced:
+            self._turns[rid] = (base, produced)
+        return base + produced
 
     def accounts(self) -> dict[str, ClientAccount]:
         return self.engine_queue.accounts()
