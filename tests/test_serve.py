@@ -1,6 +1,7 @@
 """`fairserve serve --engine transformers --model tiny-random`: the OpenAI API on the real engine, tenants by key."""
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -202,3 +205,27 @@ def test_bad_config_is_one_line():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().startswith("fairserve: error: --model")
     assert "Traceback" not in out.stderr
+
+
+FIELDS = ["model", "messages", "prompt", "stream", "max_tokens", "n", "stream_options", "include_usage", "role",
+          "content", "ignore_eos"]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**12), st.floats(allow_nan=True),
+                    st.text(max_size=20))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)), max_leaves=10)
+near_valid = st.fixed_dictionaries(
+    {"messages": st.one_of(st.lists(st.dictionaries(st.sampled_from(["role", "content"]), values, max_size=2),
+                                    max_size=3), values),
+     "prompt": st.one_of(st.text(max_size=30), values)},
+    optional={"stream": st.one_of(st.booleans(), values), "max_tokens": st.integers(-1, 8),
+              "stream_options": values, "n": values, "ignore_eos": values})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+       body=st.one_of(near_valid.map(lambda d: json.dumps(d).encode()), values.map(lambda v: json.dumps(v).encode()),
+                      st.binary(max_size=40)))
+def test_fuzzed_bodies_never_get_a_5xx(server, path, body):
+    url, _ = server
+    r = httpx.post(url + path, headers={"authorization": "Bearer ka"}, content=body, timeout=30)
+    assert r.status_code < 500, r.text

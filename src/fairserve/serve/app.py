@@ -138,7 +138,10 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
 
     def encode(call: Call) -> list[int]:
         if call.chat:
-            text = tokenizer.apply_chat_template(list(call.messages), add_generation_prompt=True, tokenize=False)
+            try:
+                text = tokenizer.apply_chat_template(list(call.messages), add_generation_prompt=True, tokenize=False)
+            except Exception as e:   # NOTE: a model's template raises its own errors (e.g. roles must alternate)
+                raise BadRequest(f"The model's chat template rejected these messages: {e}", "messages") from None
             return list(tokenizer(text, add_special_tokens=False).input_ids)
         return list(tokenizer(call.prompt).input_ids)
 
