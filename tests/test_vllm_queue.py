@@ -9,7 +9,7 @@ from vllm_fakes import FakeRequest, Status, make_queue, service
 
 from fairserve.core import VTC
 from fairserve.engines.queue import DEFAULT_CLIENT
-from fairserve.engines.vllm_scheduler import VTCConfig, client_of_request, prefilled_tokens
+from fairserve.engines.vllm_scheduler import VTCConfig, VTCRequestQueue, client_of_request, prefilled_tokens
 
 
 def drain_order(q: VTCRequestQueue, n: int) -> list[str]:
