@@ -19,7 +19,7 @@ from ..core import RequestState
 from .config import EmulatorConfig, Fault
 from .driver import Emulator, Job, TooLarge
 from .metrics import make_registry
-from .protocol import DONE, BadRequest, Call, Reply, parse_call, parse_json, sse
+from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 
 CLIENT_HEADER = "X-Fairserve-Client"
 POLL_S = 0.05       # how often a non-streaming or hung request checks that its client is still there
@@ -55,8 +55,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": config.model, "object": "model", "created": 0,
-                                            "owned_by": "fairserve"}]}
+        return models_list(config.model)
 
     @app.get("/healthz")
     async def healthz() -> dict:

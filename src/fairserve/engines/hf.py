@@ -23,7 +23,6 @@ asked for, not what the engine saved).
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 
 from transformers.generation.continuous_batching import scheduler as hf_scheduler
@@ -34,14 +33,12 @@ from .queue import EngineQueue
 _names = itertools.count()
 
 
-def register(queue: EngineQueue[RequestState]) -> tuple[str, threading.Event]:
-    """Register a scheduler bound to `queue`; returns its `scheduler_type` name and an event set when transformers
-    instantiates it (transformers silently falls back to FIFO on unknown names: wait on the event to be sure)."""
+def register(queue: EngineQueue[RequestState]) -> str:
+    """Register a scheduler bound to `queue`; returns its `scheduler_type` name. transformers silently falls back to
+    FIFO on unknown names: check that the scheduler it instantiated is a `FairScheduler` (`HFEngine.start` does)."""
     name = f"fairserve-{next(_names)}"
-    used = threading.Event()
-    cls = type("BoundFairScheduler", (FairScheduler,), {"queue": queue, "used": used})
-    hf_scheduler.SCHEDULER_MAPPING[name] = cls
-    return name, used
+    hf_scheduler.SCHEDULER_MAPPING[name] = type("BoundFairScheduler", (FairScheduler,), {"queue": queue})
+    return name
 
 
 def unregister(name: str) -> None:
@@ -60,12 +57,10 @@ def prompt_length(state: RequestState) -> int:
 
 class FairScheduler(hf_scheduler.FIFOScheduler):
     queue: EngineQueue[RequestState]        # set by `register`
-    used: threading.Event
 
     def __init__(self, cache, safety_margin, max_requests_per_batch) -> None:   # noqa: ANN001 (transformers' types)
         self._ending: dict[str, RequestState] = {}
         super().__init__(cache, safety_margin, max_requests_per_batch)
-        self.used.set()
 
     # ---- request life cycle -------------------------------------------------------------------------------------
     def add_waiting_request(self, state: RequestState) -> None:

@@ -83,15 +83,16 @@ class _Latest:
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, policy: Policy | None, sizing: EngineSizing | None = None,  # noqa: ANN001
-                 default_max_tokens: int = 256) -> None:
+    def __init__(self, model, tokenizer, policy: Policy | None,  # noqa: ANN001
+                 sizing: EngineSizing | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.sizing = (sizing or EngineSizing()).validate()
         self.queue: EngineQueue | None = EngineQueue(policy) if policy is not None else None
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
+        # NOTE: every request passes its own max_new_tokens
         self.generation_config = GenerationConfig(
-            max_new_tokens=default_max_tokens, do_sample=False, eos_token_id=self.eos_token_id,
+            do_sample=False, eos_token_id=self.eos_token_id,
             pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0)
         self._scheduler_name: str | None = None
         self.manager = None
@@ -100,7 +101,7 @@ class HFEngine:
     def start(self) -> None:
         s = self.sizing
         if self.queue is not None:
-            self._scheduler_name, used = register(self.queue)
+            self._scheduler_name = register(self.queue)
         cb = ContinuousBatchingConfig(
             scheduler_type=self._scheduler_name or "fifo", num_blocks=s.num_blocks, page_size=s.page_size,
             max_batch_tokens=s.max_batch_tokens, max_requests_per_batch=s.max_requests_per_batch,
@@ -116,7 +117,7 @@ class HFEngine:
             why = self.failure()
             self.stop()
             raise EngineError(f"the engine did not start: {why or 'timed out'}")
-        if self.queue is not None and not (used.is_set() and isinstance(processor.scheduler, FairScheduler)):
+        if self.queue is not None and not isinstance(processor.scheduler, FairScheduler):
             self.stop()
             raise EngineError(f"transformers runs {type(processor.scheduler).__name__}, not the fairserve scheduler "
                               "(it falls back to FIFO on unknown names): this transformers version is not supported")

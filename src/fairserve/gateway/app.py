@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
+from ..api.protocol import models_list
 from .admin import admin_router
 from .body import CHAT, COMPLETIONS, PATHS
 from .capacity import CapacityMonitor
@@ -89,8 +90,7 @@ class Gateway:
                     return Response(resp.content, media_type="application/json")
             except (httpx.HTTPError, ValueError):
                 continue
-        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fairserve"}
-                                                        for m in self.cfg.models]})
+        return JSONResponse(models_list(*self.cfg.models))
 
 
 _FAST = {path: kind for kind, path in PATHS.items()}

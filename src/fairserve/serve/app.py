@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from ..api.errors import error_body, error_response
 from ..api.streaming import EventStream
 from ..core import make_policy
-from ..emulate.protocol import DONE, BadRequest, Call, Reply, parse_call, parse_json, sse
+from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
 from ..engines.queue import ClientAccount
 from ..gateway.admin import admin_router
@@ -36,7 +36,7 @@ def build_engine(cfg: ServeConfig) -> HFEngine:
                                                              w_q=cfg.w_q)
     sizing = EngineSizing(num_blocks=cfg.num_blocks, page_size=cfg.page_size, max_batch_tokens=cfg.max_batch_tokens,
                           max_requests_per_batch=cfg.max_requests_per_batch)
-    return HFEngine(model, tokenizer, policy, sizing, default_max_tokens=cfg.default_max_tokens)
+    return HFEngine(model, tokenizer, policy, sizing)
 
 
 class Accounts:
@@ -229,8 +229,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": 0,
-                                            "owned_by": "fairserve"}]}
+        return models_list(cfg.model_name)
 
     @app.get("/healthz")
     async def healthz() -> Response:

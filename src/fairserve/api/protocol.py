@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.tokens import OUTPUT_PIECE, estimate_tokens, messages_text
+from .tokens import OUTPUT_PIECE, estimate_tokens, messages_text
 
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}     # completions, chat: OpenAI's / vLLM's defaults
 DONE = b"data: [DONE]\n\n"
@@ -114,6 +114,12 @@ def _integer(body: dict, name: str, minimum: int) -> int:
     if value < minimum:
         raise BadRequest(f"'{name}' must be >= {minimum}, got {value}.", name)
     return value
+
+
+def models_list(*names: str) -> dict[str, Any]:
+    """The body of GET /v1/models for a server of these models."""
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "fairserve"}
+                                       for n in names]}
 
 
 def sse(obj: dict[str, Any]) -> bytes:
