@@ -29,8 +29,8 @@ from fairserve.gateway.capacity import (
     parse_metrics,
 )
 from fairserve.gateway.cli import add_parser, config_from_args, parse_backend
-from fairserve.gateway.metrics import GatewayMetrics
-from fairserve.gateway.scheduler import Scheduler
+from fairserve.gateway.prometheus import GatewayMetrics
+from fairserve.gateway.scheduler import Ending, Scheduler
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -144,11 +144,11 @@ def test_scrapes_set_the_limit_and_a_raise_dispatches():
         await m.step()
         assert b.limit == 4 and seen == ["http://a/metrics"]          # max(running 3, 8 / 2)
         for t in tickets[:5]:
-            s.end(t, "ok")
+            s.settle(t, Ending("ok"))
         assert b.requests == 4 and s.policy.num_queued == 1          # one queued ticket took a freed slot, not two
         await m.step()
         assert b.limit == 3                                           # still congested, 4 in flight: lower again
-        s.end(tickets[5], "ok")
+        s.settle(tickets[5], Ending("ok"))
         await m.step()                                                # calm, full at 3, 1 queued: raise, dispatch
         assert b.limit == 4 and b.requests == 4 and s.policy.num_queued == 0
     asyncio.run(go())

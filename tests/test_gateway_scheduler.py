@@ -5,9 +5,9 @@ import asyncio
 
 from test_gateway_support import config
 
-from fairserve.core import RequestState
-from fairserve.gateway.metrics import GatewayMetrics, jain_index
-from fairserve.gateway.scheduler import Scheduler
+from fairserve.core import RequestState, jain_index
+from fairserve.gateway.prometheus import GatewayMetrics
+from fairserve.gateway.scheduler import Ending, Scheduler
 
 
 def scheduler(*backends: dict, **kw) -> Scheduler:
@@ -24,13 +24,13 @@ def test_token_capacity_and_an_oversized_request_alone():
         for x in t:
             assert s.submit(x) is None
         assert [x.admitted.done() for x in t] == [True, True, False]
-        s.end(t[0], "ok", output_tokens=3)
+        s.settle(t[0], Ending("ok", output=3))
         assert t[2].admitted.done() and s.backends[0].tokens == 100
         big = s.new_ticket("bob", 500, 500)
         s.submit(big)
         assert not big.admitted.done()
-        s.end(t[1], "ok")
-        s.end(t[2], "ok")
+        s.settle(t[1], Ending("ok"))
+        s.settle(t[2], Ending("ok"))
         assert big.admitted.done() and s.backends[0].requests == 1      # alone, though over the budget
     asyncio.run(go())
 
@@ -56,10 +56,10 @@ def test_requeue_keeps_charges_once_and_refunds_a_total_failure():
         assert t.backend.url == "http://b" and s.policy.service["alice"] == 10     # not charged again
         assert s.backends[0].down_until > 0 and not s.backends[0].healthy
         assert not s.backend_failed(t, unreachable=False)                          # no backend left
-        s.end(t, "backend_error", refund=True)
+        assert s.settle(t, Ending("backend_error", refund=True))
         assert s.policy.service["alice"] == 0 and t.req.state is RequestState.ABORTED
-        assert s.in_flight["alice"] == 0 and all(b.requests == 0 for b in s.backends)
-        assert s.end(t, "ok") == "backend_error"                                     # one outcome only
+        assert s.view().tenants["alice"].running == 0 and all(b.requests == 0 for b in s.backends)
+        assert not s.settle(t, Ending("ok")) and t.outcome == "backend_error"     # one outcome only
     asyncio.run(go())
 
 
@@ -83,10 +83,10 @@ def test_queue_limit_and_ttl():
         s = scheduler({"url": "http://a", "max_inflight_requests": 1}, queue_limit=1)
         running, queued, refused = (s.new_ticket("alice", 1, 1) for _ in range(3))
         assert s.submit(running) is None and s.submit(queued) is None
-        assert s.submit(refused) == "queue_full" and s.queued["alice"] == 1
+        assert s.submit(refused) == "queue_full" and s.view().tenants["alice"].queued == 1
         assert await s.wait(queued, 0.05) is None
-        s.end(queued, "timeout", refund=True)
-        assert s.queued["alice"] == 0 and s.policy.num_queued == 0
+        s.settle(queued, Ending("timeout", refund=True))
+        assert s.view().tenants["alice"].queued == 0 and s.policy.num_queued == 0
     asyncio.run(go())
 
 

@@ -169,7 +169,7 @@ def test_admin_weight_and_metrics(server):
                      json={"weight": 9}).status_code == 403
     client(url).completions.create(model="tiny-random", prompt="x", max_tokens=2)
     text = httpx.get(url + "/metrics").text
-    line = next(x for x in text.splitlines() if x.startswith('fairserve_tenant_service{tenant="alice"}'))
+    line = next(x for x in text.splitlines() if x.startswith('fairserve_serve_service_total{tenant="alice"}'))
     assert float(line.split()[-1]) == account(url, "alice")["service"] > 0
     assert httpx.get(url + "/healthz").json()["status"] == "ok"
 

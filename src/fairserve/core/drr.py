@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from .ledger import Account
 from .policy import Policy
 from .request import Request
 
@@ -76,7 +77,8 @@ class DRR(Policy):
         return None
 
     # ---- Policy hooks -------------------------------------------------------------------------------------------
-    def _new_client(self, client: str) -> None:
+    def _new_client(self, acct: Account) -> None:
+        client = acct.tenant
         self._queues[client] = deque()
         self._base[client] = 0.0
         self._paid[client] = 0
@@ -119,10 +121,10 @@ class DRR(Policy):
             self._settle(client)
             del self._ring_pos[client]
 
-    def _on_charge(self, client: str, amount: float) -> None:
-        w = self.weights.get(client)
+    def _on_charge(self, acct: Account, amount: float) -> None:
+        client = acct.tenant
         self._settle(client)
-        self._base[client] -= amount / w if w is not None else amount
+        self._base[client] -= amount / acct.weight
         if client in self._ring_pos:
             self._push(client)
 
@@ -131,9 +133,14 @@ class DRR(Policy):
     def deficit(self) -> dict[str, float]:
         return {c: self._deficit(c) for c in self._queues}
 
-    @property
-    def counters(self) -> dict[str, float]:
-        return {c: -d for c, d in self.deficit.items()}
+    def counter_of(self, client: str) -> float:
+        """The deficit, negated: service consumed beyond the quanta received."""
+        return -self._deficit(client) if client in self._queues else 0.0
 
-    def queued_clients(self) -> list[str]:
-        return list(self._ring_pos)
+    def reset_counters(self) -> None:
+        """Every deficit back to 0: debts and credits are forgotten."""
+        for client in self._queues:
+            self._base[client] = 0.0
+            self._paid[client] = self._visited(client)
+            if client in self._ring_pos:
+                self._push(client)

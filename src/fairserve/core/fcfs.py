@@ -12,11 +12,11 @@ class FCFS(Policy):
 
     name = "fcfs"
     orders_by_counter = False
+    uses_weights = False
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self._queue: deque[Request] = deque()
-        self._per_client: dict[str, int] = {}
 
     def peek(self) -> Request | None:
         q = self._queue
@@ -26,17 +26,12 @@ class FCFS(Policy):
 
     def _enqueue(self, req: Request, front: bool) -> None:
         (self._queue.appendleft if front else self._queue.append)(req)
-        self._per_client[req.client] = self._per_client.get(req.client, 0) + 1
 
     def _dequeue(self, req: Request) -> None:
         self._queue.popleft()
-        self._per_client[req.client] -= 1
 
     def _remove(self, req: Request) -> None:
-        self._per_client[req.client] -= 1   # the entry itself is skipped by peek() once its state changes
-
-    def queued_clients(self) -> list[str]:
-        return [c for c, n in self._per_client.items() if n > 0]
+        pass   # the entry itself is skipped by peek() once its state changes
 
 
 class RPM(FCFS):
@@ -48,7 +43,7 @@ class RPM(FCFS):
             raise ValueError(f"rpm limit must be >= 1, got {limit}")
         super().__init__(**kwargs)
         self.limit = limit
-        self.window_s = window_s
+        self.window_s = self.retry_after_s = window_s
         self.name = f"rpm{limit}"
         self._accepted: dict[str, deque[float]] = {}
 

@@ -1,7 +1,8 @@
 """The one policy interface every driver (simulator, gateway, real engines) uses.
 
-A driver tells the policy what happens to requests; the policy decides admission *order* and keeps
-per-client accounts. Capacity is the driver's business: `admit(fits)` asks the driver's callback.
+A driver tells the policy what happens to requests; the policy decides admission *order* and charges the tenants'
+accounts (`core.ledger.Account`: the one place per-tenant state lives). Capacity is the driver's business:
+`admit(fits)` asks the driver's callback. Drivers that track requests by id go through `core.ledger.Ledger`.
 
     arrive ──add()──> queued ──pop()/admit()──> running ──finish()/abort()──> done
                         ^                          │
@@ -10,9 +11,10 @@ per-client accounts. Capacity is the driver's business: `admit(fits)` asks the d
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .cost import CostFunction, LinearCost
+from .ledger import Account, Unsupported
 from .predictor import Predictor
 from .request import Request, RequestState
 
@@ -24,11 +26,13 @@ class PolicyError(RuntimeError):
 
 
 class Policy(ABC):
-    """Base class: request life cycle and charging. Subclasses implement the queue (`_enqueue`, `peek`, `_dequeue`,
-    `_remove`) and may react to charges (`_on_charge`) to keep virtual counters."""
+    """Base class: request life cycle, per-tenant counts and charging. Subclasses implement the queue (`_enqueue`,
+    `peek`, `_dequeue`, `_remove`) and may react to charges (`_on_charge`) to keep virtual counters."""
 
     name = "policy"
     orders_by_counter = True   # False: admission order ignores charges, so drivers need not report them eagerly
+    uses_weights = True        # False: weights are shown but do not change the order (FCFS, RPM)
+    retry_after_s = 1.0        # what a client refused by `add()` is told to wait (rate limits: their window)
 
     def __init__(self, cost: CostFunction | None = None, weights: dict[str, float] | None = None,
                  predictor: Predictor | None = None) -> None:
@@ -36,27 +40,33 @@ class Policy(ABC):
         # NOTE: the linear cost's per-token price, so the hottest call skips a method call
         self._w_q = self.cost.w_q if type(self.cost) is LinearCost else None
         self.predictor = predictor
-        self.weights: dict[str, float] = {}
+        self.accounts: dict[str, Account] = {}
         for client, w in (weights or {}).items():
             self.set_weight(client, w)
-        self.service: dict[str, float] = {}   # cost actually charged per client (not divided by weight)
         self.num_queued = 0
         self._seq = 0
+
+    def account(self, client: str) -> Account:
+        """`client`'s account, opened on first sight."""
+        acct = self.accounts.get(client)
+        if acct is None:
+            acct = self.accounts[client] = Account(client, rank=len(self.accounts))
+            self._new_client(acct)
+        return acct
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def add(self, req: Request, now: float | None = None) -> bool:
         """A request arrives. Returns False if the policy rejects it (only rate-limiting policies do)."""
-        if req.client not in self.service:
-            self.service[req.client] = 0.0
-            self._new_client(req.client)
+        acct = req.account = self.account(req.client)
         if not self._accept(req, req.arrival_s if now is None else now):
             req.state = RequestState.REJECTED
             return False
         self._seq += 1
         req.seq = self._seq
+        self._enqueue(req, front=False)     # NOTE: before the count changes: the lift looks at who else is queued
         req.state = QUEUED
+        acct.queued += 1
         self.num_queued += 1
-        self._enqueue(req, front=False)
         return True
 
     # ---- admission ----------------------------------------------------------------------------------------------
@@ -71,6 +81,9 @@ class Policy(ABC):
             raise PolicyError("pop() with nothing queued")
         self._dequeue(req)
         self.num_queued -= 1
+        acct = req.account
+        acct.queued -= 1
+        acct.running += 1
         req.state = RUNNING
         if not req.admitted:     # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
@@ -103,11 +116,13 @@ class Policy(ABC):
             amount = (w_q * (y1 - (y0 if y0 > p else p)) if w_q is not None
                       else self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1))
             req.charged += amount
-            self.service[req.client] += amount
-            self._on_charge(req.client, amount)
+            acct = req.account
+            acct.service += amount
+            self._on_charge(acct, amount)
 
     def on_prompt(self, req: Request, prompt_tokens: int) -> None:
-        """The driver learned the true prompt size (e.g. from a backend's `usage`): re-charge the difference."""
+        """The driver learned the true prompt size (a backend's `usage`, a session's next turn): the difference is
+        charged, or refunded."""
         if prompt_tokens != req.prompt_tokens:
             old = self._expected(req)
             req.prompt_tokens = prompt_tokens
@@ -118,28 +133,31 @@ class Policy(ABC):
         return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) if req.admitted else 0.0
 
     # ---- endings ------------------------------------------------------------------------------------------------
-    def finish(self, req: Request, output_tokens: int | None = None) -> None:
-        """`req` finished. With `output_tokens` (e.g. the final `usage`) the account is reconciled to it; any
-        predicted output that was not produced is refunded."""
+    def finish(self, req: Request, output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
+        """`req` finished. With `output_tokens` / `prompt_tokens` (e.g. the final `usage`) the account is reconciled
+        to them; any predicted output that was not produced is refunded."""
         if req.state is not RUNNING:
             raise PolicyError(f"finish() of request {req.id!r} in state {req.state.value}")
-        self._close(req, output_tokens)
+        self._close(req, output_tokens, prompt_tokens)
+        req.account.running -= 1
         req.state = RequestState.FINISHED
         if self.predictor is not None:
             self.predictor.observe(req, req.output_done)
 
-    def abort(self, req: Request, output_tokens: int | None = None) -> None:
-        """Cancel `req`: dropped from the queue if queued; if running, charged only for what was produced
-        (`output_tokens` when the driver knows it exactly, else what was reported)."""
+    def abort(self, req: Request, output_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
+        """Cancel `req`: dropped from the queue if queued; if it was ever admitted, charged only for what it got:
+        `prompt_tokens` processed (default: its whole prompt) and `output_tokens` produced (default: what was
+        reported). `abort(req, 0, 0)` refunds everything."""
         if req.state is QUEUED:
             self._remove(req)
             self.num_queued -= 1
-            if req.admitted:      # preempted and re-queued: settle what it already got
-                self._close(req, output_tokens)
+            req.account.queued -= 1
         elif req.state is RUNNING:
-            self._close(req, output_tokens)
+            req.account.running -= 1
         else:
             return
+        if req.admitted:
+            self._close(req, output_tokens, prompt_tokens)
         req.state = RequestState.ABORTED
 
     def requeue(self, req: Request) -> None:
@@ -147,13 +165,18 @@ class Policy(ABC):
         it is not charged again when re-admitted, and it is not a new arrival (no counter lift)."""
         if req.state is not RUNNING:
             raise PolicyError(f"requeue() of request {req.id!r} in state {req.state.value}")
-        req.state = QUEUED
-        self.num_queued += 1
         self._enqueue(req, front=True)
+        req.state = QUEUED
+        acct = req.account
+        acct.running -= 1
+        acct.queued += 1
+        self.num_queued += 1
 
-    def _close(self, req: Request, output_tokens: int | None) -> None:
+    def _close(self, req: Request, output_tokens: int | None, prompt_tokens: int | None) -> None:
         if output_tokens is not None:
             req.output_done = output_tokens
+        if prompt_tokens is not None:
+            req.prompt_tokens = prompt_tokens
         delta = self.cost.total(req.prompt_tokens, req.output_done) - req.charged
         if delta:
             self._charge(req, delta)
@@ -161,34 +184,53 @@ class Policy(ABC):
     # ---- accounts -----------------------------------------------------------------------------------------------
     def _charge(self, req: Request, amount: float) -> None:
         req.charged += amount
-        self.service[req.client] += amount
-        self._on_charge(req.client, amount)
+        acct = req.account
+        acct.service += amount
+        self._on_charge(acct, amount)
 
     def set_weight(self, client: str, weight: float) -> None:
         if not weight > 0:
             raise ValueError(f"weight of {client!r} must be > 0, got {weight}")
-        self.weights[client] = float(weight)
+        self.account(client).weight = float(weight)
 
     def weight(self, client: str) -> float:
-        return self.weights.get(client, 1.0)
+        acct = self.accounts.get(client)
+        return acct.weight if acct is not None else 1.0
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {c: a.weight for c, a in self.accounts.items()}
+
+    @property
+    def service(self) -> dict[str, float]:
+        """Cost charged per client (not divided by weight), read-only."""
+        return {c: a.service for c, a in self.accounts.items()}
+
+    def counter_of(self, client: str) -> float:
+        """`client`'s virtual counter; for policies without counters, the service it received."""
+        acct = self.accounts.get(client)
+        return acct.service if acct is not None else 0.0
 
     @property
     def counters(self) -> dict[str, float]:
-        """Per-client virtual counters (for policies without counters: the service received)."""
-        return dict(self.service)
+        return {c: self.counter_of(c) for c in self.accounts}
 
-    def queued_clients(self) -> Iterable[str]:
-        """Clients with at least one queued request (the paper's 'backlogged' clients)."""
-        raise NotImplementedError
+    def queued_clients(self) -> list[str]:
+        """Clients with at least one queued request (the paper's 'backlogged' clients). O(clients)."""
+        return [c for c, a in self.accounts.items() if a.queued]
+
+    def reset_counters(self) -> None:
+        """Every client's counter back to 0 (service received stays). Unsupported without counters."""
+        raise Unsupported(f"policy {self.name!r} keeps no counters: there is nothing to reset")
 
     # ---- hooks for subclasses -----------------------------------------------------------------------------------
-    def _new_client(self, client: str) -> None:
+    def _new_client(self, acct: Account) -> None:
         pass
 
     def _accept(self, req: Request, now: float) -> bool:
         return True
 
-    def _on_charge(self, client: str, amount: float) -> None:
+    def _on_charge(self, acct: Account, amount: float) -> None:
         pass
 
     @abstractmethod

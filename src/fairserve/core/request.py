@@ -1,8 +1,12 @@
 """A request as the scheduling core sees it: who sent it, how big it is, and what has been charged for it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .ledger import Account
 
 
 class RequestState(str, Enum):
@@ -26,8 +30,10 @@ class Request:
     max_tokens: int | None = None
     predicted_output: int | None = None   # the driver's hint (the simulator passes the true length: the oracle)
     arrival_s: float = 0.0
+    item: Any = field(default=None, repr=False)   # the driver's own object (a gateway ticket, an engine's request)
 
     # accounting, written only by the policy
+    account: Account | None = field(default=None, repr=False)   # the client's account, set at arrival
     state: RequestState = RequestState.QUEUED
     admitted: bool = False      # admitted at least once (a preempted, re-queued request keeps this)
     output_done: int = 0        # output tokens reported so far

@@ -12,46 +12,45 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from .ledger import Account
 from .policy import Policy
 from .request import Request
 
 
 class VTC(Policy):
-    """Selection is O(log n) in the number of backlogged clients: a heap of (counter, client rank) with lazy
-    invalidation. A client has at most one live heap entry; counters only grow between entries, except refunds and
-    resets, which push a fresh entry."""
+    """Counters live in the tenants' accounts (`Account.counter`). Selection is O(log n) in the number of
+    backlogged clients: a heap of (counter, client rank) with lazy invalidation. A client has at most one live heap
+    entry; counters only grow between entries, except refunds and resets, which push a fresh entry."""
 
     name = "vtc"
 
     def __init__(self, lift: bool = True, **kwargs) -> None:
-        self.counter: dict[str, float] = {}
+        self._queues: dict[str, deque[Request]] = {}
+        self._live: dict[str, int] = {}           # client -> version of its one live heap entry
+        self._heap: list[tuple[float, int, int, str]] = []
+        self._version = 0
         super().__init__(**kwargs)
         self.lift = lift
         if not lift:
             self.name = "lcf"
         elif self.predictor is not None:
             self.name = f"vtc-predict({self.predictor.name})"
-        self._queues: dict[str, deque[Request]] = {}
-        self._rank: dict[str, int] = {}           # first-seen order: the deterministic tie-break
-        self._live: dict[str, int] = {}           # client -> version of its one live heap entry
-        self._heap: list[tuple[float, int, int, str]] = []
-        self._version = 0
 
     # ---- the heap -----------------------------------------------------------------------------------------------
-    def _push(self, client: str) -> None:
+    def _push(self, acct: Account) -> None:
         self._version += 1
-        self._live[client] = self._version
-        heapq.heappush(self._heap, (self.counter[client], self._rank[client], self._version, client))
+        self._live[acct.tenant] = self._version
+        heapq.heappush(self._heap, (acct.counter, acct.rank, self._version, acct.tenant))
 
     def _min_client(self) -> str | None:
         """The backlogged client with the smallest counter."""
-        heap = self._heap
+        heap, accounts = self._heap, self.accounts
         while heap:
             key, rank, version, client = heap[0]
             if version != self._live[client] or not self._queues[client]:
                 heapq.heappop(heap)
                 continue
-            actual = self.counter[client]
+            actual = accounts[client].counter
             if key != actual:   # its counter grew since the entry was pushed
                 self._version += 1
                 self._live[client] = self._version
@@ -61,21 +60,21 @@ class VTC(Policy):
         return None
 
     # ---- Policy hooks -------------------------------------------------------------------------------------------
-    def _new_client(self, client: str) -> None:
-        self.counter[client] = 0.0
-        self._queues[client] = deque()
-        self._rank[client] = len(self._rank)
-        self._live[client] = 0
+    def _new_client(self, acct: Account) -> None:
+        self._queues[acct.tenant] = deque()
+        self._live[acct.tenant] = 0
 
     def _enqueue(self, req: Request, front: bool) -> None:
-        client = req.client
-        q = self._queues[client]
+        acct = req.account
+        q = self._queues[acct.tenant]
         if not q:
             if self.lift and not front:     # NOTE: a preempted request coming back is not a new arrival
                 other = self._min_client()
-                if other is not None and self.counter[other] > self.counter[client]:
-                    self.counter[client] = self.counter[other]
-            self._push(client)
+                if other is not None:
+                    floor = self.accounts[other].counter
+                    if floor > acct.counter:
+                        acct.counter = floor
+            self._push(acct)
         (q.appendleft if front else q.append)(req)
 
     def peek(self) -> Request | None:
@@ -88,26 +87,18 @@ class VTC(Policy):
     def _remove(self, req: Request) -> None:
         self._queues[req.client].remove(req)   # O(length of that client's queue); emptied queues drop lazily
 
-    def _on_charge(self, client: str, amount: float) -> None:
-        w = self.weights.get(client)
-        self.counter[client] += amount / w if w is not None else amount
-        if amount < 0 and self._queues[client]:
-            self._push(client)   # the live entry's key is now above the counter: replace it
+    def _on_charge(self, acct: Account, amount: float) -> None:
+        acct.counter += amount / acct.weight
+        if amount < 0 and self._queues[acct.tenant]:
+            self._push(acct)   # the live entry's key is now above the counter: replace it
 
-    # ---- inspection / admin -------------------------------------------------------------------------------------
-    @property
-    def counters(self) -> dict[str, float]:
-        return dict(self.counter)
-
-    def queued_clients(self) -> list[str]:
-        return [c for c, q in self._queues.items() if q]
-
-    def queue_length(self, client: str) -> int:
-        q = self._queues.get(client)
-        return len(q) if q else 0
+    # ---- counters -----------------------------------------------------------------------------------------------
+    def counter_of(self, client: str) -> float:
+        acct = self.accounts.get(client)
+        return acct.counter if acct is not None else 0.0
 
     def reset_counters(self) -> None:
-        for client in self.counter:
-            self.counter[client] = 0.0
-            if self._queues[client]:
-                self._push(client)
+        for acct in self.accounts.values():
+            acct.counter = 0.0
+            if self._queues[acct.tenant]:
+                self._push(acct)

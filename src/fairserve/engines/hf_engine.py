@@ -84,10 +84,10 @@ class _Latest:
 
 class HFEngine:
     def __init__(self, model, tokenizer, policy: Policy | None,  # noqa: ANN001
-                 sizing: EngineSizing | None = None) -> None:
+                 sizing: EngineSizing | None = None, tenants: tuple[str, ...] = ()) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.sizing = (sizing or EngineSizing()).validate()
-        self.queue: EngineQueue | None = EngineQueue(policy) if policy is not None else None
+        self.queue: EngineQueue | None = EngineQueue(policy, tenants) if policy is not None else None
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
         # NOTE: every request passes its own max_new_tokens

@@ -17,22 +17,16 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from ..api.protocol import models_list
-from .admin import admin_router
+from ..tenancy import admin_router, bearer
 from .body import CHAT, COMPLETIONS, PATHS
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
-from .metrics import GatewayMetrics
+from .prometheus import GatewayMetrics
 from .proxy import Proxy
 from .relay import Upstream
 from .scheduler import Scheduler
 
 log = logging.getLogger("fairserve.gateway")
-
-
-def bearer(request: Request) -> str | None:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    key = key.strip()
-    return key if scheme.lower() == "bearer" and key else None
 
 
 class Gateway:
@@ -44,6 +38,7 @@ class Gateway:
         self.sched = Scheduler(cfg, self.metrics)
         self.metrics.bind(self.sched)
         self.owners = cfg.key_owners()
+        self.tenant_names = frozenset(self.sched.tenants)
         limit = sum(b.max_inflight_requests for b in cfg.backends) + 16
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(cfg.request_timeout_s, connect=5.0),
@@ -76,7 +71,7 @@ class Gateway:
         owner = self.owners.get(key)
         if self.cfg.trusted_proxy and claimed is not None:
             valid = owner is not None or key == self.cfg.admin_key
-            return claimed if valid and claimed in self.sched.queued else None
+            return claimed if valid and claimed in self.tenant_names else None
         return owner
 
     async def models(self) -> Response:
@@ -187,7 +182,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(admin_router(gw.sched, bearer))
+    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:

@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..tenancy import add_tenant_arguments, tenants_from_flags
 from .config import GatewayConfig, load_config
 
 # flag dest -> config key, for the scalar keys
@@ -45,32 +46,6 @@ def parse_backend(text: str) -> dict[str, Any]:
     return out
 
 
-def parse_tenant(text: str) -> tuple[str, str, float | None]:
-    """`NAME:KEY[:WEIGHT]` → (name, key, weight or None)."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise ValueError(f"bad --tenant {text!r}: expected NAME:KEY or NAME:KEY:WEIGHT")
-    weight = None
-    if len(parts) == 3:
-        try:
-            weight = float(parts[2])
-        except ValueError:
-            raise ValueError(f"bad --tenant {text!r}: weight {parts[2]!r} is not a number") from None
-    return parts[0], parts[1], weight
-
-
-def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
-    """Repeating a name adds keys to that tenant (`--tenant a:k1 --tenant a:k2:2`)."""
-    tenants: dict[str, dict[str, Any]] = {}
-    for text in flags:
-        name, key, weight = parse_tenant(text)
-        t = tenants.setdefault(name, {"name": name, "api_keys": []})
-        t["api_keys"].append(key)
-        if weight is not None:
-            t["weight"] = weight
-    return list(tenants.values())
-
-
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """Raises ValueError with one line on any problem."""
     overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in SCALARS.items()
@@ -82,15 +57,6 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     if args.model:
         overrides["models"] = list(args.model)
     return load_config(args.config, overrides)
-
-
-def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size."""
-    p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
-    p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
-    p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
-    p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
-    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

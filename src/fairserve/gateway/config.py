@@ -1,29 +1,22 @@
-"""Gateway configuration: a TOML file and/or command-line flags, validated into one `GatewayConfig`.
-
-Every validation problem becomes one `ValueError` line that names the offending key, e.g.
-`config key 'backends.0.max_inflight_requests': Input should be greater than or equal to 1`.
-"""
+"""Gateway configuration: a TOML file and/or command-line flags, validated into one `GatewayConfig` (one error
+line naming the key, see `api.config`). Tenants, keys and weights are `tenancy`'s."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ..api.config import Strict, check_listen
+from ..api.config import build_config as _build
+from ..api.config import load_config as _load
 from ..api.tokens import token_counter
 from ..core import make_policy
-
-M = TypeVar("M", bound=BaseModel)
-_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+from ..tenancy import TenantConfig, TenantsMixin, check_tenants
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-
-class BackendConfig(_Strict):
+class BackendConfig(Strict):
     url: str
     max_inflight_requests: int = Field(32, ge=1)
     max_inflight_tokens: int | None = Field(None, ge=1)   # prompt + max_tokens of the requests in flight
@@ -47,71 +40,7 @@ class BackendConfig(_Strict):
         return v.strip() if v is not None else None
 
 
-class TenantConfig(_Strict):
-    name: str
-    api_keys: list[str] = Field(min_length=1)
-    weight: float = Field(1.0, gt=0)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"must be 1-64 characters of letters, digits, '_', '.', '@' or '-', got {v!r}")
-        return v
-
-    @field_validator("api_keys")
-    @classmethod
-    def _keys(cls, v: list[str]) -> list[str]:
-        if any(not k or k != k.strip() for k in v):
-            raise ValueError("API keys must be non-empty, without surrounding spaces")
-        return v
-
-
-def check_listen(v: str) -> str:
-    host, sep, port = v.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {v!r}")
-    return v
-
-
-def check_tenants(tenants: list[TenantConfig], admin_key: str | None) -> None:
-    """Unique names; a key belongs to one tenant and is not the admin key."""
-    names = [t.name for t in tenants]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
-    owner: dict[str, str] = {}
-    for t in tenants:
-        for k in t.api_keys:
-            if k in owner and owner[k] != t.name:
-                raise ValueError(f"an API key is shared by tenants {owner[k]!r} and {t.name!r}")
-            owner[k] = t.name
-    if admin_key is not None and admin_key in owner:
-        raise ValueError(f"admin_key is also an API key of tenant {owner[admin_key]!r}")
-
-
-class TenantsMixin:
-    """What a config with `listen`, `tenants` and `admin_key` derives (the gateway's and `fairserve serve`'s)."""
-
-    listen: str
-    tenants: list[TenantConfig]
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    def weights(self) -> dict[str, float]:
-        return {t.name: t.weight for t in self.tenants}
-
-    def key_owners(self) -> dict[str, str]:
-        return {k: t.name for t in self.tenants for k in t.api_keys}
-
-
-class GatewayConfig(TenantsMixin, _Strict):
+class GatewayConfig(TenantsMixin, Strict):
     listen: str = "127.0.0.1:8080"
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
@@ -155,36 +84,11 @@ class GatewayConfig(TenantsMixin, _Strict):
 
 
 
-def _one_line(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        key = ".".join(str(x) for x in e["loc"])
-        msg = str(e["msg"]).removeprefix("Value error, ")
-        parts.append(f"config key '{key}': {msg}" if key else f"config: {msg}")
-    return "; ".join(parts).replace("\n", " ")
-
-
-def build_config(data: dict[str, Any], model: type[M] = GatewayConfig) -> M:   # type: ignore[assignment]
+def build_config(data: dict[str, Any]) -> GatewayConfig:
     """Validate a dict (parsed TOML, possibly with flag overrides). Raises ValueError with one line."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise ValueError(_one_line(e)) from None
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"config file not found: {p}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"config file {p} is not valid TOML: {e}") from None
+    return _build(data, GatewayConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
-    data = read_toml(path) if path is not None else {}
-    data.update(overrides or {})
-    return build_config(data)
+    return _load(GatewayConfig, path, overrides)

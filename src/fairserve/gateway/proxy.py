@@ -14,7 +14,7 @@ from ..api.errors import error_response
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .body import loads as json_loads
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
-from .scheduler import Backend, Scheduler, Ticket
+from .scheduler import Backend, Ending, Scheduler, Ticket
 
 RETRYABLE = {408, 429}           # and every 5xx: another backend may do better
 WATCH_AFTER_S = 0.02             # when a request starts watching for its client's disconnect
@@ -83,7 +83,7 @@ class Proxy:
             return await error_response(429, f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
                                         code="queue_full", headers={"Retry-After": "1"})(scope, receive, send)
         if refused is not None:
-            window = round(getattr(sched.policy, "window_s", 1))
+            window = round(sched.policy.retry_after_s)
             return await error_response(429, f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
                                         code="rate_limited",
                                         headers={"Retry-After": str(window)})(scope, receive, send)
@@ -108,44 +108,41 @@ class Proxy:
             nonlocal watcher
             watcher = loop.create_task(watch())
         timer = loop.call_later(WATCH_AFTER_S, start_watching)
+        default = "internal_error"
         try:
             await self._serve(ticket, parsed, kind, scope, receive, send)
         except asyncio.CancelledError:
+            default = "client_disconnected"
             if not gone:
                 raise
             task.uncancel()
-            sched.end(ticket, "client_disconnected")
         finally:
             timer.cancel()
             if watcher is not None:
                 watcher.cancel()
+            # NOTE: the one place an accepted request ends: the ending its path recorded (a stream records "ok"
+            # before its last bytes, as the client may hang up the moment it reads them), else how it was cut off
+            sched.settle(ticket, ticket.ending or Ending(default))
 
     async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive,
                      send: Send) -> None:
+        """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
         body = upstream_body(parsed)
-        try:
-            while True:
-                backend = await self.sched.wait(t, self.cfg.queue_ttl_s)
-                if backend is None:
-                    self.sched.end(t, "timeout", refund=True)
-                    response = error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
-                                              "without a free backend", code="queue_timeout",
-                                              headers={"Retry-After": "1"})
+        while True:
+            backend = await self.sched.wait(t, self.cfg.queue_ttl_s)
+            if backend is None:
+                t.ending = Ending("timeout", refund=True)
+                response = error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
+                                          "without a free backend", code="queue_timeout", headers={"Retry-After": "1"})
+                return await response(scope, receive, send)
+            try:
+                return await self._attempt(t, backend, parsed, kind, body, scope, receive, send)
+            except Failed as e:
+                if not self.sched.backend_failed(t, e.unreachable):
+                    t.ending = Ending("backend_error", refund=True)
+                    response = error_response(502, f"no backend could serve the request; last error: {e}",
+                                              code="backend_error")
                     return await response(scope, receive, send)
-                try:
-                    return await self._attempt(t, backend, parsed, kind, body, scope, receive, send)
-                except Failed as e:
-                    if not self.sched.backend_failed(t, e.unreachable):
-                        self.sched.end(t, "backend_error", refund=True)
-                        response = error_response(502, f"no backend could serve the request; last error: {e}",
-                                                  code="backend_error")
-                        return await response(scope, receive, send)
-        except asyncio.CancelledError:
-            self.sched.end(t, "client_disconnected")
-            raise
-        except BaseException:
-            self.sched.end(t, "internal_error")
-            raise
 
     def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
         h = [("content-type", "application/json"), ("accept", "text/event-stream" if stream else "application/json"),
@@ -167,7 +164,7 @@ class Proxy:
                 if resp.status_code >= 500 or resp.status_code in RETRYABLE:
                     raise Failed(f"{backend.url}: HTTP {resp.status_code}")
                 self.sched.backend_ok(backend)
-                self.sched.end(t, "backend_rejected", refund=True)
+                t.ending = Ending("backend_rejected", refund=True)
                 return await _passthrough(resp, content)(scope, receive, send)
             if not parsed.stream:
                 content = await resp.read()
@@ -203,7 +200,7 @@ class Proxy:
         prompt, output = usage_of(doc)
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
-        self.sched.end(t, "ok", prompt_tokens=prompt, output_tokens=output)
+        t.ending = Ending("ok", prompt, output)
         return _passthrough(resp, content)
 
 

@@ -25,7 +25,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 
 from ..api.errors import error_body
 from .body import delta_tokens, loads, usage_of
-from .scheduler import Scheduler, Ticket
+from .scheduler import Ending, Scheduler, Ticket
 
 
 class UpstreamFailed(Exception):
@@ -265,7 +265,7 @@ class Relay:
                             return
                         raise UpstreamFailed("the backend sent an error event before any output")
                     if tokens:
-                        self.sched.policy.on_output(self.ticket.req, tokens)
+                        self.sched.output(self.ticket, tokens)
                         produced = True
                     if raw is not None:
                         self._buffer.append(raw)
@@ -280,13 +280,17 @@ class Relay:
 
     def _finish(self) -> None:
         prompt, output = self._usage
-        self.sched.end(self.ticket, "ok", prompt_tokens=prompt, output_tokens=output)
+        self.ticket.ending = Ending("ok", prompt, output)
+
+    def _broke(self) -> None:
+        self.ticket.ending = Ending("backend_error")
 
     async def send_body(self, send: Any) -> None:
-        """Stream the rest to the client as ASGI body messages; settles the ticket (except on a disconnect)."""
-        # NOTE: settle before forwarding [DONE]: a client may hang up as soon as it reads it
+        """Stream the rest to the client as ASGI body messages, recording how the stream ended on the ticket
+        (nothing if the client left first)."""
+        # NOTE: recorded before [DONE] is forwarded: a client may hang up as soon as it reads it
         if self._failed:
-            self.sched.end(self.ticket, "backend_error")
+            self._broke()
             await send({"type": "http.response.body", "body": b"".join(self._buffer), "more_body": False})
             return
         if self._done:
@@ -304,9 +308,9 @@ class Relay:
                 for event in events:
                     raw, tokens, failed = self._process(event)
                     if tokens:
-                        self.sched.policy.on_output(self.ticket.req, tokens)
+                        self.sched.output(self.ticket, tokens)
                     if failed:
-                        self.sched.end(self.ticket, "backend_error")
+                        self._broke()
                     elif self._done:
                         self._finish()
                     if raw is not None:
@@ -317,14 +321,14 @@ class Relay:
                     if self._done:
                         break
         except UpstreamError as e:
-            self.sched.end(self.ticket, "backend_error")
+            self._broke()
             out.append(sse(error_body(502, f"the backend failed mid-stream ({e.kind}); the response is incomplete",
                                       code="backend_error")))
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
             return
         if not self._done:
             if self._usage == (None, None):
-                self.sched.end(self.ticket, "backend_error")
+                self._broke()
                 out.append(sse(error_body(502, "the backend stream ended early; the response is incomplete",
                                           code="backend_error")))
             else:
@@ -344,6 +348,4 @@ class Relay:
             pass
 
     def close(self) -> None:
-        """Always runs last: a stream that did not end by itself was cut off by the client."""
-        self.sched.end(self.ticket, "client_disconnected")
         self.upstream.close()

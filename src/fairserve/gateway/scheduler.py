@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.tokens import token_counter
-from ..core import Policy, Request, RequestState, make_policy
+from ..core import Ledger, LedgerView, Policy, Request, make_policy
 from .config import BackendConfig, GatewayConfig
-from .metrics import GatewayMetrics
+from .prometheus import GatewayMetrics
 
 
 @dataclass(eq=False)
@@ -47,21 +47,31 @@ class Backend:
         return self.requests / self.limit, self.tokens / limit if limit else 0.0
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How an accepted request ended, as the proxy learned it; `Scheduler.settle` books it."""
+
+    outcome: str                    # ok, timeout, client_disconnected, backend_error, backend_rejected, ...
+    prompt: int | None = None       # the backend's `usage`, when it reported one
+    output: int | None = None
+    refund: bool = False            # charge nothing: the backends failed it before it produced anything
+
+
 @dataclass(eq=False)
 class Ticket:
-    """One accepted request on its way through the gateway."""
+    """One request on its way through the gateway; its ledger entry is `req` (`req.item` is the ticket)."""
 
-    req: Request
+    tenant: str
+    prompt_tokens: int
+    max_tokens: int
     tokens: int                                   # capacity it reserves on a backend
     queued_at: float
     admitted: asyncio.Future[Backend]
+    req: Request | None = None                    # set when the ledger accepts it
     backend: Backend | None = None
     tried: set[str] = field(default_factory=set)  # backends that failed it
-    outcome: str | None = None
-
-    @property
-    def tenant(self) -> str:
-        return self.req.client
+    ending: Ending | None = None                  # recorded by the proxy, booked once by `Scheduler.settle`
+    outcome: str | None = None                    # the outcome booked
 
 
 class Scheduler:
@@ -70,11 +80,9 @@ class Scheduler:
         self.metrics = metrics
         self.count_tokens = token_counter(cfg.tokenizer)
         self.policy: Policy = make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
-        self.backends = [Backend(b) for b in cfg.backends]
         self.tenants = [t.name for t in cfg.tenants]
-        self.queued = dict.fromkeys(self.tenants, 0)
-        self.in_flight = dict.fromkeys(self.tenants, 0)
-        self._tickets: dict[Request, Ticket] = {}
+        self.ledger = Ledger(self.policy, self.tenants)
+        self.backends = [Backend(b) for b in cfg.backends]
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -89,26 +97,29 @@ class Scheduler:
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
-        now = time.monotonic()
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
-        req = Request(id=f"gw-{next(self._ids)}", client=tenant, prompt_tokens=prompt_tokens, max_tokens=out,
-                      arrival_s=now)
-        return Ticket(req, prompt_tokens + out * n, now, asyncio.get_running_loop().create_future())
+        return Ticket(tenant, prompt_tokens, out, prompt_tokens + out * n, time.monotonic(),
+                      asyncio.get_running_loop().create_future())
 
     def submit(self, t: Ticket) -> str | None:
-        """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected")."""
-        if self.queued[t.tenant] >= self.cfg.queue_limit:
-            return self.end(t, "queue_full")
-        if not self.policy.add(t.req, t.req.arrival_s):
-            return self.end(t, "rejected")
-        self._tickets[t.req] = t
-        self.queued[t.tenant] += 1
-        self.dispatch()
-        return None
+        """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected"): it never entered the
+        ledger, and nothing is left to settle."""
+        if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
+            outcome = "queue_full"
+        else:
+            t.req = self.ledger.arrive(f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens,
+                                       t.queued_at, item=t)
+            if t.req is not None:
+                self.dispatch()
+                return None
+            outcome = "rejected"
+        t.outcome = outcome
+        self._metric(self.metrics.requests, t.tenant, outcome).inc()
+        return outcome
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def _fits(self, req: Request) -> bool:
-        t = self._tickets[req]
+        t: Ticket = req.item
         now = time.monotonic()
         room = [b for b in self.backends if b.url not in t.tried and b.down_until <= now and b.room_for(t.tokens)]
         if not room:
@@ -121,10 +132,8 @@ class Scheduler:
 
     def dispatch(self) -> None:
         now = time.monotonic()
-        for req in self.policy.admit(self._fits):
-            t = self._tickets[req]
-            self.queued[t.tenant] -= 1
-            self.in_flight[t.tenant] += 1
+        for req in self.ledger.admit(self._fits):
+            t: Ticket = req.item
             self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
             if not t.admitted.done():
                 t.admitted.set_result(t.backend)
@@ -155,12 +164,17 @@ class Scheduler:
         except TimeoutError:
             return t.admitted.result() if t.admitted.done() else None
 
-    # ---- failures -----------------------------------------------------------------------------------------------
+    # ---- progress and failures ----------------------------------------------------------------------------------
+    def output(self, t: Ticket, tokens: int) -> None:
+        """`tokens` output tokens reached the client: charged now (VTC orders by them)."""
+        assert t.req is not None
+        self.ledger.output(t.req, tokens)
+
     def backend_failed(self, t: Ticket, unreachable: bool) -> bool:
         """`t` failed on its backend before any output reached the client. Requeue it (its charges stand) if
         some backend has not failed it yet; returns False when none is left."""
         b = t.backend
-        assert b is not None
+        assert b is not None and t.req is not None
         t.tried.add(b.url)
         if unreachable:
             b.healthy = False
@@ -168,11 +182,9 @@ class Scheduler:
         self._release(t)
         if all(x.url in t.tried for x in self.backends):
             return False
-        self.in_flight[t.tenant] -= 1
-        self.queued[t.tenant] += 1
         t.queued_at = time.monotonic()
         t.admitted = asyncio.get_running_loop().create_future()
-        self.policy.requeue(t.req)
+        self.ledger.requeue(t.req)
         self.dispatch()
         return True
 
@@ -187,44 +199,32 @@ class Scheduler:
             b.tokens -= t.tokens
 
     # ---- the one ending of every accepted request -----------------------------------------------------------------
-    def end(self, t: Ticket, outcome: str, prompt_tokens: int | None = None, output_tokens: int | None = None,
-            refund: bool = False) -> str:
-        """Settle `t` once: free its backend slot, settle its account with the policy, count its outcome.
-        ok: reconciled to the usage given. Otherwise aborted: charged what it produced, or nothing if `refund`
-        (the backends failed it before it produced anything)."""
-        if t.outcome is not None:
-            return t.outcome
-        t.outcome = outcome
+    def settle(self, t: Ticket, ending: Ending) -> bool:
+        """Book how `t` ended: its ledger entry is settled (ok: reconciled to the usage given; otherwise charged what
+        it produced, or nothing with `refund`), its backend slot freed, its outcome counted. Exactly once: False if
+        it was settled already."""
         req = t.req
-        known = self._tickets.pop(req, None) is not None    # refused tickets never reached the policy
-        was = req.state if known else RequestState.REJECTED
-        if was is RequestState.QUEUED:
-            self.queued[t.tenant] -= 1
-        elif was is RequestState.RUNNING:
-            self.in_flight[t.tenant] -= 1
-        if known and (refund or prompt_tokens is not None):
-            self.policy.on_prompt(req, 0 if refund else prompt_tokens)
-        if was is RequestState.RUNNING and outcome == "ok":
-            self.policy.finish(req, output_tokens)
-        elif known:
-            self.policy.abort(req)
+        if req is None or not self.ledger.settle(req, prompt=0 if ending.refund else ending.prompt,
+                                                 output=0 if ending.refund else ending.output,
+                                                 cancelled=ending.outcome != "ok" or ending.refund):
+            return False
+        t.outcome = ending.outcome
         if req.admitted:
             self._metric(self.metrics.prompt_tokens, t.tenant).inc(req.prompt_tokens)
             self._metric(self.metrics.output_tokens, t.tenant).inc(req.output_done)
-        self._metric(self.metrics.requests, t.tenant, outcome).inc()
+        self._metric(self.metrics.requests, t.tenant, ending.outcome).inc()
         self._release(t)
         self.dispatch()
-        return outcome
+        return True
 
     # ---- admin --------------------------------------------------------------------------------------------------
+    def view(self) -> LedgerView:
+        return self.ledger.view()
+
     def set_weight(self, tenant: str, weight: float) -> None:
-        self.policy.set_weight(tenant, weight)
+        self.ledger.set_weight(tenant, weight)
         self.dispatch()
 
-    def reset(self) -> bool:
-        reset = getattr(self.policy, "reset_counters", None)
-        if reset is None:
-            return False
-        reset()
+    def reset(self) -> None:
+        self.ledger.reset()
         self.dispatch()
-        return True

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -19,9 +18,7 @@ from ..api.streaming import EventStream
 from ..core import make_policy
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
-from ..engines.queue import ClientAccount
-from ..gateway.admin import admin_router
-from ..gateway.app import bearer
+from ..tenancy import TenantCollector, admin_router, bearer
 from .config import ANONYMOUS, ServeConfig
 
 log = logging.getLogger("fairserve.serve")
@@ -36,62 +33,11 @@ def build_engine(cfg: ServeConfig) -> HFEngine:
                                                              w_q=cfg.w_q)
     sizing = EngineSizing(num_blocks=cfg.num_blocks, page_size=cfg.page_size, max_batch_tokens=cfg.max_batch_tokens,
                           max_requests_per_batch=cfg.max_requests_per_batch)
-    return HFEngine(model, tokenizer, policy, sizing)
+    return HFEngine(model, tokenizer, policy, sizing, tenants=tuple(tenant_names(cfg)))
 
 
-class Accounts:
-    """The engine's per-tenant accounts in the shape the gateway's admin API reads."""
-
-    def __init__(self, cfg: ServeConfig, engine: HFEngine) -> None:
-        assert engine.queue is not None
-        self.cfg, self.engine, self.queue = cfg, engine, engine.queue
-        self.policy = self.queue.policy
-        self.tenants = [t.name for t in cfg.tenants] or [ANONYMOUS]
-
-    def _rows(self) -> dict[str, ClientAccount]:
-        return self.queue.accounts()
-
-    @property
-    def queued(self) -> dict[str, int]:
-        rows = self._rows()
-        return {t: rows[t].queued if t in rows else 0 for t in self.tenants}
-
-    @property
-    def in_flight(self) -> dict[str, int]:
-        rows = self._rows()
-        return {t: rows[t].running if t in rows else 0 for t in self.tenants}
-
-    def set_weight(self, tenant: str, weight: float) -> None:
-        self.queue.set_weight(tenant, weight)
-
-    def reset(self) -> bool:
-        reset = getattr(self.policy, "reset_counters", None)
-        if reset is None:
-            return False
-        with self.queue.lock:
-            reset()
-        return True
-
-
-class TenantCollector:
-    """Per-tenant service, counter, queued and running requests, read from the engine at scrape time."""
-
-    def __init__(self, accounts: Accounts) -> None:
-        self.accounts = accounts
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        rows = self.accounts.queue.accounts()
-        families = {
-            "service": GaugeMetricFamily("fairserve_tenant_service", "weighted tokens served", labels=["tenant"]),
-            "counter": GaugeMetricFamily("fairserve_tenant_counter", "the policy's virtual counter", labels=["tenant"]),
-            "queued": GaugeMetricFamily("fairserve_tenant_queued", "requests waiting in the engine", labels=["tenant"]),
-            "running": GaugeMetricFamily("fairserve_tenant_running", "requests being served", labels=["tenant"]),
-        }
-        for tenant in self.accounts.tenants:      # NOTE: configured tenants only: bounded label cardinality
-            row = rows.get(tenant)
-            for name, family in families.items():
-                family.add_metric([tenant], float(getattr(row, name)) if row is not None else 0.0)
-        yield from families.values()
+def tenant_names(cfg: ServeConfig) -> list[str]:
+    return [t.name for t in cfg.tenants] or [ANONYMOUS]
 
 
 class Detokenizer:
@@ -129,9 +75,9 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     app.state.engine = engine
     registry = CollectorRegistry()
     if engine.queue is not None:
-        accounts = Accounts(cfg, engine)
-        registry.register(TenantCollector(accounts))
-        app.include_router(admin_router(accounts, bearer))   # type: ignore[arg-type]
+        tenants = tenant_names(cfg)
+        registry.register(TenantCollector(engine.queue, tenants, "fairserve_serve_"))
+        app.include_router(admin_router(engine.queue, tenants, cfg.admin_key, owners))
 
     def tenant_of(request: Request) -> str | None:
         return ANONYMOUS if cfg.open else owners.get(bearer(request) or "")

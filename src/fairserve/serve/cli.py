@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..gateway.cli import add_tenant_arguments, tenants_from_flags
+from ..tenancy import add_tenant_arguments, tenants_from_flags
 from .config import ENGINES, ServeConfig, load_config
 
 SCALARS = ("listen", "engine", "model", "served_model_name", "policy", "w_p", "w_q", "admin_key", "max_body_bytes",

@@ -7,15 +7,17 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..core import make_policy
+from ..api.config import Strict, check_listen
+from ..api.config import load_config as _load
+from ..core import DEFAULT_TENANT, make_policy
 from ..core.fcfs import RPM
-from ..gateway.config import TenantConfig, TenantsMixin, _Strict, build_config, check_listen, check_tenants, read_toml
+from ..tenancy import TenantConfig, TenantsMixin, check_tenants
 
 ENGINES = ("transformers",)
-ANONYMOUS = "anonymous"     # the one tenant of a server configured without tenants
+ANONYMOUS = DEFAULT_TENANT  # the one tenant of a server configured without tenants
 
 
-class ServeConfig(TenantsMixin, _Strict):
+class ServeConfig(TenantsMixin, Strict):
     listen: str = "127.0.0.1:8000"
     engine: Literal["transformers"] = "transformers"
     model: str = "tiny-random"                    # a preset (tiny-random, small-random) or a local model directory
@@ -62,6 +64,4 @@ class ServeConfig(TenantsMixin, _Strict):
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ServeConfig:
-    data = read_toml(path) if path is not None else {}
-    data.update(overrides or {})
-    return build_config(data, ServeConfig)
+    return _load(ServeConfig, path, overrides)

@@ -1,0 +1,226 @@
+"""Tenancy, shared by every server in front of a ledger (`fairserve gateway`, `fairserve serve`): tenant config,
+API keys, Bearer auth, the tenant flags, the admin API, and the per-tenant Prometheus collector.
+
+The admin API and the collector read the ledger's `view()` and change it through `set_weight` / `reset`, whatever
+owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from fastapi import APIRouter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from pydantic import Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .api.config import Strict
+from .api.errors import error_response
+from .core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
+
+_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+class TenantConfig(Strict):
+    name: str
+    api_keys: list[str] = Field(min_length=1)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"must be 1-64 characters of letters, digits, '_', '.', '@' or '-', got {v!r}")
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        if any(not k or k != k.strip() for k in v):
+            raise ValueError("API keys must be non-empty, without surrounding spaces")
+        return v
+
+
+def check_tenants(tenants: list[TenantConfig], admin_key: str | None) -> None:
+    """Unique names; a key belongs to one tenant and is not the admin key."""
+    names = [t.name for t in tenants]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+    owner: dict[str, str] = {}
+    for t in tenants:
+        for k in t.api_keys:
+            if k in owner and owner[k] != t.name:
+                raise ValueError(f"an API key is shared by tenants {owner[k]!r} and {t.name!r}")
+            owner[k] = t.name
+    if admin_key is not None and admin_key in owner:
+        raise ValueError(f"admin_key is also an API key of tenant {owner[admin_key]!r}")
+
+
+class TenantsMixin:
+    """What a config with `listen`, `tenants` and `admin_key` derives (the gateway's and `fairserve serve`'s)."""
+
+    listen: str
+    tenants: list[TenantConfig]
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    def weights(self) -> dict[str, float]:
+        return {t.name: t.weight for t in self.tenants}
+
+    def key_owners(self) -> dict[str, str]:
+        return {k: t.name for t in self.tenants for k in t.api_keys}
+
+
+# ---- flags ------------------------------------------------------------------------------------------------------------
+def parse_tenant(text: str) -> tuple[str, str, float | None]:
+    """`NAME:KEY[:WEIGHT]` → (name, key, weight or None)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise ValueError(f"bad --tenant {text!r}: expected NAME:KEY or NAME:KEY:WEIGHT")
+    weight = None
+    if len(parts) == 3:
+        try:
+            weight = float(parts[2])
+        except ValueError:
+            raise ValueError(f"bad --tenant {text!r}: weight {parts[2]!r} is not a number") from None
+    return parts[0], parts[1], weight
+
+
+def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
+    """Repeating a name adds keys to that tenant (`--tenant a:k1 --tenant a:k2:2`)."""
+    tenants: dict[str, dict[str, Any]] = {}
+    for text in flags:
+        name, key, weight = parse_tenant(text)
+        t = tenants.setdefault(name, {"name": name, "api_keys": []})
+        t["api_keys"].append(key)
+        if weight is not None:
+            t["weight"] = weight
+    return list(tenants.values())
+
+
+def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size."""
+    p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
+    p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
+    p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
+    p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
+    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
+
+
+# ---- auth -------------------------------------------------------------------------------------------------------------
+def bearer(request: Request) -> str | None:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
+# ---- the admin API ----------------------------------------------------------------------------------------------------
+class Accounts(Protocol):
+    """What owns a ledger and lets the admin API read and change it."""
+
+    def view(self) -> LedgerView: ...
+
+    def set_weight(self, tenant: str, weight: float) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
+                 tenant_keys: dict[str, str]) -> APIRouter:
+    """GET /admin/tenants, PUT /admin/tenants/{name}/weight, POST /admin/reset: only the admin key (as Bearer) gets
+    in. Rows for the configured `tenants` only (bounded, and no tenant appears that nobody configured)."""
+    router = APIRouter(prefix="/admin")
+    known = set(tenants)
+
+    def denied(request: Request) -> Response | None:
+        key = bearer(request)
+        if key is None or (key != admin_key and key not in tenant_keys):
+            return error_response(401, "the admin API needs 'Authorization: Bearer ADMIN_KEY'", code="invalid_key")
+        if admin_key is None:
+            return error_response(403, "the admin API is disabled: no admin_key is configured", code="admin_disabled")
+        if key != admin_key:
+            return error_response(403, "a tenant's key may not use the admin API", code="not_admin")
+        return None
+
+    def rows(view: LedgerView) -> list[dict[str, Any]]:
+        return [view.tenants[t].row() for t in tenants if t in view.tenants]
+
+    @router.get("/tenants")
+    async def list_tenants(request: Request) -> Response:
+        if (bad := denied(request)) is not None:
+            return bad
+        view = accounts.view()
+        return JSONResponse({"policy": view.policy, "tenants": rows(view)})
+
+    @router.put("/tenants/{name}/weight")
+    async def set_weight(name: str, request: Request) -> Response:
+        if (bad := denied(request)) is not None:
+            return bad
+        if name not in known:
+            return error_response(404, f"no tenant named {name!r}", code="unknown_tenant")
+        try:
+            weight = check_weight(name, json.loads(await request.body())["weight"])
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return error_response(400, f'expected a JSON body {{"weight": W}} with W from {MIN_WEIGHT:g} to '
+                                  f'{MAX_WEIGHT:g}', code="invalid_weight", param="weight")
+        try:
+            accounts.set_weight(name, weight)
+        except Unsupported as e:
+            return error_response(409, str(e), code="unsupported")
+        return JSONResponse(accounts.view().tenants[name].row())
+
+    @router.post("/reset")
+    async def reset(request: Request) -> Response:
+        if (bad := denied(request)) is not None:
+            return bad
+        try:
+            accounts.reset()
+        except Unsupported as e:
+            return error_response(409, str(e), code="unsupported")
+        return JSONResponse({"reset": True, "policy": accounts.view().policy})
+
+    return router
+
+
+# ---- Prometheus -------------------------------------------------------------------------------------------------------
+class TenantCollector:
+    """Per-tenant service, counter, queue, in-flight requests and weight, plus the backlogged counter spread and
+    Jain's index, read from the ledger at scrape time. Labels: the configured tenants only."""
+
+    def __init__(self, accounts: Accounts, tenants: list[str], prefix: str) -> None:
+        self.accounts, self.tenants, self.prefix = accounts, tenants, prefix
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        view, p = self.accounts.view(), self.prefix
+        families = {
+            "service": CounterMetricFamily(p + "service", "Service charged by the policy: w_p*prompt + w_q*output "
+                                           "(live; reconciliation may correct it slightly)", labels=["tenant"]),
+            "counter": GaugeMetricFamily(p + "counter", "The policy's virtual counter (service / weight, lifted)",
+                                         labels=["tenant"]),
+            "queued": GaugeMetricFamily(p + "queue_length", "Queued requests", labels=["tenant"]),
+            "running": GaugeMetricFamily(p + "tenant_inflight_requests", "Requests being served", labels=["tenant"]),
+            "weight": GaugeMetricFamily(p + "tenant_weight", "Tenant weight", labels=["tenant"]),
+        }
+        for t in self.tenants:
+            row = view.tenants.get(t)
+            for field, family in families.items():
+                family.add_metric([t], float(getattr(row, field)) if row is not None else 0.0)
+        yield from families.values()
+        yield GaugeMetricFamily(p + "backlogged_counter_spread", "Max minus min counter among backlogged tenants",
+                                value=view.counter_spread)
+        yield GaugeMetricFamily(p + "jain_index", "Jain's index of weighted service among backlogged tenants",
+                                value=view.jain)
