@@ -30,9 +30,7 @@ class DRR(Policy):
     def __init__(self, quantum: float = 500.0, **kwargs) -> None:
         if not quantum > 0:
             raise ValueError(f"drr quantum must be > 0, got {quantum}")
-        super().__init__(**kwargs)
         self.quantum = quantum
-        self.name = f"drr{quantum:g}"
         self._queues: dict[str, deque[Request]] = {}
         self._base: dict[str, float] = {}
         self._paid: dict[str, int] = {}
@@ -42,6 +40,8 @@ class DRR(Policy):
         self._at_client: str | None = None  # the client the pointer stopped at
         self._heap: list[tuple[int, int, str, int]] = []   # (round, seq, client, version): first credit
         self._version: dict[str, int] = {}  # a client's one live heap entry
+        super().__init__(**kwargs)          # NOTE: last: weights given here open accounts, which need the above
+        self.name = f"drr{quantum:g}"
 
     # ---- lazy deficits ------------------------------------------------------------------------------------------
     def _visited(self, client: str) -> int:

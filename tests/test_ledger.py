@@ -1,0 +1,180 @@
+"""The ledger: per-tenant state owned once; settle exactly once; admin changes that mean the same for every policy."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairserve.core import (MAX_WEIGHT, MIN_WEIGHT, Ledger, RequestState, Unsupported, check_weight, jain_index,
+                            make_policy, theorem_bound)
+
+
+def ledger(spec: str = "vtc", tenants=("a", "b"), **kw) -> Ledger:
+    return Ledger(make_policy(spec, **kw), tenants)
+
+
+def test_configured_tenants_show_from_the_start():
+    view = ledger().view()
+    assert list(view.tenants) == ["a", "b"] and view.policy == "vtc"
+    assert all(t.service == t.counter == t.queued == t.running == 0 for t in view.tenants.values())
+
+
+def test_counts_follow_the_life_cycle_and_settle_is_once():
+    led = ledger()
+    r1 = led.arrive(1, "a", 10, item="ticket-1")
+    r2 = led.arrive(2, "a", 10)
+    assert r1.item == "ticket-1" and led.get(1) is r1
+    assert (led.view().tenants["a"].queued, led.view().tenants["a"].running) == (2, 0)
+    assert led.pop() is r1
+    assert (led.view().tenants["a"].queued, led.view().tenants["a"].running) == (1, 1)
+    led.output(r1, 3)
+    assert led.settle(r1) and not led.settle(r1)            # the second settle does nothing
+    assert led.view().tenants["a"].service == 10 + 2 * 3 and led.get(1) is None
+    assert led.settle(r2, cancelled=True)                    # queued: dropped, never charged
+    a = led.view().tenants["a"]
+    assert (a.queued, a.running, a.service) == (0, 0, 16) and r2.state is RequestState.ABORTED
+    with pytest.raises(ValueError, match="already"):
+        led.arrive(3, "a", 1) and led.arrive(3, "a", 1)
+
+
+def test_settle_reconciles_usage_and_refunds():
+    led = ledger()
+    r = led.arrive(1, "a", 10)
+    led.pop()
+    led.output(r, 5)
+    assert led.settle(r, prompt=12, output=4)                # the backend's usage wins
+    assert led.view().tenants["a"].service == 12 + 2 * 4
+    r = led.arrive(2, "b", 50)
+    led.pop()
+    led.output(r, 2)
+    led.settle(r, prompt=0, output=0, cancelled=True)        # a refund of everything
+    assert led.view().tenants["b"].service == 0
+    r = led.arrive(3, "b", 50)
+    led.pop()
+    led.settle(r, prompt=20, output=0, cancelled=True)       # cancelled mid-prefill: 20 prompt tokens processed
+    assert led.view().tenants["b"].service == 20
+
+
+def test_requeue_keeps_charges_and_swaps_the_item():
+    led = ledger()
+    r = led.arrive(1, "a", 10, item="old")
+    assert not led.requeue(r)                                # not running
+    led.pop()
+    led.output(r, 1)
+    assert led.requeue(r, item="new") and r.item == "new"
+    assert led.view().tenants["a"].queued == 1 and led.pop() is r
+    assert led.view().tenants["a"].service == 12             # not charged again
+
+
+def test_rejected_requests_never_enter_the_ledger():
+    led = ledger("rpm:1")
+    assert led.arrive(1, "a", 1) is not None and led.arrive(2, "a", 1) is None
+    assert len(led) == 1 and led.view().tenants["a"].queued == 1
+
+
+@pytest.mark.parametrize("spec", ["vtc", "lcf", "drr:100", "vtc-predict:oracle"])
+def test_reset_puts_every_counter_to_zero(spec):
+    led = ledger(spec)
+    for i, tenant in enumerate("ab"):
+        r = led.arrive(i, tenant, 100 * (i + 1))
+        led.arrive(10 + i, tenant, 5)
+        assert led.pop() is not None
+        led.output(r, 3)
+    assert any(t.counter != 0 for t in led.view().tenants.values())
+    service = {t: v.service for t, v in led.view().tenants.items()}
+    led.reset()
+    view = led.view()
+    assert all(t.counter == 0 for t in view.tenants.values())
+    assert {t: v.service for t, v in view.tenants.items()} == service     # service received is history: kept
+
+
+@pytest.mark.parametrize("spec", ["fcfs", "rpm:5"])
+def test_policies_without_counters_refuse_reset_and_weights(spec):
+    led = ledger(spec)
+    with pytest.raises(Unsupported, match="no counters"):
+        led.reset()
+    with pytest.raises(Unsupported, match="ignores weights"):
+        led.set_weight("a", 2)
+
+
+def test_live_weight_changes_future_charges_only():
+    led = ledger()
+    r = led.arrive(1, "a", 10)
+    led.pop()
+    led.set_weight("a", 2)
+    led.output(r, 5)
+    a = led.view().tenants["a"]
+    assert a.weight == 2 and a.counter == 10 + 10 / 2 and a.service == 20
+
+
+@pytest.mark.parametrize("bad", [0, -1, 5e-324, 1e-300, MIN_WEIGHT / 2, MAX_WEIGHT * 2, math.inf, math.nan, True,
+                                 "2", None])
+def test_weights_that_would_overflow_the_accounts_are_refused(bad):
+    with pytest.raises(ValueError, match="weight of 'a' must be"):
+        check_weight("a", bad)
+    with pytest.raises(ValueError):
+        ledger().set_weight("a", bad)
+
+
+def test_view_spread_and_jain_cover_backlogged_tenants_only():
+    led = ledger(tenants=("a", "b", "c"))
+    first = [led.arrive(i, tenant, 10 * (i + 1)) for i, tenant in enumerate("abc")]
+    for r in led.admit(lambda r: True):
+        led.settle(r)
+    for i, tenant in enumerate("ab"):
+        led.arrive(10 + i, tenant, 1)            # a and b backlogged again; c idle
+    view = led.view()
+    assert all(r.done for r in first) and view.tenants["c"].service == 30
+    assert [t.tenant for t in view.backlogged] == ["a", "b"]
+    counters = [view.tenants[t].counter for t in "ab"]
+    assert view.counter_spread == max(counters) - min(counters)
+    assert view.jain == pytest.approx(jain_index([view.tenants[t].service for t in "ab"]))
+
+
+def test_jain_and_the_bound():
+    assert jain_index([]) == jain_index([5]) == jain_index([0, 0]) == 1.0
+    assert jain_index([1, 1, 1]) == 1.0 and jain_index([1, 0]) == pytest.approx(0.5)
+    assert theorem_bound(256, 10_000) == 40_000 and theorem_bound(30_000, 10_000) == 60_000
+    assert theorem_bound(100, 10, w_p=1, w_q=3) == 200
+
+
+# ---- state in one place: the counts always equal what the requests say ------------------------------------------------
+ops = st.lists(st.tuples(st.sampled_from(["arrive", "pop", "output", "settle", "cancel", "requeue", "prompt"]),
+                         st.sampled_from("abc"), st.integers(0, 40)), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=st.sampled_from(["vtc", "fcfs", "drr:50", "lcf", "vtc-predict:oracle±50"]), script=ops,
+       weights=st.dictionaries(st.sampled_from("abc"), st.floats(MIN_WEIGHT, MAX_WEIGHT)))
+def test_counts_and_charges_stay_consistent(spec, script, weights):
+    led = Ledger(make_policy(spec, weights=weights), "abc")
+    live: list = []
+    for n, (op, tenant, k) in enumerate(script):
+        if op == "arrive":
+            live.append(led.arrive(n, tenant, k + 1, max_tokens=40))
+        elif op == "pop" and led.peek() is not None:
+            led.pop()
+        elif live:
+            req = live[k % len(live)]
+            if op == "output":
+                led.output(req, k % 5)
+            elif op == "settle":
+                led.settle(req, output=k if k % 2 else None)
+            elif op == "cancel":
+                led.settle(req, prompt=k % 3 or None, cancelled=True)
+            elif op == "requeue":
+                led.requeue(req)
+            elif op == "prompt":
+                led.prompt(req, k + 1)
+        view = led.view()
+        for tenant in "abc":
+            mine = [r for r in live if r.client == tenant and not r.done]
+            t = view.tenants[tenant]
+            assert t.queued == sum(r.state is RequestState.QUEUED for r in mine)
+            assert t.running == sum(r.state is RequestState.RUNNING for r in mine)
+            assert t.service == pytest.approx(sum(r.charged for r in live if r.client == tenant), abs=1e-6)
+            assert math.isfinite(t.counter) and math.isfinite(t.service)
+        assert len(led) == sum(not r.done for r in live)
+        assert led.policy.num_queued == sum(t.queued for t in view.tenants.values())
