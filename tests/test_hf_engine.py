@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from fairserve.core import make_policy  # noqa: E402
-from fairserve.engines.hf import FairScheduler  # noqa: E402
+from fairserve.engines.hf_scheduler import FairScheduler  # noqa: E402
 from fairserve.engines.hf_engine import EngineError, EngineSizing, HFEngine  # noqa: E402
 from fairserve.engines.hf_models import load_model  # noqa: E402
 

@@ -20,7 +20,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
 from ..core import Policy
-from .hf import FairScheduler, register, unregister
+from .hf_scheduler import FairScheduler, register, unregister
 from .queue import ClientAccount, EngineQueue, request_id_for
 
 log = logging.getLogger("fairserve.engine")

@@ -1,6 +1,6 @@
 """`fairserve serve`: an OpenAI-compatible server whose engine (transformers continuous batching) schedules by a
 fairserve policy. Tenants come from API keys exactly as in the gateway; admission order, counters and charges live
-inside the engine (`engines.hf.FairScheduler`)."""
+inside the engine (`engines.hf_scheduler.FairScheduler`)."""
 from __future__ import annotations
 
 import asyncio

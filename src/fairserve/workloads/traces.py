@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _records as rec
+from . import trace_files as rec
 from .base import Arrival, Workload, WorkloadError
 
 TRACE_FORMATS: tuple[str, ...] = ("auto", "fairserve", "azure", "burstgpt", "mooncake")
