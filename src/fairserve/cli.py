@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from .argtypes import parse_weights, positive
+from .argtypes import positive
+from .core import parse_weights
 from .core import POLICIES, make_policy
 from .metrics import Summary, summarize
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate

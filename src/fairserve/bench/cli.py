@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..argtypes import parse_weights, positive
+from ..argtypes import positive
+from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
 from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_KEY, endpoint_url, resolve_keys,

@@ -1,6 +1,6 @@
 """The engine-agnostic scheduling core: requests, cost functions, predictors, policies and the ledger."""
 from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
-from .factory import POLICIES, SchedulingPolicy, make_policy
+from .factory import POLICIES, SchedulingPolicy, make_policy, parse_weights
 from .fairness import jain_index, theorem_bound
 from .fcfs import FCFS, RPM
 from .ledger import DEFAULT_TENANT, MAX_WEIGHT, MIN_WEIGHT, Account, Ledger, LedgerView, TenantView, Unsupported, check_weight
@@ -11,7 +11,7 @@ from .vtc import VTC
 
 __all__ = [
     "CostFunction", "LinearCost", "make_cost", "profiled_a10g_llama2_7b",
-    "POLICIES", "SchedulingPolicy", "make_policy",
+    "POLICIES", "SchedulingPolicy", "make_policy", "parse_weights",
     "FCFS", "RPM", "VTC", "Policy", "PolicyError",
     "Predictor", "OraclePredictor", "NoisyOraclePredictor", "MovingAveragePredictor", "make_predictor",
     "Request", "RequestState",

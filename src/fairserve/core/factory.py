@@ -7,6 +7,7 @@ from enum import Enum
 from .cost import CostFunction, make_cost
 from .drr import DRR
 from .fcfs import FCFS, RPM
+from .ledger import MAX_WEIGHT, MIN_WEIGHT, check_weight
 from .policy import Policy
 from .predictor import make_predictor
 from .vtc import VTC
@@ -49,6 +50,24 @@ def make_policy(spec: str, *, weights: dict[str, float] | None = None,
     if kind is SchedulingPolicy.RPM:
         return RPM(_number(arg or "20", spec, int), **common)
     return DRR(_number(arg or "500", spec, float), **common)
+
+
+def parse_weights(text: str | None, source: str = "--weights") -> dict[str, float] | None:
+    """`client=weight,...` (from a flag or an environment variable named by `source`); None for no text. Raises
+    ValueError with one line for a malformed entry or a weight out of range."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        client, _, value = (x.strip() for x in part.partition("="))
+        try:
+            out[client] = check_weight(client, float(value))
+        except ValueError:
+            raise ValueError(f"bad {source} entry {part!r}: expected CLIENT=WEIGHT with WEIGHT from {MIN_WEIGHT:g} "
+                             f"to {MAX_WEIGHT:g}") from None
+        if not client:
+            raise ValueError(f"bad {source} entry {part!r}: expected CLIENT=WEIGHT")
+    return out
 
 
 def _number(text: str, spec: str, kind: type):

@@ -42,8 +42,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..argtypes import parse_weights
-from ..core import RPM, Policy, make_policy
+from ..core import RPM, Policy, make_policy, parse_weights
 from .queue import ClientAccount, EngineQueue, client_of
 
 logger = logging.getLogger(__name__)
