@@ -241,20 +241,25 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
     engine = started(tiny, make_policy("vtc"), EngineSizing(num_blocks=32, page_size=16, max_batch_tokens=64,
                                                             max_requests_per_batch=2))
     q = engine.queue
-    pop, fired = q.pop, []
+    peek, pop, fired, peeked, popped = q.peek, q.pop, [], [], []
 
     def reset_from_another_thread():
         with q.lock:
             q.policy.reset_counters()
 
+    def recording_peek():
+        peeked.append(peek())
+        return peeked[-1]
+
     def racing_pop():
         if len(q.policy.queued_clients()) == 2 and not fired:
             fired.append(threading.Thread(target=reset_from_another_thread))
             fired[0].start()
-            fired[0].join(0.2)          # runs now unless the scheduler holds the lock across peek → pop
-        return pop()
+            fired[0].join(0.1)          # runs now unless the scheduler holds the lock across peek → pop
+        popped.append((peeked[-1], pop()))
+        return popped[-1][1]
 
-    q.pop = racing_pop
+    q.peek, q.pop = recording_peek, racing_pop
 
     async def one(client):
         out = None
@@ -264,11 +269,13 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
 
     async def main():
         first = [asyncio.ensure_future(one("a")) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        return await asyncio.wait_for(asyncio.gather(*first, *(one("b") for _ in range(3))), 30)
+        while len(popped) < 2:          # both slots taken by "a": its third request waits, then "b" arrives
+            await asyncio.sleep(0.005)
+        return await asyncio.wait_for(asyncio.gather(*first, *(one("b") for _ in range(3))), 120)
 
     try:
         produced = asyncio.run(main())
     finally:
         engine.stop()
-    assert fired and produced == [30] * 6
+    assert fired and produced == [30] * 6 and len(popped) == 6
+    assert all(admitted is scheduled for scheduled, admitted in popped)     # the pop took the request peeked
