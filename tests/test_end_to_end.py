@@ -1,6 +1,5 @@
 """Gateway + emulator + bench together, on loopback, on a time-scaled `overload`: the fairness of the paper through
 real HTTP, streamed tokens and the one scheduling core."""
-import httpx
 import numpy as np
 import pytest
 

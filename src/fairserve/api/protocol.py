@@ -34,7 +34,7 @@ class BadRequest(ValueError):
 
 
 @dataclass(frozen=True)
-class Request:
+class ParsedRequest:
     """What a server or the gateway reads from a request body."""
 
     chat: bool
@@ -78,7 +78,7 @@ def parse_json(raw: bytes | str) -> Any:
             from None
 
 
-def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> Request:
+def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
     """Validate an OpenAI request body (see the module's docstring for the two modes); raises BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
@@ -112,9 +112,10 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompts = _prompts(body, strict)
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
-    return Request(chat=chat, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n or 1,
-                   stream=stream, include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-                   prompt=prompt, messages=tuple(body["messages"]) if chat else (), ignore_eos=ignore_eos)
+    usage = isinstance(options, dict) and options.get("include_usage") is True
+    return ParsedRequest(chat=chat, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n or 1,
+                         stream=stream, include_usage=usage, prompt=prompt,
+                         messages=tuple(body["messages"]) if chat else (), ignore_eos=ignore_eos)
 
 
 def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
