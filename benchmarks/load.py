@@ -31,7 +31,7 @@ def main() -> int:
     print("| requests | wall s (incl. start) | requests/s | at the client | in the gateway | retried | verdict |")
     print("|---|---|---|---|---|---|---|")
     client = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    gateway = ", ".join(f"{k} {v:.0f}" for k, v in sorted(recorded.items()))
+    gateway = ", ".join(f"{k} {v:.0f}" for k, v in sorted(recorded.items()) if v)
     print(f"| {requests:,} | {wall:.1f} | {requests / wall:.0f} | {client} | {gateway} | {retries} | {verdict} |")
     return 0 if verdict == "nothing lost" else 1
 
