@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import logging
 import time
@@ -20,7 +19,7 @@ from fairserve.bench.cli import add_parser, parse_keys, run
 from fairserve.workloads import Arrival
 
 DELAY_S = 0.02                         # per output chunk
-DELAYS = {"fast": 0.0, "slow": 0.5}    # by API key
+DELAYS = {"fast": 0.0, "slow": 30.0}   # by API key
 FIELDS = {"client", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "status"}
 
 
@@ -137,14 +136,12 @@ def test_time_scale_maps_wall_to_workload_time(fake):
     arr = arrivals(3, 2.0)                   # workload 0, 2, 4 s → wall 0, 0.2, 0.4 s
     t0 = time.monotonic()
     recs = run_bench(url, arr, {"a": "k"}, time_scale=scale, timeout_s=5)
-    assert time.monotonic() - t0 >= 0.4
-    sent = [s["t"] for s in f.seen[before:]]
-    gaps = [b - a for a, b in itertools.pairwise(sent)]
-    assert all(0.1 < g < 0.4 for g in gaps), gaps
-    for r in recs:                           # 4 chunks × 20 ms wall ≈ 0.8 workload s
+    sent = [s["t"] - t0 for s in f.seen[before:]]
+    # NOTE: delays only ever add: never before its scaled time, and well before the unscaled 2 s and 4 s
+    assert all(t >= a.arrival_s / scale - 0.01 for t, a in zip(sent, arr)) and sent[-1] < 2.0, sent
+    for r in recs:                           # 4 chunks × 20 ms wall ≥ 0.8 workload s (0.08 if unscaled)
         assert r.status == "finished"
-        assert 0.4 < r.finish_s - r.arrival_s < 4.0, r
-        assert r.first_token_s <= r.finish_s
+        assert 0.7 < r.finish_s - r.arrival_s and r.first_token_s <= r.finish_s, r
 
 
 def test_rejected_cut_short_and_timeout(fake):
@@ -152,8 +149,8 @@ def test_rejected_cut_short_and_timeout(fake):
     arr = [Arrival(0.0, c, 8, 5) for c in ("rej", "cut", "short", "slow", "ok")]
     keys = {"rej": "reject", "cut": "cut", "short": "short", "slow": "slow", "ok": "k"}
     t0 = time.monotonic()
-    rej, cut, short, slow, ok = run_bench(url, arr, keys, timeout_s=0.4)
-    assert time.monotonic() - t0 < 3
+    rej, cut, short, slow, ok = run_bench(url, arr, keys, timeout_s=1.0)
+    assert time.monotonic() - t0 < DELAYS["slow"] / 2         # the timeout ended it, not the slow server
     assert rej.status == "rejected" and rej.http_status == 429 and "slow down" in rej.error
     assert rej.first_token_s is None and rej.output_tokens == 0
     for r in (cut, short):

@@ -1,6 +1,5 @@
 """Gateway + emulator + bench together, on loopback, on a time-scaled `overload`: the fairness of the paper through
 real HTTP, streamed tokens and the one scheduling core."""
-import httpx
 import numpy as np
 import pytest
 
@@ -10,18 +9,27 @@ from fairserve.workloads import get_workload
 from processes import serve
 
 SCALE = 20.0          # simulated seconds per wall second
+# Theorem 4.4's bound, 2 max(w_p L_in, w_q M) = 40,000, is met by FCFS too in 40 s (~39,000 to 45,000 measured), so
+# VTC is held to a tighter difference that FCFS is shown to exceed (VTC: 11,000 to 20,000 measured)
+GAP = 30_000
 SECONDS = 40.0        # of workload
 
 
-def bench_through_gateway(workload, policy, weights=None):
+@pytest.fixture(scope="module")
+def emulator():
+    """One emulator for the module: each test drains it (every request finishes) before the next."""
+    with serve("emulate", "--time-scale", str(SCALE)) as url:
+        yield url
+
+
+def bench_through_gateway(emulator, workload, policy, weights=None):
     clients = sorted({a.client for a in workload.arrivals})
     keys = {c: f"key-{c}" for c in clients}
     tenants = [f"{c}:{keys[c]}:{(weights or {}).get(c, 1.0)}" for c in clients]
-    with serve("emulate", "--time-scale", str(SCALE)) as emulator:
-        # NOTE: the backend's in-flight cap is about the engine's batch, so requests wait in the gateway's queue
-        with serve("gateway", "--policy", policy, "--backend", f"{emulator},max_requests=20",
-                   *(f"--tenant={t}" for t in tenants)) as gateway:
-            return run_bench(gateway, workload.arrivals, keys, time_scale=SCALE, timeout_s=120)
+    # NOTE: the backend's in-flight cap is about the engine's batch, so requests wait in the gateway's queue
+    with serve("gateway", "--policy", policy, "--backend", f"{emulator},max_requests=20",
+               *(f"--tenant={t}" for t in tenants)) as gateway:
+        return run_bench(gateway, workload.arrivals, keys, time_scale=SCALE, timeout_s=120)
 
 
 def service_while_all_backlogged(records, end_s, weights=None):
@@ -38,34 +46,34 @@ def overload():
     return get_workload("overload", duration_s=SECONDS)
 
 
-def test_vtc_gateway_equalizes_service_through_http(overload):
-    records = run_and_check(overload, "vtc")
+def test_vtc_gateway_equalizes_service_through_http(emulator, overload):
+    records = run_and_check(emulator, overload, "vtc")
     share = service_while_all_backlogged(records, max(r.finish_s or 0 for r in records))
-    bound = 2 * max(256, 2 * 10_000)           # Theorem 4.4: 2 max(w_p L_in, w_q M)
-    assert abs(share["client-1"] - share["client-0"]) <= bound
+    assert abs(share["client-1"] - share["client-0"]) <= GAP
     # NOTE: through a gateway that keeps 20 requests in flight, the slower sender's queue empties now and then and the
     # counter lift takes its idle credit, so equality is looser than inside the engine; FCFS gives about 2x
-    assert share["client-1"] / share["client-0"] < 1.45
-    assert summarize(records, max(r.finish_s for r in records)).max_backlogged_diff <= bound
+    assert share["client-1"] / share["client-0"] < 1.6
+    assert summarize(records, max(r.finish_s for r in records)).max_backlogged_diff <= GAP
 
 
-def test_fcfs_gateway_gives_the_fast_sender_twice(overload):
-    records = run_and_check(overload, "fcfs")
+def test_fcfs_gateway_gives_the_fast_sender_twice(emulator, overload):
+    records = run_and_check(emulator, overload, "fcfs")
     share = service_while_all_backlogged(records, max(r.finish_s or 0 for r in records))
     assert share["client-1"] / share["client-0"] > 1.7
+    assert summarize(records, max(r.finish_s for r in records)).max_backlogged_diff > GAP     # VTC's test can fail
 
 
-def test_weighted_tenants_split_1_2_3_4():
+def test_weighted_tenants_split_1_2_3_4(emulator):
     w = get_workload("overload-weighted", duration_s=SECONDS)
-    records = run_and_check(w, "vtc", w.weights)
+    records = run_and_check(emulator, w, "vtc", w.weights)
     share = service_while_all_backlogged(records, max(r.finish_s or 0 for r in records), w.weights)
     base = share["client-0"]
     for c, s in share.items():
         assert s / base == pytest.approx(1.0, abs=0.35), share
 
 
-def run_and_check(workload, policy, weights=None):
-    records = bench_through_gateway(workload, policy, weights)
+def run_and_check(emulator, workload, policy, weights=None):
+    records = bench_through_gateway(emulator, workload, policy, weights)
     assert len(records) == len(workload.arrivals)
     assert all(r.status == "finished" for r in records), {r.status for r in records}
     assert all(r.output_tokens == r.max_tokens for r in records)

@@ -6,18 +6,19 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, serve
+from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, auth, serve
 
 FIELDS = ["model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens", "n", "stream_options",
           "include_usage", "role", "content", "text", "weight", "type"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**12), st.floats(allow_nan=True),
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**12), st.integers(2**31 - 2, 10**40),
+                    st.sampled_from([10**400, -(10**400)]), st.floats(allow_nan=True),
                     st.text(max_size=20), st.just("fake-model"))
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)), max_leaves=12)
 messages = st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), values, max_size=3), max_size=3)
 near_valid = st.fixed_dictionaries(
     {"model": st.one_of(st.just("fake-model"), values), "messages": st.one_of(messages, values)},
-    optional={"prompt": values, "stream": st.one_of(st.booleans(), values), "max_tokens": st.integers(-1, 50),
+    optional={"prompt": values, "stream": st.one_of(st.booleans(), values), "max_tokens": st.integers(-1, 50) | values,
               "stream_options": values, "n": values, "weight": values})
 bodies = st.one_of(
     near_valid.map(lambda d: json.dumps(d).encode()),
@@ -34,10 +35,24 @@ paths = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models"
                          "/v1/nothing"])
 
 
+FAKE = FakeBackend()
+
+
 @pytest.fixture(scope="module")
 def gw():
-    with serve(FakeBackend(), trusted_proxy=True, max_body_bytes=2048, queue_limit=4) as base:
+    with serve(FAKE, trusted_proxy=True, max_body_bytes=2048, queue_limit=4) as base:
         yield base
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens", "n"])
+@pytest.mark.parametrize("value", [b"2147483648", b"1" + b"0" * 30, b"1" + b"0" * 400])
+def test_integers_past_the_maximum_are_refused_not_forwarded(gw, field, value):
+    before = len(FAKE.bodies)
+    r = HTTP.post(gw + "/v1/chat/completions", headers={**auth("alice"), "Content-Type": "application/json"},
+                  content=b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "%s": %s}'
+                  % (field.encode(), value))
+    assert r.status_code == 400 and "too large" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == field and len(FAKE.bodies) == before
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -1,4 +1,12 @@
-"""OpenAI request parsing and response shapes for /v1/completions and /v1/chat/completions."""
+"""OpenAI request parsing and response shapes for /v1/completions and /v1/chat/completions.
+
+One parser, `parse_request`, with one set of field rules and messages and two modes:
+- strict (`parse_call`: the emulator and `fairserve serve`, which generate from text): `prompt` is a string or a
+  list with one string, `n` must be 1, `model` may be omitted;
+- lenient (the gateway's `gateway.body.parse_body`, a proxy): `prompt` may also be several strings, token ids or
+  lists of token ids, any `n` >= 1 is passed on, `model` is required; unknown fields pass through untouched.
+Integers (`max_tokens`, `max_completion_tokens`, `n`) are at most `MAX_INT` = 2**31 - 1 in both modes.
+"""
 from __future__ import annotations
 
 import json
@@ -7,21 +15,43 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tokens import OUTPUT_PIECE, estimate_tokens, messages_text
+import orjson
+
+from .tokens import OUTPUT_PIECE, TokenCounter, estimate_tokens, messages_text
 
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}     # completions, chat: OpenAI's / vLLM's defaults
+# NOTE: vLLM keeps token counts in 32-bit signed integers; no model's context comes near it.
+MAX_INT = 2**31 - 1
 DONE = b"data: [DONE]\n\n"
 
 
 class BadRequest(ValueError):
+    """A request body refused with a 400; `param` names the offending field."""
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param = message, param
 
 
 @dataclass(frozen=True)
+class ParsedRequest:
+    """What a server or the gateway reads from a request body."""
+
+    chat: bool
+    model: str | None
+    prompt_tokens: int                  # by the caller's counter, over every prompt (0 for an empty prompt)
+    max_tokens: int | None              # as the client set it: chat's max_completion_tokens, else max_tokens
+    n: int
+    stream: bool
+    include_usage: bool                 # the client asked for stream_options.include_usage
+    prompt: str = ""                    # completions, strict mode: the prompt text
+    messages: tuple = ()                # chat: the messages, as sent
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
 class Call:
-    """What the emulator needs from a request body."""
+    """What a server (the emulator, `serve`) needs from a request body."""
 
     chat: bool
     model: str | None
@@ -34,64 +64,125 @@ class Call:
     ignore_eos: bool = False
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes | str) -> Any:
+    """The body's JSON, by orjson when it can (it refuses a few things json accepts: NaN, lone surrogates, huge
+    ints). Raises BadRequest when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):    # ValueError: also an int of over 4300 digits
         raise BadRequest("We could not parse the JSON body of your request. The body must be a JSON object.") \
             from None
 
 
-def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
-    """Validate an OpenAI request body. Unknown fields (temperature, ...) are accepted and ignored. Without
-    max_tokens: `default_max_tokens`, else OpenAI's defaults (16 for completions, 256 for chat)."""
+def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
+    """Validate an OpenAI request body (see the module's docstring for the two modes); raises BadRequest."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string.", "model")
-    text = _messages(body) if chat else _prompt(body)
-    max_tokens = default_max_tokens or DEFAULT_MAX_TOKENS[chat]
-    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-    for name in names:
-        if body.get(name) is not None:
-            max_tokens = _integer(body, name, 1)
-            break
-    n = body.get("n")
-    if n is not None and (_integer(body, "n", 1) != 1):
-        raise BadRequest("Only n=1 is supported by the emulator.", "n")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean.", "stream")
+    if not strict and not model:
+        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    stream = _flag(body, "stream")
     options = body.get("stream_options")
-    include_usage = False
     if options is not None:
         if not stream:
             raise BadRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                              "stream_options")
         if not isinstance(options, dict):
             raise BadRequest("'stream_options' must be an object.", "stream_options")
-        include_usage = options.get("include_usage") is True
-    for flag in ("ignore_eos", "echo"):
-        if body.get(flag) is not None and not isinstance(body[flag], bool):
-            raise BadRequest(f"'{flag}' must be a boolean.", flag)
-    return Call(chat=chat, model=model, prompt_tokens=max(1, estimate_tokens(text)), max_tokens=max_tokens,
-                stream=bool(stream), include_usage=include_usage, prompt="" if chat else text,
-                messages=tuple(body["messages"]) if chat else (), ignore_eos=body.get("ignore_eos") is True)
+    ignore_eos = _flag(body, "ignore_eos")
+    _flag(body, "echo")
+    max_tokens = None
+    for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        value = _integer(body, name)
+        if max_tokens is None:
+            max_tokens = value
+    n = _integer(body, "n")
+    if strict and n not in (None, 1):
+        raise BadRequest("Only n=1 is supported.", "n")
+    if chat:
+        messages = _messages(body)
+        prompt, prompt_tokens = "", count(messages_text(messages))
+    else:
+        prompts = _prompts(body, strict)
+        prompt = prompts[0] if strict else ""
+        prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
+    usage = isinstance(options, dict) and options.get("include_usage") is True
+    return ParsedRequest(chat=chat, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n or 1,
+                         stream=stream, include_usage=usage, prompt=prompt,
+                         messages=tuple(body["messages"]) if chat else (), ignore_eos=ignore_eos)
 
 
-def _prompt(body: dict) -> str:
+def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
+    """A server's request (strict mode). Unknown fields (temperature, ...) are accepted and ignored. Without
+    max_tokens: `default_max_tokens`, else OpenAI's defaults (16 for completions, 256 for chat)."""
+    r = parse_request(body, chat, strict=True)
+    return Call(chat=chat, model=r.model, prompt_tokens=max(1, r.prompt_tokens),
+                max_tokens=r.max_tokens or default_max_tokens or DEFAULT_MAX_TOKENS[chat], stream=r.stream,
+                include_usage=r.include_usage, prompt=r.prompt, messages=r.messages, ignore_eos=r.ignore_eos)
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean.", name)
+    return value is True
+
+
+def _integer(body: dict, name: str) -> int | None:
+    """An optional integer field, 1..MAX_INT."""
+    value = body.get(name)
+    if value is None:
+        return None
+    # NOTE: orjson reads an integer past 64 bits as a float, hence "too large" for a float too
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_INT:
+        raise BadRequest(f"'{name}' is too large: it must be at most {MAX_INT}, got {_short(value)}.", name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer, got {_short(value)}.", name)
+    if value < 1:
+        raise BadRequest(f"'{name}' must be >= 1, got {_short(value)}.", name)
+    return value
+
+
+def _short(value: Any) -> str:
+    """A field's value for an error message, cut to 40 characters (a 400-digit integer is not repeated)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError):     # an int past Python's 4300-digit str() limit
+        text = "a number"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _prompts(body: dict, strict: bool) -> list:
+    """A completions `prompt` as a list of prompts: strings, or (lenient) token ids and lists of token ids."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if isinstance(prompt, str):
-        return prompt
     if prompt is None:
         raise BadRequest("Missing required parameter: 'prompt'.", "prompt")
-    raise BadRequest("'prompt' must be a string or a list with one string.", "prompt")
+    if strict:
+        if isinstance(prompt, str):
+            return [prompt]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return prompt
+        raise BadRequest("'prompt' must be a string or a list with one string.", "prompt")
+    prompts = prompt if isinstance(prompt, list) else [prompt]
+    if isinstance(prompt, str) or isinstance(prompt, list) and all(
+            isinstance(p, str) or _token_id(p) or isinstance(p, list) and all(_token_id(t) for t in p)
+            for p in prompts):
+        return prompts
+    raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists.",
+                     "prompt")
 
 
-def _messages(body: dict) -> str:
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _messages(body: dict) -> list:
     messages = body.get("messages")
     if messages is None:
         raise BadRequest("Missing required parameter: 'messages'.", "messages")
@@ -104,16 +195,11 @@ def _messages(body: dict) -> str:
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or an array of parts.",
                              f"messages[{i}].content")
-    return messages_text(messages)
-
-
-def _integer(body: dict, name: str, minimum: int) -> int:
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer, got {json.dumps(value)}.", name)
-    if value < minimum:
-        raise BadRequest(f"'{name}' must be >= {minimum}, got {value}.", name)
-    return value
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
+                raise BadRequest(f"messages[{i}].content[{j}] must be an object whose 'text', if any, is a string.",
+                                 f"messages[{i}].content")
+    return messages
 
 
 def models_list(*names: str) -> dict[str, Any]:
@@ -122,8 +208,13 @@ def models_list(*names: str) -> dict[str, Any]:
                                        for n in names]}
 
 
-def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+def sse(obj: Any) -> bytes:
+    """One server-sent event, `data: <compact JSON>\\n\\n`: by orjson (UTF-8), else by json for what orjson refuses
+    (integers past 64 bits, lone surrogates: escaped)."""
+    try:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    except (TypeError, orjson.JSONEncodeError):
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 @dataclass

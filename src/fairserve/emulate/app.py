@@ -18,7 +18,7 @@ from ..api.streaming import EventStream
 from ..core import RequestState
 from .config import EmulatorConfig, Fault
 from .driver import Emulator, Job, TooLarge
-from .metrics import make_registry
+from .prometheus import make_registry
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 
 CLIENT_HEADER = "X-Fairserve-Client"

@@ -7,6 +7,8 @@ from ..core import POLICIES
 from ..sim.latency import DEFAULT_LATENCY_MODEL, default_kv_tokens
 from .config import ENGINE_MODES, EmulatorConfig
 
+LISTEN = "127.0.0.1:8001"
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -14,8 +16,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics) "
                     "that is the simulated continuous-batching engine running in (scaled) real time. It always "
                     "generates max_tokens tokens. Fault injection makes it a test bed for gateways.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--listen", metavar="HOST:PORT", default=LISTEN,
+                   help=f"address to serve on (default {LISTEN})")
+    p.add_argument("--host", help="the HOST of --listen alone (kept for older scripts)")
+    p.add_argument("--port", type=int, help="the PORT of --listen alone (kept for older scripts)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                    help="simulated seconds per wall second (10 = ten times faster than the profiled GPU)")
     p.add_argument("--profile", default=DEFAULT_LATENCY_MODEL, metavar="NAME",
@@ -47,12 +51,22 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
                           seed=args.seed)
 
 
+def address(args: argparse.Namespace) -> tuple[str, int]:
+    """(host, port) from --listen, with --host / --port overriding its parts. Raises ValueError."""
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--listen must be HOST:PORT, e.g. {LISTEN}, got {args.listen!r}")
+    host, port = args.host or host.strip("[]"), int(port) if args.port is None else args.port
+    if not 0 <= port <= 65535:
+        raise ValueError(f"the port must be between 0 and 65535, got {port}")
+    return host, port
+
+
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    host, port = address(args)
     config = config_from_args(args)
     import uvicorn
 
     from .app import create_app
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    uvicorn.run(create_app(config), host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
     return 0

@@ -7,18 +7,14 @@ from typing import Any
 
 import orjson
 
-from ..api.tokens import TokenCounter, estimate_tokens, messages_text
+from ..api.protocol import BadRequest, parse_json, parse_request
+from ..api.tokens import TokenCounter, estimate_tokens
 
 CHAT, COMPLETIONS = "chat", "completions"
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 
 
-class BodyError(ValueError):
-    """A request body the gateway refuses (400). `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+BodyError = BadRequest         # a request body the gateway refuses (400); `param` names the offending field
 
 
 def loads(data: bytes | str) -> Any:
@@ -35,78 +31,20 @@ class Parsed:
     stream: bool
     wants_usage: bool          # the client itself asked for stream_options.include_usage
     prompt_tokens: int         # the gateway's estimate
-    max_tokens: int | None     # as the client set it (max_completion_tokens or max_tokens)
+    max_tokens: int | None     # as the client set it (chat: max_completion_tokens, else max_tokens)
     n: int
     raw: bytes = b""           # the body as the client sent it
 
 
-def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise BodyError(f"'{name}' must be an integer >= {low}", name)
-    return v
-
-
-def _prompt_tokens(prompt: Any, count: TokenCounter) -> int:
-    """A completions `prompt`: a string, a list of strings, a list of token ids, or a list of such lists."""
-    if isinstance(prompt, str):
-        return count(prompt)
-    if isinstance(prompt, list):
-        total = 0
-        for p in prompt:
-            if isinstance(p, str):
-                total += count(p)
-            elif isinstance(p, int) and not isinstance(p, bool):
-                total += 1
-            elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                total += len(p)
-            else:
-                raise BodyError("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
-        return total
-    raise BodyError("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
-
-
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
-    raw_in = raw
+    """The request, by `api.protocol`'s parser in its lenient (proxy) mode: token-id prompts, any n and unknown
+    fields pass through. Raises BodyError."""
     try:
-        body = orjson.loads(raw)
+        body, plain = orjson.loads(raw), True
     except orjson.JSONDecodeError:
-        raw = b""                   # not plain UTF-8 JSON: re-encoded before it goes upstream
-        try:
-            body = json.loads(raw_in)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise BodyError("the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise BodyError("the request body must be a JSON object")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise BodyError("'model' is required and must be a non-empty string", "model")
-    if kind == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise BodyError("'messages' is required and must be a non-empty list of message objects", "messages")
-        try:
-            prompt = count(messages_text(messages))
-        except (AttributeError, TypeError):
-            raise BodyError("'messages' has malformed content parts", "messages") from None
-    else:
-        if "prompt" not in body:
-            raise BodyError("'prompt' is required", "prompt")
-        prompt = _prompt_tokens(body["prompt"], count)
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BodyError("'stream' must be a boolean", "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BodyError("'stream_options' must be an object", "stream_options")
-    wants_usage = bool(options and options.get("include_usage") is True)
-    max_tokens = _int_field(body, "max_completion_tokens", 1)
-    legacy = _int_field(body, "max_tokens", 1)
-    n = _int_field(body, "n", 1) or 1
-    return Parsed(body, stream, wants_usage, prompt, max_tokens if max_tokens is not None else legacy, n, raw)
+        body, plain = parse_json(raw), False     # not plain UTF-8 JSON: re-encoded before it goes upstream
+    r = parse_request(body, kind == CHAT, strict=False, count=count)
+    return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"")
 
 
 def upstream_body(parsed: Parsed) -> bytes:
