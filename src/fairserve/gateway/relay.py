@@ -14,16 +14,15 @@ producing anything can still be retried elsewhere, and the client never sees it.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 import yarl
 from aiohttp.helpers import get_env_proxy_for_url
 
 from ..api.errors import error_body
+from ..api.protocol import sse
 from .body import delta_tokens, loads, usage_of
 from .scheduler import Ending, Scheduler, Ticket
 
@@ -40,18 +39,6 @@ class UpstreamError(Exception):
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
         self.unreachable = kind in ("ConnectError", "ConnectTimeout")
-
-
-def sse(data: Any) -> bytes:
-    return f"data: {json.dumps(data)}\n\n".encode()
-
-
-def sse_compact(data: Any) -> bytes:
-    """`sse()` by orjson (compact, UTF-8): for chunks re-encoded on every event."""
-    try:
-        return b"data: " + orjson.dumps(data) + b"\n\n"
-    except (TypeError, orjson.JSONEncodeError):     # what orjson refuses (huge ints, lone surrogates)
-        return sse(data)
 
 
 # ---- the upstream hop ------------------------------------------------------------------------------------------------
@@ -242,7 +229,7 @@ class Relay:
                 if not doc.get("choices"):
                     return None, 0, False
                 doc = {k: v for k, v in doc.items() if k != "usage"}
-                raw = sse_compact(doc)
+                raw = sse(doc)
         return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), False
 
     async def prefetch(self) -> None:
