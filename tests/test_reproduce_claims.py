@@ -31,7 +31,7 @@ def test_claim_holds_on_synthetic_workloads(name):
 
 
 @pytest.mark.skipif(not HAVE_REAL, reason="the Chatbot Arena trace (shared/traces) is not present")
-@pytest.mark.parametrize("name", NEED_REAL + ["profiled-cost", "bound"])
+@pytest.mark.parametrize("name", [n for n in NEED_REAL if n != "real"] + ["profiled-cost", "bound"])
 def test_claim_holds_on_the_real_trace(name):
     holds, evidence = BY_NAME[name].judge(results(BY_NAME[name]))
     assert holds, evidence
@@ -55,11 +55,24 @@ def test_length_prediction_lowers_discrepancy_on_synthetic_overload():
 
 @pytest.mark.skipif(not HAVE_REAL, reason="the Chatbot Arena trace (shared/traces) is not present")
 def test_length_prediction_on_real_is_reported_as_measured():
-    # On the resampled Arena trace the ±50% predictor does not lower the discrepancy (measured, see README);
+    # On the resampled Arena trace prediction does not reliably lower the discrepancy (measured, see README);
     # the verdict must say so rather than claim it.
     exp = BY_NAME["length-prediction"]
     res = results(exp)
     holds, evidence = exp.judge(res)
-    worse = res[REAL, "vtc-predict:oracle±50"].summary.max_backlogged_diff >= res[REAL, "vtc"].summary.max_backlogged_diff
-    assert holds is (not worse)
+    base = res[REAL, "vtc"].summary.max_backlogged_diff
+    lower = all(res[REAL, p].summary.max_backlogged_diff < base for p in PREDICTORS[:2])
+    assert holds is lower
     assert "real: VTC" in evidence
+
+
+@pytest.mark.skipif(not HAVE_REAL, reason="the Chatbot Arena trace (shared/traces) is not present")
+def test_real_verdict_is_reported_as_measured():
+    # FCFS raises the median client's response time by far more than 3x; whether every slow client under VTC asked
+    # above the fair share over the whole run is reported as measured (one bursty client does not, see README).
+    exp = BY_NAME["real"]
+    holds, evidence = exp.judge(results(exp))
+    med = [float(x.split(" s")[0]) for x in evidence.split("median client response ")[1].split(" and ")[:2]]
+    assert med[1] >= 3 * med[0]
+    slow, above = (int(evidence.split(k)[0].split()[-1].strip("(")) for k in (" client(s) waited", " asked for more"))
+    assert holds is (slow == above)
