@@ -1,6 +1,9 @@
-"""Fidelity: throughput of every named workload under FCFS and VTC, and of RPM limits on the `real` trace.
+"""Fidelity: the four calibration runs against the paper's measurements, throughput of every named workload under
+FCFS and VTC, and of RPM limits on the `real` trace.
 
-For each workload (its own duration, pool and hardware profile): output tokens/s and service/s (w_p=1, w_q=2) per
+Calibration: the paper's artifact measured on an A10G (`fairserve.sim.calibration.CALIBRATION_RUNS`), simulated with
+the default preset and counted as the paper's plots count service (over [first token, finish] overlapping the window);
+error = simulated / measured - 1. For each workload (its own duration, pool and hardware profile): output tokens/s and service/s (w_p=1, w_q=2) per
 policy, and the VTC/FCFS ratio. For `real`: RPM limits and their output tokens/s as a fraction of VTC's (the paper's
 headline on its original trace: RPM 5 ≈ 44% of VTC, 340 vs 779 tokens/s). Simulations are deterministic (seed 0), so
 each runs once, spread over --jobs processes. `real` needs the Arena trace; without it, it is skipped with a message.
@@ -16,6 +19,7 @@ from functools import lru_cache
 
 from fairserve.metrics import summarize
 from fairserve.sim import simulate
+from fairserve.sim.calibration import CALIBRATION_RUNS, CalibrationResult, MeasuredRun, simulate_run
 from fairserve.workloads import ALL_WORKLOADS, Workload, WorkloadError, get_workload
 
 RPM_LIMITS = (5, 10, 15, 20, 30)
@@ -34,6 +38,21 @@ def _run(name: str, policy: str) -> tuple[float, float, int, int]:
     res = simulate(w, policy)
     s = summarize(res.records, w.duration_s, weights=w.weights)
     return s.output_tokens_per_s, s.service_per_s, sum(r.status == "rejected" for r in res.records), len(res.records)
+
+
+def _calibrate(run: MeasuredRun) -> CalibrationResult:
+    return simulate_run(run)
+
+
+def print_calibration(results: list[CalibrationResult]) -> None:
+    print("Calibration runs (the paper's artifact, A10G / Llama-2-7b; service = prompt + 2 × output tokens per s):\n")
+    print("| run | window | measured service/s | simulated | error | measured out tok/s | simulated |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for c in results:
+        r = c.run
+        print(f"| `{r.workload}`, {r.policy.upper()} | {r.window_s:.0f} s | {r.service_per_s:.0f} | "
+              f"{c.service_per_s:.0f} | {c.error:+.1%} | {r.output_tokens_per_s:.1f} | {c.output_tokens_per_s:.1f} |")
+    print(f"\nmax |error| {max(abs(c.error) for c in results):.1%}\n")
 
 
 def _ratio(a: float, b: float) -> str:
@@ -73,11 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     jobs += [("real", f"rpm:{k}") for k in limits] if "real" in names else []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        calibration = [pool.submit(_calibrate, r) for r in CALIBRATION_RUNS]
         futures = {job: pool.submit(_run, *job) for job in jobs}
         out = {job: f.result() for job, f in futures.items()}
+        calibrated = [f.result() for f in calibration]
     wall = time.perf_counter() - t0
 
-    print(f"{len(jobs)} simulations in {wall:.1f} s on {a.jobs} processes. Service = prompt + 2 × output tokens.\n")
+    print(f"{len(jobs) + len(calibrated)} simulations in {wall:.1f} s on {a.jobs} processes.\n")
+    print_calibration(calibrated)
+    print("Every workload, its whole duration (service = prompt + 2 × output tokens, tokens produced by its end):\n")
     print("| workload | FCFS out tok/s | VTC out tok/s | VTC/FCFS out | FCFS service/s | VTC service/s "
           "| VTC/FCFS service |")
     print("|---|---:|---:|---:|---:|---:|---:|")

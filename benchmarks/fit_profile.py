@@ -1,7 +1,8 @@
-"""Refit the "a10g-llama2-7b" LinearLatency from the shared A10G / Llama-2-7b profile.
+"""Refit the "a10g-llama2-7b" LinearLatency (forward only) from the shared A10G / Llama-2-7b profile.
 
-Prints the fitted coefficients (as the Python literal embedded in src/fairserve/sim/latency.py), whether the embedded
-constants still match, the per-row fit error (a markdown table, as in docs/latency.md) and the roofline preset
+Prints the fitted coefficients (as the Python literal `A10G_FORWARD` embedded in src/fairserve/sim/latency.py; decode
+fitted on the rows of the operating range, batch <= 64, plus the median jump of the larger batches), whether the
+embedded constants still match, the per-row fit error (a markdown table, as in docs/latency.md) and the roofline preset
 "llama-2-7b@a10g" against the same rows.
 
     .venv/bin/python benchmarks/fit_profile.py [PROFILE_JSON]
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fairserve.sim.latency import (
-    A10G_LLAMA2_7B,
+    A10G_FORWARD,
     PROFILE_FILENAME,
     fit_errors,
     fit_linear_latency,
@@ -27,7 +28,7 @@ from fairserve.sim.latency import (
 )
 
 COEFFS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
-          "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s")
+          "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s", "large_batch_s")
 
 
 def _pct(x: float) -> str:
@@ -44,10 +45,11 @@ def main(argv: list[str]) -> int:
     fit = fit_linear_latency(rows)
 
     print(f"# fitted to {path} ({len(rows)} rows; non-negative least squares on relative error)")
-    print("A10G_LLAMA2_7B = LinearLatency(")
+    print("A10G_FORWARD = LinearLatency(")
     print(f'    name="{fit.name}",')
     for c in COEFFS:
         print(f"    {c}={getattr(fit, c)!r},")
+    print(f"    large_batch_from={fit.large_batch_from},")
     print(")")
 
     # The unconstrained prefill fit, to show which term the constraint removed.
@@ -56,7 +58,7 @@ def main(argv: list[str]) -> int:
     free, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
     print(f"unconstrained prefill fit (fixed, per_token, per_sq_token): {free.tolist()}")
 
-    same = all(math.isclose(getattr(fit, c), getattr(A10G_LLAMA2_7B, c), rel_tol=1e-6, abs_tol=1e-15) for c in COEFFS)
+    same = all(math.isclose(getattr(fit, c), getattr(A10G_FORWARD, c), rel_tol=1e-6, abs_tol=1e-15) for c in COEFFS)
     print(f"embedded constants match the fit: {same}")
 
     roof = get_latency_model("llama-2-7b@a10g")
@@ -77,7 +79,11 @@ def main(argv: list[str]) -> int:
 
     print()
     summary("prefill (all rows)", [e["prefill_err"] for e in errs])
-    summary("decode (fitted rows, output_len > 1)", [e["decode_err"] for e in errs if e["decode_fitted"]])
+    limit = fit.large_batch_from
+    summary(f"decode (fitted rows, output_len > 1, batch <= {limit})",
+            [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] <= limit])
+    summary(f"decode (output_len > 1, batch > {limit}: plane + large_batch_s)",
+            [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] > limit])
     summary("decode (held out, output_len = 1)", [e["decode_err"] for e in errs if not e["decode_fitted"]])
     rp = [r["prefill_model_s"] / e["prefill_s"] for e, r in zip(errs, fit_errors(roof, rows))]
     rd = [r["decode_model_s"] / e["decode_step_s"] for e, r in zip(errs, fit_errors(roof, rows))]

@@ -112,3 +112,33 @@ def test_online_submit_advance_and_cancel():
     assert b.state.value == "finished" and engine.just_finished == [b]
     assert not engine.advance()                                             # nothing left to do
     assert engine.policy.service["y"] == 10 + 2 * 50
+
+
+def test_per_client_reserve_holds_back_pool_for_each_distinct_client():
+    # Both requests together peak at 120 pool tokens (test above). With 1 token held back per distinct client, two
+    # clients leave 122 - 2 = 120 (not below: b waits); one client leaves 121 (both fit).
+    two = [Arrival(0.0, "a", 20, 40), Arrival(0.0, "b", 20, 40)]
+    one = [Arrival(0.0, "a", 20, 40), Arrival(0.0, "a", 20, 40)]
+    cfg = dict(kv_tokens=122, batch_max_tokens=1000)
+    assert run(two, **cfg)[0].records[1].admit_s == 0.0
+    assert run(two, reserve_per_client_tokens=1, **cfg)[0].records[1].admit_s > 0.0
+    assert run(one, reserve_per_client_tokens=1, **cfg)[0].records[1].admit_s == 0.0
+    # paged admission has no adapters to hold back for
+    assert run(two, reserve_per_client_tokens=1, mode="paged", **cfg)[0].records[1].admit_s == 0.0
+
+
+def test_server_prompt_is_longer_than_the_clients():
+    lat = ConstantLatency(prefill_s_per_token=0.001, decode_s=0.01)
+    held = []
+    engine = SimEngine(make_policy("fcfs"), lat, EngineConfig(kv_tokens=121, batch_max_tokens=1000,
+                                                             prompt_extra_tokens=1),
+                       observer=lambda e: held.append(e.kv_used))
+    res = engine.run([Arrival(0.0, "a", 20, 40), Arrival(0.0, "b", 20, 40)])
+    a, b = res.records
+    assert a.first_token_s == pytest.approx(0.021)          # prefill of 20 + 1 tokens
+    assert held[0] == 21 + 1                                 # KV: the server's 21-token prompt + the first token
+    assert b.admit_s > 0.0                                   # (22, 39) twice peaks at 122 >= 121: b waits
+    assert a.prompt_tokens == 20 and a.output_tokens == 40  # records keep the client's counts
+    assert engine.kv_used == 0
+    with pytest.raises(ValueError):
+        EngineConfig(prompt_extra_tokens=-1)

@@ -21,7 +21,10 @@ def service_while_all_backlogged(workload, policy):
 def test_overload_vtc_equal_service_fcfs_two_to_one():
     w = make_workload("overload")
     vtc = service_while_all_backlogged(w, "vtc")
-    assert vtc["client-1"] / vtc["client-0"] == pytest.approx(1.0, abs=0.03)
+    # The guarantee is absolute (|difference| <= 2U = 40,000); over ~200,000 of service each that allows a ratio of
+    # 1.2. Observed: 1.034, a difference of ~6,700; asserted: within U and 5%.
+    assert abs(vtc["client-1"] - vtc["client-0"]) <= 20_000
+    assert vtc["client-1"] / vtc["client-0"] == pytest.approx(1.0, abs=0.05)
     fcfs = service_while_all_backlogged(w, "fcfs")
     assert fcfs["client-1"] / fcfs["client-0"] == pytest.approx(2.0, abs=0.1)
 

@@ -174,3 +174,33 @@ def test_unknown_name_lists_valid_names():
 def test_bad_duration(bad):
     with pytest.raises(WorkloadError, match="duration_s"):
         make_workload("overload", duration_s=bad)
+
+
+def test_real_workload_ships_with_the_package(monkeypatch, tmp_path):
+    from fairserve.workloads import find_arena_trace, get_workload
+    from fairserve.workloads.real import PACKAGED_ARENA_TRACE
+
+    monkeypatch.delenv("FAIRSERVE_ARENA_TRACE", raising=False)
+    monkeypatch.chdir(tmp_path)                      # no shared/ anywhere near
+    assert find_arena_trace() == PACKAGED_ARENA_TRACE
+    w = get_workload("real")
+    assert (w.name, w.duration_s, len(w.arrivals)) == ("real", 600.0, 1500)
+    assert len({a.client for a in w.arrivals}) == 27
+    assert w.arrivals[0] == Arrival(0.0, "client-13", 13, 199)
+    assert sum(a.prompt_tokens for a in w.arrivals) / 1500 == pytest.approx(136, abs=1)
+    assert sum(a.output_tokens for a in w.arrivals) / 1500 == pytest.approx(256, abs=1)
+    assert len(get_workload("real", duration_s=60.0).arrivals) < 1500
+
+
+def test_real_workload_env_names_another_copy(monkeypatch, tmp_path):
+    from fairserve.workloads import find_arena_trace, get_workload
+
+    other = tmp_path / "mine.csv"
+    other.write_text("arrival_time_s,client,prompt_tokens,output_tokens\n0.5,x,10,20\n1.0,y,30,40\n")
+    monkeypatch.setenv("FAIRSERVE_ARENA_TRACE", str(other))
+    assert find_arena_trace() == other
+    assert [a.client for a in get_workload("real").arrivals] == ["x", "y"]
+    monkeypatch.setenv("FAIRSERVE_ARENA_TRACE", str(tmp_path / "missing.csv"))
+    assert find_arena_trace() is None
+    with pytest.raises(WorkloadError, match="missing.csv"):
+        get_workload("real")

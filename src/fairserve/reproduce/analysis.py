@@ -61,3 +61,35 @@ def mean_response(out: RunOutput, client: str, start_s: float = 0.0, end_s: floa
 def difference_series(out: RunOutput) -> np.ndarray:
     from ..metrics import backlogged_difference
     return backlogged_difference(out.curves, out.busy, out.weights)[0]
+
+
+def client_windows(out: RunOutput, window_s: float = 60.0) -> list[tuple[str, float, float, float, float]]:
+    """Per client and per window of arrivals [t0, t0 + window_s): (client, t0, mean response of those requests,
+    the client's demand rate over that window and the one before it, the max-min fair level of all clients'
+    demands over the same span, on the service the run delivered). The window before counts because a burst's
+    requests wait behind the same client's earlier ones."""
+    clients = sorted(out.summary.clients)
+    capacity = out.summary.service_per_s
+    rows = []
+    for t0 in np.arange(0.0, out.duration_s, window_s):
+        span = (max(0.0, t0 - window_s), t0 + window_s)
+        demands = {c: demand_rate(out, c, *span) for c in clients}
+        level = fair_level(demands, capacity)
+        for c in clients:
+            rt = mean_response(out, c, t0, t0 + window_s)
+            if rt is not None:
+                rows.append((c, float(t0), rt, demands[c], level))
+    return rows
+
+
+def profile_decode_to_prefill(tokens: int, kv_tokens: int = 10_000, prompt: int = 8) -> float:
+    """The profile's comparison (§B.2): per-request decode time of `tokens` output tokens (after a `prompt`-token
+    prompt) over per-request prefill time of `tokens` input tokens, each in the largest batch the pool holds, on
+    the A10G preset's forward model (what the profile timed)."""
+    from ..sim.latency import A10G_FORWARD
+
+    b_pre = kv_tokens // tokens
+    prefill = A10G_FORWARD.prefill_s([tokens] * b_pre) / b_pre
+    b_dec = kv_tokens // (prompt + tokens)
+    decode = sum(A10G_FORWARD.decode_step_s(b_dec, b_dec * (prompt + k)) for k in range(tokens)) / b_dec
+    return decode / prefill

@@ -1,5 +1,7 @@
 """report.md and a self-contained report.html (figures embedded) from the findings. One list of blocks, two
-renderers, so the two files always say the same thing."""
+renderers, so the two files always say the same thing. The report opens with a one-screen overview of the paper's
+claims (claim, scope, the paper's figure, ours, verdict, figure), then our own findings beyond the paper's scope,
+then one section per experiment. `readme_table` renders the same overview for the README."""
 from __future__ import annotations
 
 import base64
@@ -19,26 +21,71 @@ class Finding:
     evidence: str
     figures: list[tuple[str, str]] = field(default_factory=list)
     runs: list = field(default_factory=list)    # RunOutputs, in the experiment's order
+    ours: str = ""                      # the headline number(s) for the overview
 
     @property
     def verdict(self) -> str:
+        if self.experiment.own:        # our own question, not the paper's claim
+            return {True: "yes", False: "no", None: "not evaluated"}[self.holds]
         return {True: "holds", False: "does not hold", None: "not evaluated"}[self.holds]
 
 
+def _overview_rows(findings: list[Finding], links: bool) -> list[list[str]]:
+    """One row per finding; with `links`, the name links to its section and the figure to its PNG (the report);
+    without, plain names (the README)."""
+    rows = []
+    for f in findings:
+        e = f.experiment
+        claim, scope = e.brief if e.brief[0] else (e.claim, e.scope)
+        fig = f.figures[0][0] if f.figures else ""
+        rows.append([f"[{e.name}](#{e.name})" if links else e.name, e.source, claim, scope, e.paper or "—",
+                     f.ours or "—", f"**{f.verdict}**",
+                     (f"[{fig}]({fig})" if links else f"`{fig}`") if fig else "—"])
+    return rows
+
+
+OVERVIEW_HEAD = ["experiment", "paper", "claim", "scope", "paper's figure", "ours", "verdict", "figure"]
+
+
+def readme_table(findings: list[Finding]) -> str:
+    """The report's overview tables as Markdown for the README (figure names instead of links)."""
+    paper = [f for f in findings if not f.experiment.own]
+    own = [f for f in findings if f.experiment.own]
+    out = [("table", OVERVIEW_HEAD, _overview_rows(paper, links=False))]
+    if own:
+        out += [("p", "Beyond the paper's scope (our own findings, not the paper's claims):"),
+                ("table", ["finding", "relates to", "question", "scope", "—", "ours", "answer", "figure"],
+                 _overview_rows(own, links=False))]
+    return to_markdown(out)
+
+
 def blocks(findings: list[Finding], meta: dict) -> list[tuple]:
+    paper = [f for f in findings if not f.experiment.own]
+    own = [f for f in findings if f.experiment.own]
+    held = sum(f.holds is True for f in paper)
     out: list[tuple] = [("h1", "fairserve: reproducing *Fairness in Serving Large Language Models*"),
                         ("p", f"Simulated engine: {meta['engine']}. Mode: {meta['mode']}. "
                               f"{meta['runs']} simulations in {meta['wall_s']:.1f} s. Service is weighted tokens, "
-                              "w_p = 1 per prompt token and w_q = 2 per output token, unless stated."),
-                        ("table", ["experiment", "claim", "verdict"],
-                         [[f.experiment.name, f.experiment.claim, f"**{f.verdict}**"] for f in findings])]
-    for f in findings:
+                              "w_p = 1 per prompt token and w_q = 2 per output token, unless stated. Claims, scopes "
+                              "and page references follow the paper's summary (arXiv 2401.00588v2); each verdict "
+                              "tests the claim on the scope the paper states."),
+                        ("h2", "Overview"),
+                        ("p", f"{held} of {len(paper)} claims hold."),
+                        ("table", OVERVIEW_HEAD, _overview_rows(paper, links=True))]
+    if own:
+        out += [("p", "**Beyond the paper's scope** — our own findings, reported apart from the paper's claims:"),
+                ("table", ["finding", "relates to", "question", "scope", "—", "ours", "answer", "figure"],
+                 _overview_rows(own, links=True))]
+    for f in paper + own:
         e = f.experiment
         out += [("h2", f"{e.name}: {e.title}"),
-                ("p", f"**Workloads:** {', '.join(e.workloads)}. **Policies:** "
-                      f"{', '.join(dict.fromkeys(r.name for r in e.runs))}."),
-                ("p", f"**The paper's claim:** {e.claim}"),
-                ("p", f"**Verdict: {f.verdict}.** {f.evidence[:1].upper()}{f.evidence[1:]}.")]
+                ("p", f"**Source:** {e.source}. **Scope:** {e.scope}."),
+                ("p", f"**Workloads:** {', '.join(e.workloads) or 'none (no simulation)'}. **Policies:** "
+                      f"{', '.join(dict.fromkeys(r.name for r in e.runs)) or '—'}."),
+                ("p", f"**{'Our question' if e.own else 'The paper' + chr(39) + 's claim'}:** {e.claim}"),
+                ("p", f"**The paper's figure:** {e.paper or 'none given'}. **Ours:** {f.ours or '—'}."),
+                ("p", f"**{'Answer' if e.own else 'Verdict'}: {f.verdict}.** "
+                      f"{f.evidence[:1].upper()}{f.evidence[1:]}.")]
         if f.runs:
             out.append(("table", ["workload", "policy", "output tokens/s", "service/s", "max backlogged diff",
                                   "Jain's index"], [_run_row(o) for o in f.runs]))
@@ -74,7 +121,8 @@ def to_markdown(bs: list[tuple]) -> str:
         if b[0] == "h1":
             lines += [f"# {b[1]}", ""]
         elif b[0] == "h2":
-            lines += [f"## {b[1]}", ""]
+            name = b[1].split(":")[0]
+            lines += [f'<a id="{name}"></a>', "", f"## {b[1]}", ""] if ":" in b[1] else [f"## {b[1]}", ""]
         elif b[0] == "p":
             lines += [b[1], ""]
         elif b[0] == "table":
@@ -89,6 +137,7 @@ def _inline(text: str) -> str:
     """Markdown's **bold**, *italic* and `code` for the HTML twin."""
     import re
     t = html.escape(text)
+    t = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r"<a href='\2'>\1</a>", t)
     t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
     t = re.sub(r"\*(.+?)\*", r"<i>\1</i>", t)
     return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
@@ -101,7 +150,8 @@ def to_html(bs: list[tuple], out_dir: Path) -> str:
              "text-align:left}img{max-width:100%}figcaption{color:#555;font-size:90%}</style></head><body>"]
     for b in bs:
         if b[0] in ("h1", "h2"):
-            parts.append(f"<{b[0]}>{_inline(b[1])}</{b[0]}>")
+            anchor = f" id='{html.escape(b[1].split(':')[0])}'" if b[0] == "h2" and ":" in b[1] else ""
+            parts.append(f"<{b[0]}{anchor}>{_inline(b[1])}</{b[0]}>")
         elif b[0] == "p":
             parts.append(f"<p>{_inline(b[1])}</p>")
         elif b[0] == "table":
@@ -123,10 +173,10 @@ def write(findings: list[Finding], out_dir: Path, meta: dict) -> tuple[Path, Pat
     return md, page
 
 
-def judge(exp: Experiment, res: Results) -> tuple[bool | None, str]:
-    """The experiment's verdict from its numbers; an evaluation error is reported, not raised."""
+def judge(exp: Experiment, res: Results) -> tuple[bool | None, str, str]:
+    """(holds, evidence, ours) from the experiment's numbers; an evaluation error is reported, not raised."""
     try:
-        holds, evidence = exp.judge(res)
-        return bool(holds), evidence
+        holds, evidence, ours = exp.judge(res)
+        return bool(holds), evidence, ours
     except (KeyError, ZeroDivisionError, TypeError, ValueError) as e:
-        return None, f"could not be evaluated ({type(e).__name__}: {e})"
+        return None, f"could not be evaluated ({type(e).__name__}: {e})", ""

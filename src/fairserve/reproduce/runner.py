@@ -9,15 +9,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import plots, report
-from .experiments import EXPERIMENTS, Experiment, Results
+from .experiments import ALL_EXPERIMENTS, Experiment, Results
 from .runs import REAL, RunSpec, run, trace_available
 
-BY_NAME = {e.name: e for e in EXPERIMENTS}
+BY_NAME = {e.name: e for e in ALL_EXPERIMENTS}
 
 
 def select(only: list[str] | None) -> list[Experiment]:
     if not only:
-        return list(EXPERIMENTS)
+        return list(ALL_EXPERIMENTS)
     unknown = [n for n in only if n not in BY_NAME]
     if unknown:
         raise ValueError(f"unknown experiment(s) {', '.join(unknown)}; choose from: {', '.join(BY_NAME)}")
@@ -51,7 +51,7 @@ def reproduce(out_dir: str | Path = "fairserve-results", only: list[str] | None 
     try:
         outs = _map(pool, _simulate, [(s, quick, trace) for s in specs], "simulating", progress)
         res = Results({(s.workload, s.name): o for s, o in zip(specs, outs)})
-        ran = [e for e in experiments if any((r.workload, r.name) in res for r in e.runs)]
+        ran = [e for e in experiments if e.runs and all((r.workload, r.name) in res for r in e.runs)]
         subsets = [(e.name, Results({k: v for k, v in res.items() if k in {(r.workload, r.name) for r in e.runs}}),
                     out_dir) for e in ran]
         drawn = dict(zip((e.name for e in ran), _map(pool, _draw, subsets, "drawing", progress)))
@@ -60,13 +60,13 @@ def reproduce(out_dir: str | Path = "fairserve-results", only: list[str] | None 
             pool.shutdown()
     findings = []
     for exp in experiments:
-        if exp.name not in drawn:
+        if exp.runs and exp.name not in drawn:
             findings.append(report.Finding(exp, None, "skipped: the Chatbot Arena trace was not found "
                                                       "(set FAIRSERVE_ARENA_TRACE or pass --trace FILE)"))
             continue
-        holds, evidence = report.judge(exp, res)
-        runs = [res[r.workload, r.name] for r in exp.runs if (r.workload, r.name) in res]
-        findings.append(report.Finding(exp, holds, evidence, drawn[exp.name], runs))
+        holds, evidence, ours = report.judge(exp, res)
+        runs = [res[r.workload, r.name] for r in exp.runs]
+        findings.append(report.Finding(exp, holds, evidence, drawn.get(exp.name, []), runs, ours))
     meta = {"engine": "Llama-2-7b on an A10G (latency profiled by the paper), KV pool 10,000 tokens, S-LoRA's "
                       "conservative admission; ablation: Llama-2-13b on an A100-80GB (roofline), pools 35,000/65,000",
             "mode": "quick (shortened workloads)" if quick else "full", "runs": len(specs),

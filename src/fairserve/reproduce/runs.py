@@ -83,13 +83,20 @@ class RunOutput:
         return self._cache[key]
 
 
+def split_name(name: str) -> tuple[str, float | None]:
+    """"overload@600s" -> ("overload", 600.0): a named workload run for a duration other than its default."""
+    base, at, dur = name.partition("@")
+    return (base, float(dur.removesuffix("s"))) if at else (base, None)
+
+
 def load_workload(name: str, quick: bool, trace: str | None) -> Workload:
-    if name == REAL and trace:
+    base, duration = split_name(name)
+    if base == REAL and trace:
         w = load_trace(trace)
         return Workload(name=REAL, arrivals=w.arrivals, duration_s=max(w.duration_s, 1.0))
-    w = get_workload(name)
+    w = get_workload(base, duration_s=duration)
     if quick:
-        w = get_workload(name, duration_s=quick_duration(w.duration_s, name))
+        w = get_workload(base, duration_s=quick_duration(w.duration_s, base))
     return w
 
 

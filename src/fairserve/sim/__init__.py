@@ -3,26 +3,47 @@ from __future__ import annotations
 
 from ..core import Policy, make_policy
 from ..workloads import Workload
-from .engine import EngineConfig, SimEngine, SimRequest, SimResult
-from .latency import DEFAULT_LATENCY_MODEL, LATENCY_MODELS, LatencyModel, default_kv_tokens, get_latency_model
+from .engine import EngineConfig, Mode, SimEngine, SimRequest, SimResult
+from .latency import (
+    DEFAULT_LATENCY_MODEL,
+    LATENCY_MODELS,
+    LatencyModel,
+    default_kv_tokens,
+    get_latency_model,
+    server_tokens,
+)
 
 __all__ = ["EngineConfig", "SimEngine", "SimRequest", "SimResult", "LatencyModel", "LATENCY_MODELS",
-           "get_latency_model", "simulate"]
+           "get_latency_model", "engine_config", "simulate"]
+
+
+def engine_config(profile: str = DEFAULT_LATENCY_MODEL, kv_tokens: int | None = None,
+                  mode: Mode = "reserve") -> EngineConfig:
+    """The engine of a named preset: its pool (unless `kv_tokens` is given) and its server's token-level effects
+    (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve)."""
+    server = server_tokens(profile)
+    return EngineConfig(kv_tokens=kv_tokens if kv_tokens is not None else default_kv_tokens(profile), mode=mode,
+                        prompt_extra_tokens=server.prompt_extra_tokens,
+                        reserve_per_client_tokens=server.reserve_per_client_tokens)
 
 
 def simulate(workload: Workload, policy: str | Policy = "vtc", *, latency: str | LatencyModel | None = None,
-             kv_tokens: int | None = None, mode: str = "reserve", until_s: float | None = None, drain: bool = False,
+             kv_tokens: int | None = None, mode: Mode = "reserve", until_s: float | None = None, drain: bool = False,
              weights: dict[str, float] | None = None, cost=None, w_p: float = 1.0, w_q: float = 2.0,
              seed: int = 0) -> SimResult:
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
-    profile, its weights) and stop at its duration; `drain=True` runs until every request is done."""
+    profile, its weights) and stop at its duration; `drain=True` runs until every request is done. A preset name
+    brings its server's token-level effects; a `LatencyModel` object runs with none."""
     name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_MODEL)
     model = get_latency_model(name) if isinstance(name, str) else name
-    if kv_tokens is None:
-        kv_tokens = workload.kv_tokens or (default_kv_tokens(name) if isinstance(name, str) else 10_000)
+    kv = kv_tokens if kv_tokens is not None else workload.kv_tokens
+    if isinstance(name, str):
+        config = engine_config(name, kv, mode)
+    else:
+        config = EngineConfig(kv_tokens=kv if kv is not None else 10_000, mode=mode)
     if isinstance(policy, str):
         policy = make_policy(policy, weights=weights if weights is not None else workload.weights,
                              cost=cost, w_p=w_p, w_q=w_q, seed=seed)
-    engine = SimEngine(policy, model, EngineConfig(kv_tokens=kv_tokens, mode=mode))
+    engine = SimEngine(policy, model, config)
     horizon = None if drain else (until_s if until_s is not None else workload.duration_s)
     return engine.run(workload.arrivals, until_s=horizon)

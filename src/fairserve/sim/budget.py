@@ -2,7 +2,9 @@
 
 `reserve` is the paper's testbed (S-LoRA / LightLLM router): admit only if, with every running request assumed to run
 to its max output length, the peak future KV-pool use stays below the pool. `paged` is vLLM-like: admit if the prompt
-fits now; the engine preempts when the pool runs out.
+fits now; the engine preempts when the pool runs out. Both count a request's prompt as the server tokenized it
+(`extra` tokens more than the client's); `reserve` also holds back `per_client` pool tokens for each distinct client
+in the batch it admits into (S-LoRA's 4 * rank per adapter, one adapter per client).
 """
 from __future__ import annotations
 
@@ -57,33 +59,40 @@ class ReserveIndex:
 
 class ReserveBudget:
     def __init__(self, index: ReserveIndex, step: int, kv_tokens: int, prefill_tokens: int,
-                 running_max: int) -> None:
+                 running_max: int, extra: int = 0, per_client: int = 0, clients: set[str] | None = None) -> None:
         self.index = index
         self.step = step
         self.kv_tokens = kv_tokens
         self.prefill_left = prefill_tokens
         self.running_max = running_max
+        self.extra = extra
+        self.per_client = per_client
+        self.clients = set(clients or ())      # distinct clients in the running batch plus those admitted so far
 
     def try_add(self, req: SimRequest) -> bool:
-        need_prefill = req.prompt_tokens + req.generated
+        need_prefill = req.prompt_tokens + self.extra + req.generated
         if need_prefill > self.prefill_left or len(self.index.ends) + 1 > self.running_max:
             return False
         held, left = need_prefill + 1, req.output_tokens - req.generated - 1   # as LightLLM: (input + 1, max - 1)
-        if self.index.peak_with(held, left, self.step) >= self.kv_tokens:
+        adapters = len(self.clients) + (req.client not in self.clients)
+        if self.index.peak_with(held, left, self.step) >= self.kv_tokens - self.per_client * adapters:
             return False
         self.index = self.index.with_entry(held, left, self.step)
         self.prefill_left -= need_prefill
+        self.clients.add(req.client)
         return True
 
 
 class PagedBudget:
-    def __init__(self, kv_used: int, n_running: int, kv_tokens: int, prefill_tokens: int, running_max: int) -> None:
+    def __init__(self, kv_used: int, n_running: int, kv_tokens: int, prefill_tokens: int, running_max: int,
+                 extra: int = 0) -> None:
         self.free = kv_tokens - kv_used
         self.prefill_left = prefill_tokens
         self.slots = running_max - n_running
+        self.extra = extra
 
     def try_add(self, req: SimRequest) -> bool:
-        need = req.prompt_tokens + req.generated   # a preempted request recomputes what it had generated
+        need = req.prompt_tokens + self.extra + req.generated   # a preempted request recomputes what it had generated
         if need > self.prefill_left or need + 1 > self.free or self.slots < 1:
             return False
         self.free -= need + 1

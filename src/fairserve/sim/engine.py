@@ -28,12 +28,16 @@ class EngineConfig:
     max_wait_steps: int | None = None       # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
     mode: Mode = "reserve"
     running_max: int = 1000
+    prompt_extra_tokens: int = 0            # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
+    reserve_per_client_tokens: int = 0      # reserve admission: pool held back per distinct client in the batch
 
     def __post_init__(self) -> None:
         if self.mode not in ("reserve", "paged"):
             raise ValueError(f"engine mode must be 'reserve' or 'paged', got {self.mode!r}")
         if self.kv_tokens < 2:
             raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
+        if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
+            raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
 
     @property
     def prefill_tokens(self) -> int:
@@ -85,7 +89,8 @@ class SimEngine:
         self.observer = observer            # called after every prefill and decode step (tests, tracing)
         self.now = 0.0
         self.step = 0                       # decode steps so far
-        self.kv_used = 0                    # = sum over running requests of prompt + generated tokens
+        self.kv_used = 0                    # = sum over running requests of server prompt + generated tokens
+        self._extra = self.config.prompt_extra_tokens
         self.running: dict[SimRequest, None] = {}   # admission order (paged mode evicts the newest)
         self._ends: list[tuple[int, int, SimRequest]] = []   # (step at which it has all its tokens, seq, req)
         self._index: ReserveIndex | None = None                # cached per running set (reserve mode)
@@ -145,7 +150,7 @@ class SimEngine:
             req.generated = req.generated_at(self.step)
             self._index = None
             del self.running[req]
-            self.kv_used -= req.prompt_tokens + req.generated
+            self.kv_used -= req.prompt_tokens + self._extra + req.generated
             self.policy.on_output(req, req.generated - req.output_done)
         self.policy.abort(req)
 
@@ -153,7 +158,9 @@ class SimEngine:
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         cfg = self.config
-        if req.prompt_tokens > cfg.prefill_tokens or req.prompt_tokens + req.output_tokens >= cfg.kv_tokens:
+        prompt = req.prompt_tokens + self._extra
+        held_back = cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0
+        if prompt > cfg.prefill_tokens or prompt + req.output_tokens >= cfg.kv_tokens - held_back:
             req.state = RequestState.REJECTED      # too large for the engine: it could never be admitted
             return
         if self._eager and self.running:
@@ -166,10 +173,13 @@ class SimEngine:
             self._sync()
         if cfg.mode == "reserve":
             if self._index is None:
-                self._index = ReserveIndex([(r.end_step, r.prompt_tokens + r.output_tokens) for r in running])
-            budget = ReserveBudget(self._index, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
+                self._index = ReserveIndex([(r.end_step, r.prompt_tokens + self._extra + r.output_tokens)
+                                            for r in running])
+            budget = ReserveBudget(self._index, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max,
+                                   self._extra, cfg.reserve_per_client_tokens, {r.client for r in running})
         else:
-            budget = PagedBudget(self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max)
+            budget = PagedBudget(self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max,
+                                 self._extra)
         batch = self.policy.admit(budget.try_add)
         if batch:
             self._prefill(batch)
@@ -177,7 +187,7 @@ class SimEngine:
 
     def _prefill(self, batch: list[SimRequest]) -> None:
         start = self.now
-        dt = self.latency.prefill_s([r.prompt_tokens + r.generated for r in batch])
+        dt = self.latency.prefill_s([r.prompt_tokens + self._extra + r.generated for r in batch])
         self.now += dt
         self.busy_s += dt
         self.prefills += 1
@@ -189,7 +199,7 @@ class SimEngine:
                 r.first_token_s = self.now
             r.generated += 1               # the prefill produces one token
             r.step_base = step
-            self.kv_used += r.prompt_tokens + r.generated
+            self.kv_used += r.prompt_tokens + self._extra + r.generated
             self.running[r] = None
             r.end_step = step + r.output_tokens - r.generated
             if r.end_step == step:
@@ -224,7 +234,7 @@ class SimEngine:
     def _finish(self, r: SimRequest) -> None:
         self._index = None
         del self.running[r]
-        self.kv_used -= r.prompt_tokens + r.generated
+        self.kv_used -= r.prompt_tokens + self._extra + r.generated
         r.finish_s = r.last_token_s = self.now
         self.policy.on_output(r, r.generated - r.output_done)
         self.policy.finish(r)
@@ -235,7 +245,7 @@ class SimEngine:
         r.generated = r.generated_at(self.step)
         self._index = None
         del self.running[r]
-        self.kv_used -= r.prompt_tokens + r.generated
+        self.kv_used -= r.prompt_tokens + self._extra + r.generated
         self._ends = [e for e in self._ends if e[2] is not r]
         heapq.heapify(self._ends)
         self.policy.on_output(r, r.generated - r.output_done)

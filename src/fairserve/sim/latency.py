@@ -6,8 +6,13 @@ one decode step of the running batch, where context_tokens = sum over running re
 generated so far). decode_step_s runs ~20,000 times per simulated 10 minutes, so it is a few float operations on
 precomputed constants. An empty prefill costs 0; decode expects batch_size >= 1.
 
+Every model adds a `StepOverhead` to each pass: the server's work outside the model forward (sampling, device -> host
+syncs, Python bookkeeping, handing tokens to the detokenizer), which a forward-only profile or a roofline does not see.
+
 Presets (`get_latency_model`, names in `LATENCY_MODELS`); formulas and sources are in docs/latency.md:
-- "a10g-llama2-7b" (default): `LinearLatency` fitted to the paper's A10G / Llama-2-7b profile (constants below).
+- "a10g-llama2-7b" (default): `LinearLatency` fitted to the paper's A10G / Llama-2-7b profile in the batch range the
+  paper's workloads run at, plus the S-LoRA server's per-step overhead (constants below). `SERVER_TOKENS` holds the
+  preset's two token-level server effects (longer tokenized prompts, the per-adapter admission reserve).
 - "MODEL@GPU", e.g. "llama-2-13b@a100-80gb": `RooflineLatency` from `hardware.MODELS` x `hardware.GPUS`.
 - "constant": `ConstantLatency()`, for hand-checkable tests.
 """
@@ -16,14 +21,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from fairserve.sim.hardware import GPUS, MODELS, GpuSpec, ModelSpec
 
 __all__ = [
-    "LatencyModel", "ConstantLatency", "LinearLatency", "RooflineLatency", "ModelSpec", "GpuSpec", "MODELS", "GPUS",
+    "LatencyModel", "StepOverhead", "ServerTokens", "SERVER_TOKENS", "server_tokens", "ConstantLatency", "LinearLatency", "RooflineLatency", "ModelSpec", "GpuSpec", "MODELS", "GPUS",
     "A10G_LLAMA2_7B", "DEFAULT_LATENCY_MODEL", "LATENCY_MODELS", "get_latency_model", "default_kv_tokens",
     "PROFILE_FILENAME", "ProfileRow", "profile_rows", "load_profile", "fit_linear_latency", "fit_errors",
 ]
@@ -51,6 +56,39 @@ def _sums(prompt_lens: Sequence[int]) -> tuple[float, float]:
 
 
 @dataclass(frozen=True, slots=True)
+class StepOverhead:
+    """Wall time a server spends per pass outside the model forward, added to every decode step and prefill pass:
+    kernel launches the forward does not hide, sampling, device -> host syncs, Python loops over the batch, counter
+    updates, handing the step's tokens to the detokenizer. One definition for every latency model."""
+
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_non_negative(self, ("decode_s", "prefill_s"))
+
+
+NO_OVERHEAD = StepOverhead()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTokens:
+    """Token-level effects of the serving software that a latency model does not capture (docs/latency.md).
+
+    prompt_extra_tokens: the server's tokenizer makes a client's p-token prompt p + this many tokens (KV cache,
+        prefill and admission use the longer prompt; service is still counted on the client's p).
+    reserve_per_client_tokens: the reserve admission check subtracts this much of the KV pool for each distinct
+        client (adapter) in the batch it would admit into (S-LoRA: 4 * LoRA rank per adapter)."""
+
+    prompt_extra_tokens: int = 0
+    reserve_per_client_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
+            raise ValueError("ServerTokens values must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ConstantLatency:
     """prefill = prefill_s_fixed + prefill_s_per_token * sum(prompt_lens) (0 if empty); every decode step = decode_s."""
 
@@ -73,8 +111,9 @@ class ConstantLatency:
 
 @dataclass(frozen=True, slots=True)
 class LinearLatency:
-    """prefill = fixed + per_token * sum(x) + per_sq_token * sum(x^2)   (x = prompt lengths; attention ~ x^2)
-    decode  = fixed + per_seq * batch_size + per_context_token * context_tokens."""
+    """prefill = fixed + per_token * sum(x) + per_sq_token * sum(x^2) + overhead.prefill_s   (attention ~ x^2)
+    decode  = fixed + per_seq * batch_size + per_context_token * context_tokens
+              + large_batch_s (if batch_size > large_batch_from) + overhead.decode_s."""
 
     name: str
     prefill_fixed_s: float = 0.0
@@ -83,20 +122,32 @@ class LinearLatency:
     decode_fixed_s: float = 0.0
     decode_per_seq_s: float = 0.0
     decode_per_context_token_s: float = 0.0
+    large_batch_s: float = 0.0  # added to a decode step of more than large_batch_from requests
+    large_batch_from: int = 64
+    overhead: StepOverhead = NO_OVERHEAD
+    _pre0: float = field(init=False, repr=False, compare=False)
+    _dec0: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_non_negative(self, ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
-                                   "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s"))
+                                   "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s",
+                                   "large_batch_s"))
+        object.__setattr__(self, "_pre0", self.prefill_fixed_s + self.overhead.prefill_s)
+        object.__setattr__(self, "_dec0", self.decode_fixed_s + self.overhead.decode_s)
 
     def prefill_s(self, prompt_lens: Sequence[int]) -> float:
         if not prompt_lens:
             return 0.0
         tokens, squares = _sums(prompt_lens)
-        return self.prefill_fixed_s + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
+        return self._pre0 + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
-        return (self.decode_fixed_s + self.decode_per_seq_s * batch_size
-                + self.decode_per_context_token_s * context_tokens)
+        t = self._dec0 + self.decode_per_seq_s * batch_size + self.decode_per_context_token_s * context_tokens
+        return t + self.large_batch_s if batch_size > self.large_batch_from else t
+
+    def forward_only(self) -> LinearLatency:
+        """The same model without the server overhead: what a forward-only profile measures."""
+        return replace(self, overhead=NO_OVERHEAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +164,8 @@ class RooflineLatency:
     gpu: GpuSpec
     mfu: float = 0.5  # achieved / peak tensor FLOP/s (docs/latency.md justifies the defaults)
     bandwidth_efficiency: float = 0.8  # achieved / datasheet memory bandwidth
-    decode_overhead_s: float = 0.003  # per decode step: kernel launches + scheduler/sampling on the CPU
-    prefill_overhead_s: float = 0.01  # per prefill pass: the above + batching the prompts, allocating KV slots
+    # decode: kernel launches + scheduler/sampling on the CPU; prefill: the above + batching prompts, allocating KV
+    overhead: StepOverhead = StepOverhead(decode_s=0.003, prefill_s=0.01)
     name: str = ""  # "" -> "MODEL@GPU"
     _w_mem: float = field(init=False, repr=False, compare=False)
     _kv_mem: float = field(init=False, repr=False, compare=False)
@@ -124,7 +175,6 @@ class RooflineLatency:
     def __post_init__(self) -> None:
         if not (0.0 < self.mfu <= 1.0 and 0.0 < self.bandwidth_efficiency <= 1.0):
             raise ValueError("mfu and bandwidth_efficiency must be in (0, 1]")
-        _check_non_negative(self, ("decode_overhead_s", "prefill_overhead_s"))
         m, g = self.model, self.gpu
         flops, bw = g.peak_flops * self.mfu, g.mem_bandwidth * self.bandwidth_efficiency
         s = object.__setattr__
@@ -140,30 +190,55 @@ class RooflineLatency:
         tokens, squares = _sums(prompt_lens)
         compute = self._tok_flop * tokens + self._attn_flop * squares
         memory = self._w_mem + self._kv_mem * tokens
-        return (compute if compute > memory else memory) + self.prefill_overhead_s
+        return (compute if compute > memory else memory) + self.overhead.prefill_s
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         compute = self._tok_flop * batch_size + self._attn_flop * context_tokens
         memory = self._w_mem + self._kv_mem * context_tokens
-        return (compute if compute > memory else memory) + self.decode_overhead_s
+        return (compute if compute > memory else memory) + self.overhead.decode_s
 
+    @property
+    def decode_overhead_s(self) -> float:
+        return self.overhead.decode_s
+
+    @property
+    def prefill_overhead_s(self) -> float:
+        return self.overhead.prefill_s
+
+
+OPERATING_MAX_BATCH = 64  # the paper's workloads run at batch <= ~52; larger profile rows jump (docs/latency.md)
 
 # Fitted to the paper's A10G / Llama-2-7b profile (shared/profiles/a10g_llama2_7b_batch_profile.json) by
 # benchmarks/fit_profile.py, which reproduces these constants and prints the per-row error (docs/latency.md).
-# Non-negative least squares on relative error. prefill_per_sq_token_s is 0: unconstrained it fits slightly
-# negative (-1.0e-8 s), i.e. the profile shows no attention x^2 growth up to 512-token prompts.
-A10G_LLAMA2_7B = LinearLatency(
+# Non-negative least squares on relative error; decode on the rows with batch <= 64 only. prefill_per_sq_token_s is
+# 0: unconstrained it fits slightly negative (-1.0e-8 s), i.e. no attention x^2 growth up to 512-token prompts.
+A10G_FORWARD = LinearLatency(
     name="a10g-llama2-7b",
     prefill_fixed_s=0.05316486426127616,
     prefill_per_token_s=0.00020893483944306907,
     prefill_per_sq_token_s=0.0,
-    decode_fixed_s=0.018158802984049108,
-    decode_per_seq_s=0.00021607290693725396,
-    decode_per_context_token_s=1.8906472352447968e-06,
+    decode_fixed_s=0.02938750999063876,
+    decode_per_seq_s=5.022472174770765e-05,
+    decode_per_context_token_s=9.874547913822942e-07,
+    large_batch_s=0.005999094232314123,
+    large_batch_from=64,
 )
+# The S-LoRA server's work per pass outside the forward the profile timed (docs/latency.md, "Server overhead"):
+# calibrated on the paper's four measured calibration runs (benchmarks/fidelity.py).
+A10G_STEP_OVERHEAD = StepOverhead(decode_s=0.0025, prefill_s=0.0025)
+A10G_LLAMA2_7B = replace(A10G_FORWARD, overhead=A10G_STEP_OVERHEAD)
 PAPER_KV_TOKENS = 10_000  # the paper's (S-LoRA's) KV pool on the A10G
 
 DEFAULT_LATENCY_MODEL = "a10g-llama2-7b"
+# S-LoRA as the paper ran it: "Hello " * p tokenizes to p + 2 (BOS and a trailing piece); admission reserves
+# 4 * rank (8) = 32 pool tokens per distinct adapter, one adapter per client (docs/latency.md).
+SERVER_TOKENS: dict[str, ServerTokens] = {DEFAULT_LATENCY_MODEL: ServerTokens(prompt_extra_tokens=2,
+                                                                              reserve_per_client_tokens=32)}
+
+
+def server_tokens(name: str = DEFAULT_LATENCY_MODEL) -> ServerTokens:
+    """The preset's token-level server effects (none for presets without a measured server)."""
+    return SERVER_TOKENS.get(name.strip().lower(), ServerTokens())
 KV_MEMORY_FRACTION = 0.9  # of GPU memory usable for weights + KV (rest: CUDA context, activations, fragmentation)
 
 
@@ -277,17 +352,27 @@ def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[fl
     return [float(v) for v in best]
 
 
-def fit_linear_latency(rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL) -> LinearLatency:
-    """Prefill: every row; decode: rows with output_len > 1, context = batch * (prompt + output/2)."""
+def fit_linear_latency(rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL,
+                       large_batch_from: int = OPERATING_MAX_BATCH) -> LinearLatency:
+    """Prefill: every row. Decode: rows with output_len > 1 and batch <= large_batch_from (the operating range),
+    context = batch * (prompt + output/2); large_batch_s = the median excess of the larger-batch decode rows over
+    that plane (0 if there are none). The result is forward-only (no StepOverhead), as the profile timed it."""
+    import statistics
+
     pre = _nnls_relative([[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows],
                          [r.prefill_s for r in rows])
-    dec_rows = [r for r in rows if r.decode_fitted]
+    dec_rows = [r for r in rows if r.decode_fitted and r.batch_size <= large_batch_from]
     dec = _nnls_relative([[1.0, r.batch_size, r.context_tokens] for r in dec_rows], [r.decode_step_s for r in dec_rows])
-    return LinearLatency(name, *pre, *dec)
+    plane = LinearLatency(name, *pre, *dec, large_batch_from=large_batch_from)
+    excess = [r.decode_step_s - plane.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
+              for r in rows if r.decode_fitted and r.batch_size > large_batch_from]
+    return replace(plane, large_batch_s=max(0.0, statistics.median(excess)) if excess else 0.0)
 
 
 def fit_errors(model: LatencyModel, rows: Sequence[ProfileRow]) -> list[dict[str, Any]]:
-    """Per row: measured and modelled prefill pass and decode step (s), and relative errors (model/measured - 1)."""
+    """Per row: measured and modelled prefill pass and decode step (s), and relative errors (model/measured - 1).
+    A model with a StepOverhead is compared without it (the profile timed the forward only)."""
+    model = model.forward_only() if isinstance(model, LinearLatency) else model
     out = []
     for r in rows:
         pre = model.prefill_s([r.prompt_len] * r.batch_size)
