@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairserve.core import make_policy
+from fairserve.core import make_policy, theorem_bound
 from fairserve.metrics import summarize
 from fairserve.sim import EngineConfig, SimEngine, simulate
 from fairserve.sim.latency import get_latency_model
@@ -49,7 +49,7 @@ sizes = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=4
 def test_vtc_backlogged_difference_within_theorem_4_4(draws, kv):
     arrivals = heavy_clients(draws)
     l_in = max(a.prompt_tokens for a in arrivals)
-    bound = 2 * max(1 * l_in, 2 * kv)
+    bound = theorem_bound(l_in, kv)
     assert max_backlogged_gap("vtc", arrivals, kv) <= bound
 
 
@@ -57,7 +57,7 @@ def test_fcfs_breaks_the_bound_that_vtc_keeps():
     # f sends 3x as many requests at once: FCFS serves in arrival order, VTC keeps the two within the bound
     arrivals = [Arrival(0.0001 * i, "f" if i % 4 else "g", 200, 200) for i in range(600)]
     kv = 1000
-    bound = 2 * max(200, 2 * kv)
+    bound = theorem_bound(200, kv)
     assert max_backlogged_gap("vtc", arrivals, kv) <= bound
     assert max_backlogged_gap("fcfs", arrivals, kv) > 3 * bound
 

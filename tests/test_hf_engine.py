@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fairserve.core import make_policy  # noqa: E402
+from fairserve.core import make_policy, theorem_bound  # noqa: E402
 from fairserve.engines.hf_scheduler import FairScheduler  # noqa: E402
 from fairserve.engines.hf_engine import EngineError, EngineSizing, HFEngine  # noqa: E402
 from fairserve.engines.hf_models import load_model  # noqa: E402
@@ -25,7 +25,7 @@ def tiny():
 
 def bound(sizing: EngineSizing, prompt: int = PROMPT) -> float:
     """Theorem 4.4: 2·max(w_p·L_in, w_q·M), M = the KV pool in tokens."""
-    return 2 * max(W_P * prompt, W_Q * sizing.kv_tokens)
+    return theorem_bound(prompt, sizing.kv_tokens, W_P, W_Q)
 
 
 class Trace:

@@ -1,6 +1,7 @@
 """The paper's qualitative results on its synthetic workloads (§5.2)."""
 import pytest
 
+from fairserve.core import theorem_bound
 from fairserve.metrics import backlogged, service_curves, summarize, time_grid
 from fairserve.sim import simulate
 from fairserve.workloads import make_workload
@@ -44,7 +45,7 @@ def test_overload_weighted_splits_1_2_3_4():
 
 def test_vtc_difference_stays_within_bound_on_overload_fcfs_grows():
     w = make_workload("overload")
-    bound = 2 * max(256, 2 * 10_000)
+    bound = theorem_bound(256, 10_000)
     vtc = summarize(simulate(w, "vtc").records, w.duration_s)
     fcfs = summarize(simulate(w, "fcfs").records, w.duration_s)
     assert vtc.max_backlogged_diff <= bound

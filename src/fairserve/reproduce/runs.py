@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import theorem_bound
 from ..core.cost import CostFunction, make_cost
 from ..metrics import backlogged, response_times, service_curves, service_rates, summarize, time_grid
 from ..records import RequestRecord
@@ -75,7 +76,7 @@ class RunOutput:
     @property
     def bound(self) -> float:
         """Theorem 4.4's 2U = 2 max(w_p L_in, w_q M) for this run's pool and prompts (linear cost)."""
-        return 2.0 * max(1.0 * self.max_prompt, 2.0 * self.kv_tokens)
+        return theorem_bound(self.max_prompt, self.kv_tokens)
 
     def _memo(self, key, make):
         if key not in self._cache:

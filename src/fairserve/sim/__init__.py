@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..core import Policy, make_policy
-from ..workloads import Workload
+from ..workloads import DEFAULT_KV_TOKENS, Workload
 from .engine import EngineConfig, Mode, SimEngine, SimRequest, SimResult
 from .latency import (
     DEFAULT_LATENCY_MODEL,
@@ -40,7 +40,7 @@ def simulate(workload: Workload, policy: str | Policy = "vtc", *, latency: str |
     if isinstance(name, str):
         config = engine_config(name, kv, mode)
     else:
-        config = EngineConfig(kv_tokens=kv if kv is not None else 10_000, mode=mode)
+        config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
     if isinstance(policy, str):
         policy = make_policy(policy, weights=weights if weights is not None else workload.weights,
                              cost=cost, w_p=w_p, w_q=w_q, seed=seed)

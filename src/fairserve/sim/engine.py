@@ -15,6 +15,7 @@ from typing import Literal
 from ..core.policy import Policy
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
+from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .latency import LatencyModel
 
@@ -23,7 +24,7 @@ Mode = Literal["reserve", "paged"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kv_tokens: int = 10_000                 # KV-cache pool (A10G + Llama-2-7b in the paper)
+    kv_tokens: int = DEFAULT_KV_TOKENS      # KV-cache pool (A10G + Llama-2-7b in the paper)
     batch_max_tokens: int | None = None     # prefill budget per round; None = max(kv_tokens // 6, 3072)
     max_wait_steps: int | None = None       # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
     mode: Mode = "reserve"

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from fairserve.sim.hardware import GPUS, MODELS, GpuSpec, ModelSpec
+from ..workloads.base import DEFAULT_KV_TOKENS
+from .hardware import GPUS, MODELS, GpuSpec, ModelSpec
 
 __all__ = [
     "LatencyModel", "StepOverhead", "ServerTokens", "SERVER_TOKENS", "server_tokens", "ConstantLatency", "LinearLatency", "RooflineLatency", "ModelSpec", "GpuSpec", "MODELS", "GPUS",
@@ -227,7 +228,7 @@ A10G_FORWARD = LinearLatency(
 # calibrated on the paper's four measured calibration runs (benchmarks/fidelity.py).
 A10G_STEP_OVERHEAD = StepOverhead(decode_s=0.0025, prefill_s=0.0025)
 A10G_LLAMA2_7B = replace(A10G_FORWARD, overhead=A10G_STEP_OVERHEAD)
-PAPER_KV_TOKENS = 10_000  # the paper's (S-LoRA's) KV pool on the A10G
+PAPER_KV_TOKENS = DEFAULT_KV_TOKENS  # the paper's (S-LoRA's) KV pool on the A10G
 
 DEFAULT_LATENCY_MODEL = "a10g-llama2-7b"
 # S-LoRA as the paper ran it: "Hello " * p tokenizes to p + 2 (BOS and a trailing piece); admission reserves
