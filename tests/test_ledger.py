@@ -178,3 +178,54 @@ def test_counts_and_charges_stay_consistent(spec, script, weights):
             assert math.isfinite(t.counter) and math.isfinite(t.service)
         assert len(led) == sum(not r.done for r in live)
         assert led.policy.num_queued == sum(t.queued for t in view.tenants.values())
+
+
+def test_boundary_weights_are_accepted_and_errors_name_the_tenant():
+    assert check_weight("a", MIN_WEIGHT) == MIN_WEIGHT and check_weight("a", MAX_WEIGHT) == MAX_WEIGHT
+    with pytest.raises(ValueError, match="weight of 'bob'"):
+        ledger().set_weight("bob", 0)
+
+
+def test_arrive_keeps_what_the_driver_said_and_rate_limits_see_its_clock():
+    led = ledger("rpm:1")
+    r = led.arrive(1, "a", 7, max_tokens=9, now=3.5)
+    assert (r.max_tokens, r.arrival_s, r.prompt_tokens) == (9, 3.5, 7)
+    assert led.arrive(9, "b", 1).arrival_s == 0.0           # a driver without a clock
+    assert led.arrive(2, "a", 1, now=30.0) is None          # within the 60 s window of the first
+    assert led.arrive(3, "a", 1, now=64.0) is not None      # a minute after it
+
+
+def test_admit_limit_output_default_and_live_prompt_growth():
+    led = ledger()
+    reqs = [led.arrive(i, "a", 10) for i in range(3)]
+    assert led.admit(lambda r: True, limit=2) == reqs[:2]
+    led.output(reqs[0])                                     # one token by default
+    assert led.view().tenants["a"].service == 10 + 10 + 2
+    led.prompt(reqs[0], 15)                                 # a session's next turn: 5 more prompt tokens
+    assert led.view().tenants["a"].service == 10 + 10 + 2 + 5
+    led.settle(reqs[0])
+    led.prompt(reqs[0], 100)                                # settled: nothing changes any more
+    assert led.view().tenants["a"].service == 27
+
+
+def test_settle_finishes_unless_cancelled():
+    led = ledger()
+    done, cut = led.arrive(1, "a", 10), led.arrive(2, "b", 10)
+    led.admit(lambda r: True)
+    led.output(done, 4)
+    led.output(cut, 4)
+    led.settle(done, output=4)
+    led.settle(cut, output=4, cancelled=True)
+    assert done.state is RequestState.FINISHED and cut.state is RequestState.ABORTED
+
+
+def test_queued_lookup_settle_all_and_admin_rows():
+    led = ledger()
+    running, waiting = led.arrive(1, "a", 10), led.arrive(2, "b", 10, item="w")
+    led.pop()
+    led.output(running, 2)
+    assert led.queued() == [waiting]
+    assert led.settle_all() == 2 and len(led) == 0
+    assert running.state is waiting.state is RequestState.ABORTED
+    assert led.view().tenants["a"].row() == {"name": "a", "weight": 1.0, "counter": 14.0, "service": 14.0,
+                                             "queue_length": 0, "in_flight": 0}
