@@ -3,7 +3,8 @@ from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
 from .factory import POLICIES, SchedulingPolicy, make_policy, parse_weights
 from .fairness import jain_index, theorem_bound
 from .fcfs import FCFS, RPM
-from .ledger import DEFAULT_TENANT, MAX_WEIGHT, MIN_WEIGHT, Account, Ledger, LedgerView, TenantView, Unsupported, check_weight
+from .ledger import (DEFAULT_TENANT, MAX_WEIGHT, MIN_WEIGHT, Account, Ledger, LedgerView, TenantView, Unsupported,
+                     check_weight)
 from .policy import Policy, PolicyError
 from .predictor import MovingAveragePredictor, NoisyOraclePredictor, OraclePredictor, Predictor, make_predictor
 from .request import Request, RequestState
@@ -15,5 +16,6 @@ __all__ = [
     "FCFS", "RPM", "VTC", "Policy", "PolicyError",
     "Predictor", "OraclePredictor", "NoisyOraclePredictor", "MovingAveragePredictor", "make_predictor",
     "Request", "RequestState",
-    "DEFAULT_TENANT", "MAX_WEIGHT", "MIN_WEIGHT", "Account", "Ledger", "LedgerView", "TenantView", "Unsupported", "check_weight", "jain_index", "theorem_bound",
+    "DEFAULT_TENANT", "MAX_WEIGHT", "MIN_WEIGHT", "Account", "Ledger", "LedgerView", "TenantView", "Unsupported",
+    "check_weight", "jain_index", "theorem_bound",
 ]

@@ -156,13 +156,23 @@ class SimEngine:
         self.policy.abort(req)
 
     # ---- events -------------------------------------------------------------------------------------------------
+    def too_large(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        """Why a request of this size could never be admitted, or None if it can be."""
+        cfg = self.config
+        prompt = prompt_tokens + self._extra
+        pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
+        if prompt + output_tokens >= pool:
+            return (f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
+                    f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
+                    "Reduce the prompt or max_tokens.")
+        if prompt > cfg.prefill_tokens:
+            return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
+        return None
+
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
-        cfg = self.config
-        prompt = req.prompt_tokens + self._extra
-        held_back = cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0
-        if prompt > cfg.prefill_tokens or prompt + req.output_tokens >= cfg.kv_tokens - held_back:
-            req.state = RequestState.REJECTED      # too large for the engine: it could never be admitted
+        if self.too_large(req.prompt_tokens, req.output_tokens) is not None:
+            req.state = RequestState.REJECTED      # it could never be admitted
             return
         if self._eager and self.running:
             self._sync()     # the counter lift compares against up-to-date counters
