@@ -20,10 +20,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-def check_listen(v: str) -> str:
+def split_listen(v: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets: `[::1]:8080`) → (host, port). Raises ValueError with what is expected."""
     host, sep, port = v.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {v!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_listen(v: str) -> str:
+    split_listen(v)
     return v
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..api.config import split_listen
 from ..core import POLICIES
 from ..sim.latency import DEFAULT_LATENCY_MODEL, default_kv_tokens
 from .config import ENGINE_MODES, EmulatorConfig
@@ -53,10 +54,11 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 def address(args: argparse.Namespace) -> tuple[str, int]:
     """(host, port) from --listen, with --host / --port overriding its parts. Raises ValueError."""
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"--listen must be HOST:PORT, e.g. {LISTEN}, got {args.listen!r}")
-    host, port = args.host or host.strip("[]"), int(port) if args.port is None else args.port
+    try:
+        host, port = split_listen(args.listen)
+    except ValueError as e:
+        raise ValueError(f"--listen {e}") from None
+    host, port = args.host or host, port if args.port is None else args.port
     if not 0 <= port <= 65535:
         raise ValueError(f"the port must be between 0 and 65535, got {port}")
     return host, port

@@ -8,6 +8,7 @@ from enum import Enum
 
 from ..core import make_policy
 from ..sim.latency import DEFAULT_LATENCY_MODEL, get_latency_model
+from ..workloads import DEFAULT_KV_TOKENS
 
 ENGINE_MODES = ("reserve", "paged")
 
@@ -17,7 +18,7 @@ class EmulatorConfig:
     model: str = "fairserve-emulated"       # the name /v1/models lists
     time_scale: float = 1.0                 # simulated seconds per wall second (10 = ten times faster)
     profile: str = DEFAULT_LATENCY_MODEL    # latency profile, as `fairserve.sim.get_latency_model` names it
-    kv_tokens: int = 10_000                 # KV-cache pool of the simulated engine
+    kv_tokens: int = DEFAULT_KV_TOKENS      # KV-cache pool of the simulated engine
     engine_mode: str = "reserve"            # "reserve" | "paged"
     policy: str = "fcfs"                    # the engine's own scheduler; fairness is the gateway's job
     error_rate: float = 0.0                 # fraction of requests answered 500 before any work

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..core import RequestState, make_policy
-from ..sim import EngineConfig, SimEngine, SimRequest, get_latency_model
+from ..sim import SimEngine, SimRequest, engine_config, get_latency_model
 from .config import EmulatorConfig, FaultDraw
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,9 @@ class Emulator:
 
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
+        # NOTE: the preset's whole server (its pool, longer tokenized prompts, per-client admission reserve)
         self.engine = SimEngine(make_policy(config.policy), get_latency_model(config.profile),
-                                EngineConfig(kv_tokens=config.kv_tokens, mode=config.engine_mode))
+                                engine_config(config.profile, config.kv_tokens, config.engine_mode))
         self.draw_fault = FaultDraw(config)
         self.jobs: dict[str, Job] = {}              # by request id, most recent KEEP_JOBS (finished ones too)
         self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
@@ -86,14 +87,10 @@ class Emulator:
 
     # ---- requests -----------------------------------------------------------------------------------------------
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        cfg = self.engine.config
-        if prompt_tokens + max_tokens >= cfg.kv_tokens:
-            raise TooLarge(f"This request needs {prompt_tokens + max_tokens} tokens of KV cache ({prompt_tokens} in "
-                           f"the prompt + {max_tokens} max_tokens), but the emulated engine's pool holds "
-                           f"{cfg.kv_tokens}. Reduce the prompt or max_tokens.")
-        if prompt_tokens > cfg.prefill_tokens:
-            raise TooLarge(f"The prompt has {prompt_tokens} tokens; the emulated engine prefills at most "
-                           f"{cfg.prefill_tokens} at once.")
+        """Raises TooLarge, with the engine's own reason, for a request the emulated engine could never admit."""
+        why = self.engine.too_large(prompt_tokens, max_tokens)
+        if why is not None:
+            raise TooLarge(why)
 
     def submit(self, id: str, client: str, prompt_tokens: int, max_tokens: int) -> Job:
         """A request arrives now. Its job's `req.state` is REJECTED if the policy refused it (rate limits)."""
