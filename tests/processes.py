@@ -16,7 +16,7 @@ def fairserve_process(*args, timeout_s: float = 30.0):
     The process is terminated on exit unless the test already stopped it."""
     port = free_port()
     cmd = [sys.executable, "-m", "fairserve", *args]
-    cmd += ["--port", str(port)] if args[0] == "emulate" else ["--listen", f"127.0.0.1:{port}"]
+    cmd += ["--listen", f"127.0.0.1:{port}"]
     log = tempfile.TemporaryFile()      # NOTE: not a pipe: a busy server would block once a pipe's buffer is full
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
