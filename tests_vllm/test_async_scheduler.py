@@ -35,7 +35,7 @@ def make_request(rid: str, client: str, prompt: int, max_tokens: int):
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args={CLIENT_ARG: client})
     params.update_from_generation_config({}, eos_token_id=257)
-    return Request(rid, prompt_ids(prompt, hash(rid) % 1000), params, None)
+    return Request(rid, prompt_ids(prompt, sum(map(ord, rid))), params, None)
 
 
 def runner_output(scheduler_output):
