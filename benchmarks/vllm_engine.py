@@ -1,13 +1,13 @@
 """VTC inside a real vLLM engine (vLLM's CPU build) vs vLLM's default scheduler, same model, same workload.
 
-Workload: two clients, one sending three times as many requests as the other, all added before the first step
-(both backlogged from the start); every request has the same prompt and output length (ignore_eos), so both
-schedulers do the same work. Each engine is built once, with the same settings, in its own worker process (vLLM
-binds a process's threads when it builds an engine: two engines in one process would not run alike), with vLLM's
-engine core in that process; rounds alternate default and VTC, one engine running at a time. Reported per scheduler (medians over rounds): output tokens/s, engine
-steps, and the scheduler's time per engine step (`schedule` + `update_from_output`, where fairserve's work happens).
-The model is the small random Llama of the tests (scripts/vllm_cpu_model.py): its steps are short, so the
-scheduler's share of a step is larger than with a real model.
+Workload: two clients, one sending three times as many requests as the other, all added before the first step (both
+backlogged from the start); every request has the same prompt and output length (ignore_eos), so both schedulers do
+the same work. Each engine is built once, with the same settings, in its own worker process (vLLM binds a process's
+threads when it builds an engine: two engines in one process would not run alike), with vLLM's engine core in that
+process; rounds alternate default and VTC, one engine running at a time. Reported per scheduler (medians over
+rounds): output tokens/s, engine steps, and the scheduler's time per engine step (`schedule` + `update_from_output`,
+where fairserve's work happens). The model is the small random Llama of the tests (scripts/vllm_cpu_model.py): its
+steps are short, so the scheduler's share of a step is larger than with a real model.
 
 Run (the venv of scripts/vllm_cpu_env.sh):
     PYTHONPATH=src $(scripts/vllm_cpu_env.sh) benchmarks/vllm_engine.py [--requests 64] [--rounds 5]

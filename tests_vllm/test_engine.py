@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from engine import Job, drive, expected_service, scheduler_of
+from engine import Job, drive, expected_service, prompt_ids, scheduler_of
 
 from fairserve.engines.vllm_scheduler import VTCRequestQueue
 
@@ -92,3 +92,45 @@ def test_aborted_requests_are_charged_only_what_was_produced(engines):
     assert 1 <= produced < running.max_tokens and run.outputs[waiting.rid] == 0
     service = scheduler_of(llm).fairserve_accounts()["ab"].service
     assert service == 50 + 2 * produced + 25 + 2 * 8
+
+
+def test_requests_skipped_while_their_grammar_compiles_are_charged_only_when_scheduled(engines):
+    """vLLM pops a structured-output request whose grammar is still compiling and puts it back at the end of the
+    pass (skip_request). Charges follow what the engine scheduled: nothing while skipped, the prompt once after."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    llm = engines.get("vtc")
+    sched, engine = scheduler_of(llm), llm.llm_engine
+    queue = sched.fairserve
+    skipped: list[str] = []
+    put_back = queue.prepend_requests
+
+    def prepend_requests(requests):
+        requests = list(requests)
+        skipped.extend(r.request_id for r in requests)
+        return put_back(requests)
+
+    queue.prepend_requests = prepend_requests
+    try:
+        for i in range(3):
+            schema = {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+            params = SamplingParams(max_tokens=8, temperature=0.0, extra_args={"fairserve_client": "grammar"},
+                                    structured_outputs=StructuredOutputsParams(json=schema))
+            engine.add_request(f"gr-{i}", {"prompt_token_ids": prompt_ids(30, i)}, params)
+        outputs: dict[str, int] = {}
+        checked = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[out.request_id] = len(out.outputs[0].token_ids)
+            live = [r for r in sched.requests.values() if r.request_id.startswith("gr-")]
+            scheduled = [r for r in live if r.num_computed_tokens > 0]
+            if live and not outputs and len(scheduled) < len(live):   # some skipped: only the scheduled are charged
+                produced = sum(r.num_output_tokens for r in scheduled)
+                assert queue.policy.service.get("grammar", 0.0) == 30 * len(scheduled) + 2 * produced
+                checked += 1
+    finally:
+        del queue.prepend_requests
+    assert skipped and checked, "no request was skipped while its grammar compiled"
+    assert queue.policy.service["grammar"] == 3 * (30 + 2 * 8) and outputs == {f"gr-{i}": 8 for i in range(3)}

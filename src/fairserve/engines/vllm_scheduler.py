@@ -27,9 +27,9 @@ How engine events become the paper's charges (`EngineQueue` does the policy call
 
     Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
     waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
-    waiting.prepend_requests (skipped in this pass)   preempted()  back to the front of its client, no lift; the
-                                                      + prompt()   admission charge refunded (charged at the next pop)
-    waiting.prepend_request (preempted)               preempted()  back to the front of its client: no charge, no lift
+    waiting.prepend_request(s), popped in this pass   preempted()  back to the front of its client, no lift; the
+      and not scheduled (vLLM's skip)                 + prompt()   admission charge refunded (charged at the next pop)
+    waiting.prepend_request(s), preempted (it ran)    preempted()  back to the front of its client: no charge, no lift
     update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (EOS/stop-token trimmed)
     _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
 
