@@ -104,7 +104,7 @@ function render(data) {
   }));
 
   const spread = data.backlogged.length >= 2;
-  $("jain").textContent = spread ? fmt(data.jain, 3) : "–";
+  $("jain").textContent = spread ? data.jain.toFixed(3) : "–";
   $("spread").textContent = spread ? fmt(data.counter_spread) : "–";
   $("backlogged").textContent = data.backlogged.length ? data.backlogged.join(", ") : "none";
 
@@ -141,7 +141,10 @@ function niceMax(x) {
 
 function chart(history, tenants) {
   const svg = $("chart");
-  const span = history.span_s;
+  // the x axis grows with the history, from one minute to the whole span
+  const oldest = history.t.length ? -history.t[0] : 0;
+  const span = Math.min(history.span_s, Math.max(60, Math.ceil(oldest / 60) * 60));
+  const step = span <= 60 ? 15 : span <= 180 ? 30 : 60;
   let top = 0;
   for (const t of tenants) for (const v of history.rates[t] || []) if (v !== null && v > top) top = v;
   top = niceMax(top * 1.05);
@@ -153,9 +156,9 @@ function chart(history, tenants) {
     parts.push(el("line", { class: "grid", x1: PAD.left, x2: W - PAD.right, y1: y(v), y2: y(v) }));
     parts.push(el("text", { class: "axis", x: PAD.left - 6, y: y(v) + 4, "text-anchor": "end" }, fmt(v)));
   }
-  for (let s = 0; s <= span; s += 60) {
-    parts.push(el("text", { class: "axis", x: x(-s), y: H - 8, "text-anchor": "middle" },
-                  s === 0 ? "now" : "−" + s / 60 + " min"));
+  for (let s = 0; s <= span; s += step) {
+    const label = s === 0 ? "now" : s % 60 === 0 ? "−" + s / 60 + " min" : "−" + s + " s";
+    parts.push(el("text", { class: "axis", x: x(-s), y: H - 8, "text-anchor": "middle" }, label));
   }
   for (const t of tenants) {
     const values = history.rates[t] || [];
