@@ -120,7 +120,7 @@ function render(data) {
       return tr;
     }));
   }
-  $("window").textContent = "(service per second over " + data.history.window_s + " s, last " +
+  $("window").textContent = "(service per second, over " + data.history.window_s + " s windows; up to the last " +
     Math.round(data.history.span_s / 60) + " minutes)";
   chart(data.history, data.tenants.map((t) => t.name));
 }
