@@ -18,9 +18,9 @@ from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_K
                      resolve_keys, run_bench)
 from .weights import server_weights
 
-TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token (the gateway answers "
-             "only once a backend has started the request, so it can still retry elsewhere): time to headers equals "
-             "time to first token, by design.")
+TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
+             "only once the backend has streamed output, so that a backend failing before any output can still be "
+             "retried elsewhere. Time to headers equals time to first token, by design.")
 
 
 def parse_keys(text: str) -> dict[str, str]:
