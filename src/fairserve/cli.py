@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     for name in SERVICES:
         importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
+    importlib.import_module("fairserve.top").add_parser(sub)
     return p
 
 
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in SERVICES:
             return importlib.import_module(f"fairserve.{args.command}.cli").run(args)
+        if args.command == "top":
+            return importlib.import_module("fairserve.top").run(args)
         return _reproduce(args) if args.command == "reproduce" else _simulate(args)
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)

@@ -6,6 +6,7 @@ with a one-line message (the main CLI prints it as `fairserve: error: ...`).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,8 +14,13 @@ from ..argtypes import positive
 from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
-from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_KEY, endpoint_url, resolve_keys,
-                     run_bench)
+from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_KEY, BenchRecord, endpoint_url,
+                     resolve_keys, run_bench)
+from .weights import server_weights
+
+TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
+             "only once the backend has streamed output, so that a backend failing before any output can still be "
+             "retried elsewhere. Time to headers equals time to first token, by design.")
 
 
 def parse_keys(text: str) -> dict[str, str]:
@@ -39,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "bench", help="replay a workload against an OpenAI-compatible endpoint and measure fairness",
         description="Send a workload's requests, on time, to an OpenAI-compatible streaming endpoint (the fairserve "
                     "gateway or emulator, vLLM, ...) with one API key per client; print per-client service, response "
-                    "time and latency, fairness and throughput. Times are reported in workload seconds.")
+                    "time and latency, fairness and throughput. Times are reported in workload seconds.",
+        epilog=TTFT_NOTE)
     p.add_argument("--target", required=True, metavar="URL", help="base URL, e.g. http://127.0.0.1:8000 (or .../v1)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
@@ -47,8 +54,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS)
     p.add_argument("--keys", required=True, metavar="c=KEY,...",
                    help="API key per client; *=KEY is the default for clients not listed")
-    p.add_argument("--weights", metavar="c=w,...", help="client weights for the fairness metrics "
-                                                        "(default: the workload's)")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--weights", metavar="c=w,...", help="client weights for the fairness metrics "
+                                                              "(default: the workload's)")
+    weights.add_argument("--admin-key", metavar="KEY",
+                         help="score fairness with the weights the gateway (or fairserve serve) gives: read from its "
+                              "admin API, each client weighted as the tenant that owns its --keys key")
     p.add_argument("--time-scale", type=positive(float, "a number"), default=1.0, metavar="X",
                    help="replay X times faster than the workload (default: 1)")
     p.add_argument("--duration", type=positive(float, "a number"), metavar="S",
@@ -65,6 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -88,16 +100,24 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(args)
     clients = sorted({a.client for a in workload.arrivals})
     keys = parse_keys(args.keys)
-    resolve_keys(keys, clients)
-    weights = parse_weights(args.weights) or workload.weights
+    key_of = resolve_keys(keys, clients)
+    admin_key = getattr(args, "admin_key", None)
+    if admin_key:
+        found = server_weights(args.target, admin_key, key_of)
+        weights = found.weights
+        print(f"weights from {args.target}'s admin API: {found.describe()}", flush=True)
+    else:
+        weights = parse_weights(args.weights) or workload.weights
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
     print(f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
           f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
           flush=True)
-    records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale, endpoint=args.endpoint,
-                        model=args.model, timeout_s=args.timeout, max_inflight=getattr(args, "max_inflight", None),
-                        xargs_key=getattr(args, "client_xargs", None))
+    with _Bar(len(workload.arrivals), getattr(args, "no_progress", False)) as bar:
+        records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale,
+                            endpoint=args.endpoint, model=args.model, timeout_s=args.timeout,
+                            max_inflight=getattr(args, "max_inflight", None),
+                            xargs_key=getattr(args, "client_xargs", None), progress=bar.record)
     duration = bench_duration(records, workload.duration_s)
     summary = summarize_bench(records, duration, weights)
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"
@@ -112,3 +132,26 @@ def run(args: argparse.Namespace) -> int:
         paths = write_plots(args.plots, records, duration, label, f"bench {workload.name}")
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
+
+
+class _Bar:
+    """A progress bar on stderr: requests ended of all, and how many of them failed."""
+
+    def __init__(self, total: int, off: bool) -> None:
+        from tqdm import tqdm
+
+        self.failed = 0
+        self.bar = tqdm(total=total, unit="req", desc="requests", file=sys.stderr, disable=off, mininterval=1.0,
+                        dynamic_ncols=True)
+
+    def record(self, r: BenchRecord) -> None:
+        if r.status != "finished":
+            self.failed += 1
+            self.bar.set_postfix_str(f"{self.failed} not finished", refresh=False)
+        self.bar.update(1)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.bar.close()

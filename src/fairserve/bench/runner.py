@@ -212,11 +212,12 @@ def _check(arrivals: Sequence[Arrival], time_scale: float, timeout_s: float, max
 async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
                           time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
                           timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None,
-                          xargs_key: str | None = None) -> list[BenchRecord]:
+                          xargs_key: str | None = None,
+                          progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
     """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
     (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
-    response time. `xargs_key` also names the client in each body's `vllm_xargs`. Validation (keys, URL,
-    numbers) raises ValueError before anything is sent."""
+    response time. `xargs_key` also names the client in each body's `vllm_xargs`. `progress` is called with each
+    record as its request ends. Validation (keys, URL, numbers) raises ValueError before anything is sent."""
     _check(arrivals, time_scale, timeout_s, max_inflight)
     key_of = resolve_keys(keys, (a.client for a in arrivals))
     url = endpoint_url(target, endpoint)
@@ -241,13 +242,16 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
                     await asyncio.sleep(delay)
                 tasks[i] = tg.create_task(_send(client, url, i, a, key_of[a.client], endpoint, model, clock,
                                                 timeout_s, gate, xargs_key))
+                if progress is not None:
+                    tasks[i].add_done_callback(lambda t: t.cancelled() or t.exception() or progress(t.result()))
     return [tasks[i].result() for i in range(len(arrivals))]
 
 
 def run_bench(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *, time_scale: float = 1.0,
               endpoint: str = "completions", model: str = DEFAULT_MODEL, timeout_s: float = DEFAULT_TIMEOUT_S,
-              max_inflight: int | None = None, xargs_key: str | None = None) -> list[BenchRecord]:
+              max_inflight: int | None = None, xargs_key: str | None = None,
+              progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
     """Synchronous `run_bench_async` (its own event loop; not for use inside a running loop)."""
     return asyncio.run(run_bench_async(target, arrivals, keys, time_scale=time_scale, endpoint=endpoint,
                                        model=model, timeout_s=timeout_s, max_inflight=max_inflight,
-                                       xargs_key=xargs_key))
+                                       xargs_key=xargs_key, progress=progress))

@@ -182,7 +182,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners))
+    def backend_rows() -> list[dict[str, Any]]:      # the dashboard's backends
+        return [{"url": b.url, "healthy": b.healthy, "in_flight_requests": b.requests, "in_flight_tokens": b.tokens,
+                 "limit_requests": b.limit, "adaptive": b.cfg.adaptive} for b in gw.sched.backends]
+
+    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, backend_rows))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:

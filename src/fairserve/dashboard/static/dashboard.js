@@ -1,0 +1,197 @@
+// fairserve dashboard: polls GET /admin/dashboard with the admin key (an Authorization header, never a URL) and
+// draws what it returns. Plain DOM and SVG; nothing is loaded from elsewhere.
+"use strict";
+
+const POLL_MS = 1000;
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+                "#bcbd22"];
+const SVG = "http://www.w3.org/2000/svg";
+const W = 760, H = 260, PAD = { left: 56, right: 12, top: 10, bottom: 26 };
+
+let key = null;          // the admin key, in this tab's memory only
+let timer = null;
+const colorOf = new Map();
+
+const $ = (id) => document.getElementById(id);
+
+function fmt(x, digits = 1) {
+  if (x === null || x === undefined || !Number.isFinite(x)) return "–";
+  return x.toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: 0 });
+}
+
+function setStatus(text, bad = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("bad", bad);
+}
+
+function signOut(message) {
+  key = null;
+  clearTimeout(timer);
+  $("board").hidden = true;
+  $("forget").hidden = true;
+  $("policy").hidden = true;
+  $("login").hidden = false;
+  $("error").hidden = !message;
+  $("error").textContent = message || "";
+  setStatus(message ? "refused" : "enter the admin key to see the tenants", Boolean(message));
+  $("key").focus();
+}
+
+async function poll() {
+  clearTimeout(timer);
+  if (key === null) return;
+  let r;
+  try {
+    r = await fetch("/admin/dashboard", { headers: { Authorization: "Bearer " + key }, cache: "no-store" });
+  } catch (e) {
+    setStatus("cannot reach the server (" + e.message + "); retrying", true);
+    timer = setTimeout(poll, POLL_MS);
+    return;
+  }
+  if (r.status === 401 || r.status === 403) {
+    const body = await r.json().catch(() => ({}));
+    const why = body.error && body.error.message ? body.error.message : "HTTP " + r.status;
+    signOut("Refused: " + why);
+    return;
+  }
+  if (!r.ok) {
+    setStatus("the server answered HTTP " + r.status + "; retrying", true);
+  } else {
+    render(await r.json());
+    setStatus("live · updated " + new Date().toLocaleTimeString());
+  }
+  timer = setTimeout(poll, POLL_MS);
+}
+
+function color(tenant) {
+  if (!colorOf.has(tenant)) colorOf.set(tenant, COLORS[colorOf.size % COLORS.length]);
+  return colorOf.get(tenant);
+}
+
+function cell(row, text, field) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (field) td.dataset.field = field;
+  row.appendChild(td);
+  return td;
+}
+
+function render(data) {
+  $("login").hidden = true;
+  $("error").hidden = true;
+  $("board").hidden = false;
+  $("forget").hidden = false;
+  $("policy").hidden = false;
+  $("policy").textContent = "policy: " + data.policy;
+  data.tenants.forEach((t) => color(t.name));
+
+  const body = $("tenants").tBodies[0];
+  body.replaceChildren(...data.tenants.map((t) => {
+    const tr = document.createElement("tr");
+    tr.dataset.tenant = t.name;
+    const name = cell(tr, "", "name");
+    const sw = document.createElement("span");
+    sw.className = "swatch";
+    sw.style.background = color(t.name);
+    name.append(sw, t.name);
+    cell(tr, fmt(t.weight, 3), "weight");
+    cell(tr, fmt(t.rate), "rate");
+    cell(tr, fmt(t.service, 0), "service");
+    cell(tr, fmt(t.counter), "counter");
+    cell(tr, String(t.queue_length), "queue_length");
+    cell(tr, String(t.in_flight), "in_flight");
+    return tr;
+  }));
+
+  const spread = data.backlogged.length >= 2;
+  $("jain").textContent = spread ? data.jain.toFixed(3) : "–";
+  $("spread").textContent = spread ? fmt(data.counter_spread) : "–";
+  $("backlogged").textContent = data.backlogged.length ? data.backlogged.join(", ") : "none";
+
+  $("backends-card").hidden = data.backends === null;
+  if (data.backends !== null) {
+    $("backends").tBodies[0].replaceChildren(...data.backends.map((b) => {
+      const tr = document.createElement("tr");
+      tr.dataset.backend = b.url;
+      cell(tr, b.url, "url");
+      cell(tr, b.healthy ? "healthy" : "unreachable", "healthy").className = b.healthy ? "up" : "down";
+      cell(tr, b.in_flight_requests + " / " + b.limit_requests + (b.adaptive ? " (adaptive)" : ""), "in_flight");
+      cell(tr, String(b.in_flight_tokens), "tokens");
+      return tr;
+    }));
+  }
+  $("window").textContent = "(service per second, over " + data.history.window_s + " s windows; up to the last " +
+    Math.round(data.history.span_s / 60) + " minutes)";
+  chart(data.history, data.tenants.map((t) => t.name));
+}
+
+function el(name, attrs, text) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function niceMax(x) {
+  if (!(x > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(x)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= x) return m * p;
+  return 10 * p;
+}
+
+function chart(history, tenants) {
+  const svg = $("chart");
+  // the x axis grows with the history, from one minute to the whole span
+  const oldest = history.t.length ? -history.t[0] : 0;
+  const span = Math.min(history.span_s, Math.max(60, Math.ceil(oldest / 60) * 60));
+  const step = span <= 60 ? 15 : span <= 180 ? 30 : 60;
+  let top = 0;
+  for (const t of tenants) for (const v of history.rates[t] || []) if (v !== null && v > top) top = v;
+  top = niceMax(top * 1.05);
+  const x = (s) => PAD.left + (W - PAD.left - PAD.right) * (1 + s / span);
+  const y = (v) => H - PAD.bottom - (H - PAD.top - PAD.bottom) * (v / top);
+  const parts = [];
+  for (let i = 0; i <= 4; i++) {
+    const v = (top * i) / 4;
+    parts.push(el("line", { class: "grid", x1: PAD.left, x2: W - PAD.right, y1: y(v), y2: y(v) }));
+    parts.push(el("text", { class: "axis", x: PAD.left - 6, y: y(v) + 4, "text-anchor": "end" }, fmt(v)));
+  }
+  for (let s = 0; s <= span; s += step) {
+    const label = s === 0 ? "now" : s % 60 === 0 ? "−" + s / 60 + " min" : "−" + s + " s";
+    parts.push(el("text", { class: "axis", x: x(-s), y: H - 8, "text-anchor": "middle" }, label));
+  }
+  for (const t of tenants) {
+    const values = history.rates[t] || [];
+    let d = "", pen = "M";
+    history.t.forEach((s, i) => {
+      const v = values[i];
+      if (v === null || v === undefined || s < -span) { pen = "M"; return; }
+      d += pen + x(s).toFixed(1) + "," + y(v).toFixed(1) + " ";
+      pen = "L";
+    });
+    if (d) parts.push(el("path", { class: "series", d, stroke: color(t), "data-tenant": t }));
+  }
+  svg.replaceChildren(...parts);
+  $("legend").replaceChildren(...tenants.map((t) => {
+    const span = document.createElement("span");
+    const sw = document.createElement("span");
+    sw.className = "swatch";
+    sw.style.background = color(t);
+    span.append(sw, t);
+    return span;
+  }));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    key = $("key").value.trim();
+    $("key").value = "";
+    if (key) {
+      setStatus("connecting…");
+      poll();
+    }
+  });
+  $("forget").addEventListener("click", () => signOut(""));
+  $("key").focus();
+});

@@ -1,0 +1,131 @@
+"""The dashboard in a real browser: Playwright driving the system's Chromium against a gateway in front of the
+emulator, with traffic from two tenants. Under CI=true a missing browser fails this test; elsewhere it is skipped
+(`scripts/setup-chromium.sh` installs it)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from processes import serve
+
+from fairserve.api.server import running_server
+from fairserve.gateway import build_config, create_app
+
+CHROMIUM = os.environ.get("FAIRSERVE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+OUT = Path(os.environ.get("FAIRSERVE_TEST_OUTPUT", Path(__file__).resolve().parents[1] / "build" / "test-output"))
+ADMIN, KEYS = "adm-secret-key", {"alice": "ka", "bob": "kb"}
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install -e '.[test]')"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)) and shutil.which(CHROMIUM) is None:
+        return f"no Chromium at {CHROMIUM} (scripts/setup-chromium.sh installs Debian's chromium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    why = _missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests need a browser under CI: {why}", pytrace=False)
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@contextlib.contextmanager
+def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
+    """Each tenant keeps `per_tenant` streaming requests open (more than the backend takes) until the block ends."""
+    stop = threading.Event()
+
+    async def tenant_loop(key: str) -> None:
+        body = {"model": "m", "prompt": "hello " * 20, "max_tokens": 40, "stream": True, "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one() -> None:
+                while not stop.is_set():
+                    with contextlib.suppress(httpx.HTTPError):
+                        async with client.stream("POST", url + "/v1/completions", json=body,
+                                                 headers={"Authorization": f"Bearer {key}"}) as r:
+                            async for _ in r.aiter_bytes():
+                                pass
+            await asyncio.gather(*(one() for _ in range(per_tenant)))
+
+    async def main() -> None:
+        await asyncio.gather(*(tenant_loop(k) for k in KEYS.values()))
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    with serve("emulate", "--time-scale", "10") as backend:
+        cfg = build_config({"backends": [{"url": backend, "max_inflight_requests": 4}], "admin_key": ADMIN,
+                            "tenants": [{"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
+                                        {"name": "bob", "api_keys": [KEYS["bob"]]}]})
+        with running_server(create_app(cfg)) as url:
+            yield url
+
+
+def test_dashboard_live_in_a_browser(browser, gateway):
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+    with traffic(gateway):
+        page.goto(gateway + "/dashboard")
+        assert "alice" not in page.content() and page.locator("#board").is_hidden()     # no data without the key
+
+        for wrong, shown in [("not-the-key", "Refused"), (KEYS["alice"], "tenant's key")]:
+            page.fill("#key", wrong)
+            page.click("#login button[type=submit]")
+            page.wait_for_selector("#error:not([hidden])")
+            assert shown in page.inner_text("#error") and page.locator("#board").is_hidden()
+
+        page.fill("#key", ADMIN)
+        page.click("#login button[type=submit]")
+        for tenant in KEYS:
+            page.wait_for_selector(f'#tenants tr[data-tenant="{tenant}"]', timeout=10_000)
+        assert page.inner_text('#tenants tr[data-tenant="alice"] [data-field="weight"]') == "2"
+        assert page.locator('#backends tr [data-field="healthy"]').inner_text() == "healthy"
+
+        cell = '#tenants tr[data-tenant="{}"] [data-field="service"]'
+        before = {t: page.inner_text(cell.format(t)) for t in KEYS}
+        page.wait_for_function("([sel, old]) => document.querySelector(sel).textContent !== old",
+                               arg=[cell.format("alice"), before["alice"]], timeout=10_000)
+        page.wait_for_function("([sel, old]) => document.querySelector(sel).textContent !== old",
+                               arg=[cell.format("bob"), before["bob"]], timeout=10_000)
+        for tenant in KEYS:     # one line per tenant on the chart once two samples give a rate
+            page.wait_for_selector(f'#chart path[data-tenant="{tenant}"]', timeout=10_000)
+        page.wait_for_function("() => Number(document.querySelector("
+                               "'#tenants tr[data-tenant=\"alice\"] [data-field=\"rate\"]').textContent"
+                               ".replace(/,/g, '')) > 0", timeout=10_000)
+        OUT.mkdir(parents=True, exist_ok=True)
+        shot = OUT / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    assert not any(ADMIN in u or KEYS["alice"] in u for u in requested)        # the key never goes in a URL
+    page.close()
