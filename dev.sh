@@ -51,6 +51,8 @@ case "${1:-}" in
     demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test)
         setup; shift
+        # NOTE: Debian's chromium for the dashboard's browser tests; the tests themselves fail under CI without it
+        scripts/setup-chromium.sh || true
         rc=0
         "$VENV/bin/python" -m pytest "$@" || rc=$?
         if [ $# -eq 0 ]; then
