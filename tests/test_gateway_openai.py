@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 from openai import OpenAI
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, metric, serve
+from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, metric, serve
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,15 @@ def test_models_fallback_to_configured_names():
     with serve(extra_backends=["http://127.0.0.1:9"], models=["configured-model"]) as base:
         r = HTTP.get(base + "/v1/models", headers={"Authorization": f"Bearer {KEYS['bob']}"})
         assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["configured-model"]
+
+
+def test_engine_tenant_names_the_tenant_to_the_engine():
+    fake = FakeBackend()
+    with serve(fake, backend_options={"engine_tenant": True}) as base:
+        body = chat_body(3, vllm_xargs={"other": 1})
+        assert HTTP.post(base + "/v1/chat/completions", json=body, headers=auth("bob")).status_code == 200
+    assert fake.bodies[-1]["vllm_xargs"] == {"other": 1, "fairserve_client": "bob"}
+    plain = FakeBackend()
+    with serve(plain) as base:
+        HTTP.post(base + "/v1/chat/completions", json=chat_body(3), headers=auth("bob"))
+    assert "vllm_xargs" not in plain.bodies[-1]

@@ -229,3 +229,27 @@ def test_queued_lookup_settle_all_and_admin_rows():
     assert running.state is waiting.state is RequestState.ABORTED
     assert led.view().tenants["a"].row() == {"name": "a", "weight": 1.0, "counter": 14.0, "service": 14.0,
                                              "queue_length": 0, "in_flight": 0}
+
+
+def test_unpop_is_as_if_never_popped():
+    led = ledger("vtc-predict:oracle")
+    a1, a2 = led.arrive(1, "a", 10, max_tokens=5), led.arrive(2, "a", 10, max_tokens=5)
+    a1.predicted_output = 5
+    assert led.pop() is a1 and led.view().tenants["a"].service == 10 + 2 * 5    # prompt + predicted output
+    assert led.unpop(a1, item="again") and a1.item == "again"
+    a = led.view().tenants["a"]
+    assert (a.service, a.counter, a.queued, a.running) == (0, 0, 2, 0) and not a1.admitted
+    assert led.peek() is a1 and led.pop() is a1                                 # still first, charged again
+    assert led.view().tenants["a"].service == 20 and a2.state is RequestState.QUEUED
+    assert not led.unpop(a2)                                                    # not running
+
+
+def test_unpop_after_a_preemption_keeps_the_charges():
+    led = ledger()
+    r = led.arrive(1, "a", 10)
+    led.pop()
+    led.output(r, 3)
+    led.requeue(r)
+    led.pop()                                   # re-admitted: not charged again
+    led.unpop(r)
+    assert r.admitted and led.view().tenants["a"].service == 16 and led.view().tenants["a"].queued == 1

@@ -149,6 +149,16 @@ class Ledger:
             req.item = item
         return True
 
+    def unpop(self, req: Request, item: Any = None) -> bool:
+        """A request popped in this admission pass goes back unscheduled: as if never popped (see `Policy.unpop`).
+        False if it is not running."""
+        if req.state is not RUNNING:
+            return False
+        self.policy.unpop(req)
+        if item is not None:
+            req.item = item
+        return True
+
     def settle(self, req: Request, *, prompt: int | None = None, output: int | None = None,
                cancelled: bool = False) -> bool:
         """End `req`, exactly once: False (and nothing done) if it was settled already.

@@ -85,14 +85,28 @@ class Policy(ABC):
         acct.queued -= 1
         acct.running += 1
         req.state = RUNNING
+        req.admission = 0.0
         if not req.admitted:     # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
             amount = self.cost.prompt(req.prompt_tokens)
             if self.predictor is not None:
                 req.predicted = self.predictor.predict(req)
                 amount += self.cost.output(req.prompt_tokens, 0, req.predicted)
+            req.admission = amount
             self._charge(req, amount)
         return req
+
+    def unpop(self, req: Request) -> None:
+        """Undo the `pop()` of `req`: the engine did not schedule it after all (vLLM skips a request it popped when
+        its grammar is not ready or no LoRA slot is free). Back to the front of its queue as if never popped: the
+        admission charge refunded, no lift; the next `pop()` charges it again. After a re-admission (a preempted
+        request) this is `requeue()`."""
+        if req.state is not RUNNING:
+            raise PolicyError(f"unpop() of request {req.id!r} in state {req.state.value}")
+        if req.admission:
+            self._charge(req, -req.admission)
+            req.admission, req.admitted, req.predicted = 0.0, False, 0
+        self.requeue(req)
 
     def admit(self, fits: Callable[[Request], bool], limit: int | None = None) -> list[Request]:
         """Pop requests in policy order while the driver's `fits(req)` accepts them (it should account for each

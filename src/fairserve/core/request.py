@@ -39,6 +39,7 @@ class Request:
     output_done: int = 0        # output tokens reported so far
     predicted: int = 0          # output tokens charged ahead at admission (vtc-predict)
     charged: float = 0.0        # total cost charged to the client for this request so far
+    admission: float = 0.0      # what its latest pop() charged (0 when it was re-admitted after a preemption)
     seq: int = 0                # arrival order, for deterministic ties
 
     @property

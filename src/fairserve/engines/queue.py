@@ -91,6 +91,14 @@ class EngineQueue(Generic[T]):
             req = self.ledger.get(request_id)
             return req is not None and self.ledger.requeue(req, item)
 
+    def unpop(self, request_id: str, item: T) -> bool:
+        """The engine popped a request in this scheduling pass and put it back without scheduling it: back to the
+        front of its client's queue as if never popped (admission charge refunded, no lift; charged when popped
+        again). A request re-admitted after a preemption keeps its charges. False if unknown or not running."""
+        with self.lock:
+            req = self.ledger.get(request_id)
+            return req is not None and self.ledger.unpop(req, item)
+
     # ---- endings ------------------------------------------------------------------------------------------------
     def finished(self, request_id: str, output_tokens: int | None = None) -> None:
         """Done (finished or failed after admission): the account is reconciled to `output_tokens`."""

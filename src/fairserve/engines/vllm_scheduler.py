@@ -27,8 +27,8 @@ How engine events become the paper's charges (`EngineQueue` does the policy call
 
     Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
     waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
-    waiting.prepend_request(s), popped in this pass   preempted()  back to the front of its client, no lift; the
-      and not scheduled (vLLM's skip)                 + prompt()   admission charge refunded (charged at the next pop)
+    waiting.prepend_request(s), popped in this pass   unpop()      back to the front of its client, no lift; the
+      and not scheduled (vLLM's skip)                              admission charge refunded (charged at the next pop)
     waiting.prepend_request(s), preempted (it ran)    preempted()  back to the front of its client: no charge, no lift
     update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (EOS/stop-token trimmed)
     _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
@@ -148,7 +148,6 @@ class VTCRequestQueue:
         self.engine_queue = engine_queue
         self._turns: dict[str, tuple[int, int]] = {}    # request id -> (outputs of earlier session turns, last count)
         self._fresh: set[str] = set()     # popped for a first admission in this pass, not yet seen scheduled
-        self._unpopped: set[str] = set()  # put back unscheduled: admission charge refunded until popped again
         self.client_key = client_key
 
     @classmethod
@@ -180,11 +179,8 @@ class VTCRequestQueue:
                 raise IndexError("pop from an empty queue")
             rid = head.request_id
             req = eq.request(rid)
-            first = req is not None and (not req.admitted or rid in self._unpopped)
+            first = req is not None and not req.admitted
             item = eq.pop()
-            if rid in self._unpopped:       # its admission charge was refunded when it was put back: charge it now
-                self._unpopped.discard(rid)
-                eq.prompt(rid, item.num_prompt_tokens)
             if first:
                 self._fresh.add(rid)
             return item
@@ -273,20 +269,14 @@ class VTCRequestQueue:
     def _forget(self, rid: str) -> None:
         self._turns.pop(rid, None)
         self._fresh.discard(rid)
-        self._unpopped.discard(rid)
 
     def _put_back(self, request: Any, unpop: bool = False) -> None:
         rid = request.request_id
         eq = self.engine_queue
         with eq.lock:
             if unpop and rid in self._fresh and _never_ran(request):
-                # popped in this pass and skipped: as if never popped. NOTE: EngineQueue has no "unpop"; requeue and
-                # refund the prompt (a predicted output charged at the pop stays until the next pop, which does
-                # not charge it again)
-                self._fresh.discard(rid)
-                if eq.preempted(rid, request):
-                    eq.prompt(rid, 0)
-                    self._unpopped.add(rid)
+                self._fresh.discard(rid)    # popped in this pass and skipped: as if never popped
+                eq.unpop(rid, request)
                 return
             if eq.preempted(rid, request) or rid in eq:
                 return

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -47,9 +47,18 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"")
 
 
-def upstream_body(parsed: Parsed) -> bytes:
-    """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage)."""
+ENGINE_CLIENT_KEY = "fairserve_client"     # what fairserve's vLLM scheduler reads from `vllm_xargs`
+
+
+def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
+    """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage), plus
+    with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client": TENANT}`), so that the
+    engine's own VTC counts the gateway's tenants."""
     body = parsed.body
+    if engine_client is not None:
+        xargs = body.get("vllm_xargs")
+        body = {**body, "vllm_xargs": {**(xargs if isinstance(xargs, dict) else {}), ENGINE_CLIENT_KEY: engine_client}}
+        parsed = replace(parsed, body=body, raw=b"")
     if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
         return parsed.raw           # nothing to change: the client's bytes as they are
     if "stream_options" not in body and parsed.raw:

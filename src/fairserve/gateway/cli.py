@@ -18,12 +18,13 @@ SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "
            "backend_cooldown": "backend_cooldown_s", "request_timeout": "request_timeout_s",
            "access_log": "access_log", "metrics_interval": "metrics_interval_s"}
 BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
-                   "adaptive": "adaptive", "metrics_url": "metrics_url"}
+                   "adaptive": "adaptive", "metrics_url": "metrics_url", "engine_tenant": "engine_tenant"}
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def parse_backend(text: str) -> dict[str, Any]:
-    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U]` → a backend table."""
+    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U][,engine_tenant=1]` → a backend
+    table."""
     url, *options = (p.strip() for p in text.split(","))
     out: dict[str, Any] = {"url": url}
     for opt in options:
@@ -34,10 +35,10 @@ def parse_backend(text: str) -> dict[str, Any]:
         if name in ("api_key", "metrics_url"):
             out[name] = value
             continue
-        if name == "adaptive":
+        if name in ("adaptive", "engine_tenant"):
             if value.lower() not in FLAGS:
-                raise ValueError(f"bad --backend option {opt!r}: expected adaptive=1 or adaptive=0")
-            out["adaptive"] = FLAGS[value.lower()]
+                raise ValueError(f"bad --backend option {opt!r}: expected {name}=1 or {name}=0")
+            out[name] = FLAGS[value.lower()]
             continue
         try:
             out[BACKEND_OPTIONS[name]] = int(value)
@@ -67,8 +68,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
     g.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:8080)")
     g.add_argument("--backend", action="append",
-                   metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U]",
-                   help="an OpenAI-compatible server; repeat for several. adaptive=1: limit its in-flight requests "
+                   metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U,engine_tenant=1]",
+                   help="an OpenAI-compatible server; repeat for several. engine_tenant=1: name the tenant to the "
+                        "engine (vllm_xargs.fairserve_client, for vLLM with fairserve's VTCScheduler). "
+                        "adaptive=1: limit its in-flight requests "
                         "from its /metrics (vLLM, SGLang, llama.cpp)")
     g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
     add_tenant_arguments(g)

@@ -23,6 +23,7 @@ class BackendConfig(Strict):
     api_key: str | None = None                             # sent upstream as `Authorization: Bearer`
     adaptive: bool = False                                 # limit in-flight requests from the backend's /metrics
     metrics_url: str | None = None                         # default: URL/metrics (gateway/capacity.py)
+    engine_tenant: bool = False                            # name the tenant to the engine (vLLM with VTCScheduler)
 
     @field_validator("url")
     @classmethod

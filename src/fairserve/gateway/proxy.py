@@ -136,7 +136,8 @@ class Proxy:
                                           "without a free backend", code="queue_timeout", headers={"Retry-After": "1"})
                 return await response(scope, receive, send)
             try:
-                return await self._attempt(t, backend, parsed, kind, body, scope, receive, send)
+                sent = upstream_body(parsed, t.tenant) if backend.cfg.engine_tenant else body
+                return await self._attempt(t, backend, parsed, kind, sent, scope, receive, send)
             except Failed as e:
                 if not self.sched.backend_failed(t, e.unreachable):
                     t.ending = Ending("backend_error", refund=True)
