@@ -206,8 +206,9 @@ def test_heap_selection_matches_brute_force_with_many_clients():
     for step in range(3000):
         r = p.peek()
         queued = p.queued_clients()
-        best = min(p.counters[c] for c in queued)
-        assert p.counters[r.client] == best
+        counters = p.counters
+        best = min(counters[c] for c in queued)
+        assert counters[r.client] == best
         running.append(p.pop())
         for x in running[-5:]:
             p.on_output(x, rng.randint(0, 3))

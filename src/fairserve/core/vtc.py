@@ -97,6 +97,10 @@ class VTC(Policy):
         acct = self.accounts.get(client)
         return acct.counter if acct is not None else 0.0
 
+    @property
+    def counters(self) -> dict[str, float]:
+        return {c: a.counter for c, a in self.accounts.items()}
+
     def reset_counters(self) -> None:
         for acct in self.accounts.values():
             acct.counter = 0.0
