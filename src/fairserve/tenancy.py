@@ -125,6 +125,14 @@ def bearer(request: Request) -> str | None:
     return key if scheme.lower() == "bearer" and key else None
 
 
+def metrics_denied(request: Request, metrics_key: str | None) -> Response | None:
+    """The 401 for `/metrics` when `metrics_key` is set and the request does not carry it as Bearer, else None."""
+    if metrics_key is None or bearer(request) == metrics_key:
+        return None
+    return error_response(401, "/metrics needs 'Authorization: Bearer METRICS_KEY'", code="invalid_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
 # ---- the admin API ----------------------------------------------------------------------------------------------------
 class Accounts(Protocol):
     """What owns a ledger and lets the admin API read and change it."""
