@@ -48,7 +48,8 @@ def _completion(chat: bool) -> dict[str, Any]:
         "responses": {
             "200": {"description": "the backend's answer (a stream of server-sent events with stream: true)",
                     "content": {"application/json": {"schema": answer},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": {
+                                    "type": "object", "properties": {"data": {"type": "string"}}}}}},
             **_errors(400, 401, 408, 413, 429, 502, 503, 504),
         },
     }
