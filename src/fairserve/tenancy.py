@@ -23,6 +23,9 @@ from .api.errors import error_response
 from .core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+# NOTE: the largest cost of a token (w_p, w_q): with weights down to MIN_WEIGHT and token counts up to 2**31 a
+# request adds at most ~1e21 to a counter, finite for any realistic lifetime
+MAX_COST = 1e6
 
 
 class TenantConfig(Strict):

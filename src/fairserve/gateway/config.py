@@ -15,12 +15,7 @@ from ..api.config import load_config as _load
 from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
 from ..core import make_policy
-from ..tenancy import TenantConfig, TenantsMixin, check_tenants
-
-
-# NOTE: costs above this overflow nothing by themselves, but with weights down to MIN_WEIGHT and counts up to MAX_INT a
-# counter stays below ~1e40 per request: finite for any realistic lifetime
-MAX_COST = 1e6
+from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
 
 
 def redact(url: str) -> str:
