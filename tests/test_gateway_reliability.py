@@ -146,3 +146,23 @@ def test_any_value_accepted_keeps_the_admin_api_and_metrics_answering(live, weig
     assert all(math.isfinite(t[k]) for t in tenants.json()["tenants"] for k in ("counter", "service", "weight"))
     assert HTTP.get(base + "/metrics").status_code == 200
     assert HTTP.put(base + "/admin/tenants/bob/weight", json={"weight": 1e6}, headers=ADMIN_H).status_code == 200
+
+
+def test_huge_integers_and_tiny_weights_are_refused_where_they_enter():
+    with serve(FakeBackend()) as base:
+        for raw in (b"10" + b"0" * 30, b"1" + b"0" * 400):
+            body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + raw + b"}"
+            r = HTTP.post(base + "/v1/chat/completions", content=body,
+                          headers={**auth("alice"), "content-type": "application/json"})
+            assert r.status_code == 400 and "too large" in r.json()["error"]["message"]
+        for weight in (b"5e-324", b"1e-300", b"1e308", b"1" + b"0" * 400):
+            r = HTTP.put(base + "/admin/tenants/bob/weight", content=b'{"weight": ' + weight + b"}", headers=ADMIN_H)
+            assert r.status_code == 400, weight
+    from fairserve.gateway.cli import add_parser, config_from_args
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    for flag in ("--tenant=a:k1:1e-320", "--w-p=1e308", "--w-q=inf", "--default-max-tokens=99999999999"):
+        args = parser.parse_args(["gateway", "--backend", "http://b:1", "--tenant", "x:k", flag])
+        with pytest.raises(ValueError):
+            config_from_args(args)

@@ -64,11 +64,11 @@ def _kind(e: BaseException, answered: bool) -> str:
 class UpstreamResponse:
     """A backend's answer: status and headers at once, the body as it arrives."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, first_byte_timeout: float, read_timeout: float) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, first_byte_at: float, read_timeout: float) -> None:
         self.resp = resp
         self.status_code = resp.status
         self.headers = resp.raw_headers
-        self.first_byte_timeout = first_byte_timeout    # for the body's first piece
+        self.first_byte_at = first_byte_at          # (loop time) the body's first piece is due by then
         self.read_timeout = read_timeout            # between pieces; the relay shortens it to drain after [DONE]
         self._started = False
         self._content = resp.content
@@ -82,7 +82,10 @@ class UpstreamResponse:
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body (all that has arrived), or None at its end."""
-        timeout = self.read_timeout if self._started else self.first_byte_timeout
+        if self._started:
+            timeout = self.read_timeout
+        else:
+            timeout = max(0.0, self.first_byte_at - asyncio.get_running_loop().time())
         self._started = True
         try:
             async with asyncio.timeout(timeout):
@@ -113,8 +116,8 @@ class Upstream:
 
     def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int = 0,
                  first_byte_timeout: float | None = None) -> None:
-        """Timeouts: `connect_timeout` to open a connection, `first_byte_timeout` (default: `read_timeout`) for the
-        status line and headers and again for the body's first piece (a non-streamed answer comes whole),
+        """Timeouts: `connect_timeout` to open a connection, `first_byte_timeout` (default: `read_timeout`) from
+        sending until the status line, headers and the body's first piece are in (a non-streamed answer comes whole),
         `read_timeout` between pieces."""
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.first_byte_timeout = read_timeout if first_byte_timeout is None else first_byte_timeout
@@ -159,6 +162,7 @@ class Upstream:
         session = self.session()
         proxy, proxy_auth = self.proxy(url)
         retried = False
+        sent = asyncio.get_running_loop().time()
         while True:
             try:
                 async with asyncio.timeout(self.first_byte_timeout):
@@ -171,7 +175,7 @@ class Upstream:
                 continue
             except (aiohttp.ClientError, TimeoutError) as e:
                 raise UpstreamError(_kind(e, False), str(e)) from None
-            return UpstreamResponse(resp, self.first_byte_timeout, self.read_timeout)
+            return UpstreamResponse(resp, sent + self.first_byte_timeout, self.read_timeout)
 
     async def aclose(self) -> None:
         if self._session is not None:
