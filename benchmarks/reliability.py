@@ -45,12 +45,14 @@ def start(args: list[str], url: str, health: str = "/healthz") -> subprocess.Pop
 
 
 def emulator(port: int, *flags: str) -> subprocess.Popen:
-    return start(["emulate", "--listen", f"127.0.0.1:{port}", "--time-scale", "2", *flags], f"http://127.0.0.1:{port}")
+    return start(["emulate", "--listen", f"127.0.0.1:{port}", "--time-scale", "2", *flags],
+                 f"http://127.0.0.1:{port}")
 
 
 def gateway(port: int, backend: int, *flags: str) -> subprocess.Popen:
     tenants = [x for name, key in KEYS.items() for x in ("--tenant", f"{name}:{key}")]
-    return start(["gateway", "--listen", f"127.0.0.1:{port}", "--backend", f"http://127.0.0.1:{backend},max_requests=16",
+    return start(["gateway", "--listen", f"127.0.0.1:{port}",
+                  "--backend", f"http://127.0.0.1:{backend},max_requests=16",
                   *tenants, "--admin-key", ADMIN, "--no-access-log", "--log-level", "warning", "--health-interval",
                   "0.5", *flags], f"http://127.0.0.1:{port}")
 
@@ -149,7 +151,8 @@ async def outage(args: argparse.Namespace) -> list[str]:
     lost = len(seen) - sum(counts.values())
     rows = [f"| {args.clients} streaming clients for {args.seconds} s, the only backend killed (SIGKILL) for "
             f"{restarted - killed:.1f} s, then restarted | {len(seen)} requests: {client_side}; down detected in "
-            f"{detect:.2f} s, back {recover:.2f} s after the restarted backend answered (the restart took {up_after - recover:.1f} s) | "
+            f"{detect:.2f} s, back {recover:.2f} s after the restarted backend answered "
+            f"(the restart took {up_after - recover:.1f} s) | "
             f"{lost} lost; outcomes in /metrics {counts}; accounts consistent: {ok} |"]
     return rows
 

@@ -13,9 +13,9 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_body, error_response
 from ..api.protocol import sse
-from .config import redact_text
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .body import loads as json_loads
+from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket
 
@@ -36,7 +36,8 @@ class Failed(Exception):
     @classmethod
     def of(cls, backend: Backend, kind: str, detail: str = "") -> Failed:
         """The failure of an upstream hop that broke (`UpstreamError.kind`)."""
-        return cls(redact_text(f"{backend.name}: {detail or kind}"), unreachable=kind in ("ConnectError", "ConnectTimeout"),
+        return cls(redact_text(f"{backend.name}: {detail or kind}"),
+                   unreachable=kind in ("ConnectError", "ConnectTimeout"),
                    lost=kind in ("ReadError", "RemoteProtocolError"), timeout=kind == "ReadTimeout")
 
 
