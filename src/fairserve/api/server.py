@@ -18,38 +18,41 @@ DRAIN_TIMEOUT_S = 30.0      # on SIGTERM, in-flight requests get this long; the 
 
 
 def header_timeout_protocol(timeout_s: float) -> type:
-    """uvicorn's HTTP protocol, closing a connection whose request line and headers take longer than `timeout_s`
-    (uvicorn itself waits forever for them: a slow-headers client would hold the connection)."""
+    """uvicorn's HTTP protocol, closing a connection that has spent longer than `timeout_s` without a request in
+    progress: a request line and headers that do not arrive (uvicorn itself waits forever for them, so a slow-headers
+    client would hold the connection). One sweep every `timeout_s / 2` checks every connection, so nothing is added
+    per request; a stalled connection is closed between `timeout_s` and 1.5 × `timeout_s`."""
+    open_: set[Any] = set()
+    sweeping: list[asyncio.TimerHandle] = []
+
+    def sweep() -> None:
+        sweeping.clear()
+        now = time.monotonic()
+        for conn in list(open_):
+            cycle = getattr(conn, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                conn.waiting_since = None                # a request is being served: not stalled
+            elif conn.waiting_since is None or conn.waiting_cycle is not cycle:
+                conn.waiting_since, conn.waiting_cycle = now, cycle
+            elif now - conn.waiting_since >= timeout_s and not conn.transport.is_closing():
+                conn.transport.close()
+        if open_:
+            sweeping.append(asyncio.get_running_loop().call_later(timeout_s / 2, sweep))
 
     class HeaderTimeout(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
-        _header_timer: asyncio.TimerHandle | None = None
-        _armed_cycle: Any = None
+        waiting_since: float | None = None
+        waiting_cycle: Any = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            cycle = getattr(self, "cycle", None)
-            if self._header_timer is None and (cycle is None or cycle.response_complete):
-                self._arm()         # the next request on a kept-alive connection: its headers are timed too
-            super().data_received(data)
+            self.waiting_since = time.monotonic()
+            open_.add(self)
+            if not sweeping:
+                sweeping.append(asyncio.get_running_loop().call_later(timeout_s / 2, sweep))
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            open_.discard(self)
             super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            self._armed_cycle = getattr(self, "cycle", None)
-            self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
-
-        def _expire(self) -> None:
-            self._header_timer = None
-            # NOTE: no new request began since the timer was armed: its headers are still incomplete
-            if getattr(self, "cycle", None) is self._armed_cycle and not self.transport.is_closing():
-                self.transport.close()
 
     return HeaderTimeout
 
