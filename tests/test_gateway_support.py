@@ -131,7 +131,8 @@ def config(backends: list[str], **kw: Any):
     data: dict[str, Any] = {
         "backends": [b if isinstance(b, dict) else {"url": b} for b in backends],
         "tenants": [{"name": n, "api_keys": [k], "weight": kw.pop(f"weight_{n}", 1.0)} for n, k in KEYS.items()],
-        "admin_key": ADMIN, "backend_cooldown_s": 0.5}
+        "admin_key": ADMIN, "backend_cooldown_s": 0.5,
+        "health_interval_s": 0}      # NOTE: no health checks unless a test asks: raw backends count every request
     data.update(kw)
     return build_config(data)
 

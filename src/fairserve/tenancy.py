@@ -25,6 +25,9 @@ from .core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
 from .dashboard import BackendRows, History, asset, snapshot
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+# NOTE: the largest cost of a token (w_p, w_q): with weights down to MIN_WEIGHT and token counts up to 2**31 a
+# request adds at most ~1e21 to a counter, finite for any realistic lifetime
+MAX_COST = 1e6
 
 
 class TenantConfig(Strict):
@@ -127,6 +130,14 @@ def bearer(request: Request) -> str | None:
     return key if scheme.lower() == "bearer" and key else None
 
 
+def metrics_denied(request: Request, metrics_key: str | None) -> Response | None:
+    """The 401 for `/metrics` when `metrics_key` is set and the request does not carry it as Bearer, else None."""
+    if metrics_key is None or bearer(request) == metrics_key:
+        return None
+    return error_response(401, "/metrics needs 'Authorization: Bearer METRICS_KEY'", code="invalid_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
 # ---- the admin API ----------------------------------------------------------------------------------------------------
 class Accounts(Protocol):
     """What owns a ledger and lets the admin API read and change it."""
@@ -191,7 +202,7 @@ def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
             return error_response(404, f"no tenant named {name!r}", code="unknown_tenant")
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
-        except (ValueError, TypeError, KeyError, RecursionError):
+        except (ValueError, TypeError, KeyError, RecursionError, OverflowError):    # NOTE: an int past any float
             return error_response(400, f'expected a JSON body {{"weight": W}} with W from {MIN_WEIGHT:g} to '
                                   f'{MAX_WEIGHT:g}', code="invalid_weight", param="weight")
         try:

@@ -58,6 +58,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
         return models_list(config.model)
 
     @app.get("/healthz")
+    @app.get("/health")
     async def healthz() -> dict:
         return {"status": "ok", "model": config.model, "running": len(emulator.engine.running),
                 "waiting": emulator.engine.policy.num_queued}

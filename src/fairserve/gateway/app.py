@@ -1,8 +1,10 @@
 """The gateway's HTTP app: OpenAI-compatible routes, identity, health, metrics, admin, and error bodies."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +19,12 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from ..api.protocol import models_list
-from ..tenancy import admin_router, bearer
+from ..tenancy import admin_router, bearer, metrics_denied
 from .body import CHAT, COMPLETIONS, PATHS
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
+from .health import HealthMonitor
+from .openapi import openapi
 from .prometheus import GatewayMetrics
 from .proxy import Proxy
 from .relay import Upstream
@@ -41,11 +45,30 @@ class Gateway:
         self.tenant_names = frozenset(self.sched.tenants)
         limit = sum(b.max_inflight_requests for b in cfg.backends) + 16
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(cfg.request_timeout_s, connect=5.0),
+            timeout=httpx.Timeout(cfg.chunk_timeout_s, connect=cfg.connect_timeout_s),
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
-        self.upstream = Upstream(connect_timeout=5.0, read_timeout=cfg.request_timeout_s, max_connections=limit)
+        self.upstream = Upstream(connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.chunk_timeout_s,
+                                 max_connections=limit, first_byte_timeout=cfg.request_timeout_s)
         self.proxy = Proxy(self.sched, self.upstream)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)   # adaptive backends only
+        self.health = HealthMonitor(self.sched, self.client)
+
+    def backend_rows(self) -> list[dict[str, Any]]:
+        """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""
+        return [{"url": b.name, "healthy": b.healthy, "in_flight_requests": b.requests, "in_flight_tokens": b.tokens,
+                 "limit_requests": b.limit, "adaptive": b.cfg.adaptive, **({"reason": b.reason} if b.reason else {})}
+                for b in self.sched.backends]
+
+    def health_report(self) -> tuple[int, dict[str, Any]]:
+        """`/healthz`: 200 while some backend is up, else 503 with the reason."""
+        backends = self.backend_rows()
+        up = bool(self.sched.healthy)
+        doc: dict[str, Any] = {"status": "ok" if up else "unavailable", "policy": self.sched.policy.name,
+                               "queued": self.sched.policy.num_queued, "backends": backends}
+        if not up:
+            doc["reason"] = "no backend is healthy: " + "; ".join(f"{b.name}: {b.reason or 'down'}"
+                                                                 for b in self.sched.backends)
+        return (200 if up else 503), doc
 
     def tenant(self, request: Request) -> str | None:
         """The tenant a request is from: its key's owner; with `trusted_proxy`, `X-Tenant-Id` (the key must still
@@ -129,7 +152,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         gw.capacity.start()          # NOTE: a task of its own, nothing on the request path
+        gw.health.start()
         yield
+        # NOTE: requests cut off at the end of the drain are still sending their last event and settling
+        deadline = time.monotonic() + 2.0
+        while len(gw.sched.ledger) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await gw.health.stop()
         await gw.capacity.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
@@ -171,22 +200,24 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return await gw.models()
 
     @app.get("/healthz")
+    @app.get("/health")
     async def healthz() -> Response:
-        backends = [{"url": b.url, "healthy": b.healthy, "in_flight_requests": b.requests,
-                     "in_flight_tokens": b.tokens, "limit_requests": b.limit, "adaptive": b.cfg.adaptive}
-                    for b in gw.sched.backends]
-        return JSONResponse({"status": "ok", "policy": gw.sched.policy.name, "queued": gw.sched.policy.num_queued,
-                             "backends": backends})
+        status, doc = gw.health_report()
+        return JSONResponse(doc, status_code=status)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if (denied := metrics_denied(request, config.metrics_key)) is not None:
+            return denied
         return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    def backend_rows() -> list[dict[str, Any]]:      # the dashboard's backends
-        return [{"url": b.url, "healthy": b.healthy, "in_flight_requests": b.requests, "in_flight_tokens": b.tokens,
-                 "limit_requests": b.limit, "adaptive": b.cfg.adaptive} for b in gw.sched.backends]
+    spec = openapi(config)
 
-    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, backend_rows))
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return JSONResponse(spec)
+
+    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:

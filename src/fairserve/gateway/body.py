@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from ..api.protocol import BadRequest, parse_json, parse_request
+from ..api.protocol import MAX_INT, BadRequest, parse_json, parse_request
 from ..api.tokens import TokenCounter, estimate_tokens
 
 CHAT, COMPLETIONS = "chat", "completions"
@@ -106,7 +106,8 @@ def usage_of(doc: Any) -> tuple[int | None, int | None]:
 
     def count(name: str) -> int | None:
         v = usage.get(name)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+        # NOTE: bounded like a request's counts: a backend's 10**400 would overflow the accounting
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT else None
     return count("prompt_tokens"), count("completion_tokens")
 
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from .config import redact, redact_text
+
 if TYPE_CHECKING:
     from .scheduler import Backend, Scheduler
 
@@ -100,14 +102,14 @@ class CapacityMonitor:
             reading = parse_metrics(resp.text) if resp.status_code == 200 else None
             why = f"HTTP {resp.status_code}" if resp.status_code != 200 else "no vLLM, SGLang or llama.cpp metrics"
         except httpx.HTTPError as e:
-            reading, why = None, f"{type(e).__name__}: {e}"
+            reading, why = None, redact_text(f"{type(e).__name__}: {e}")
         if reading is None and b.url not in self._failing:      # NOTE: once per failing streak, not per scrape
             self._failing.add(b.url)
             log.warning("adaptive capacity: no reading from %s (%s); using the static limit %d",
-                        url, why, b.cfg.max_inflight_requests)
+                        redact(url), why, b.cfg.max_inflight_requests)
         elif reading is not None and b.url in self._failing:
             self._failing.discard(b.url)
-            log.info("adaptive capacity: reading %s metrics from %s", reading.server, url)
+            log.info("adaptive capacity: reading %s metrics from %s", reading.server, redact(url))
         return reading
 
     async def step(self) -> None:

@@ -16,7 +16,10 @@ SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "
            "queue_ttl": "queue_ttl_s", "max_body_bytes": "max_body_bytes", "admin_key": "admin_key",
            "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer", "default_max_tokens": "default_max_tokens",
            "backend_cooldown": "backend_cooldown_s", "request_timeout": "request_timeout_s",
-           "access_log": "access_log", "metrics_interval": "metrics_interval_s"}
+           "access_log": "access_log", "metrics_interval": "metrics_interval_s", "health_path": "health_path",
+           "health_interval": "health_interval_s", "client_timeout": "client_timeout_s",
+           "connect_timeout": "connect_timeout_s", "chunk_timeout": "chunk_timeout_s",
+           "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key"}
 BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
                    "adaptive": "adaptive", "metrics_url": "metrics_url", "engine_tenant": "engine_tenant"}
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -82,8 +85,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", metavar="NAME", help='"estimate" (default), "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken" (local files)')
     g.add_argument("--default-max-tokens", type=int, metavar="N", help="assumed max_tokens when unset (512)")
     g.add_argument("--model", action="append", metavar="NAME", help="model names for /v1/models if no backend answers")
-    g.add_argument("--backend-cooldown", type=float, metavar="S", help="skip an unreachable backend this long (2)")
-    g.add_argument("--request-timeout", type=float, metavar="S", help="upstream read timeout, seconds (600)")
+    g.add_argument("--backend-cooldown", type=float, metavar="S",
+                   help="without health checks: skip an unreachable backend this long (2)")
+    g.add_argument("--health-path", metavar="PATH", help="each backend's health check path (/health)")
+    g.add_argument("--health-interval", type=float, metavar="S", help="seconds between health checks; 0: none (5)")
+    g.add_argument("--client-timeout", type=float, metavar="S",
+                   help="a client's request headers, and its body, must each arrive within this (30)")
+    g.add_argument("--connect-timeout", type=float, metavar="S", help="connecting to a backend (5)")
+    g.add_argument("--request-timeout", type=float, metavar="S",
+                   help="a backend's first byte (a non-streamed answer: all of it), seconds (120)")
+    g.add_argument("--chunk-timeout", type=float, metavar="S", help="between two pieces of a backend's answer (30)")
+    g.add_argument("--drain-timeout", type=float, metavar="S",
+                   help="on SIGTERM, in-flight requests get this long, then end with an error (30)")
+    g.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
     g.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
                    help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)")
     g.add_argument("--metrics-interval", type=float, metavar="S",
@@ -96,13 +110,14 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Config problems raise ValueError with one line."""
     import uvicorn
 
+    from ..api.server import server_options
     from .app import create_app
 
     cfg = config_from_args(args)
     print(f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
           f"listening on http://{cfg.listen}", file=sys.stderr)
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=args.log_level,
-                access_log=cfg.access_log)
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=cfg.access_log,
+                **server_options(cfg.client_timeout_s, cfg.drain_timeout_s))
     return 0
 
 

@@ -5,15 +5,40 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from ..api.config import Strict, check_listen
 from ..api.config import build_config as _build
 from ..api.config import load_config as _load
+from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
 from ..core import make_policy
-from ..tenancy import TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
+
+
+def redact(url: str) -> str:
+    """`url` as it may be shown, logged or used as a label: any `user:password@` replaced by `***@`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact_text(text: str) -> str:
+    """`text` (an error message, a log line) with the credentials of every URL in it replaced by `***`."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def has_credentials(url: str) -> bool:
+    return "@" in urlsplit(url).netloc
 
 
 class BackendConfig(Strict):
@@ -25,19 +50,31 @@ class BackendConfig(Strict):
     metrics_url: str | None = None                         # default: URL/metrics (gateway/capacity.py)
     engine_tenant: bool = False                            # name the tenant to the engine (vLLM with VTCScheduler)
 
+    @property
+    def name(self) -> str:
+        """The URL without credentials: what `/healthz`, `/metrics` labels, logs and error messages show."""
+        return redact(self.url)
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> BackendConfig:
+        if self.api_key is not None and has_credentials(self.url):
+            raise ValueError(f"backend {self.name}: give either credentials in the URL (Basic auth) or api_key "
+                             "(Bearer), not both")
+        return self
+
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
         v = v.strip().rstrip("/")
         if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000, got {v!r}")
+            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000, got {redact(v)!r}")
         return v[: -len("/v1")] if v.endswith("/v1") else v
 
     @field_validator("metrics_url")
     @classmethod
     def _metrics_url(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^/\s]+", v.strip()):
-            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000/metrics, got {v!r}")
+            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000/metrics, got {redact(v)!r}")
         return v.strip() if v is not None else None
 
 
@@ -46,18 +83,28 @@ class GatewayConfig(TenantsMixin, Strict):
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
     policy: str = "vtc"
-    w_p: float = Field(1.0, ge=0)
-    w_q: float = Field(2.0, ge=0)
+    w_p: float = Field(1.0, ge=0, le=MAX_COST)
+    w_q: float = Field(2.0, ge=0, le=MAX_COST)
     queue_limit: int = Field(256, ge=1)           # queued requests per tenant
     queue_ttl_s: float = Field(300.0, gt=0)       # the longest a request may wait in the queue
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     admin_key: str | None = None
     trusted_proxy: bool = False                   # honour `X-Tenant-Id` from a holder of a valid key
     tokenizer: str = ""                           # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
-    default_max_tokens: int = Field(512, ge=1)    # assumed when a request sets no max_tokens
+    default_max_tokens: int = Field(512, ge=1, le=MAX_INT)    # assumed when a request sets no max_tokens
     models: list[str] = Field(default_factory=list)   # /v1/models when no backend answers
-    backend_cooldown_s: float = Field(2.0, ge=0)  # an unreachable backend is skipped this long
-    request_timeout_s: float = Field(600.0, gt=0) # upstream read timeout
+    backend_cooldown_s: float = Field(2.0, ge=0)  # without health checks: an unreachable backend is skipped this long
+    # health: each backend's `health_path` is read every `health_interval_s` (0: no active checks); a backend is
+    # down from a failed check or an unreachable request until a check passes
+    health_path: str = "/health"
+    health_interval_s: float = Field(5.0, ge=0, le=3600)
+    # timeouts (see docs/gateway.md, "Timeouts")
+    client_timeout_s: float = Field(30.0, gt=0, le=3600)      # a client's request headers and body, each
+    connect_timeout_s: float = Field(5.0, gt=0, le=3600)      # opening a connection to a backend
+    request_timeout_s: float = Field(120.0, gt=0)             # a backend's first byte (a whole non-streamed answer)
+    chunk_timeout_s: float = Field(30.0, gt=0)                # between two pieces of a backend's answer
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)       # SIGTERM: in-flight requests get this long to finish
+    metrics_key: str | None = None                # Bearer key required by /metrics (default: open)
     access_log: bool = True                       # uvicorn's line per request (`--no-access-log`)
     metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
 
@@ -67,6 +114,13 @@ class GatewayConfig(TenantsMixin, Strict):
     @classmethod
     def _policy(cls, v: str) -> str:
         make_policy(v)   # raises ValueError naming the valid policies
+        return v
+
+    @field_validator("health_path")
+    @classmethod
+    def _health_path(cls, v: str) -> str:
+        if not v.startswith("/") or any(c.isspace() for c in v):
+            raise ValueError(f"must be a path starting with '/', e.g. /health, got {v!r}")
         return v
 
     @field_validator("tokenizer")
@@ -81,6 +135,11 @@ class GatewayConfig(TenantsMixin, Strict):
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
             raise ValueError("backend URLs must be unique")
+        if len({b.name for b in self.backends}) != len(urls):
+            raise ValueError("backend URLs must differ in more than their credentials")
+        if self.metrics_key is not None and (self.metrics_key == self.admin_key or
+                                             self.metrics_key in self.key_owners()):
+            raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
         return self
 
 

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 P = "fairserve_gateway_"
-OUTCOMES = ("ok", "invalid", "rejected", "queue_full", "timeout", "client_disconnected", "backend_error",
-            "backend_rejected", "internal_error")
+OUTCOMES = ("ok", "invalid", "client_timeout", "rejected", "queue_full", "timeout", "client_disconnected",
+            "backend_error", "backend_rejected", "shutdown", "internal_error")
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -63,12 +63,13 @@ class _Backends(Collector):
         reqs = GaugeMetricFamily(P + "backend_inflight_requests", "Requests in flight", labels=["backend"])
         toks = GaugeMetricFamily(P + "backend_inflight_tokens", "Prompt + max_tokens of requests in flight",
                                  labels=["backend"])
-        up = GaugeMetricFamily(P + "backend_healthy", "1 if the last attempt reached the backend", labels=["backend"])
+        up = GaugeMetricFamily(P + "backend_healthy", "1 if the backend is up (its last health check or request "
+                               "reached it)", labels=["backend"])
         limit = GaugeMetricFamily(P + "backend_limit_requests", "In-flight request limit now (adaptive backends: "
                                   "from the backend's /metrics; else max_inflight_requests)", labels=["backend"])
-        for b in s.backends:
-            reqs.add_metric([b.url], b.requests)
-            toks.add_metric([b.url], b.tokens)
-            up.add_metric([b.url], 1.0 if b.healthy else 0.0)
-            limit.add_metric([b.url], b.limit)
+        for b in s.backends:             # NOTE: the URL without credentials: /metrics may be readable by anyone
+            reqs.add_metric([b.name], b.requests)
+            toks.add_metric([b.name], b.tokens)
+            up.add_metric([b.name], 1.0 if b.healthy else 0.0)
+            limit.add_metric([b.name], b.limit)
         yield from (reqs, toks, up, limit)

@@ -5,14 +5,17 @@ This is the hot path, so it speaks ASGI directly (no Request/Response objects on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..api.errors import error_response
+from ..api.errors import error_body, error_response
+from ..api.protocol import sse
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .body import loads as json_loads
+from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket
 
@@ -23,19 +26,33 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 
 
 class Failed(Exception):
-    """The backend failed this attempt before any output reached the client."""
+    """The backend failed this attempt before any output reached the client: `unreachable` (no connection),
+    `lost` (the connection broke before an answer) or `timeout` (no answer in time: a 504 if no backend is left)."""
 
-    def __init__(self, detail: str, unreachable: bool = False) -> None:
+    def __init__(self, detail: str, unreachable: bool = False, lost: bool = False, timeout: bool = False) -> None:
         super().__init__(detail)
-        self.unreachable = unreachable
+        self.unreachable, self.lost, self.timeout = unreachable, lost, timeout
+
+    @classmethod
+    def of(cls, backend: Backend, kind: str, detail: str = "") -> Failed:
+        """The failure of an upstream hop that broke (`UpstreamError.kind`)."""
+        return cls(redact_text(f"{backend.name}: {detail or kind}"),
+                   unreachable=kind in ("ConnectError", "ConnectTimeout"),
+                   lost=kind in ("ReadError", "RemoteProtocolError"), timeout=kind == "ReadTimeout")
 
 
 class _Gone(Exception):
     """The client went away before its body was read."""
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The body, or None if it is larger than `limit` bytes (not read any further then)."""
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float = 30.0) -> bytes | None:
+    """The body, or None if it is larger than `limit` bytes (not read any further then). TimeoutError if it took
+    longer than `timeout_s` (a stalled upload)."""
+    async with asyncio.timeout(timeout_s):
+        return await _read_body(scope, receive, limit)
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
             if value.isdigit() and int(value) > limit:
@@ -65,9 +82,14 @@ class Proxy:
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: str, tenant: str) -> None:
         sched, metrics = self.sched, self.sched.metrics
         try:
-            raw = await read_body(scope, receive, self.cfg.max_body_bytes)
+            raw = await read_body(scope, receive, self.cfg.max_body_bytes, self.cfg.client_timeout_s)
         except _Gone:
             return await Response(status_code=DISCONNECTED)(scope, receive, send)
+        except TimeoutError:
+            metrics.requests.labels(tenant, "client_timeout").inc()
+            return await error_response(408, f"the request body did not arrive within {self.cfg.client_timeout_s:g} s",
+                                        code="request_timeout",
+                                        headers={"Connection": "close"})(scope, receive, send)
         if raw is None:
             metrics.requests.labels(tenant, "invalid").inc()
             return await error_response(413, f"the request body is larger than {self.cfg.max_body_bytes} bytes",
@@ -112,10 +134,15 @@ class Proxy:
         try:
             await self._serve(ticket, parsed, kind, scope, receive, send)
         except asyncio.CancelledError:
-            default = "client_disconnected"
             if not gone:
-                raise
-            task.uncancel()
+                # NOTE: not the client: the server's drain ran out (SIGTERM + drain_timeout_s); the request ends
+                # with an error the client can read, charged what it produced
+                default = "shutdown"
+                task.uncancel()
+                await _shutting_down(scope, receive, send)
+            else:
+                default = "client_disconnected"
+                task.uncancel()
         finally:
             timer.cancel()
             if watcher is not None:
@@ -129,7 +156,7 @@ class Proxy:
         """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
         body = upstream_body(parsed)
         while True:
-            backend = await self.sched.wait(t, self.cfg.queue_ttl_s)
+            backend = await self.sched.wait(t)
             if backend is None:
                 t.ending = Ending("timeout", refund=True)
                 response = error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
@@ -139,10 +166,14 @@ class Proxy:
                 sent = upstream_body(parsed, t.tenant) if backend.cfg.engine_tenant else body
                 return await self._attempt(t, backend, parsed, kind, sent, scope, receive, send)
             except Failed as e:
-                if not self.sched.backend_failed(t, e.unreachable):
+                if not self.sched.backend_failed(t, e.unreachable, e.lost, str(e)):
                     t.ending = Ending("backend_error", refund=True)
-                    response = error_response(502, f"no backend could serve the request; last error: {e}",
-                                              code="backend_error")
+                    if e.timeout:
+                        response = error_response(504, f"no backend answered in time; last error: {e}",
+                                                  code="backend_timeout")
+                    else:
+                        response = error_response(502, f"no backend could serve the request; last error: {e}",
+                                                  code="backend_error")
                     return await response(scope, receive, send)
 
     def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
@@ -157,13 +188,13 @@ class Proxy:
         try:
             resp = await self.upstream.post(backend.url, PATHS[kind], body, self._headers(backend, parsed.stream))
         except UpstreamError as e:
-            raise Failed(f"{backend.url}: {e.kind}", unreachable=e.unreachable) from None
+            raise Failed.of(backend, e.kind) from None
         relay = None
         try:
             if resp.status_code != 200:
                 content = await resp.read()
                 if resp.status_code >= 500 or resp.status_code in RETRYABLE:
-                    raise Failed(f"{backend.url}: HTTP {resp.status_code}")
+                    raise Failed(f"{backend.name}: HTTP {resp.status_code}")
                 self.sched.backend_ok(backend)
                 t.ending = Ending("backend_rejected", refund=True)
                 return await _passthrough(resp, content)(scope, receive, send)
@@ -175,10 +206,10 @@ class Proxy:
             await relay.prefetch()
         except UpstreamFailed as e:
             resp.close()
-            raise Failed(f"{backend.url}: {e}") from None
+            raise Failed.of(backend, e.kind, str(e)) from None
         except UpstreamError as e:
             resp.close()
-            raise Failed(f"{backend.url}: {e.kind}") from None
+            raise Failed.of(backend, e.kind) from None
         except BaseException:
             resp.close()
             raise
@@ -209,3 +240,14 @@ def _passthrough(resp: UpstreamResponse, content: bytes) -> Response:
     media = resp.header(b"content-type")
     return Response(content, status_code=resp.status_code,
                     media_type=media.decode("latin-1") if media is not None else "application/json")
+
+
+async def _shutting_down(scope: Scope, receive: Receive, send: Send) -> None:
+    """End a request cut off by the end of the drain: an error event if its stream has started, else a 503."""
+    with contextlib.suppress(Exception):
+        if scope.get("fairserve.streaming"):
+            body = sse(error_body(503, "the gateway is shutting down; the response is incomplete", code="shutdown"))
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        else:
+            await error_response(503, "the gateway is shutting down", code="shutdown",
+                                 headers={"Retry-After": "1"})(scope, receive, send)

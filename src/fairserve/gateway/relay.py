@@ -28,7 +28,11 @@ from .scheduler import Ending, Scheduler, Ticket
 
 
 class UpstreamFailed(Exception):
-    """The backend failed before producing any output."""
+    """The backend failed before producing any output; `kind` is the `UpstreamError` kind when the hop broke."""
+
+    def __init__(self, detail: str, kind: str = "") -> None:
+        super().__init__(detail)
+        self.kind = kind
 
 
 class UpstreamError(Exception):
@@ -60,12 +64,13 @@ def _kind(e: BaseException, answered: bool) -> str:
 class UpstreamResponse:
     """A backend's answer: status and headers at once, the body as it arrives."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, read_timeout: float) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, first_byte_at: float, read_timeout: float) -> None:
         self.resp = resp
         self.status_code = resp.status
         self.headers = resp.raw_headers
-        self.read_timeout = read_timeout            # the relay shortens it to drain the rest after [DONE]
-        self._sock_read = read_timeout              # what aiohttp enforces on every read
+        self.first_byte_at = first_byte_at          # (loop time) the body's first piece is due by then
+        self.read_timeout = read_timeout            # between pieces; the relay shortens it to drain after [DONE]
+        self._started = False
         self._content = resp.content
         self.closed = False
 
@@ -77,11 +82,13 @@ class UpstreamResponse:
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body (all that has arrived), or None at its end."""
+        if self._started:
+            timeout = self.read_timeout
+        else:
+            timeout = max(0.0, self.first_byte_at - asyncio.get_running_loop().time())
+        self._started = True
         try:
-            if self.read_timeout < self._sock_read:
-                async with asyncio.timeout(self.read_timeout):
-                    data = await self._content.readany()
-            else:
+            async with asyncio.timeout(timeout):
                 data = await self._content.readany()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise UpstreamError(_kind(e, True), str(e)) from None
@@ -107,11 +114,17 @@ class Upstream:
     """The gateway's client for the backends (aiohttp, keep-alive pool): `await post(url, path, body, headers)`.
     A backend behind an HTTP(S) proxy named in the environment (HTTP(S)_PROXY, NO_PROXY) is reached through it."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int = 0) -> None:
+    def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int = 0,
+                 first_byte_timeout: float | None = None) -> None:
+        """Timeouts: `connect_timeout` to open a connection, `first_byte_timeout` (default: `read_timeout`) from
+        sending until the status line, headers and the body's first piece are in (a non-streamed answer comes whole),
+        `read_timeout` between pieces."""
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.first_byte_timeout = read_timeout if first_byte_timeout is None else first_byte_timeout
         self.max_connections = max_connections       # 0: no limit
         self._session: aiohttp.ClientSession | None = None
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
+                                              sock_read=None)
         self._proxies: dict[str, tuple[yarl.URL | None, aiohttp.BasicAuth | None]] = {}
 
     def session(self) -> aiohttp.ClientSession:
@@ -149,9 +162,12 @@ class Upstream:
         session = self.session()
         proxy, proxy_auth = self.proxy(url)
         retried = False
+        sent = asyncio.get_running_loop().time()
         while True:
             try:
-                resp = await session.post(url + path, data=body, headers=headers, proxy=proxy, proxy_auth=proxy_auth)
+                async with asyncio.timeout(self.first_byte_timeout):
+                    resp = await session.post(url + path, data=body, headers=headers, proxy=proxy,
+                                              proxy_auth=proxy_auth)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as e:
                 if retried or isinstance(e, aiohttp.ClientConnectorError):
                     raise UpstreamError(_kind(e, False), str(e)) from None
@@ -159,7 +175,7 @@ class Upstream:
                 continue
             except (aiohttp.ClientError, TimeoutError) as e:
                 raise UpstreamError(_kind(e, False), str(e)) from None
-            return UpstreamResponse(resp, self.read_timeout)
+            return UpstreamResponse(resp, sent + self.first_byte_timeout, self.read_timeout)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -259,7 +275,7 @@ class Relay:
                 if produced:
                     return
         except UpstreamError as e:
-            raise UpstreamFailed(f"the backend stream broke before any output: {e.kind}") from None
+            raise UpstreamFailed(f"the backend stream broke before any output: {e.kind}", e.kind) from None
         if not self._done and self._usage == (None, None):
             raise UpstreamFailed("the backend stream ended before any output")
 
@@ -309,8 +325,13 @@ class Relay:
                         break
         except UpstreamError as e:
             self._broke()
-            out.append(sse(error_body(502, f"the backend failed mid-stream ({e.kind}); the response is incomplete",
-                                      code="backend_error")))
+            if e.kind == "ReadTimeout":
+                event = error_body(504, f"the backend sent nothing for {self.upstream.read_timeout:g} s mid-stream; "
+                                   "the response is incomplete", code="backend_timeout")
+            else:
+                event = error_body(502, f"the backend failed mid-stream ({e.kind}); the response is incomplete",
+                                   code="backend_error")
+            out.append(sse(event))
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
             return
         if not self._done:

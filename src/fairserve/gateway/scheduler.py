@@ -4,12 +4,20 @@ The policy decides the order (VTC, FCFS, ...); this module decides capacity: `fi
 backend with room for one more request and its tokens (prompt + max_tokens). A backend's request limit is its
 `max_inflight_requests`, or with `adaptive` what gateway/capacity.py sets from the backend's /metrics. Dispatch runs
 on every arrival and whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
+
+Health: a backend is down from an unreachable request or a failed health check (gateway/health.py) until a check
+passes (or, without active checks, for `backend_cooldown_s`). A request whose backend was down or lost its
+connection before any output goes back to the queue without counting that backend as tried, so while no backend is
+up requests wait (up to `queue_ttl_s` from their arrival) instead of failing.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +26,18 @@ from ..core import Ledger, LedgerView, Policy, Request, make_policy
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
 
+log = logging.getLogger("fairserve.gateway")
+MAX_LOST = 3        # connections lost before any output, per request, before it fails with 502
+
 
 @dataclass(eq=False)
 class Backend:
     cfg: BackendConfig
     requests: int = 0          # in flight
     tokens: int = 0            # prompt + max_tokens of those in flight
-    healthy: bool = True       # the last attempt reached it
-    down_until: float = 0.0    # unreachable: skipped until then
+    healthy: bool = True       # the last health check or attempt reached it
+    down_until: float = 0.0    # down: skipped until then (inf: until a health check passes)
+    reason: str = ""           # why it is down
     limit: int = 0             # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
 
     def __post_init__(self) -> None:
@@ -34,6 +46,11 @@ class Backend:
     @property
     def url(self) -> str:
         return self.cfg.url
+
+    @property
+    def name(self) -> str:
+        """The URL without credentials (shown, logged, a metrics label)."""
+        return self.cfg.name
 
     def room_for(self, tokens: int) -> bool:
         if self.requests >= self.limit:
@@ -70,6 +87,8 @@ class Ticket:
     req: Request | None = None                    # set when the ledger accepts it
     backend: Backend | None = None
     tried: set[str] = field(default_factory=set)  # backends that failed it
+    deadline: float = math.inf                    # it leaves the queue (503) if still queued then
+    lost: int = 0                                 # connections lost before any output (MAX_LOST)
     ending: Ending | None = None                  # recorded by the proxy, booked once by `Scheduler.settle`
     outcome: str | None = None                    # the outcome booked
 
@@ -86,6 +105,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.probe: Callable[[Backend], None] | None = None     # ask for a health check now (gateway/health.py)
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
@@ -98,8 +118,9 @@ class Scheduler:
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
-        return Ticket(tenant, prompt_tokens, out, prompt_tokens + out * n, time.monotonic(),
-                      asyncio.get_running_loop().create_future())
+        now = time.monotonic()
+        return Ticket(tenant, prompt_tokens, out, prompt_tokens + out * n, now,
+                      asyncio.get_running_loop().create_future(), deadline=now + self.cfg.queue_ttl_s)
 
     def submit(self, t: Ticket) -> str | None:
         """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected"): it never entered the
@@ -141,7 +162,7 @@ class Scheduler:
 
     def _wake_after_cooldown(self, now: float) -> None:
         """While a backend cools down, dispatch again when it is back, so queued requests are not stranded."""
-        later = [b.down_until for b in self.backends if b.down_until > now]
+        later = [b.down_until for b in self.backends if now < b.down_until < math.inf]
         if not later or not self.policy.num_queued:
             return
         at = min(later) + 0.01
@@ -155,10 +176,19 @@ class Scheduler:
             self.dispatch()
         self._wakeup = asyncio.get_running_loop().call_at(at, wake)
 
-    async def wait(self, t: Ticket, timeout_s: float) -> Backend | None:
-        """The backend the ticket was admitted to, or None when it waited `timeout_s` in vain."""
+    @property
+    def healthy(self) -> list[Backend]:
+        """The backends that can take requests now (up, or without active checks past their cooldown)."""
+        now = time.monotonic()
+        return [b for b in self.backends if b.down_until <= now]
+
+    async def wait(self, t: Ticket, timeout_s: float | None = None) -> Backend | None:
+        """The backend the ticket was admitted to, or None when it waited `timeout_s` (default: until its deadline,
+        `queue_ttl_s` after its arrival) in vain."""
         if t.admitted.done():         # admitted at once: no timer
             return t.admitted.result()
+        if timeout_s is None:
+            timeout_s = max(0.0, t.deadline - time.monotonic())
         try:
             return await asyncio.wait_for(asyncio.shield(t.admitted), timeout_s)
         except TimeoutError:
@@ -170,17 +200,27 @@ class Scheduler:
         assert t.req is not None
         self.ledger.output(t.req, tokens)
 
-    def backend_failed(self, t: Ticket, unreachable: bool) -> bool:
+    def backend_failed(self, t: Ticket, unreachable: bool = False, lost: bool = False, why: str = "") -> bool:
         """`t` failed on its backend before any output reached the client. Requeue it (its charges stand) if
-        some backend has not failed it yet; returns False when none is left."""
+        some backend may still serve it; returns False when none is left.
+
+        `unreachable` (no connection): the backend is down, and the request waits for any backend to be up.
+        `lost` (the connection broke before an answer): a health check is asked for, and the request is tried again
+        (at most MAX_LOST times). Otherwise (an error status, a timeout) the backend is not tried again for it."""
         b = t.backend
         assert b is not None and t.req is not None
-        t.tried.add(b.url)
         if unreachable:
-            b.healthy = False
-            b.down_until = time.monotonic() + self.cfg.backend_cooldown_s
+            self.backend_down(b, why or "unreachable")
+        elif lost:
+            t.lost += 1
+        if (unreachable or lost) and self.probe is not None:
+            self.probe(b)
+        if not unreachable and (not lost or t.lost > MAX_LOST):
+            t.tried.add(b.url)
         self._release(t)
-        if all(x.url in t.tried for x in self.backends):
+        left = [x for x in self.backends if x.url not in t.tried]
+        # NOTE: it waits for a down backend only while none is up; backends that are up all failed it otherwise
+        if not left or (self.healthy and not set(left) & set(self.healthy)):
             return False
         t.queued_at = time.monotonic()
         t.admitted = asyncio.get_running_loop().create_future()
@@ -189,8 +229,24 @@ class Scheduler:
         return True
 
     def backend_ok(self, b: Backend) -> None:
-        b.healthy = True
-        b.down_until = 0.0
+        """`b` answered: it is up."""
+        if not b.healthy:
+            log.info("backend %s is up", b.name)
+        b.healthy, b.down_until, b.reason = True, 0.0, ""
+
+    def backend_up(self, b: Backend) -> None:
+        """A health check passed: `b` takes requests again (queued ones are dispatched now)."""
+        down = b.down_until > 0.0
+        self.backend_ok(b)
+        if down:
+            self.dispatch()
+
+    def backend_down(self, b: Backend, reason: str) -> None:
+        """`b` is down: until a health check passes, or for `backend_cooldown_s` without active checks."""
+        if b.healthy:
+            log.warning("backend %s is down: %s", b.name, reason)
+        b.healthy, b.reason = False, reason
+        b.down_until = math.inf if self.cfg.health_interval_s > 0 else time.monotonic() + self.cfg.backend_cooldown_s
 
     def _release(self, t: Ticket) -> None:
         b, t.backend = t.backend, None

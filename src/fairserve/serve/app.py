@@ -18,7 +18,7 @@ from ..api.streaming import EventStream
 from ..core import make_policy
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
-from ..tenancy import TenantCollector, admin_router, bearer
+from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied
 from .config import ANONYMOUS, ServeConfig
 
 log = logging.getLogger("fairserve.serve")
@@ -96,7 +96,12 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         if tenant is None:
             return error_response(401, "missing or unknown API key: send 'Authorization: Bearer KEY'",
                                   code="invalid_api_key")
-        raw = await request.body()
+        try:
+            async with asyncio.timeout(cfg.client_timeout_s):
+                raw = await request.body()
+        except TimeoutError:
+            return error_response(408, f"the request body did not arrive within {cfg.client_timeout_s:g} s",
+                                  code="request_timeout", headers={"Connection": "close"})
         if len(raw) > cfg.max_body_bytes:
             return error_response(413, f"the request body is larger than {cfg.max_body_bytes} bytes",
                                   code="body_too_large")
@@ -178,6 +183,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         return models_list(cfg.model_name)
 
     @app.get("/healthz")
+    @app.get("/health")
     async def healthz() -> Response:
         why = engine.failure()
         body = {"status": "ok" if why is None else "failed", "engine": cfg.engine, "model": cfg.model_name,
@@ -185,7 +191,9 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         return JSONResponse(body, status_code=200 if why is None else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if (denied := metrics_denied(request, cfg.metrics_key)) is not None:
+            return denied
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(BadRequest)

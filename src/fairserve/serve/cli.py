@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from ..engines.hf_models import ModelError
 
     import uvicorn
+
+    from ..api.server import server_options
     try:
         app = create_app(cfg)
     except ModelError as e:
@@ -63,5 +65,6 @@ def run(args: argparse.Namespace) -> int:
     tenants = f"{len(cfg.tenants)} tenants" if cfg.tenants else "no API keys (one tenant 'anonymous')"
     print(f"fairserve serve: {cfg.engine} engine, model {cfg.model}, policy {cfg.policy}, {tenants}, "
           f"KV pool {cfg.num_blocks * cfg.page_size} tokens, listening on http://{cfg.listen}", file=sys.stderr)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
+                **server_options(cfg.client_timeout_s, cfg.drain_timeout_s))
     return 0

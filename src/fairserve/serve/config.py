@@ -8,10 +8,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..api.config import Strict, check_listen
+from ..api.protocol import MAX_INT
 from ..api.config import load_config as _load
 from ..core import DEFAULT_TENANT, make_policy
 from ..core.fcfs import RPM
-from ..tenancy import TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
 
 ENGINES = ("transformers",)
 ANONYMOUS = DEFAULT_TENANT  # the one tenant of a server configured without tenants
@@ -24,11 +25,14 @@ class ServeConfig(TenantsMixin, Strict):
     served_model_name: str | None = None          # the name /v1/models lists (default: `model`)
     tenants: list[TenantConfig] = Field(default_factory=list)   # none: no API keys, one tenant "anonymous"
     policy: str = "vtc"                           # the engine's scheduler; "fifo": transformers' own, no accounts
-    w_p: float = Field(1.0, ge=0)
-    w_q: float = Field(2.0, ge=0)
+    w_p: float = Field(1.0, ge=0, le=MAX_COST)
+    w_q: float = Field(2.0, ge=0, le=MAX_COST)
     admin_key: str | None = None
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    default_max_tokens: int = Field(256, ge=1)
+    default_max_tokens: int = Field(256, ge=1, le=MAX_INT)
+    client_timeout_s: float = Field(30.0, gt=0, le=3600)  # a client's request headers, and its body, each (408)
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)   # SIGTERM: in-flight requests get this long to finish
+    metrics_key: str | None = None                         # Bearer key required by /metrics (default: open)
     # engine sizing (transformers' ContinuousBatchingConfig); the KV pool holds num_blocks × page_size tokens
     num_blocks: int = Field(512, ge=1)
     page_size: int = Field(32, ge=4)

@@ -1,0 +1,66 @@
+"""Active health checks: every `health_interval_s` each backend's `health_path` is read; an answer below 500 means
+up (the server is there and answering; a 404 from a server without that path still counts), a 5xx, no connection or
+no answer within the timeout means down. A backend marked down by a failed request is checked at once.
+
+No client request is spent finding out that a backend is down or back: while none is up, requests wait in the queue
+(`Scheduler.healthy`, `/healthz`)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+
+from .scheduler import Backend, Scheduler
+
+log = logging.getLogger("fairserve.gateway")
+
+
+class HealthMonitor:
+    def __init__(self, sched: Scheduler, client: httpx.AsyncClient) -> None:
+        self.sched, self.client = sched, client
+        cfg = sched.cfg
+        self.path, self.interval_s = cfg.health_path, cfg.health_interval_s
+        self.timeout_s = max(0.5, min(self.interval_s, cfg.connect_timeout_s + 5.0))
+        self._task: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self.sched.probe = lambda _: self._now.set()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def check(self, b: Backend) -> None:
+        """One check of `b`, its result applied."""
+        headers = {"authorization": f"Bearer {b.cfg.api_key}"} if b.cfg.api_key else {}
+        try:
+            resp = await self.client.get(b.url + self.path, headers=headers, timeout=self.timeout_s)
+            reason = f"{self.path} answered HTTP {resp.status_code}" if resp.status_code >= 500 else ""
+        except httpx.TimeoutException:
+            reason = f"{self.path} did not answer within {self.timeout_s:g} s"
+        except httpx.HTTPError as e:
+            reason = f"{self.path} unreachable ({type(e).__name__})"
+        if reason:
+            self.sched.backend_down(b, reason)
+        else:
+            self.sched.backend_up(b)
+
+    async def _run(self) -> None:
+        backends = self.sched.backends
+        while True:
+            self._now.clear()
+            try:
+                await asyncio.gather(*(self.check(b) for b in backends))
+            except Exception as e:     # NOTE: a bug here must not end the checks for good
+                log.error("health check: %r", e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), self.interval_s)
+            if self._now.is_set():     # a request found a backend down: check again soon, but not in a busy loop
+                await asyncio.sleep(min(0.2, self.interval_s))
