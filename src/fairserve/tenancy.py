@@ -202,7 +202,7 @@ def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
             return error_response(404, f"no tenant named {name!r}", code="unknown_tenant")
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
-        except (ValueError, TypeError, KeyError, RecursionError, OverflowError):    # NOTE: an int past any float
+        except (ValueError, TypeError, KeyError, RecursionError):
             return error_response(400, f'expected a JSON body {{"weight": W}} with W from {MIN_WEIGHT:g} to '
                                   f'{MAX_WEIGHT:g}', code="invalid_weight", param="weight")
         try:

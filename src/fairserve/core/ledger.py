@@ -34,7 +34,10 @@ MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
 
 def check_weight(tenant: str, weight: Any) -> float:
     """The weight as a float, or ValueError with one line saying what is accepted."""
-    ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
+    try:
+        ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
+    except OverflowError:       # an integer past any float
+        ok = False
     if not ok or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
         raise ValueError(f"weight of {tenant!r} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, "
                          f"got {weight!r}")
