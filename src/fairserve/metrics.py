@@ -221,6 +221,40 @@ def backlogged(records: Sequence[RequestRecord], times: np.ndarray) -> dict[str,
     return out
 
 
+def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndarray],
+                          weights: dict[str, float] | None = None) -> tuple[np.ndarray, float, tuple[str, str] | None]:
+    """For every pair of clients and every stretch of time in which both were backlogged, the service difference
+    accumulated since the stretch began (weights applied). Returns the per-time maximum over pairs, the overall
+    maximum range (the quantity Theorem 4.4 bounds by 2U), and the pair that reached it. O(clients² × times):
+    the test oracle of `largest_backlogged_difference`, and the per-time series of reproduce's figures."""
+    weights = weights or {}
+    names = sorted(curves)
+    norm = {c: curves[c] / weights.get(c, 1.0) for c in names}
+    n_t = len(next(iter(curves.values()))) if curves else 0
+    series, best, pair = np.zeros(n_t), 0.0, None
+    for i, f in enumerate(names):
+        for g in names[i + 1:]:
+            joint = busy[f] & busy[g]
+            if not joint.any():
+                continue
+            d = norm[f] - norm[g]
+            # index of the start of the current joint stretch, for every time
+            starts = np.where(joint & ~np.concatenate(([False], joint[:-1])), np.arange(n_t), 0)
+            start_idx = np.maximum.accumulate(starts)
+            rel = np.where(joint, d - d[start_idx], 0.0)
+            series = np.maximum(series, np.abs(rel))
+            run_id = np.cumsum(joint & ~np.concatenate(([False], joint[:-1])))[joint]
+            vals = d[joint]
+            hi = np.full(run_id.max() + 1, -np.inf)
+            lo = np.full(run_id.max() + 1, np.inf)
+            np.maximum.at(hi, run_id, vals)
+            np.minimum.at(lo, run_id, vals)
+            spread = float(np.max(hi[1:] - lo[1:]))
+            if spread > best:
+                best, pair = spread, (f, g)
+    return series, best, pair
+
+
 @dataclass(frozen=True)
 class BackloggedDifference:
     """The largest service difference between two clients over a stretch in which both were backlogged."""
