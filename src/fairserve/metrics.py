@@ -52,6 +52,15 @@ class Summary:
         return d
 
 
+def describe_difference(s: Summary) -> str:
+    """'2,631 (a vs b)', or, when the search stopped at its work limit, the proven bracket said as such."""
+    pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
+    if s.max_backlogged_diff_exact:
+        return f"{s.max_backlogged_diff:,.0f}{pair}"
+    return (f"between {s.max_backlogged_diff:,.0f}{pair} and {s.max_backlogged_diff_upper:,.0f} "
+            f"(estimate: the exact search stopped at its work limit)")
+
+
 def by_client(records: Sequence[RequestRecord]) -> dict[str, list[RequestRecord]]:
     out: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -503,12 +512,17 @@ def backlogged_jain(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray]
         ws = ws.astype(np.int64)
         if len(ws) == 0:
             continue
+        if len(rs) == 0:
+            continue
         j = np.searchsorted(rs[:, 0], ws * k, side="right") - 1
         whole = (j >= 0) & (rs[np.maximum(j, 0), 1] >= ws * k + k)
         ws = ws[whole | np.isin(ws, list(counted))]
         v = curve.at(np.concatenate((ws * k + k, ws * k)))
         at_w.append(ws)
-        xs.append((v[:len(ws)] - v[len(ws):]) / weights.get(c, 1.0))
+        x = v[:len(ws)] - v[len(ws):]
+        # NOTE: a curve's ramp formula leaves float noise (~1e-16 of its size) where no service happened: not service
+        x[np.abs(x) <= 1e-9 * np.abs(v[:len(ws)])] = 0.0
+        xs.append(x / weights.get(c, 1.0))
     n = np.cumsum(inside[:-1])
     for w, m in touched.items():
         n[w] += m
