@@ -264,6 +264,9 @@ def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndar
     return series, best, pair
 
 
+WORK_PER_EVENT = 40.0      # the exact search's default budget: points read per event (runs, grid points, bends)
+
+
 @dataclass(frozen=True)
 class BackloggedDifference:
     """The largest service difference between two clients over a stretch in which both were backlogged."""
@@ -291,7 +294,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
     reach the best gain found. The scan stops when ub(r) < best: exact. ρ only sets how much is pruned; here it is
     the service per unit weight of backlogged clients (what VTC equalizes). rise/fall are read at the grid points
     where the client's curve changes and their neighbours, where u - ρ can turn (ρ never decreases).
-    The work (grid points read) is bounded by `work_limit`, default proportional to events x log clients; if it
+    The work (points read) is bounded by `work_limit`, default WORK_PER_EVENT per event (linear in events); if it
     runs out, the answer is the best gain found with `upper` the largest ub(r) left: a proven bracket, exact=False.
     """
     weights = weights or {}
@@ -357,7 +360,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
     by_start = np.argsort(start, kind="stable")
     sorted_start = start[by_start]
     if work_limit is None:
-        work_limit = 256.0 * (len(start) + n_t + sum(len(p) for p in points)) * np.log2(len(names) + 1)
+        work_limit = WORK_PER_EVENT * (len(start) + n_t + len(keys))
     best, pair, work = 0.0, None, 0.0
     for r in np.argsort(-ub, kind="stable"):
         if ub[r] + slack < best:
