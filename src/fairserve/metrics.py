@@ -4,6 +4,12 @@ Service is the paper's weighted tokens, W = w_p * prompt + w_q * output. A reque
 token appears (the end of its prefill) and its output tokens are spread evenly from its first to its latest token,
 as the paper's artifact does. A client is *backlogged* at time t when it has a request that arrived and was not yet
 admitted. Comparisons between clients use service divided by the client's weight.
+
+`summarize` costs O(events log events) in time and O(events) in memory: curves are read only where needed
+(`ServiceCurve`), backlog is kept as runs (`backlog_runs`), Jain's index is summed from runs (`backlogged_jain`)
+and the largest backlogged difference is found by a bounded exact search (`largest_backlogged_difference`). The
+dense clients x times functions (`service_curves`, `backlogged`, `backlogged_difference`, `windowed_jain`) serve
+figures and are the test oracles.
 """
 from __future__ import annotations
 
