@@ -70,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="10,000-request rows, 20,000-request hot loop")
     ap.add_argument("--no-million", action="store_true", help="skip the 1,000,000-request row")
     ap.add_argument("--loop-requests", type=int, help="requests in the hot-loop table (default 100,000)")
+    ap.add_argument("--min-requests", type=int, default=0, help="skip the rows with fewer requests")
+    ap.add_argument("--no-loop", action="store_true", help="skip the hot-loop table")
     a = ap.parse_args(argv)
-    rows = [r for r in TABLE if not (a.quick and r[0] > 10_000) and not (a.no_million and r[0] >= 1_000_000)]
+    rows = [r for r in TABLE if not (a.quick and r[0] > 10_000) and not (a.no_million and r[0] >= 1_000_000)
+            and r[0] >= a.min_requests]
     loop_n = a.loop_requests or (20_000 if a.quick else 100_000)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {requests:,} | {clients:,} | {' / '.join(f'{alone[p]:.1f} s' for p in policies)}"
                   f"{' (VTC only)' if len(policies) == 1 else ''} | {cell('fcfs')} | {cell('vtc')} "
                   f"| {cmd['vtc']['diff']} |", flush=True)
+        if a.no_loop:
+            return 0
         print(f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request\n")
         print("| clients | FCFS | VTC | VTC / FCFS |")
         print("|---:|---:|---:|---:|")

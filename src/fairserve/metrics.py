@@ -390,9 +390,10 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
         approx = _gains_where_bent(f, client[cand], lo, hi, keys, bent, n_t)
         work += len(cand) + approx.work
         mine = None
-        for q, a, b in zip(cand[approx.gain + slack >= best].tolist(), lo[approx.gain + slack >= best].tolist(),
-                           hi[approx.gain + slack >= best].tolist()):
-            g = int(client[q])
+        for p in np.argsort(-approx.gain, kind="stable").tolist():     # the likeliest first: best rises at once
+            if approx.gain[p] + slack < best:
+                break
+            a, b, g = int(lo[p]), int(hi[p]), int(client[cand[p]])
             # exactly, on every grid point of the stretch, as `backlogged_difference` reads it
             if mine is None:
                 mine = curves[names[f]].at(np.arange(s, e + 1)) / wt[f]
