@@ -7,9 +7,10 @@ each request's client drawn uniformly. Two tables:
    `fairserve simulate --trace FILE --drain --policy P` (a child process: wall time, peak memory, and whether the
    largest backlogged difference came out exact or as a bracket). The 1,000,000-request row runs VTC only.
 2. the hot loop: a fixed number of requests from 10 to 100,000 clients, `simulate()` alone, microseconds per
-   request, FCFS and VTC side by side (per-step work must not grow with clients).
+   request, FCFS and VTC interleaved, median of --repeats (per-step work must not grow with clients).
 
-Run: .venv/bin/python benchmarks/scale.py [--quick] [--no-million] [--loop-requests N]
+Run: .venv/bin/python benchmarks/scale.py [--quick] [--no-million] [--min-requests N] [--no-loop]
+     [--loop-requests N] [--repeats 3]
 (--quick: the 10,000-request rows and a 20,000-request hot loop, about a minute.)
 """
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-requests", type=int, help="requests in the hot-loop table (default 100,000)")
     ap.add_argument("--min-requests", type=int, default=0, help="skip the rows with fewer requests")
     ap.add_argument("--no-loop", action="store_true", help="skip the hot-loop table")
+    ap.add_argument("--repeats", type=int, default=3, help="hot loop: interleaved FCFS/VTC runs, median (default 3)")
     a = ap.parse_args(argv)
     rows = [r for r in TABLE if not (a.quick and r[0] > 10_000) and not (a.no_million and r[0] >= 1_000_000)
             and r[0] >= a.min_requests]
@@ -93,13 +95,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"| {cmd['vtc']['diff']} |", flush=True)
         if a.no_loop:
             return 0
-        print(f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request\n")
+        print(f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request "
+              f"(median of {a.repeats}, FCFS and VTC interleaved)\n")
         print("| clients | FCFS | VTC | VTC / FCFS |")
         print("|---:|---:|---:|---:|")
         base = None
         for clients in LOOP_CLIENTS:
             workload = load_trace(write_trace(Path(tmp) / f"loop-{clients}.csv", loop_n, clients))
-            us = {p: 1e6 * time_simulate(workload, p) / loop_n for p in ("fcfs", "vtc")}
+            runs = [(p, time_simulate(workload, p)) for _ in range(a.repeats) for p in ("fcfs", "vtc")]
+            us = {p: 1e6 * float(np.median([s for q, s in runs if q == p])) / loop_n for p in ("fcfs", "vtc")}
             base = base or us
             print(f"| {clients:,} | {us['fcfs']:.0f} ({us['fcfs'] / base['fcfs']:.2f}×) "
                   f"| {us['vtc']:.0f} ({us['vtc'] / base['vtc']:.2f}×) | {us['vtc'] / us['fcfs']:.2f}× |", flush=True)
