@@ -271,6 +271,7 @@ def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndar
 
 
 WORK_PER_EVENT = 40.0      # the exact search's default budget: points read per event (runs, grid points, bends)
+MIN_WORK = 1e6             # ... and at least this many (a fraction of a second), so small cases are always exact
 
 
 @dataclass(frozen=True)
@@ -300,8 +301,9 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
     reach the best gain found. The scan stops when ub(r) < best: exact. ρ only sets how much is pruned; here it is
     the service per unit weight of backlogged clients (what VTC equalizes). rise/fall are read at the grid points
     where the client's curve changes and their neighbours, where u - ρ can turn (ρ never decreases).
-    The work (points read) is bounded by `work_limit`, default WORK_PER_EVENT per event (linear in events); if it
-    runs out, the answer is the best gain found with `upper` the largest ub(r) left: a proven bracket, exact=False.
+    The work (points read) is bounded by `work_limit`, default WORK_PER_EVENT per event (linear in events, at least
+    MIN_WORK); if it runs out, the answer is the best gain found with `upper` the largest ub(r) left: a proven
+    bracket, exact=False.
     """
     weights = weights or {}
     names = [c for c in curves if len(runs.get(c, ())) > 0]
@@ -366,7 +368,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
     by_start = np.argsort(start, kind="stable")
     sorted_start = start[by_start]
     if work_limit is None:
-        work_limit = WORK_PER_EVENT * (len(start) + n_t + len(keys))
+        work_limit = max(WORK_PER_EVENT * (len(start) + n_t + len(keys)), MIN_WORK)
     best, pair, work = 0.0, None, 0.0
     for r in np.argsort(-ub, kind="stable"):
         if ub[r] + slack < best:
