@@ -53,14 +53,20 @@ def time_simulate(workload: Workload, policy: str) -> float:
     return time.perf_counter() - start
 
 
-CHILD = ("import resource, sys, time\nfrom fairserve.cli import main\nt = time.perf_counter()\nrc = main(sys.argv[1:])\n"
-         "print(f'@@ {time.perf_counter() - t} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}')\nsys.exit(rc)")
+CHILD = """
+import resource, sys, time
+from fairserve.cli import main
+t = time.perf_counter()
+rc = main(sys.argv[1:])
+print(f"@@ {time.perf_counter() - t} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+sys.exit(rc)
+"""
 
 
 def run_command(trace: Path, policy: str) -> dict:
     """`fairserve simulate --trace … --drain` in a child: seconds, peak MiB, and its difference line."""
-    out = subprocess.run([sys.executable, "-c", CHILD, "simulate", "--trace", str(trace), "--drain", "--policy", policy],
-                         capture_output=True, text=True, env=os.environ, check=True).stdout
+    argv = ["simulate", "--trace", str(trace), "--drain", "--policy", policy]
+    out = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, check=True).stdout
     seconds, rss_kib = re.search(r"^@@ (\S+) (\d+)$", out, re.M).groups()
     diff = re.search(r"^max service difference between backlogged clients: (.*)$", out, re.M).group(1)
     return {"s": float(seconds), "mib": int(rss_kib) / 1024, "diff": diff}

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import (Summary, by_client, describe_difference, response_times, service_curves, service_rates, summarize,
-                       time_grid)
+from ..metrics import (Summary, by_client, describe_difference, response_times, service_curves, service_rates,
+                       summarize, time_grid)
 from ..records import RequestRecord
 
 RATE_WINDOW_S = 60.0          # the paper's ±30 s window, shrunk for short runs
