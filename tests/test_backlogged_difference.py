@@ -1,11 +1,13 @@
 """The run-based metrics against the pairwise, clients x times computations they replace (kept as oracles)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairserve.core.cost import make_cost
-from fairserve.metrics import (backlog_runs, backlogged, backlogged_difference, backlogged_jain,
+from fairserve.metrics import (backlog_runs, backlogged, backlogged_difference, backlogged_jain, describe_difference,
                                largest_backlogged_difference, prepare_curves, service_curves, summarize, time_grid,
                                windowed_jain)
 from fairserve.records import RequestRecord
@@ -132,3 +134,13 @@ def test_a_stretch_where_both_gain_counts_the_net_difference():
     s = summarize(rs, 25)
     assert s.max_backlogged_diff == pytest.approx(102.0) and s.max_backlogged_diff_pair == ("a", "b")
     assert s.max_backlogged_diff_exact and s.max_backlogged_diff_upper == s.max_backlogged_diff
+
+
+def test_a_bracket_is_printed_as_an_estimate():
+    rs = [RequestRecord(None, c, 0, 1 + i, 2 + i, 4 + i, 4 + i, 0, 51, 51, "finished") for i, c in enumerate("ab")]
+    rs += [RequestRecord(None, c, 0, 20, None, None, None, 5, 5, 5, "unfinished") for c in "ab"]
+    exact = summarize(rs, 25)
+    assert describe_difference(exact) == f"{exact.max_backlogged_diff:,.0f} (a vs b)"
+    stopped = replace(exact, max_backlogged_diff=50.0, max_backlogged_diff_upper=120.0, max_backlogged_diff_exact=False)
+    assert describe_difference(stopped) == ("between 50 (a vs b) and 120 "
+                                            "(estimate: the exact search stopped at its work limit)")
