@@ -10,7 +10,8 @@ from pathlib import Path
 from .argtypes import positive
 from .core import parse_weights
 from .core import POLICIES, make_policy
-from .metrics import Summary, summarize
+from .core.cost import make_cost
+from .metrics import Summary, describe_difference, summarize
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
 
@@ -103,7 +104,8 @@ def _simulate(args: argparse.Namespace) -> int:
                           drain=args.drain, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q,
                           seed=args.seed)
         duration = result.end_s if args.drain else workload.duration_s
-        summary = summarize(result.records, duration, args.w_p, args.w_q, weights)
+        summary = summarize(result.records, duration, args.w_p, args.w_q, weights,
+                            cost=make_cost(args.cost, args.w_p, args.w_q))
         print()
         print(format_summary(result, summary))
         if args.json:
@@ -144,9 +146,8 @@ def format_summary(result: SimResult, s: Summary) -> str:
         lines.append(f"{c.client:<12}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.service:>11,.0f}"
                      f"{c.service_rate:>9.1f}{rt}")
     jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
     lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-              f"max service difference between backlogged clients: {s.max_backlogged_diff:,.0f}{pair}",
+              f"max service difference between backlogged clients: {describe_difference(s)}",
               f"Jain's index (60 s windows, clients backlogged in them): {jain}"]
     return "\n".join(lines)
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import Summary, by_client, response_times, service_curves, service_rates, summarize, time_grid
+from ..metrics import (Summary, by_client, describe_difference, response_times, service_curves, service_rates,
+                       summarize, time_grid)
 from ..records import RequestRecord
 
 RATE_WINDOW_S = 60.0          # the paper's ±30 s window, shrunk for short runs
@@ -58,9 +59,8 @@ def format_table(summary: Summary, records: Sequence[RequestRecord], title: str)
                      f"{_s(c.response_p90_s, 9)}{_s(e2e.get(c.client), 10)}")
     s = summary
     jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
     lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-              f"max service difference between backlogged clients: {s.max_backlogged_diff:,.0f}{pair}",
+              f"max service difference between backlogged clients: {describe_difference(s)}",
               f"Jain's index ({_window(s.duration_s):.3g} s windows, clients backlogged in them): {jain}"]
     errors = sorted({r.error for r in records if getattr(r, "error", None)})
     if errors:
