@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .core.cost import CostFunction, LinearCost
+from .core.fairness import jain_index
 from .records import RequestRecord
 
 
@@ -455,14 +456,11 @@ def _interpolate(keys: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.nda
     return values[k] + (values[k + 1] - values[k]) * np.clip((at - keys[k]) / gap, 0.0, 1.0)
 
 
-def jain(values: Sequence[float]) -> float:
-    """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all equal, 1/n when one client gets everything, and 1
-    when nobody got anything. The one Jain's index of fairserve (summaries, gateway, bench)."""
-    x = np.asarray(values, dtype=float)
-    return float(_jain(np.sum(x), np.sum(x * x), len(x)))
+jain = jain_index     # the one Jain's index of fairserve (core/fairness.py): summaries, servers, bench
 
 
 def _jain(total, total_sq, n):
+    """`jain_index` over arrays of window sums (Σx, Σx², n), element-wise."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total_sq == 0, 1.0, total ** 2 / (n * total_sq))
 
