@@ -27,9 +27,11 @@ class Backend:
     healthy: bool = True       # the last attempt reached it
     down_until: float = 0.0    # unreachable: skipped until then
     limit: int = 0             # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
+    token_limit: int | None = None   # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
 
     def __post_init__(self) -> None:
         self.limit = self.cfg.max_inflight_requests
+        self.token_limit = self.cfg.max_inflight_tokens
 
     @property
     def url(self) -> str:
@@ -38,13 +40,14 @@ class Backend:
     def room_for(self, tokens: int) -> bool:
         if self.requests >= self.limit:
             return False
-        limit = self.cfg.max_inflight_tokens
+        limit = self.token_limit
         # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
-        return limit is None or self.tokens + tokens <= limit or self.requests == 0
+        return (limit is None or self.tokens + tokens <= limit
+                or self.requests == 0 and limit == self.cfg.max_inflight_tokens)
 
     def load(self) -> tuple[float, float]:
-        limit = self.cfg.max_inflight_tokens
-        return self.requests / self.limit, self.tokens / limit if limit else 0.0
+        limit = self.token_limit
+        return self.requests / max(self.limit, 1), self.tokens / limit if limit else 0.0
 
 
 @dataclass(frozen=True)
