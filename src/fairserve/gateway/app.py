@@ -128,9 +128,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if gw.sched.shared is not None:
+            await gw.sched.shared.start()   # NOTE: syncs in a task of its own; the request path never waits on Redis
         gw.capacity.start()          # NOTE: a task of its own, nothing on the request path
         yield
         await gw.capacity.stop()
+        if gw.sched.shared is not None:
+            await gw.sched.shared.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
 
@@ -175,8 +179,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
         backends = [{"url": b.url, "healthy": b.healthy, "in_flight_requests": b.requests,
                      "in_flight_tokens": b.tokens, "limit_requests": b.limit, "adaptive": b.cfg.adaptive}
                     for b in gw.sched.backends]
-        return JSONResponse({"status": "ok", "policy": gw.sched.policy.name, "queued": gw.sched.policy.num_queued,
-                             "backends": backends})
+        body = {"status": "ok", "policy": gw.sched.policy.name, "queued": gw.sched.policy.num_queued,
+                "backends": backends}
+        if gw.sched.shared is not None:     # NOTE: degraded shared state still serves: 200, said in the body
+            body["shared_state"] = gw.sched.shared.status()
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

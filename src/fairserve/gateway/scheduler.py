@@ -17,6 +17,7 @@ from ..api.tokens import token_counter
 from ..core import Ledger, LedgerView, Policy, Request, make_policy
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
+from .shared_state import SharedState, StateSettings
 
 
 @dataclass(eq=False)
@@ -89,6 +90,9 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
+        self.shared = (SharedState(StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s), self.ledger,
+                                   self.backends, on_change=self.dispatch) if cfg.state is not None else None)
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
@@ -110,6 +114,8 @@ class Scheduler:
         if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
             outcome = "queue_full"
         else:
+            if self.shared is not None:
+                self.shared.note_tokens(t.tokens)
             t.req = self.ledger.arrive(f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens,
                                        t.queued_at, item=t)
             if t.req is not None:
@@ -123,6 +129,8 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------------------------
     def _fits(self, req: Request) -> bool:
         t: Ticket = req.item
+        if self.shared is not None and not self.shared.may_admit(req):
+            return False
         now = time.monotonic()
         room = [b for b in self.backends if b.url not in t.tried and b.down_until <= now and b.room_for(t.tokens)]
         if not room:
@@ -140,6 +148,8 @@ class Scheduler:
             self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
             if not t.admitted.done():
                 t.admitted.set_result(t.backend)
+        if self.shared is not None and self.policy.num_queued:
+            self.shared.waiting()
         self._wake_after_cooldown(now)
 
     def _wake_after_cooldown(self, now: float) -> None:
@@ -226,8 +236,12 @@ class Scheduler:
 
     def set_weight(self, tenant: str, weight: float) -> None:
         self.ledger.set_weight(tenant, weight)
+        if self.shared is not None:
+            self.shared.set_weight(tenant, weight)
         self.dispatch()
 
     def reset(self) -> None:
         self.ledger.reset()
+        if self.shared is not None:
+            self.shared.reset()
         self.dispatch()

@@ -205,7 +205,7 @@ class SharedState:
             self._client = aioredis.from_url(self.settings.url, socket_timeout=timeout,
                                              socket_connect_timeout=timeout, health_check_interval=0)
         except ValueError as e:
-            raise SharedStateError(f"bad shared state URL {self.settings.url!r}: {e}") from None
+            raise SharedStateError(f"bad shared state URL {_redact(self.settings.url)!r}: {e}") from None
         self._sync_script = self._client.register_script(SYNC_LUA)
         self._leave_script = self._client.register_script(LEAVE_LUA)
         try:
@@ -278,6 +278,16 @@ class SharedState:
             return True
         floor = self.floor_elsewhere()
         return floor is None or req.account.counter <= floor
+
+    def waiting(self) -> None:
+        """The scheduler's dispatch left requests queued: sync early if a larger lease could admit the head."""
+        if not self.up or self._wake.is_set():
+            return
+        head = self.policy.peek()
+        if head is not None and self.may_admit(head) and any(
+                b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
+                for b in self.backends):
+            self._wake.set()
 
     def note_tokens(self, tokens: int) -> None:
         """A request of `tokens` capacity tokens arrived (sizes the token lease's headroom)."""
@@ -391,6 +401,23 @@ class SharedState:
         return {"url": _redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
                 "replicas": self.replicas,
                 "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None}
+
+
+async def probe(url: str, timeout_s: float = 2.0) -> None:
+    """PING the shared state once: SharedStateError (one line) when it cannot be reached."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    try:
+        client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as e:
+        raise SharedStateError(f"bad shared state URL {_redact(url)!r}: {e}") from None
+    try:
+        await client.ping()
+    except (RedisError, OSError) as e:
+        raise SharedStateError(f"cannot reach the shared state at {_redact(url)}: {e}") from None
+    finally:
+        await client.aclose()
 
 
 def _text(v: Any) -> str:
