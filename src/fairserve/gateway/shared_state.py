@@ -5,7 +5,7 @@ Every replica pointing at the same Redis URL shares:
 - which tenants are backlogged on which live replica (sorted set `P:b`, member `tenant\\nreplica`, scored by the
   time it expires): a dead replica's backlog is gone within `ttl_s`;
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens): the leases of all live replicas never add up to more than the
+  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases of all live replicas never add up to more than the
   backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`.
 
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
@@ -62,7 +62,9 @@ class BackendSlot(Protocol):
 #   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlogged here: n, then n x tenant
-#   backends: n, then n x (url, limit requests, limit tokens or 0, in use requests, in use tokens, want r, want t)
+#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t)
+#     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
+#      from capacity no other replica is waiting for)
 # Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere, leases (r, t per backend),
 #          live replicas}.
 SYNC_LUA = """
@@ -109,28 +111,43 @@ end
 local live = {}
 local replicas = redis.call('ZRANGE', p .. ':r', 0, -1)
 for _, r in ipairs(replicas) do live[r] = true end
-local function others(key)
-  local sum, all = 0, redis.call('HGETALL', key)
+local function others(key, need_key)
+  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
+  local held, unmet, all, needs = 0, 0, redis.call('HGETALL', key), {}
+  local nall = redis.call('HGETALL', need_key)
+  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
   for j = 1, #all, 2 do
-    if all[j] ~= rid then
-      if live[all[j]] then sum = sum + tonumber(all[j + 1]) else redis.call('HDEL', key, all[j]) end
+    local r = all[j]
+    if r ~= rid then
+      if live[r] then
+        local g = tonumber(all[j + 1])
+        held = held + g
+        unmet = unmet + math.max(0, (needs[r] or 0) - g)
+      else
+        redis.call('HDEL', key, r)
+        redis.call('HDEL', need_key, r)
+      end
     end
   end
-  return sum
+  return held, unmet
+end
+local function lease(suffix, url, limit, used, need, spare)
+  -- at least what is in flight; the demand as far as the others' leases leave room; the spare only from what
+  -- nobody else is waiting for
+  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
+  local held, unmet = others(key, need_key)
+  local g = math.max(used, math.min(need, limit - held))
+  g = g + math.max(0, math.min(spare, limit - held - unmet - g))
+  redis.call('HSET', key, rid, g)
+  redis.call('HSET', need_key, rid, need)
+  return g
 end
 local leases = {}
 for _ = 1, tonumber(nxt()) do
-  local url, lr, lt, ur, ut, wr, wt = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
-                                      tonumber(nxt()), tonumber(nxt())
-  local gr = math.max(ur, math.min(wr, lr - others(p .. ':gr:' .. url)))
-  redis.call('HSET', p .. ':gr:' .. url, rid, gr)
-  local gt = 0
-  if lt > 0 then
-    gt = math.max(ut, math.min(wt, lt - others(p .. ':gt:' .. url)))
-    redis.call('HSET', p .. ':gt:' .. url, rid, gt)
-  end
-  table.insert(leases, gr)
-  table.insert(leases, gt)
+  local url, lr, lt, ur, ut, nr, nt, sr, st = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
+    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt())
+  table.insert(leases, lease('r', url, lr, ur, nr, sr))
+  if lt > 0 then table.insert(leases, lease('t', url, lt, ut, nt, st)) else table.insert(leases, 0) end
 end
 return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
         elsewhere, leases, #replicas}
@@ -144,8 +161,7 @@ for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
   if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
 end
 for k = 3, #ARGV do
-  redis.call('HDEL', p .. ':gr:' .. ARGV[k], rid)
-  redis.call('HDEL', p .. ':gt:' .. ARGV[k], rid)
+  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
 end
 return 1
 """
@@ -332,8 +348,8 @@ class SharedState:
         backends: list[Any] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
-            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, b.requests + min(demand_r, lr) + spare_r,
-                         b.tokens + min(demand_t, lt) + spare_t]
+            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, b.requests + min(demand_r, lr),
+                         b.tokens + min(demand_t, lt), spare_r, spare_t]
         args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0",
                 n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
                 len(self.backends), *backends]
@@ -399,7 +415,7 @@ class SharedState:
     def status(self) -> dict[str, Any]:
         """For /healthz."""
         return {"url": _redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
-                "replicas": self.replicas,
+                "replicas": self.replicas, "round_trips": self.round_trips,
                 "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None}
 
 
