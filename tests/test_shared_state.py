@@ -277,3 +277,27 @@ def test_background_sync_runs_every_interval_and_counts_round_trips(redis):
 def test_policies_without_counters_are_refused(redis):
     with pytest.raises(ValueError, match="virtual counters"):
         Replica(redis.url, prefix(), policy="fcfs")
+
+
+def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    import redis_server as rs
+    monkeypatch.setattr(rs.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true needs a real Redis"):
+        rs.redis_server_binary()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="setup-redis.sh"):
+        rs.redis_server_binary()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"state": "http://127.0.0.1:6379"}, "must be a Redis URL"),
+    ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy with virtual counters"),
+    ({"state": "redis://127.0.0.1:6379/0", "state_interval_s": 5}, "state_interval_s"),
+])
+def test_state_config_errors_are_one_line(extra, message):
+    from fairserve.gateway import build_config
+    data = {"backends": [{"url": "http://127.0.0.1:9"}], "tenants": [{"name": "a", "api_keys": ["k"]}], **extra}
+    with pytest.raises(ValueError, match=message) as e:
+        build_config(data)
+    assert "\n" not in str(e.value)
