@@ -207,6 +207,7 @@ class SharedState:
         self._sync_script: Any = None
         self._leave_script: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._wake = asyncio.Event()
         self.policy.lift_floor = self.lift_floor
 
@@ -237,6 +238,9 @@ class SharedState:
     async def stop(self) -> None:
         """Stop syncing and leave: this replica's leases and backlog stop counting at once (best effort)."""
         if self._task is not None:
+            # NOTE: the flag too: Python 3.11's wait_for can swallow a cancel that lands as its wait ends
+            self._stopping = True
+            self._wake.set()
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
@@ -251,7 +255,7 @@ class SharedState:
         self.policy.lift_floor = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.settings.interval_s if self.up else
                                        max(self.settings.interval_s, 0.1))
