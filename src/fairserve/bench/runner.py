@@ -234,7 +234,7 @@ def place(targets: str, arrivals: Sequence[Arrival], endpoint: str, placement: s
 async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
                           time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
                           timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None,
-                          xargs_key: str | None = None) -> list[BenchRecord]:
+                          xargs_key: str | None = None, placement: str = "round-robin") -> list[BenchRecord]:
     """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
     (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
     response time. `xargs_key` also names the client in each body's `vllm_xargs`. Validation (keys, URL,
