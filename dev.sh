@@ -51,8 +51,10 @@ case "${1:-}" in
     demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test)
         setup; shift
-        # NOTE: Debian's chromium for the dashboard's browser tests; the tests themselves fail under CI without it
+        # NOTE: Debian's chromium (dashboard browser tests) and redis-server (gateway replicas); installed when missing
+        # (as root); the tests themselves fail under CI=true without them, and skip with a message elsewhere
         scripts/setup-chromium.sh || true
+        scripts/setup-redis.sh || true
         rc=0
         "$VENV/bin/python" -m pytest "$@" || rc=$?
         if [ $# -eq 0 ]; then

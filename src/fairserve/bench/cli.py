@@ -14,8 +14,8 @@ from ..argtypes import positive
 from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
-from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, XARGS_CLIENT_KEY, BenchRecord, endpoint_url,
-                     resolve_keys, run_bench)
+from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, PLACEMENTS, XARGS_CLIENT_KEY, BenchRecord,
+                     endpoint_url, place, resolve_keys, run_bench)
 from .weights import server_weights
 
 TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
@@ -47,7 +47,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "gateway or emulator, vLLM, ...) with one API key per client; print per-client service, response "
                     "time and latency, fairness and throughput. Times are reported in workload seconds.",
         epilog=TTFT_NOTE)
-    p.add_argument("--target", required=True, metavar="URL", help="base URL, e.g. http://127.0.0.1:8000 (or .../v1)")
+    p.add_argument("--target", required=True, metavar="URL[,URL...]",
+                   help="base URL, e.g. http://127.0.0.1:8000 (or .../v1); several, comma-separated, for gateway "
+                        "replicas (see --placement)")
+    p.add_argument("--placement", default="round-robin", choices=PLACEMENTS,
+                   help="with several targets: round-robin over requests, or by-client (each client pinned to one "
+                        "target, the adversarial case for fairness across replicas)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
     src.add_argument("--trace", metavar="FILE", help="a request trace (CSV/JSONL; see docs/workloads.md)")
@@ -96,8 +101,9 @@ def load_workload(args: argparse.Namespace) -> Workload:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = endpoint_url(args.target, args.endpoint)
     workload = load_workload(args)
+    urls = place(args.target, workload.arrivals, args.endpoint, getattr(args, "placement", "round-robin"))
+    url = ", ".join(dict.fromkeys(urls))
     clients = sorted({a.client for a in workload.arrivals})
     keys = parse_keys(args.keys)
     key_of = resolve_keys(keys, clients)
@@ -117,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale,
                             endpoint=args.endpoint, model=args.model, timeout_s=args.timeout,
                             max_inflight=getattr(args, "max_inflight", None),
-                            xargs_key=getattr(args, "client_xargs", None), progress=bar.record)
+                            xargs_key=getattr(args, "client_xargs", None), progress=bar.record,
+                            placement=getattr(args, "placement", "round-robin"))
     duration = bench_duration(records, workload.duration_s)
     summary = summarize_bench(records, duration, weights)
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"

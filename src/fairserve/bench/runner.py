@@ -209,10 +209,32 @@ def _check(arrivals: Sequence[Arrival], time_scale: float, timeout_s: float, max
         raise ValueError("no requests to send")
 
 
+PLACEMENTS = ("round-robin", "by-client")
+
+
+def place(targets: str, arrivals: Sequence[Arrival], endpoint: str, placement: str = "round-robin") -> list[str]:
+    """The endpoint URL each arrival goes to. `targets` is one base URL or a comma-separated list (several
+    gateway replicas): round-robin over arrivals in time order, or by-client (each client pinned to one target,
+    clients dealt out in sorted order)."""
+    urls = [endpoint_url(t, endpoint) for t in targets.split(",") if t.strip()]
+    if not urls:
+        raise ValueError(f"bad target {targets!r}: expected one or more comma-separated http(s) URLs")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"bad placement {placement!r}: expected one of {', '.join(PLACEMENTS)}")
+    if placement == "by-client":
+        pin = {c: urls[k % len(urls)] for k, c in enumerate(sorted({a.client for a in arrivals}))}
+        return [pin[a.client] for a in arrivals]
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].arrival_s)
+    out = [""] * len(arrivals)
+    for k, i in enumerate(order):
+        out[i] = urls[k % len(urls)]
+    return out
+
+
 async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
                           time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
                           timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None,
-                          xargs_key: str | None = None,
+                          xargs_key: str | None = None, placement: str = "round-robin",
                           progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
     """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
     (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
@@ -220,7 +242,7 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
     record as its request ends. Validation (keys, URL, numbers) raises ValueError before anything is sent."""
     _check(arrivals, time_scale, timeout_s, max_inflight)
     key_of = resolve_keys(keys, (a.client for a in arrivals))
-    url = endpoint_url(target, endpoint)
+    url_of = place(target, arrivals, endpoint, placement)
     conns = default_connections(max_inflight or len(arrivals))
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeouts = httpx.Timeout(30.0, read=None, pool=None)     # the whole request is bounded by timeout_s instead
@@ -240,7 +262,7 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
                 delay = start + a.arrival_s / time_scale - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks[i] = tg.create_task(_send(client, url, i, a, key_of[a.client], endpoint, model, clock,
+                tasks[i] = tg.create_task(_send(client, url_of[i], i, a, key_of[a.client], endpoint, model, clock,
                                                 timeout_s, gate, xargs_key))
                 if progress is not None:
                     tasks[i].add_done_callback(lambda t: t.cancelled() or t.exception() or progress(t.result()))
@@ -250,8 +272,9 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
 def run_bench(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *, time_scale: float = 1.0,
               endpoint: str = "completions", model: str = DEFAULT_MODEL, timeout_s: float = DEFAULT_TIMEOUT_S,
               max_inflight: int | None = None, xargs_key: str | None = None,
+              placement: str = "round-robin",
               progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
     """Synchronous `run_bench_async` (its own event loop; not for use inside a running loop)."""
     return asyncio.run(run_bench_async(target, arrivals, keys, time_scale=time_scale, endpoint=endpoint,
                                        model=model, timeout_s=timeout_s, max_inflight=max_inflight,
-                                       xargs_key=xargs_key, progress=progress))
+                                       xargs_key=xargs_key, placement=placement, progress=progress))

@@ -9,7 +9,7 @@ Two tables live here and nowhere else:
 
 A driver goes through the `Ledger`: `arrive` → `admit`/`pop` → `output`/`prompt` (→ `requeue`) → `settle`, the one
 way a request ends (exactly once; a refund is `settle(..., prompt=0, output=0, cancelled=True)`). Admin changes
-(`set_weight`, `reset`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot the
+(`set_weight`, `reset`, `apply_remote`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot the
 admin API, the Prometheus collectors and the tests read.
 """
 from __future__ import annotations
@@ -204,6 +204,12 @@ class Ledger:
         if not self.policy.uses_weights:
             raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
         self.policy.set_weight(tenant, weight)
+
+    def apply_remote(self, tenant: str, counter: float, service: float) -> None:
+        """`tenant`'s counter and service as another process computed them (shared state across gateway replicas:
+        gateway/shared_state.py): they replace the local values. Unsupported for a policy without counters."""
+        self.policy.set_counter(tenant, counter)
+        self.policy.account(tenant).service = service
 
     def reset(self) -> None:
         """Every tenant starts from equal footing: counters (VTC) or deficits (DRR) go to 0; service received stays.

@@ -233,6 +233,11 @@ class Policy(ABC):
         """Clients with at least one queued request (the paper's 'backlogged' clients). O(clients)."""
         return [c for c, a in self.accounts.items() if a.queued]
 
+    def set_counter(self, client: str, counter: float) -> None:
+        """Set `client`'s virtual counter to a value computed elsewhere (another process sharing the counters:
+        gateway/shared_state.py). Unsupported without counters."""
+        raise Unsupported(f"policy {self.name!r} keeps no counters: there is nothing to set")
+
     def reset_counters(self) -> None:
         """Every client's counter back to 0 (service received stays). Unsupported without counters."""
         raise Unsupported(f"policy {self.name!r} keeps no counters: there is nothing to reset")

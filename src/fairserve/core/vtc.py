@@ -6,11 +6,16 @@ is lifted to the smallest counter among the other queued clients, so idle time e
 
 Variants by constructor argument: weights (weighted VTC), `lift=False` (LCF, the paper's baseline),
 `predictor=` (VTC with output-length prediction), `cost=` (any monotone h(x, y)).
+
+Several processes can share the counters (gateway/shared_state.py): `lift_floor(client, local_floor)` then returns
+the floor to lift to, given the smallest counter among the other locally queued clients (the global minimum over
+clients backlogged in any process), and `set_counter` applies a counter computed elsewhere.
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 
 from .ledger import Account
 from .policy import Policy
@@ -31,6 +36,8 @@ class VTC(Policy):
         self._version = 0
         super().__init__(**kwargs)
         self.lift = lift
+        # NOTE: shared state across processes (gateway/shared_state.py) sets this; None keeps the paper's local lift
+        self.lift_floor: Callable[[str, float | None], float | None] | None = None
         if not lift:
             self.name = "lcf"
         elif self.predictor is not None:
@@ -70,8 +77,10 @@ class VTC(Policy):
         if not q:
             if self.lift and not front:     # NOTE: a preempted request coming back is not a new arrival
                 other = self._min_client()
-                if other is not None:
-                    floor = self.accounts[other].counter
+                floor = self.accounts[other].counter if other is not None else None
+                if self.lift_floor is not None:
+                    floor = self.lift_floor(acct.tenant, floor)
+                if floor is not None:
                     if floor > acct.counter:
                         acct.counter = floor
             self._push(acct)
@@ -100,6 +109,13 @@ class VTC(Policy):
     @property
     def counters(self) -> dict[str, float]:
         return {c: a.counter for c, a in self.accounts.items()}
+
+    def set_counter(self, client: str, counter: float) -> None:
+        acct = self.account(client)
+        lower = counter < acct.counter
+        acct.counter = counter
+        if lower and self._queues[client]:
+            self._push(acct)   # the live entry's key is now above the counter: replace it
 
     def reset_counters(self) -> None:
         for acct in self.accounts.values():

@@ -65,6 +65,8 @@ class Gateway:
         up = bool(self.sched.healthy)
         doc: dict[str, Any] = {"status": "ok" if up else "unavailable", "policy": self.sched.policy.name,
                                "queued": self.sched.policy.num_queued, "backends": backends}
+        if self.sched.shared is not None:    # NOTE: degraded shared state still serves: 200, said in the body
+            doc["shared_state"] = self.sched.shared.status()
         if not up:
             doc["reason"] = "no backend is healthy: " + "; ".join(f"{b.name}: {b.reason or 'down'}"
                                                                  for b in self.sched.backends)
@@ -151,6 +153,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if gw.sched.shared is not None:
+            await gw.sched.shared.start()   # NOTE: syncs in a task of its own; the request path never waits on Redis
         gw.capacity.start()          # NOTE: a task of its own, nothing on the request path
         gw.health.start()
         yield
@@ -160,6 +164,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await asyncio.sleep(0.01)
         await gw.health.stop()
         await gw.capacity.stop()
+        if gw.sched.shared is not None:
+            await gw.sched.shared.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
 

@@ -19,7 +19,8 @@ SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "
            "access_log": "access_log", "metrics_interval": "metrics_interval_s", "health_path": "health_path",
            "health_interval": "health_interval_s", "client_timeout": "client_timeout_s",
            "connect_timeout": "connect_timeout_s", "chunk_timeout": "chunk_timeout_s",
-           "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key"}
+           "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key",
+           "state": "state", "state_interval": "state_interval_s"}
 BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
                    "adaptive": "adaptive", "metrics_url": "metrics_url", "engine_tenant": "engine_tenant"}
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
@@ -102,6 +103,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)")
     g.add_argument("--metrics-interval", type=float, metavar="S",
                    help="seconds between reads of adaptive backends' /metrics (1)")
+    g.add_argument("--state", metavar="URL", help="share counters, backlog and backend capacity with other replicas "
+                   "through Redis: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)")
+    g.add_argument("--state-interval", type=float, metavar="S",
+                   help="seconds between flushes to the shared state (0.02)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return g
 
@@ -114,6 +119,15 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
 
     cfg = config_from_args(args)
+    if cfg.state is not None:
+        import asyncio
+
+        from .shared_state import SharedStateError, probe
+        try:
+            asyncio.run(probe(cfg.state))
+        except SharedStateError as e:
+            print(f"fairserve: error: {e}", file=sys.stderr)
+            return 1
     print(f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
           f"listening on http://{cfg.listen}", file=sys.stderr)
     uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=cfg.access_log,

@@ -107,6 +107,9 @@ class GatewayConfig(TenantsMixin, Strict):
     metrics_key: str | None = None                # Bearer key required by /metrics (default: open)
     access_log: bool = True                       # uvicorn's line per request (`--no-access-log`)
     metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
+    state: str | None = None                      # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
+    state_interval_s: float = Field(0.02, gt=0, le=1.0)   # how often charges are flushed to the shared state
+    state_ttl_s: float = Field(3.0, gt=0, le=60.0)        # a dead replica's leases and backlog expire after this
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
@@ -129,6 +132,13 @@ class GatewayConfig(TenantsMixin, Strict):
         token_counter(v)          # loads it now, so a bad name or file stops the gateway at start
         return v
 
+    @field_validator("state")
+    @classmethod
+    def _state(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(redis|rediss|unix)://\S+$", v.strip()):
+            raise ValueError(f"must be a Redis URL like redis://127.0.0.1:6379/0, got {v!r}")
+        return v.strip() if v is not None else None
+
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
         check_tenants(self.tenants, self.admin_key)
@@ -140,6 +150,13 @@ class GatewayConfig(TenantsMixin, Strict):
         if self.metrics_key is not None and (self.metrics_key == self.admin_key or
                                              self.metrics_key in self.key_owners()):
             raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
+        if self.state is not None:
+            if self.policy.split(":")[0] not in ("vtc", "weighted-vtc", "vtc-predict", "lcf"):
+                raise ValueError(f"state: shared state needs a policy with virtual counters (vtc, vtc-predict, "
+                                 f"lcf), not {self.policy!r}")
+            if any(b.adaptive for b in self.backends):
+                raise ValueError("state: adaptive backends cannot be combined with shared state (leases use "
+                                 "max_inflight_requests)")
         return self
 
 

@@ -73,3 +73,8 @@ class _Backends(Collector):
             up.add_metric([b.name], 1.0 if b.healthy else 0.0)
             limit.add_metric([b.name], b.limit)
         yield from (reqs, toks, up, limit)
+        if s.shared is not None:
+            state = GaugeMetricFamily(P + "shared_state_up", "1 if the last sync with the shared state (Redis) "
+                                      "succeeded; 0: serving from local state")
+            state.add_metric([], 1.0 if s.shared.up else 0.0)
+            yield state

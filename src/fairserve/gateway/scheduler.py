@@ -25,6 +25,7 @@ from ..api.tokens import token_counter
 from ..core import Ledger, LedgerView, Policy, Request, make_policy
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
+from .shared_state import SharedState, StateSettings
 
 log = logging.getLogger("fairserve.gateway")
 MAX_LOST = 3        # connections lost before any output, per request, before it fails with 502
@@ -39,9 +40,11 @@ class Backend:
     down_until: float = 0.0    # down: skipped until then (inf: until a health check passes)
     reason: str = ""           # why it is down
     limit: int = 0             # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
+    token_limit: int | None = None   # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
 
     def __post_init__(self) -> None:
         self.limit = self.cfg.max_inflight_requests
+        self.token_limit = self.cfg.max_inflight_tokens
 
     @property
     def url(self) -> str:
@@ -55,13 +58,14 @@ class Backend:
     def room_for(self, tokens: int) -> bool:
         if self.requests >= self.limit:
             return False
-        limit = self.cfg.max_inflight_tokens
+        limit = self.token_limit
         # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
-        return limit is None or self.tokens + tokens <= limit or self.requests == 0
+        return (limit is None or self.tokens + tokens <= limit
+                or self.requests == 0 and limit == self.cfg.max_inflight_tokens)
 
     def load(self) -> tuple[float, float]:
-        limit = self.cfg.max_inflight_tokens
-        return self.requests / self.limit, self.tokens / limit if limit else 0.0
+        limit = self.token_limit
+        return self.requests / max(self.limit, 1), self.tokens / limit if limit else 0.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class Scheduler:
         self._wakeup: asyncio.TimerHandle | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.probe: Callable[[Backend], None] | None = None     # ask for a health check now (gateway/health.py)
+        # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
+        self.shared = (SharedState(StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s), self.ledger,
+                                   self.backends, on_change=self.dispatch) if cfg.state is not None else None)
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
@@ -128,6 +135,8 @@ class Scheduler:
         if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
             outcome = "queue_full"
         else:
+            if self.shared is not None:
+                self.shared.note_tokens(t.tokens)
             t.req = self.ledger.arrive(f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens,
                                        t.queued_at, item=t)
             if t.req is not None:
@@ -141,6 +150,8 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------------------------
     def _fits(self, req: Request) -> bool:
         t: Ticket = req.item
+        if self.shared is not None and not self.shared.may_admit(req):
+            return False
         now = time.monotonic()
         room = [b for b in self.backends if b.url not in t.tried and b.down_until <= now and b.room_for(t.tokens)]
         if not room:
@@ -158,6 +169,8 @@ class Scheduler:
             self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
             if not t.admitted.done():
                 t.admitted.set_result(t.backend)
+        if self.shared is not None and self.policy.num_queued:
+            self.shared.waiting()
         self._wake_after_cooldown(now)
 
     def _wake_after_cooldown(self, now: float) -> None:
@@ -279,8 +292,12 @@ class Scheduler:
 
     def set_weight(self, tenant: str, weight: float) -> None:
         self.ledger.set_weight(tenant, weight)
+        if self.shared is not None:
+            self.shared.set_weight(tenant, weight)
         self.dispatch()
 
     def reset(self) -> None:
         self.ledger.reset()
+        if self.shared is not None:
+            self.shared.reset()
         self.dispatch()

@@ -1,0 +1,82 @@
+"""Overhead of shared state (Redis) on one gateway replica, measured side by side in one run: the same emulator
+behind `fairserve gateway` without `--state` and with `--state redis://...` (a local redis-server this script starts).
+
+Reports, per gateway: latency of a whole short stream (p50/p99, ms) with one request at a time, the most streamed
+requests per second with many at a time, and (with --state) Redis round trips per request during the load.
+Targets (issue 10): <= 0.5 ms p50 added, >= 0.9x throughput.
+Run: .venv/bin/python benchmarks/replicas.py [--requests 400] [--concurrency 32] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import measure, pct  # noqa: E402  (the same load as the gateway overhead benchmark)
+from redis_server import RedisServer  # noqa: E402
+from test_end_to_end import serve  # noqa: E402
+
+from fairserve.api.server import free_port  # noqa: E402
+
+
+def round_trips(base: str) -> int:
+    return httpx.get(base + "/healthz").json()["shared_state"]["round_trips"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    if min(a.requests, a.concurrency, a.rounds) < 1:
+        print("replicas.py: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)
+        return 2
+    import shutil
+    import tempfile
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
+        return 1
+    rows: dict[str, list] = {"gateway": [], "gateway --state": []}
+    trips: list[float] = []
+    common = ["--tenant=a:key-a", "--no-access-log"]
+    with tempfile.TemporaryDirectory() as tmp, serve("emulate", "--time-scale", "1000000") as emulator:
+        redis = RedisServer(binary, free_port(), tmp)
+        redis.start()
+        try:
+            backend = f"--backend={emulator},max_requests=256"
+            with serve("gateway", backend, *common) as plain, \
+                    serve("gateway", backend, *common, "--state", redis.url) as shared:
+                for _ in range(a.rounds):                  # interleaved, so both see the same machine
+                    rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
+                    before = round_trips(shared)
+                    rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
+                    # NOTE: measure() sends 20 warm-up + requests/4 one at a time + requests at once
+                    trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
+        finally:
+            redis.stop()
+    stats = {}
+    for name, runs in rows.items():
+        lat = [x for latencies, _ in runs for x in latencies]
+        stats[name] = (pct(lat, 0.5), pct(lat, 0.99), statistics.median(r for _, r in runs))
+    print("| gateway | stream latency p50 (ms) | p99 (ms) | streamed requests/s |")
+    print("|---|---:|---:|---:|")
+    for name, (p50, p99, rps) in stats.items():
+        print(f"| {name} | {p50:.2f} | {p99:.2f} | {rps:.0f} |")
+    g, s = stats["gateway"], stats["gateway --state"]
+    print()
+    print(f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
+          f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
+          f"the sync every 20 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+"""Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis.
+
+Every replica pointing at the same Redis URL shares:
+- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`);
+- which tenants are backlogged on which live replica (sorted set `P:b`, member `tenant\\nreplica`, scored by the
+  time it expires): a dead replica's backlog is gone within `ttl_s`;
+- the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
+  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases of all live replicas never add up to more than the
+  backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`.
+
+Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
+within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
+request waits for a lease): one Lua script, one round trip, which adds this replica's charges since the last sync,
+refreshes its backlog and liveness, resizes its leases, and answers every tenant's global counter, service and
+weight, who is backlogged elsewhere, and the new leases. The replica then writes the global values into its ledger
+(`Ledger.apply_remote`) and its leases into its backends' limits.
+
+Fairness across replicas: the counter lift uses the smallest counter among tenants backlogged anywhere (the VTC's
+`lift_floor` hook), and a replica admits its queue's head only while that head's counter is no larger than the
+smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not admit shrinks its
+lease to what it has in flight, so the capacity flows to the replica holding the globally smallest counter.
+
+Redis lost while running: the replica keeps serving from its local ledger, with `limit // replicas` of each backend
+(the replicas it last saw alive), reports itself degraded, retries every `interval_s`, and on reconnection adds
+everything charged meanwhile (a fresh Redis takes the first replica's counters as they were).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..core import Ledger, Request, VTC
+
+log = logging.getLogger("fairserve.gateway.state")
+
+DEFAULT_INTERVAL_S = 0.02    # how often charges are flushed and global counters pulled
+DEFAULT_TTL_S = 3.0          # a silent replica's leases and backlog stop counting after this long
+DEFAULT_SPARE = 1            # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
+
+
+class SharedStateError(Exception):
+    """Redis could not be reached or answered nonsense: one line for the operator."""
+
+
+class BackendSlot(Protocol):
+    """What shared state reads and sets on a backend (gateway.scheduler.Backend)."""
+
+    cfg: Any            # .url, .max_inflight_requests, .max_inflight_tokens
+    requests: int
+    tokens: int
+    limit: int
+    token_limit: int | None
+
+
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), then counted sections:
+#   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
+#   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
+#   backlogged here: n, then n x tenant
+#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t)
+#     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
+#      from capacity no other replica is waiting for)
+# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere, leases (r, t per backend),
+#          live replicas}.
+SYNC_LUA = """
+local p, rid, ttl, reset = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local i = 4
+local function nxt() i = i + 1; return ARGV[i] end
+local fmt = '%.17g'
+redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
+redis.call('ZADD', p .. ':r', now + ttl, rid)
+if reset == '1' then
+  local all = redis.call('HKEYS', p .. ':c')
+  for _, tenant in ipairs(all) do redis.call('HSET', p .. ':c', tenant, '0') end
+end
+for _ = 1, tonumber(nxt()) do
+  local tenant, ds, dc, lift, bc, bs = nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())
+  local c = tonumber(redis.call('HGET', p .. ':c', tenant) or bc)
+  local s = tonumber(redis.call('HGET', p .. ':s', tenant) or bs)
+  if lift ~= '' then c = math.max(c, tonumber(lift)) end
+  redis.call('HSET', p .. ':c', tenant, string.format(fmt, c + dc))
+  redis.call('HSET', p .. ':s', tenant, string.format(fmt, s + ds))
+end
+for _ = 1, tonumber(nxt()) do redis.call('HSET', p .. ':w', nxt(), nxt()) end
+for _ = 1, tonumber(nxt()) do redis.call('HSETNX', p .. ':w', nxt(), nxt()) end
+local mine = {}
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  mine[tenant] = true
+  redis.call('ZADD', p .. ':b', now + ttl, tenant .. '\\n' .. rid)
+end
+redis.call('ZREMRANGEBYSCORE', p .. ':b', '-inf', now)
+local elsewhere, seen = {}, {}
+for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
+  local nl = string.find(m, '\\n', 1, true)
+  local tenant, owner = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
+  if owner == rid then
+    if not mine[tenant] then redis.call('ZREM', p .. ':b', m) end
+  elseif not seen[tenant] then
+    seen[tenant] = true
+    table.insert(elsewhere, tenant)
+  end
+end
+local live = {}
+local replicas = redis.call('ZRANGE', p .. ':r', 0, -1)
+for _, r in ipairs(replicas) do live[r] = true end
+local function others(key, need_key)
+  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
+  local held, unmet, all, needs = 0, 0, redis.call('HGETALL', key), {}
+  local nall = redis.call('HGETALL', need_key)
+  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
+  for j = 1, #all, 2 do
+    local r = all[j]
+    if r ~= rid then
+      if live[r] then
+        local g = tonumber(all[j + 1])
+        held = held + g
+        unmet = unmet + math.max(0, (needs[r] or 0) - g)
+      else
+        redis.call('HDEL', key, r)
+        redis.call('HDEL', need_key, r)
+      end
+    end
+  end
+  return held, unmet
+end
+local function lease(suffix, url, limit, used, need, spare)
+  -- at least what is in flight; the demand as far as the others' leases leave room; the spare only from what
+  -- nobody else is waiting for
+  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
+  local held, unmet = others(key, need_key)
+  local g = math.max(used, math.min(need, limit - held))
+  g = g + math.max(0, math.min(spare, limit - held - unmet - g))
+  redis.call('HSET', key, rid, g)
+  redis.call('HSET', need_key, rid, need)
+  return g
+end
+local leases = {}
+for _ = 1, tonumber(nxt()) do
+  local url, lr, lt, ur, ut, nr, nt, sr, st = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
+    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt())
+  table.insert(leases, lease('r', url, lr, ur, nr, sr))
+  if lt > 0 then table.insert(leases, lease('t', url, lt, ut, nt, st)) else table.insert(leases, 0) end
+end
+return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
+        elsewhere, leases, #replicas}
+"""
+
+# Leaving: this replica's leases and backlog stop counting at once. ARGV: prefix, replica, backend URLs...
+LEAVE_LUA = """
+local p, rid = ARGV[1], ARGV[2]
+redis.call('ZREM', p .. ':r', rid)
+for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
+  if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
+end
+for k = 3, #ARGV do
+  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    url: str                                  # redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS
+    interval_s: float = DEFAULT_INTERVAL_S
+    ttl_s: float = DEFAULT_TTL_S
+    prefix: str = "fairserve"                 # key prefix: one Redis can hold several independent gateway groups
+    spare: int = DEFAULT_SPARE
+
+
+class SharedState:
+    """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
+    starts the sync task; `stop()` leaves. The scheduler calls `may_admit` (synchronous, no I/O), `poke` when a
+    queued request waits for a lease, `set_weight` and `reset` (admin); everything else happens in `sync()`."""
+
+    def __init__(self, settings: StateSettings, ledger: Ledger, backends: Sequence[BackendSlot],
+                 on_change: Callable[[], None] = lambda: None, replica: str | None = None) -> None:
+        if not isinstance(ledger.policy, VTC):
+            raise ValueError(f"shared state needs a policy with virtual counters (vtc, vtc-predict, lcf), "
+                             f"not {ledger.policy.name!r}")
+        self.settings = settings
+        self.ledger = ledger
+        self.policy: VTC = ledger.policy
+        self.backends = list(backends)
+        self.on_change = on_change       # called after a sync changed leases or counters (the scheduler dispatches)
+        self.replica = replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.up = False                  # the last sync reached Redis
+        self.round_trips = 0             # syncs sent (each one round trip)
+        self.last_sync = 0.0             # time.monotonic() of the last successful sync
+        self.replicas = 1                # live replicas at the last sync
+        self._elsewhere: frozenset[str] = frozenset()   # tenants backlogged on another live replica
+        self._base_service: dict[str, float] = {}      # each tenant's global service at the last sync
+        self._lift: dict[str, float] = {}              # lifts since the last sync, net of the charges before them
+        self._weights: dict[str, float] = {}           # admin changes not yet sent
+        self._seed = dict(ledger.policy.weights)       # configured weights: set in Redis if not set there
+        self._reset = False
+        self._mean_tokens = 0.0                        # of requests seen, for the token lease's headroom
+        self._client: Any = None
+        self._sync_script: Any = None
+        self._leave_script: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self.policy.lift_floor = self.lift_floor
+
+    # ---- life -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect and sync once; SharedStateError (one line) when Redis cannot be reached."""
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        timeout = max(0.5, 10 * self.settings.interval_s)
+        try:
+            self._client = aioredis.from_url(self.settings.url, socket_timeout=timeout,
+                                             socket_connect_timeout=timeout, health_check_interval=0)
+        except ValueError as e:
+            raise SharedStateError(f"bad shared state URL {_redact(self.settings.url)!r}: {e}") from None
+        self._sync_script = self._client.register_script(SYNC_LUA)
+        self._leave_script = self._client.register_script(LEAVE_LUA)
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as e:
+            await self._client.aclose()
+            raise SharedStateError(f"cannot reach the shared state at {_redact(self.settings.url)}: {e}") from None
+        await self.sync()
+        if not self.up:
+            raise SharedStateError(f"the shared state at {_redact(self.settings.url)} did not answer a sync")
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop syncing and leave: this replica's leases and backlog stop counting at once (best effort)."""
+        if self._task is not None:
+            # NOTE: the flag too: Python 3.11's wait_for can swallow a cancel that lands as its wait ends
+            self._stopping = True
+            self._wake.set()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._client is not None:
+            try:
+                await self._leave_script(args=[self.settings.prefix, self.replica,
+                                               *(b.cfg.url for b in self.backends)])
+            except Exception:     # NOTE: leaving is best effort: the TTL ends whatever is left
+                pass
+            await self._client.aclose()
+            self._client = None
+        self.policy.lift_floor = None
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.interval_s if self.up else
+                                       max(self.settings.interval_s, 0.1))
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self.sync()
+
+    def poke(self) -> None:
+        """Sync soon: a queued request waits for a lease."""
+        self._wake.set()
+
+    # ---- the hooks the scheduler and the policy call (synchronous, no I/O) --------------------------------------
+    def lift_floor(self, tenant: str, local_floor: float | None) -> float | None:
+        """VTC's lift: the smallest counter among tenants backlogged here or on another live replica."""
+        accounts = self.ledger.accounts
+        floor = local_floor
+        for other in self._elsewhere:
+            if other != tenant:
+                c = accounts[other].counter if other in accounts else 0.0
+                if floor is None or c < floor:
+                    floor = c
+        acct = accounts[tenant]
+        if floor is not None and floor > acct.counter:
+            # NOTE: net of the charges since the last sync, which the sync adds after applying the lift
+            net = floor - (acct.service - self._base_service.get(tenant, acct.service)) / acct.weight
+            self._lift[tenant] = max(self._lift.get(tenant, net), net)
+        return floor
+
+    def floor_elsewhere(self) -> float | None:
+        """The smallest counter among tenants backlogged on other live replicas (as of the last sync)."""
+        accounts = self.ledger.accounts
+        counters = [accounts[t].counter for t in self._elsewhere if t in accounts]
+        return min(counters) if counters else None
+
+    def may_admit(self, req: Request) -> bool:
+        """Whether this replica may admit `req`, its queue's head: its counter is no larger than any counter
+        backlogged elsewhere. Always True while degraded (no fresh view of the others)."""
+        if not self.up or not self._elsewhere:
+            return True
+        floor = self.floor_elsewhere()
+        return floor is None or req.account.counter <= floor
+
+    def waiting(self) -> None:
+        """The scheduler's dispatch left requests queued: sync early if a larger lease could admit the head."""
+        if not self.up or self._wake.is_set():
+            return
+        head = self.policy.peek()
+        if head is not None and self.may_admit(head) and any(
+                b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
+                for b in self.backends):
+            self._wake.set()
+
+    def note_tokens(self, tokens: int) -> None:
+        """A request of `tokens` capacity tokens arrived (sizes the token lease's headroom)."""
+        self._mean_tokens += (tokens - self._mean_tokens) * 0.1
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        """An admin change: sent with the next sync, so every replica has it within `interval_s` plus theirs."""
+        self._weights[tenant] = weight
+
+    def reset(self) -> None:
+        """Every counter to 0 on every replica (with the next sync)."""
+        self._reset = True
+
+    # ---- the sync -----------------------------------------------------------------------------------------------
+    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]]]:
+        s = self.settings
+        accounts = self.ledger.accounts
+        snap: dict[str, tuple[float, float]] = {}
+        charges: list[Any] = []
+        n = 0
+        for tenant, acct in accounts.items():
+            snap[tenant] = (acct.counter, acct.service)
+            base = self._base_service.get(tenant)
+            ds = acct.service - base if base is not None else acct.service
+            lift = self._lift.get(tenant)
+            if not ds and lift is None and base is not None:
+                continue
+            dc = ds / acct.weight
+            charges += [tenant, repr(ds), repr(dc), "" if lift is None else repr(lift), repr(acct.counter - dc),
+                        repr(acct.service - ds)]
+            n += 1
+        weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
+        seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
+        queued = [t for t, a in accounts.items() if a.queued]
+        head = self.policy.peek()
+        eligible = head is not None and self.may_admit(head)
+        demand_r = self.policy.num_queued if eligible else 0
+        demand_t = sum(r.item.tokens if hasattr(r.item, "tokens") else r.prompt_tokens
+                       for r in self.ledger.queued()) if eligible else 0
+        spare_r = s.spare if eligible or head is None else 0
+        spare_t = int(spare_r * self._mean_tokens) + spare_r
+        backends: list[Any] = []
+        for b in self.backends:
+            lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
+            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, b.requests + min(demand_r, lr),
+                         b.tokens + min(demand_t, lt), spare_r, spare_t]
+        args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0",
+                n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
+                len(self.backends), *backends]
+        return args, snap
+
+    async def sync(self) -> bool:
+        """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer."""
+        args, snap = self._args()
+        lifts, weights, reset = self._lift, self._weights, self._reset
+        self._lift, self._weights, self._reset = {}, {}, False
+        try:
+            self.round_trips += 1
+            reply = await self._sync_script(args=args)
+        except Exception as e:      # NOTE: any failure of Redis degrades to local state; nothing on the request path
+            # the charges stay unflushed (the base did not move); lifts, weights and resets are sent again
+            for t, v in lifts.items():
+                self._lift[t] = max(v, self._lift.get(t, v))
+            self._weights = {**weights, **self._weights}
+            self._reset = self._reset or reset
+            self._degrade(e)
+            return False
+        self._seed = {}
+        self._apply(reply, snap)
+        if not self.up:
+            log.warning("shared state at %s is back", _redact(self.settings.url))
+        self.up = True
+        self.last_sync = time.monotonic()
+        self.on_change()
+        return True
+
+    def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
+        counters, services, weights, elsewhere, leases, replicas = reply
+        counters, services, weights = _table(counters), _table(services), _table(weights)
+        for tenant, w in weights.items():
+            if tenant in self.ledger.accounts and tenant not in self._weights and w != self.policy.weight(tenant):
+                self.policy.set_weight(tenant, w)
+        for tenant, c in counters.items():
+            acct = self.ledger.accounts.get(tenant)
+            if acct is None:
+                continue
+            c0, s0 = snap.get(tenant, (acct.counter, acct.service))
+            service = services.get(tenant, 0.0)
+            # NOTE: what this replica charged while the sync was in flight stays on top of the global values
+            self.ledger.apply_remote(tenant, c + (acct.counter - c0), service + (acct.service - s0))
+            self._base_service[tenant] = service
+        self._elsewhere = frozenset(_text(t) for t in elsewhere)
+        self.replicas = int(replicas)
+        for b, (gr, gt) in zip(self.backends, zip(leases[0::2], leases[1::2]), strict=True):
+            b.limit = int(gr)
+            b.token_limit = int(gt) if b.cfg.max_inflight_tokens else None
+
+    def _degrade(self, e: Exception) -> None:
+        if self.up:
+            log.warning("shared state at %s lost (%s): serving from local state", _redact(self.settings.url), e)
+        self.up = False
+        self._elsewhere = frozenset()
+        n = max(self.replicas, 1)
+        for b in self.backends:
+            b.limit = max(1, b.cfg.max_inflight_requests // n)
+            b.token_limit = (max(1, b.cfg.max_inflight_tokens // n) if b.cfg.max_inflight_tokens else None)
+        self.on_change()
+
+    def status(self) -> dict[str, Any]:
+        """For /healthz."""
+        return {"url": _redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
+                "replicas": self.replicas, "round_trips": self.round_trips,
+                "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None}
+
+
+async def probe(url: str, timeout_s: float = 2.0) -> None:
+    """PING the shared state once: SharedStateError (one line) when it cannot be reached."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    try:
+        client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as e:
+        raise SharedStateError(f"bad shared state URL {_redact(url)!r}: {e}") from None
+    try:
+        await client.ping()
+    except (RedisError, OSError) as e:
+        raise SharedStateError(f"cannot reach the shared state at {_redact(url)}: {e}") from None
+    finally:
+        await client.aclose()
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _table(flat: list[Any]) -> dict[str, float]:
+    return {_text(k): float(v) for k, v in zip(flat[0::2], flat[1::2], strict=True)}
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if at else ''}{host}" if sep else url

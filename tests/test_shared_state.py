@@ -1,0 +1,303 @@
+"""Shared state across gateway replicas, against a real redis-server: replicas are objects in one process here
+(tests/test_replicas.py runs gateway processes)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairserve.core import Ledger, make_policy
+from fairserve.gateway.config import BackendConfig
+from fairserve.gateway.scheduler import Backend
+from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings
+
+from redis_server import redis_server
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def redis():
+    with redis_server() as server:
+        yield server
+
+
+class Replica:
+    """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP."""
+
+    def __init__(self, url: str, prefix: str, limits=((4, None), (4, None)), ttl_s: float = 3.0, spare: int = 1,
+                 policy: str = "vtc", tenants=("heavy", "light")) -> None:
+        self.ledger = Ledger(make_policy(policy), tenants)
+        self.backends = [Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
+                         for i, (r, t) in enumerate(limits)]
+        self.state = SharedState(StateSettings(url, interval_s=0.01, ttl_s=ttl_s, prefix=prefix, spare=spare),
+                                 self.ledger, self.backends, on_change=self.admit)
+        self.ids = itertools.count()
+        self.running = []
+
+    def arrive(self, tenant: str, prompt: int = 10, n: int = 1) -> None:
+        for _ in range(n):
+            self.ledger.arrive(next(self.ids), tenant, prompt, 10)
+        self.admit()
+
+    def _fits(self, req) -> bool:
+        if not self.state.may_admit(req):
+            return False
+        room = [b for b in self.backends if b.room_for(req.prompt_tokens)]
+        if not room:
+            return False
+        b = room[0]
+        b.requests += 1
+        b.tokens += req.prompt_tokens
+        req.item = b
+        return True
+
+    def admit(self) -> None:
+        self.running += self.ledger.admit(self._fits)
+
+    def finish(self, k: int | None = None) -> None:
+        done, self.running = (self.running, []) if k is None else (self.running[:k], self.running[k:])
+        for req in done:
+            req.item.requests -= 1
+            req.item.tokens -= req.prompt_tokens
+            self.ledger.output(req, 5)
+            self.ledger.settle(req)
+        self.admit()
+
+    def counter(self, tenant: str) -> float:
+        return self.ledger.accounts[tenant].counter
+
+
+def prefix() -> str:
+    return f"t{next(_prefixes)}"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_counters_service_and_weights_are_shared(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p), Replica(redis.url, p)
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", prompt=100)       # admitted at once: charged 100
+        a.finish()                          # + 5 output tokens x 2
+        assert a.counter("heavy") == 110 and b.counter("heavy") == 0
+        await a.state.sync()
+        await b.state.sync()
+        assert b.counter("heavy") == 110 and b.ledger.accounts["heavy"].service == 110
+        b.ledger.set_weight("light", 2.0)
+        b.state.set_weight("light", 2.0)
+        await b.state.sync()
+        await a.state.sync()
+        assert a.ledger.policy.weight("light") == 2.0
+        b.arrive("light", prompt=100)
+        b.finish()
+        await b.state.sync()
+        await a.state.sync()
+        assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110      # weighted: service / 2
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p, limits=((1, None),), tenants=("x", "y", "z")), \
+            Replica(redis.url, p, limits=((1, None),), tenants=("x", "y", "z"))
+        await a.state.start()
+        await b.state.start()
+        a.arrive("x", prompt=500)            # runs on a's only slot: counter 500
+        a.arrive("x", prompt=10)             # queued on a: x is backlogged there
+        await a.state.sync()
+        await b.state.sync()
+        assert b.state._elsewhere == {"x"}
+        b.arrive("y", prompt=10)             # b: y goes from nothing queued to queued; lifted to x's counter...
+        assert b.counter("y") >= 500         # ...(500), then admitted on b's slot and charged 10
+        # without the shared floor the lift would look at b's own queue only (empty): no lift at all
+        local = Replica(redis.url, prefix(), limits=((1, None),), tenants=("x", "y"))
+        local.arrive("y", prompt=10)
+        assert local.counter("y") == 10
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p, limits=((2, None),)), Replica(redis.url, p, limits=((2, None),))
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", prompt=1000, n=4)        # heavy: counter soon far above light's
+        await a.state.sync()
+        b.arrive("light", prompt=10, n=4)
+        for _ in range(4):
+            await a.state.sync()
+            await b.state.sync()
+        heavy_head = a.ledger.peek()
+        assert heavy_head is not None and not a.state.may_admit(heavy_head)
+        a.finish()                                  # heavy's slots free, but a may not refill them...
+        assert all(r.account.tenant == "light" for r in b.running) and not a.running
+        for _ in range(3):                          # ...and its lease shrinks, so light's replica gets the capacity
+            await a.state.sync()
+            await b.state.sync()
+        assert len(b.running) == 2 and a.backends[0].limit == 0
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p, ttl_s=0.5), Replica(redis.url, p, ttl_s=0.5)
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", n=20)
+        await a.state.sync()                                 # b is idle: a may use everything but b's spare
+        a.admit()
+        assert [x.requests for x in a.backends] == [3, 3]
+        await b.state.stop()                                 # b leaves: a reaches the full limit
+        await a.state.sync()
+        assert [x.limit for x in a.backends] == [4, 4] and [x.requests for x in a.backends] == [4, 4]
+        c = Replica(redis.url, p, ttl_s=0.5)
+        await c.state.start()
+        c.arrive("light", n=4)
+        assert sum(x.requests for x in c.backends) == 0      # a holds the whole limit
+        a.state._task.cancel()                               # a dies without leaving (its task stops syncing)
+        a.state._client = None
+        await asyncio.sleep(0.7)                             # past the TTL
+        await c.state.sync()
+        assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
+        await c.state.stop()
+    run(main())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["arrive", "finish", "sync"]), st.integers(1, 6)),
+                max_size=40))
+def test_leases_never_add_up_to_more_than_the_limit(redis, steps):
+    """Whatever the interleaving of arrivals, completions and syncs on three replicas, the requests in flight on a
+    backend, summed over replicas, stay within its max_inflight_requests / max_inflight_tokens."""
+    async def main():
+        p = prefix()
+        limits = ((3, None), (5, 60))
+        rs = [Replica(redis.url, p, limits=limits) for _ in range(3)]
+        for r in rs:
+            await r.state.start()
+        for i, op, k in steps:
+            r = rs[i]
+            if op == "arrive":
+                r.arrive(("heavy", "light")[k % 2], prompt=5 * k, n=k)
+            elif op == "finish":
+                r.finish(k)
+            else:
+                await r.state.sync()
+            for j, (lr, lt) in enumerate(limits):
+                assert sum(x.backends[j].requests for x in rs) <= lr
+                if lt is not None:
+                    assert sum(x.backends[j].tokens for x in rs) <= lt
+        for r in rs:
+            await r.state.stop()
+    run(main())
+
+
+def test_unreachable_redis_at_start_is_one_clear_error():
+    async def main():
+        from fairserve.api.server import free_port
+        r = Replica(f"redis://127.0.0.1:{free_port()}/0", prefix())
+        with pytest.raises(SharedStateError, match="cannot reach the shared state at redis://127.0.0.1:"):
+            await r.state.start()
+    run(main())
+
+
+def test_password_is_not_shown_in_errors():
+    async def main():
+        from fairserve.api.server import free_port
+        r = Replica(f"redis://:s3cret@127.0.0.1:{free_port()}/0", prefix())
+        with pytest.raises(SharedStateError) as e:
+            await r.state.start()
+        assert "s3cret" not in str(e.value) and "***@127.0.0.1" in str(e.value)
+    run(main())
+
+
+def test_redis_lost_keeps_serving_locally_then_converges(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p), Replica(redis.url, p)
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", prompt=100)
+        a.finish()
+        await a.state.sync()
+        await b.state.sync()
+        redis.stop()
+        assert not await a.state.sync() and not await b.state.sync()
+        assert not a.state.up and a.state.status()["degraded"]
+        assert [x.limit for x in a.backends] == [2, 2]           # limit // replicas last seen: never above it
+        a.arrive("heavy", prompt=50, n=3)                         # keeps admitting from local state
+        assert len(a.running) == 3
+        a.finish()
+        b.arrive("light", prompt=30)
+        b.finish()
+        redis.start()                                             # a fresh, empty Redis
+        await a.state.sync()
+        await b.state.sync()
+        await a.state.sync()
+        assert a.state.up and b.state.up
+        for r in (a, b):                                          # both have everything charged on either
+            assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_background_sync_runs_every_interval_and_counts_round_trips(redis):
+    async def main():
+        p = prefix()
+        a, b = Replica(redis.url, p), Replica(redis.url, p)
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", prompt=100)
+        await asyncio.sleep(0.2)
+        assert b.counter("heavy") == 100
+        assert 5 <= b.state.round_trips <= 25                     # every 10 ms, give or take the machine
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_policies_without_counters_are_refused(redis):
+    with pytest.raises(ValueError, match="virtual counters"):
+        Replica(redis.url, prefix(), policy="fcfs")
+
+
+def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    import redis_server as rs
+    monkeypatch.setattr(rs.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true needs a real Redis"):
+        rs.redis_server_binary()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="setup-redis.sh"):
+        rs.redis_server_binary()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"state": "http://127.0.0.1:6379"}, "must be a Redis URL"),
+    ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy with virtual counters"),
+    ({"state": "redis://127.0.0.1:6379/0", "state_interval_s": 5}, "state_interval_s"),
+])
+def test_state_config_errors_are_one_line(extra, message):
+    from fairserve.gateway import build_config
+    data = {"backends": [{"url": "http://127.0.0.1:9"}], "tenants": [{"name": "a", "api_keys": ["k"]}], **extra}
+    with pytest.raises(ValueError, match=message) as e:
+        build_config(data)
+    assert "\n" not in str(e.value)
