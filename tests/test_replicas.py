@@ -117,10 +117,23 @@ def middle(got) -> tuple[float, float]:
 HEAVY, LIGHT = 8, 4       # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
 
 
-def run_three(urls, state) -> tuple[dict, list[int]]:
+def run_three(urls, state, spreads: list[tuple[float, float]] | None = None) -> dict:
+    """Three replicas, heavy alice on the first, light bob on the other two. With `spreads`, the difference of the
+    two tenants' virtual counters as a replica reads them (the shared ones) is sampled every 20 ms."""
     with contextlib.ExitStack() as stack:
         gws = [stack.enter_context(running_server(create_app(replica_config(urls, state)))) for _ in range(3)]
-        got = asyncio.run(drive({"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}, 3.0))
+
+        async def sample() -> None:
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+                end = time.monotonic() + 3.0
+                while time.monotonic() < end:
+                    rows = (await c.get(gws[1] + "/admin/tenants")).json()["tenants"]
+                    counters = {r["name"]: r["counter"] for r in rows}
+                    spreads.append((time.monotonic(), abs(counters["alice"] - counters["bob"])))
+                    await asyncio.sleep(0.02)
+
+        placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
+        got = asyncio.run(drive(placement, 3.0, during=sample if spreads is not None else None))
     return got
 
 
@@ -131,7 +144,8 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     for a in apps:
         assert a.peak <= LIMIT
         a.peak = 0
-    shared = run_three(urls, redis.url)
+    spreads: list[tuple[float, float]] = []
+    shared = run_three(urls, redis.url, spreads)
     peaks_shared = [a.peak for a in apps]
     for a in apps:
         a.peak = 0
@@ -144,6 +158,15 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     assert s0 - s1 > 0.1, (s0, s1)                       # independent replicas: bob has two replicas' capacity
     assert max(peaks_shared) <= LIMIT, peaks_shared      # the limit holds over all replicas together...
     assert max(peaks_independent) > LIMIT, peaks_independent   # ...which it does not without shared state
+    # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + N·U, U the largest cost
+    # of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both backends
+    t0, t1 = middle(shared)
+    served = sum(n for xs in shared.values() for at, n in xs if t0 <= at < t1)
+    u, rate = 16 + 2 * TOKENS, 2 * served / (t1 - t0) * (16 + 2 * TOKENS) / (2 * TOKENS)
+    bound = 2 * u + 2 * 0.01 * rate + 3 * u
+    gaps = [gap for at, gap in spreads if t0 <= at < t1]
+    print(f"largest counter gap while both backlogged: {max(gaps):.0f} (bound {bound:.0f})")
+    assert gaps and max(gaps) <= bound, (max(gaps), bound)
 
 
 def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
