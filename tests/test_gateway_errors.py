@@ -88,9 +88,9 @@ async def _stream(base: str, tenant: str, tokens: int) -> int:
 def test_429_when_the_tenant_queue_is_full_and_503_past_the_ttl(fake):
     async def scenario(base: str) -> None:
         busy = asyncio.create_task(_stream(base, "alice", 40))           # occupies the one slot ~2 s
-        await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["alice"]["in_flight"] == 1)
         queued = asyncio.create_task(_stream(base, "bob", 2))
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["bob"]["queue_length"] == 1)
         async with httpx.AsyncClient(timeout=10) as c:
             r = await c.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("bob"))
         assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
@@ -162,7 +162,7 @@ def test_failure_mid_stream_ends_with_an_error_event(fake):
 def test_disconnect_while_queued_leaves_the_queue(fake):
     async def scenario(base: str) -> None:
         busy = asyncio.create_task(_stream(base, "alice", 30))
-        await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["alice"]["in_flight"] == 1)
         queued = asyncio.create_task(_stream(base, "bob", 5))
         assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["bob"]["queue_length"] == 1)
         queued.cancel()

@@ -3,19 +3,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
 from test_gateway_support import FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
 
-DURATION_S = 2.0
+TARGET_TOKENS = 500        # the load runs until the tenants together received this many output tokens
+TIMEOUT_S = 60.0
 
 
 async def _served(base: str, concurrency: dict[str, int]) -> dict[str, int]:
-    """Output tokens each tenant received before the deadline; every tenant keeps `concurrency` streams open."""
+    """Output tokens each tenant received until TARGET_TOKENS were served in all (event-driven, not a wall-clock
+    window); every tenant keeps `concurrency` streams open."""
     served = dict.fromkeys(concurrency, 0)
-    stop = time.monotonic() + DURATION_S
+    enough = asyncio.Event()
 
     async def worker(c: httpx.AsyncClient, tenant: str) -> None:
         while True:
@@ -23,13 +24,15 @@ async def _served(base: str, concurrency: dict[str, int]) -> dict[str, int]:
                                 headers=auth(tenant)) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
-                    if line.startswith("data: {") and time.monotonic() < stop:
+                    if line.startswith("data: {") and not enough.is_set():
                         doc = json.loads(line[6:])
                         served[tenant] += sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
+                        if sum(served.values()) >= TARGET_TOKENS:
+                            enough.set()
 
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as c:
         tasks = [asyncio.create_task(worker(c, t)) for t, n in concurrency.items() for _ in range(n)]
-        await asyncio.sleep(DURATION_S)
+        await asyncio.wait_for(enough.wait(), TIMEOUT_S)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
