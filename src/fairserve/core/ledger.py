@@ -145,20 +145,18 @@ class Ledger:
     def requeue(self, req: Request, item: Any = None) -> bool:
         """A running request goes back to the front of its tenant's queue (preempted, or its backend failed before
         any output): no second prompt charge, no lift. False if it is not running."""
-        if req.state is not RUNNING:
-            return False
-        self.policy.requeue(req)
-        if item is not None:
-            req.item = item
-        return True
+        return self._back(req, item, self.policy.requeue)
 
     def unpop(self, req: Request, item: Any = None) -> bool:
         """A request popped in this admission pass goes back unscheduled: as if never popped (see `Policy.unpop`).
         False if it is not running."""
+        return self._back(req, item, self.policy.unpop)
+
+    def _back(self, req: Request, item: Any, put_back: Callable[[Request], None]) -> bool:
         if req.state is not RUNNING:
             return False
-        self.policy.unpop(req)
-        if item is not None:
+        put_back(req)
+        if item is not None:        # NOTE: engines may hand back a new object for the same request
             req.item = item
         return True
 
