@@ -14,8 +14,8 @@ from ..argtypes import positive
 from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
-from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, PLACEMENTS, XARGS_CLIENT_KEY, BenchRecord,
-                     endpoint_url, place, resolve_keys, run_bench)
+from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, PLACEMENTS, XARGS_CLIENT_KEY, BenchRecord, place,
+                     resolve_keys, run_bench)
 from .weights import server_weights
 
 TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
