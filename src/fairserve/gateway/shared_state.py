@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core import Ledger, Request, VTC
+from .config import redact
+from .redis_scripts import LEAVE_LUA, SYNC_LUA
 
 log = logging.getLogger("fairserve.gateway.state")
 
@@ -56,115 +58,6 @@ class BackendSlot(Protocol):
     tokens: int
     limit: int
     token_limit: int | None
-
-
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), then counted sections:
-#   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
-#   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
-#   backlogged here: n, then n x tenant
-#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t)
-#     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
-#      from capacity no other replica is waiting for)
-# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere, leases (r, t per backend),
-#          live replicas}.
-SYNC_LUA = """
-local p, rid, ttl, reset = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local i = 4
-local function nxt() i = i + 1; return ARGV[i] end
-local fmt = '%.17g'
-redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
-redis.call('ZADD', p .. ':r', now + ttl, rid)
-if reset == '1' then
-  local all = redis.call('HKEYS', p .. ':c')
-  for _, tenant in ipairs(all) do redis.call('HSET', p .. ':c', tenant, '0') end
-end
-for _ = 1, tonumber(nxt()) do
-  local tenant, ds, dc, lift, bc, bs = nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())
-  local c = tonumber(redis.call('HGET', p .. ':c', tenant) or bc)
-  local s = tonumber(redis.call('HGET', p .. ':s', tenant) or bs)
-  if lift ~= '' then c = math.max(c, tonumber(lift)) end
-  redis.call('HSET', p .. ':c', tenant, string.format(fmt, c + dc))
-  redis.call('HSET', p .. ':s', tenant, string.format(fmt, s + ds))
-end
-for _ = 1, tonumber(nxt()) do redis.call('HSET', p .. ':w', nxt(), nxt()) end
-for _ = 1, tonumber(nxt()) do redis.call('HSETNX', p .. ':w', nxt(), nxt()) end
-local mine = {}
-for _ = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  mine[tenant] = true
-  redis.call('ZADD', p .. ':b', now + ttl, tenant .. '\\n' .. rid)
-end
-redis.call('ZREMRANGEBYSCORE', p .. ':b', '-inf', now)
-local elsewhere, seen = {}, {}
-for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
-  local nl = string.find(m, '\\n', 1, true)
-  local tenant, owner = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
-  if owner == rid then
-    if not mine[tenant] then redis.call('ZREM', p .. ':b', m) end
-  elseif not seen[tenant] then
-    seen[tenant] = true
-    table.insert(elsewhere, tenant)
-  end
-end
-local live = {}
-local replicas = redis.call('ZRANGE', p .. ':r', 0, -1)
-for _, r in ipairs(replicas) do live[r] = true end
-local function others(key, need_key)
-  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
-  local held, unmet, all, needs = 0, 0, redis.call('HGETALL', key), {}
-  local nall = redis.call('HGETALL', need_key)
-  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
-  for j = 1, #all, 2 do
-    local r = all[j]
-    if r ~= rid then
-      if live[r] then
-        local g = tonumber(all[j + 1])
-        held = held + g
-        unmet = unmet + math.max(0, (needs[r] or 0) - g)
-      else
-        redis.call('HDEL', key, r)
-        redis.call('HDEL', need_key, r)
-      end
-    end
-  end
-  return held, unmet
-end
-local function lease(suffix, url, limit, used, need, spare)
-  -- at least what is in flight; the demand as far as the others' leases leave room; the spare only from what
-  -- nobody else is waiting for
-  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
-  local held, unmet = others(key, need_key)
-  local g = math.max(used, math.min(need, limit - held))
-  g = g + math.max(0, math.min(spare, limit - held - unmet - g))
-  redis.call('HSET', key, rid, g)
-  redis.call('HSET', need_key, rid, need)
-  return g
-end
-local leases = {}
-for _ = 1, tonumber(nxt()) do
-  local url, lr, lt, ur, ut, nr, nt, sr, st = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
-    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt())
-  table.insert(leases, lease('r', url, lr, ur, nr, sr))
-  if lt > 0 then table.insert(leases, lease('t', url, lt, ut, nt, st)) else table.insert(leases, 0) end
-end
-return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
-        elsewhere, leases, #replicas}
-"""
-
-# Leaving: this replica's leases and backlog stop counting at once. ARGV: prefix, replica, backend URLs...
-LEAVE_LUA = """
-local p, rid = ARGV[1], ARGV[2]
-redis.call('ZREM', p .. ':r', rid)
-for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
-  if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
-end
-for k = 3, #ARGV do
-  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
-end
-return 1
-"""
 
 
 @dataclass(frozen=True)
@@ -222,17 +115,17 @@ class SharedState:
             self._client = aioredis.from_url(self.settings.url, socket_timeout=timeout,
                                              socket_connect_timeout=timeout, health_check_interval=0)
         except ValueError as e:
-            raise SharedStateError(f"bad shared state URL {_redact(self.settings.url)!r}: {e}") from None
+            raise SharedStateError(f"bad shared state URL {redact(self.settings.url)!r}: {e}") from None
         self._sync_script = self._client.register_script(SYNC_LUA)
         self._leave_script = self._client.register_script(LEAVE_LUA)
         try:
             await self._client.ping()
         except (RedisError, OSError) as e:
             await self._client.aclose()
-            raise SharedStateError(f"cannot reach the shared state at {_redact(self.settings.url)}: {e}") from None
+            raise SharedStateError(f"cannot reach the shared state at {redact(self.settings.url)}: {e}") from None
         await self.sync()
         if not self.up:
-            raise SharedStateError(f"the shared state at {_redact(self.settings.url)} did not answer a sync")
+            raise SharedStateError(f"the shared state at {redact(self.settings.url)} did not answer a sync")
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -378,7 +271,7 @@ class SharedState:
         self._seed = {}
         self._apply(reply, snap)
         if not self.up:
-            log.warning("shared state at %s is back", _redact(self.settings.url))
+            log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
         self.last_sync = time.monotonic()
         self.on_change()
@@ -407,7 +300,7 @@ class SharedState:
 
     def _degrade(self, e: Exception) -> None:
         if self.up:
-            log.warning("shared state at %s lost (%s): serving from local state", _redact(self.settings.url), e)
+            log.warning("shared state at %s lost (%s): serving from local state", redact(self.settings.url), e)
         self.up = False
         self._elsewhere = frozenset()
         n = max(self.replicas, 1)
@@ -418,7 +311,7 @@ class SharedState:
 
     def status(self) -> dict[str, Any]:
         """For /healthz."""
-        return {"url": _redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
+        return {"url": redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
                 "replicas": self.replicas, "round_trips": self.round_trips,
                 "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None}
 
@@ -431,11 +324,11 @@ async def probe(url: str, timeout_s: float = 2.0) -> None:
     try:
         client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     except ValueError as e:
-        raise SharedStateError(f"bad shared state URL {_redact(url)!r}: {e}") from None
+        raise SharedStateError(f"bad shared state URL {redact(url)!r}: {e}") from None
     try:
         await client.ping()
     except (RedisError, OSError) as e:
-        raise SharedStateError(f"cannot reach the shared state at {_redact(url)}: {e}") from None
+        raise SharedStateError(f"cannot reach the shared state at {redact(url)}: {e}") from None
     finally:
         await client.aclose()
 
@@ -446,10 +339,3 @@ def _text(v: Any) -> str:
 
 def _table(flat: list[Any]) -> dict[str, float]:
     return {_text(k): float(v) for k, v in zip(flat[0::2], flat[1::2], strict=True)}
-
-
-def _redact(url: str) -> str:
-    """The URL without its password."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    return f"{scheme}{sep}{'***@' if at else ''}{host}" if sep else url

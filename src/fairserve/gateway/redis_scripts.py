@@ -1,0 +1,110 @@
+"""The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
+(`shared_state.py` calls them; the key layout is described there)."""
+
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), then counted sections:
+#   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
+#   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
+#   backlogged here: n, then n x tenant
+#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t)
+#     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
+#      from capacity no other replica is waiting for)
+# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere, leases (r, t per backend),
+#          live replicas}.
+SYNC_LUA = """
+local p, rid, ttl, reset = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local i = 4
+local function nxt() i = i + 1; return ARGV[i] end
+local fmt = '%.17g'
+redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
+redis.call('ZADD', p .. ':r', now + ttl, rid)
+if reset == '1' then
+  local all = redis.call('HKEYS', p .. ':c')
+  for _, tenant in ipairs(all) do redis.call('HSET', p .. ':c', tenant, '0') end
+end
+for _ = 1, tonumber(nxt()) do
+  local tenant, ds, dc, lift, bc, bs = nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())
+  local c = tonumber(redis.call('HGET', p .. ':c', tenant) or bc)
+  local s = tonumber(redis.call('HGET', p .. ':s', tenant) or bs)
+  if lift ~= '' then c = math.max(c, tonumber(lift)) end
+  redis.call('HSET', p .. ':c', tenant, string.format(fmt, c + dc))
+  redis.call('HSET', p .. ':s', tenant, string.format(fmt, s + ds))
+end
+for _ = 1, tonumber(nxt()) do redis.call('HSET', p .. ':w', nxt(), nxt()) end
+for _ = 1, tonumber(nxt()) do redis.call('HSETNX', p .. ':w', nxt(), nxt()) end
+local mine = {}
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  mine[tenant] = true
+  redis.call('ZADD', p .. ':b', now + ttl, tenant .. '\\n' .. rid)
+end
+redis.call('ZREMRANGEBYSCORE', p .. ':b', '-inf', now)
+local elsewhere, seen = {}, {}
+for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
+  local nl = string.find(m, '\\n', 1, true)
+  local tenant, owner = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
+  if owner == rid then
+    if not mine[tenant] then redis.call('ZREM', p .. ':b', m) end
+  elseif not seen[tenant] then
+    seen[tenant] = true
+    table.insert(elsewhere, tenant)
+  end
+end
+local live = {}
+local replicas = redis.call('ZRANGE', p .. ':r', 0, -1)
+for _, r in ipairs(replicas) do live[r] = true end
+local function others(key, need_key)
+  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
+  local held, unmet, all, needs = 0, 0, redis.call('HGETALL', key), {}
+  local nall = redis.call('HGETALL', need_key)
+  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
+  for j = 1, #all, 2 do
+    local r = all[j]
+    if r ~= rid then
+      if live[r] then
+        local g = tonumber(all[j + 1])
+        held = held + g
+        unmet = unmet + math.max(0, (needs[r] or 0) - g)
+      else
+        redis.call('HDEL', key, r)
+        redis.call('HDEL', need_key, r)
+      end
+    end
+  end
+  return held, unmet
+end
+local function lease(suffix, url, limit, used, need, spare)
+  -- at least what is in flight; the demand as far as the others' leases leave room; the spare only from what
+  -- nobody else is waiting for
+  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
+  local held, unmet = others(key, need_key)
+  local g = math.max(used, math.min(need, limit - held))
+  g = g + math.max(0, math.min(spare, limit - held - unmet - g))
+  redis.call('HSET', key, rid, g)
+  redis.call('HSET', need_key, rid, need)
+  return g
+end
+local leases = {}
+for _ = 1, tonumber(nxt()) do
+  local url, lr, lt, ur, ut, nr, nt, sr, st = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
+    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt())
+  table.insert(leases, lease('r', url, lr, ur, nr, sr))
+  if lt > 0 then table.insert(leases, lease('t', url, lt, ut, nt, st)) else table.insert(leases, 0) end
+end
+return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
+        elsewhere, leases, #replicas}
+"""
+
+# Leaving: this replica's leases and backlog stop counting at once. ARGV: prefix, replica, backend URLs...
+LEAVE_LUA = """
+local p, rid = ARGV[1], ARGV[2]
+redis.call('ZREM', p .. ':r', rid)
+for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
+  if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
+end
+for k = 3, #ARGV do
+  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
+end
+return 1
+"""
