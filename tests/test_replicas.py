@@ -228,11 +228,6 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         async def kill_replica_1():
             await asyncio.sleep(1.0)
             p1.kill()                                       # no goodbye: its leases must expire (TTL 3 s)
-            # NOTE: the limit is checked once the dead replica's leases have expired; during that hand-over a
-            # backend was seen one or two requests over it for a moment in some runs (docs/gateway.md, Faults)
-            await asyncio.sleep(3.0 + 1.0)
-            for a in apps:
-                a.peak = a.now
 
         placement = {"alice": [(g1, HEAVY)], "bob": [(g2, LIGHT), (g3, LIGHT)]}
         got = asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
@@ -247,7 +242,7 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         assert [sum(x[j]["limit_requests"] for x in leases) for j in range(2)] == [LIMIT, LIMIT], leases
         end = max(at for at, _ in got["bob"])
         assert sum(n for at, n in got["bob"] if at > end - 1.0) >= 0.6 * 2 * LIMIT / DELAY_S
-        assert max(a.peak for a in apps) <= LIMIT
+        assert max(a.peak for a in apps) <= LIMIT          # over the whole run, the hand-over included
         # NOTE: the dead replica leaves the live set at its next expiry sweep: wait for it, within a bound
         assert wait_until(lambda: (lambda st: st["up"] and st["replicas"] == 2)(
             httpx.get(g2 + "/healthz").json()["shared_state"]), timeout_s=5.0), httpx.get(g2 + "/healthz").json()

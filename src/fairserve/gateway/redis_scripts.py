@@ -5,10 +5,14 @@
 #   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlogged here: n, then n x tenant
-#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t)
+#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
+#                          keep r, keep t)
 #     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
-#      from capacity no other replica is waiting for)
-# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere, leases (r, t per backend),
+#      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
+#      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
+#      others wait leaves its spare out of keep, so that the spare is released at its next sync)
+# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere,
+#          leases (r, others waiting r (0/1), t, others waiting t per backend),
 #          live replicas}.
 SYNC_LUA = """
 local p, rid, ttl, reset = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -74,23 +78,27 @@ local function others(key, need_key)
   end
   return held, unmet
 end
-local function lease(suffix, url, limit, used, need, spare)
-  -- at least what is in flight; the demand as far as the others' leases leave room; the spare only from what
-  -- nobody else is waiting for
+local leases = {}
+local function lease(suffix, url, limit, used, need, spare, keep)
+  -- at least what is in flight and what the replica may admit before it reads this answer (never more than the
+  -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
+  -- else is waiting for
   local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
+  local old = tonumber(redis.call('HGET', key, rid) or '0')
   local held, unmet = others(key, need_key)
   local g = math.max(used, math.min(need, limit - held))
-  g = g + math.max(0, math.min(spare, limit - held - unmet - g))
+  g = math.max(g + math.max(0, math.min(spare, limit - held - unmet - g)), math.min(keep, old))
   redis.call('HSET', key, rid, g)
   redis.call('HSET', need_key, rid, need)
-  return g
+  table.insert(leases, g)
+  table.insert(leases, unmet > 0 and 1 or 0)
 end
-local leases = {}
 for _ = 1, tonumber(nxt()) do
-  local url, lr, lt, ur, ut, nr, nt, sr, st = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
-    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt())
-  table.insert(leases, lease('r', url, lr, ur, nr, sr))
-  if lt > 0 then table.insert(leases, lease('t', url, lt, ut, nt, st)) else table.insert(leases, 0) end
+  local url, lr, lt, ur, ut, nr, nt, sr, st, kr, kt = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
+    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
+    tonumber(nxt())
+  lease('r', url, lr, ur, nr, sr, kr)
+  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else table.insert(leases, 0); table.insert(leases, 0) end
 end
 return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
         elsewhere, leases, #replicas}

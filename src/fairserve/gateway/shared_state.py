@@ -20,9 +20,14 @@ Fairness across replicas: the counter lift uses the smallest counter among tenan
 smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not admit shrinks its
 lease to what it has in flight, so the capacity flows to the replica holding the globally smallest counter.
 
-Redis lost while running: the replica keeps serving from its local ledger, with `limit // replicas` of each backend
-(the replicas it last saw alive), reports itself degraded, retries every `interval_s`, and on reconnection adds
-everything charged meanwhile (a fresh Redis takes the first replica's counters as they were).
+Leases are safe against every interleaving of a replica's admissions with its syncs: while a sync is in flight the
+replica admits only within `keep` (at most its lease, at least what it has in flight), and the script never sets
+its lease below `min(keep, old lease)`; a sync that fails leaves it at `keep`, since Redis may have run it.
+
+Redis lost while running: the replica keeps serving from its local ledger (its lease as above until `ttl_s` after
+the last sync that answered, then `max(1, limit // replicas)` of each backend, the replicas it last saw alive),
+reports itself degraded, retries every 0.1 s, and on reconnection adds everything charged meanwhile (a fresh Redis
+takes the first replica's counters as they were).
 """
 from __future__ import annotations
 
@@ -88,6 +93,7 @@ class SharedState:
         self.up = False                  # the last sync reached Redis
         self.round_trips = 0             # syncs sent (each one round trip)
         self.last_sync = 0.0             # time.monotonic() of the last successful sync
+        self.lease_until = 0.0           # time.monotonic() until which the leases of the last sync surely count
         self.replicas = 1                # live replicas at the last sync
         self._elsewhere: frozenset[str] = frozenset()   # tenants backlogged on another live replica
         self._base_service: dict[str, float] = {}      # each tenant's global service at the last sync
@@ -96,12 +102,14 @@ class SharedState:
         self._seed = dict(ledger.policy.weights)       # configured weights: set in Redis if not set there
         self._reset = False
         self._mean_tokens = 0.0                        # of requests seen, for the token lease's headroom
+        self._others_wait: dict[str, tuple[bool, bool]] = {}   # per backend: other replicas wait for capacity
         self._client: Any = None
         self._sync_script: Any = None
         self._leave_script: Any = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._wake = asyncio.Event()
+        self._sync_lock = asyncio.Lock()
         self.policy.lift_floor = self.lift_floor
 
     # ---- life -----------------------------------------------------------------------------------------------
@@ -215,7 +223,7 @@ class SharedState:
         self._reset = True
 
     # ---- the sync -----------------------------------------------------------------------------------------------
-    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]]]:
+    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]], list[tuple[int, int | None]]]:
         s = self.settings
         accounts = self.ledger.accounts
         snap: dict[str, tuple[float, float]] = {}
@@ -243,20 +251,35 @@ class SharedState:
         spare_r = s.spare if eligible or head is None else 0
         spare_t = int(spare_r * self._mean_tokens) + spare_r
         backends: list[Any] = []
+        keeps: list[tuple[int, int | None]] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
-            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, b.requests + min(demand_r, lr),
-                         b.tokens + min(demand_t, lt), spare_r, spare_t]
+            need_r, need_t = b.requests + min(demand_r, lr), b.tokens + min(demand_t, lt)
+            wait_r, wait_t = self._others_wait.get(b.cfg.url, (False, False))
+            keep_r = min(b.limit, need_r + (0 if wait_r else spare_r))
+            keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
+            keeps.append((keep_r, keep_t))
+            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r,
+                         keep_t or 0]
         args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0",
                 n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
                 len(self.backends), *backends]
-        return args, snap
+        return args, snap, keeps
 
     async def sync(self) -> bool:
         """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer."""
-        args, snap = self._args()
+        async with self._sync_lock:     # NOTE: one at a time, or an older answer could overwrite a newer lease
+            return await self._sync()
+
+    async def _sync(self) -> bool:
+        args, snap, keeps = self._args()
         lifts, weights, reset = self._lift, self._weights, self._reset
         self._lift, self._weights, self._reset = {}, {}, False
+        # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
+        # it): a lease shrinks only after this replica stopped using what it gives up
+        for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
+            b.limit, b.token_limit = keep_r, keep_t
+        sent = time.monotonic()
         try:
             self.round_trips += 1
             reply = await self._sync_script(args=args)
@@ -274,6 +297,7 @@ class SharedState:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
         self.last_sync = time.monotonic()
+        self.lease_until = sent + self.settings.ttl_s
         self.on_change()
         return True
 
@@ -294,19 +318,23 @@ class SharedState:
             self._base_service[tenant] = service
         self._elsewhere = frozenset(_text(t) for t in elsewhere)
         self.replicas = int(replicas)
-        for b, (gr, gt) in zip(self.backends, zip(leases[0::2], leases[1::2]), strict=True):
+        for k, b in enumerate(self.backends):
+            gr, wr, gt, wt = leases[4 * k:4 * k + 4]
             b.limit = int(gr)
             b.token_limit = int(gt) if b.cfg.max_inflight_tokens else None
+            self._others_wait[b.cfg.url] = (bool(int(wr)), bool(int(wt)))
 
     def _degrade(self, e: Exception) -> None:
         if self.up:
             log.warning("shared state at %s lost (%s): serving from local state", redact(self.settings.url), e)
         self.up = False
         self._elsewhere = frozenset()
-        n = max(self.replicas, 1)
-        for b in self.backends:
-            b.limit = max(1, b.cfg.max_inflight_requests // n)
-            b.token_limit = (max(1, b.cfg.max_inflight_tokens // n) if b.cfg.max_inflight_tokens else None)
+        if time.monotonic() >= self.lease_until:
+            # NOTE: the others stop counting this replica's leases now; with no view of them, an equal share
+            n = max(self.replicas, 1)
+            for b in self.backends:
+                b.limit = max(1, b.cfg.max_inflight_requests // n)
+                b.token_limit = (max(1, b.cfg.max_inflight_tokens // n) if b.cfg.max_inflight_tokens else None)
         self.on_change()
 
     def status(self) -> dict[str, Any]:
