@@ -188,6 +188,7 @@ document.addEventListener("DOMContentLoaded", () => {
     key = $("key").value.trim();
     $("key").value = "";
     if (key) {
+      $("error").hidden = true;     // a refusal shown belongs to the key tried before
       setStatus("connecting…");
       poll();
     }
