@@ -114,13 +114,24 @@ def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
     return list(tenants.values())
 
 
-def add_tenant_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size."""
+# flag dest -> config key, for the flags of add_server_arguments
+SERVER_SCALARS = {"w_p": "w_p", "w_q": "w_q", "admin_key": "admin_key", "max_body_bytes": "max_body_bytes",
+                  "client_timeout": "client_timeout_s", "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key"}
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size, the client
+    and drain timeouts, the /metrics key."""
     p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
     p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
     p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
     p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
+    p.add_argument("--client-timeout", type=float, metavar="S",
+                   help="a client's request headers, and its body, must each arrive within this (30)")
+    p.add_argument("--drain-timeout", type=float, metavar="S",
+                   help="on SIGTERM, in-flight requests get this long, then end with an error (30)")
+    p.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
 
 
 # ---- auth -------------------------------------------------------------------------------------------------------------

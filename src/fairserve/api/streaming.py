@@ -2,33 +2,48 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .errors import error_body, error_response
+from .protocol import sse
+
 
 class EventStream(StreamingResponse):
     """text/event-stream that stops (cancelling its generator, hence the job) as soon as the client disconnects,
-    and drops the connection, without the terminating chunk, when the generator yields None."""
+    drops the connection, without the terminating chunk, when the generator yields None, and ends with an error
+    event (code "shutdown") when the server's drain runs out before the stream does."""
 
     def __init__(self, events: AsyncIterator[bytes | None]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.events = events
+        self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
         watch = asyncio.ensure_future(_disconnected(receive))
+        cut = False
         try:
             await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # NOTE: not the client (that ends `watch`): the server cancels what is left when its drain runs out
+            cut = True
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()
         finally:
             pump.cancel()
             watch.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
             await self.events.aclose()      # type: ignore[attr-defined]
+        if cut:
+            await shutting_down(self.started, scope, receive, send)
 
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self.started = True
         async for data in self.events:
             if data is None:
                 return      # the server closes the connection: the app never finished the body
@@ -39,3 +54,14 @@ class EventStream(StreamingResponse):
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def shutting_down(started: bool, scope: Scope, receive: Receive, send: Send, server: str = "server") -> None:
+    """End a request the server's drain cut off: an error event if its stream has started, else a 503."""
+    with contextlib.suppress(Exception):     # NOTE: the client may be gone too; nothing is left to tell it
+        if started:
+            body = sse(error_body(503, f"the {server} is shutting down; the response is incomplete", code="shutdown"))
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        else:
+            await error_response(503, f"the {server} is shutting down", code="shutdown",
+                                 headers={"Retry-After": "1"})(scope, receive, send)

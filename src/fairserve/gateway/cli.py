@@ -8,18 +8,16 @@ import argparse
 import sys
 from typing import Any
 
-from ..tenancy import add_tenant_arguments, tenants_from_flags
+from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import GatewayConfig, load_config
 
 # flag dest -> config key, for the scalar keys
-SCALARS = {"listen": "listen", "policy": "policy", "w_p": "w_p", "w_q": "w_q", "queue_limit": "queue_limit",
-           "queue_ttl": "queue_ttl_s", "max_body_bytes": "max_body_bytes", "admin_key": "admin_key",
-           "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer", "default_max_tokens": "default_max_tokens",
-           "backend_cooldown": "backend_cooldown_s", "request_timeout": "request_timeout_s",
-           "access_log": "access_log", "metrics_interval": "metrics_interval_s", "health_path": "health_path",
-           "health_interval": "health_interval_s", "client_timeout": "client_timeout_s",
+SCALARS = {**SERVER_SCALARS, "listen": "listen", "policy": "policy", "queue_limit": "queue_limit",
+           "queue_ttl": "queue_ttl_s", "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer",
+           "default_max_tokens": "default_max_tokens", "backend_cooldown": "backend_cooldown_s",
+           "request_timeout": "request_timeout_s", "access_log": "access_log", "metrics_interval": "metrics_interval_s",
+           "health_path": "health_path", "health_interval": "health_interval_s",
            "connect_timeout": "connect_timeout_s", "chunk_timeout": "chunk_timeout_s",
-           "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key",
            "state": "state", "state_interval": "state_interval_s"}
 BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
                    "adaptive": "adaptive", "metrics_url": "metrics_url", "engine_tenant": "engine_tenant"}
@@ -78,7 +76,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "adaptive=1: limit its in-flight requests "
                         "from its /metrics (vLLM, SGLang, llama.cpp)")
     g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
-    add_tenant_arguments(g)
+    add_server_arguments(g)
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
     g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
     g.add_argument("--trusted-proxy", action="store_true", default=None,
@@ -90,15 +88,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="without health checks: skip an unreachable backend this long (2)")
     g.add_argument("--health-path", metavar="PATH", help="each backend's health check path (/health)")
     g.add_argument("--health-interval", type=float, metavar="S", help="seconds between health checks; 0: none (5)")
-    g.add_argument("--client-timeout", type=float, metavar="S",
-                   help="a client's request headers, and its body, must each arrive within this (30)")
     g.add_argument("--connect-timeout", type=float, metavar="S", help="connecting to a backend (5)")
     g.add_argument("--request-timeout", type=float, metavar="S",
                    help="a backend's first byte (a non-streamed answer: all of it), seconds (120)")
     g.add_argument("--chunk-timeout", type=float, metavar="S", help="between two pieces of a backend's answer (30)")
-    g.add_argument("--drain-timeout", type=float, metavar="S",
-                   help="on SIGTERM, in-flight requests get this long, then end with an error (30)")
-    g.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
     g.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
                    help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)")
     g.add_argument("--metrics-interval", type=float, metavar="S",

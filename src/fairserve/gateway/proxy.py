@@ -5,14 +5,13 @@ This is the hot path, so it speaks ASGI directly (no Request/Response objects on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..api.errors import error_body, error_response
-from ..api.protocol import sse
+from ..api.errors import error_response
+from ..api.streaming import shutting_down
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .body import loads as json_loads
 from .config import redact_text
@@ -139,7 +138,7 @@ class Proxy:
                 # with an error the client can read, charged what it produced
                 default = "shutdown"
                 task.uncancel()
-                await _shutting_down(scope, receive, send)
+                await shutting_down(bool(scope.get("fairserve.streaming")), scope, receive, send, "gateway")
             else:
                 default = "client_disconnected"
                 task.uncancel()
@@ -240,14 +239,3 @@ def _passthrough(resp: UpstreamResponse, content: bytes) -> Response:
     media = resp.header(b"content-type")
     return Response(content, status_code=resp.status_code,
                     media_type=media.decode("latin-1") if media is not None else "application/json")
-
-
-async def _shutting_down(scope: Scope, receive: Receive, send: Send) -> None:
-    """End a request cut off by the end of the drain: an error event if its stream has started, else a 503."""
-    with contextlib.suppress(Exception):
-        if scope.get("fairserve.streaming"):
-            body = sse(error_body(503, "the gateway is shutting down; the response is incomplete", code="shutdown"))
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-        else:
-            await error_response(503, "the gateway is shutting down", code="shutdown",
-                                 headers={"Retry-After": "1"})(scope, receive, send)

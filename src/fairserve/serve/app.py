@@ -158,14 +158,19 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
                         await task
                     return Response(status_code=499)      # nobody reads it
             tokens = task.result()
+        except asyncio.CancelledError:
+            # NOTE: not the client: the server's drain ran out (SIGTERM + drain_timeout_s)
+            if (me := asyncio.current_task()) is not None:
+                me.uncancel()
+            return error_response(503, "the server is shutting down", code="shutdown", headers={"Retry-After": "1"})
         except EngineStopped as e:
             return error_response(503, f"the engine is not serving: {e}", code="engine_unavailable")
         except EngineError as e:
             log.error("request %s failed: %s", reply.id, e)
             return error_response(500, str(e), code="engine_error")
         finally:
-            if not task.done():
-                task.cancel()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)     # NOTE: the generator must stop before aclose
             await outputs.aclose()     # type: ignore[attr-defined]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         return JSONResponse(reply.body(len(tokens), text, finish_reason(tokens, call, engine.eos_token_id)))

@@ -5,11 +5,13 @@ import argparse
 import sys
 from typing import Any
 
-from ..tenancy import add_tenant_arguments, tenants_from_flags
+from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import ENGINES, ServeConfig, load_config
 
-SCALARS = ("listen", "engine", "model", "served_model_name", "policy", "w_p", "w_q", "admin_key", "max_body_bytes",
-           "default_max_tokens", "num_blocks", "page_size", "max_batch_tokens", "max_requests_per_batch", "seed")
+# flag dest -> config key, for the scalar keys
+SCALARS = {**SERVER_SCALARS, **{k: k for k in ("listen", "engine", "model", "served_model_name", "policy",
+                                               "default_max_tokens", "num_blocks", "page_size", "max_batch_tokens",
+                                               "max_requests_per_batch", "seed")}}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -27,7 +29,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", metavar="NAME", help="the model name /v1/models lists (default: --model)")
     p.add_argument("--policy", metavar="P", help="vtc (default), weighted-vtc, lcf, vtc-predict, fcfs, drr:Q; or "
                                                  "fifo for transformers' own scheduler (no accounts)")
-    add_tenant_arguments(p)       # without --tenant: no keys, one tenant "anonymous"
+    add_server_arguments(p)       # without --tenant: no keys, one tenant "anonymous"
     p.add_argument("--default-max-tokens", type=int, metavar="N", help="max_tokens when a request sets none (256)")
     p.add_argument("--num-blocks", type=int, metavar="N", help="KV-cache blocks (default 512)")
     p.add_argument("--page-size", type=int, metavar="N", help="tokens per block (default 32; pool = blocks × size)")
@@ -40,7 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Raises ValueError with one line on any problem."""
-    overrides: dict[str, Any] = {k: getattr(args, k) for k in SCALARS if getattr(args, k, None) is not None}
+    overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in SCALARS.items()
+                                 if getattr(args, dest, None) is not None}
     if args.tenant:
         overrides["tenants"] = tenants_from_flags(args.tenant)
     return load_config(args.config, overrides)
