@@ -29,11 +29,13 @@ class Replica:
     """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP."""
 
     def __init__(self, url: str, prefix: str, limits=((4, None), (4, None)), ttl_s: float = 3.0, spare: int = 1,
-                 policy: str = "vtc", tenants=("heavy", "light"), interval_s: float = 0.01) -> None:
+                 policy: str = "vtc", tenants=("heavy", "light"), interval_s: float = 0.01,
+                 hold_s: float = 0.5) -> None:
         self.ledger = Ledger(make_policy(policy), tenants)
         self.backends = [Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
                          for i, (r, t) in enumerate(limits)]
-        self.state = SharedState(StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare),
+        self.state = SharedState(StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare,
+                                               hold_s=hold_s),
                                  self.ledger, self.backends, on_change=self.admit)
         self.ids = itertools.count()
         self.running = []
@@ -293,6 +295,40 @@ def test_redis_lost_keeps_serving_locally_then_converges(redis):
         assert a.state.up and b.state.up
         for r in (a, b):                                          # both have everything charged on either
             assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
+        for r in (a, b):
+            await r.state.stop()
+    run(main())
+
+
+def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(redis):
+    """A fresh Redis knows nothing of the requests in flight: for a moment (hold_s) every lease is what its replica
+    has in flight, so the first replica to reconnect cannot take capacity the others are still using."""
+    async def main():
+        p = prefix()
+        a, b = (Replica(redis.url, p, limits=((2, None),), interval_s=600, hold_s=0.3) for _ in range(2))
+        await a.state.start()
+        await b.state.start()
+        a.arrive("heavy", n=3)               # one runs on a's spare, two wait
+        b.arrive("light", n=3)               # one runs on b's spare, two wait
+
+        def in_flight() -> int:
+            return a.backends[0].requests + b.backends[0].requests
+        assert in_flight() == 2
+        redis.stop()
+        redis.start()                        # empty
+        for r in (a, b, a):
+            for _ in range(3):               # the first sync on a pooled connection finds it closed
+                if await r.state.sync():
+                    break
+            r.admit()
+            assert r.state.up and in_flight() <= 2, (len(a.running), len(b.running))
+        a.finish()
+        await asyncio.sleep(0.3)
+        for r in (a, b, a, b):
+            await r.state.sync()
+            r.admit()
+            assert in_flight() <= 2
+        assert in_flight() == 2              # the slot a freed went to a waiting request once the hold ended
         for r in (a, b):
             await r.state.stop()
     run(main())

@@ -1,7 +1,10 @@
 """The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
 (`shared_state.py` calls them; the key layout is described there)."""
 
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), then counted sections:
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), known(0/1), hold_ms, then counted sections:
+#   (known: this replica synced with this group before; if it finds no live replica recorded, Redis lost its data,
+#    and for hold_ms no lease grows beyond what its replica has in flight, so that every replica can report its
+#    requests in flight before capacity is handed out again)
 #   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlogged here: n, then n x tenant
@@ -15,13 +18,17 @@
 #          leases (r, others waiting r (0/1), t, others waiting t per backend),
 #          live replicas}.
 SYNC_LUA = """
-local p, rid, ttl, reset = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local p, rid, ttl, reset, known, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local i = 4
+local i = 6
 local function nxt() i = i + 1; return ARGV[i] end
 local fmt = '%.17g'
 redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
+if known == '1' and redis.call('EXISTS', p .. ':r') == 0 then
+  redis.call('SET', p .. ':hold', '1', 'PX', hold_ms)
+end
+local hold = redis.call('EXISTS', p .. ':hold') == 1
 redis.call('ZADD', p .. ':r', now + ttl, rid)
 if reset == '1' then
   local all = redis.call('HKEYS', p .. ':c')
@@ -86,8 +93,12 @@ local function lease(suffix, url, limit, used, need, spare, keep)
   local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
   local old = tonumber(redis.call('HGET', key, rid) or '0')
   local held, unmet = others(key, need_key)
-  local g = math.max(used, math.min(need, limit - held))
-  g = math.max(g + math.max(0, math.min(spare, limit - held - unmet - g)), math.min(keep, old))
+  local g = used
+  if not hold then
+    g = math.max(used, math.min(need, limit - held))
+    g = g + math.max(0, math.min(spare, limit - held - unmet - g))
+  end
+  g = math.max(g, math.min(keep, old))
   redis.call('HSET', key, rid, g)
   redis.call('HSET', need_key, rid, need)
   table.insert(leases, g)
@@ -108,6 +119,7 @@ return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redi
 LEAVE_LUA = """
 local p, rid = ARGV[1], ARGV[2]
 redis.call('ZREM', p .. ':r', rid)
+if redis.call('EXISTS', p .. ':r') == 0 then redis.call('DEL', p .. ':hold') end
 for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
   if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
 end

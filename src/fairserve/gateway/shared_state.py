@@ -6,7 +6,9 @@ Every replica pointing at the same Redis URL shares:
   time it expires): a dead replica's backlog is gone within `ttl_s`;
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
   (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases of all live replicas never add up to more than the
-  backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`.
+  backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`;
+- `P:hold`, set for `hold_s` when a replica that synced before finds no live replica recorded (Redis lost its data):
+  meanwhile no lease grows beyond what its replica has in flight.
 
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
 within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
@@ -27,7 +29,8 @@ its lease below `min(keep, old lease)`; a sync that fails leaves it at `keep`, s
 Redis lost while running: the replica keeps serving from its local ledger (its lease as above until `ttl_s` after
 the last sync that answered, then `max(1, limit // replicas)` of each backend, the replicas it last saw alive),
 reports itself degraded, retries every 0.1 s, and on reconnection adds everything charged meanwhile (a fresh Redis
-takes the first replica's counters as they were).
+takes the first replica's counters as they were, and holds every lease at what its replica has in flight for
+`hold_s`, until the other replicas have reported theirs).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ log = logging.getLogger("fairserve.gateway.state")
 DEFAULT_INTERVAL_S = 0.02    # how often charges are flushed and global counters pulled
 DEFAULT_TTL_S = 3.0          # a silent replica's leases and backlog stop counting after this long
 DEFAULT_SPARE = 1            # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
+DEFAULT_HOLD_S = 0.5         # after Redis lost its data: no lease grows until every live replica had time to report
 
 
 class SharedStateError(Exception):
@@ -72,6 +76,7 @@ class StateSettings:
     ttl_s: float = DEFAULT_TTL_S
     prefix: str = "fairserve"                 # key prefix: one Redis can hold several independent gateway groups
     spare: int = DEFAULT_SPARE
+    hold_s: float = DEFAULT_HOLD_S            # several times a degraded replica's retry period (0.1 s) and interval_s
 
 
 class SharedState:
@@ -262,6 +267,7 @@ class SharedState:
             backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r,
                          keep_t or 0]
         args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0",
+                "1" if self.last_sync else "0", int(s.hold_s * 1000),
                 n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
                 len(self.backends), *backends]
         return args, snap, keeps
