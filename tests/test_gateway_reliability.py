@@ -31,6 +31,22 @@ def test_redact_removes_credentials_from_urls_and_text():
     assert SECRET not in redact_text(f"Cannot connect to http://u:{SECRET}@h:1/x and https://{SECRET}@y")
 
 
+@pytest.mark.parametrize("key, value", [("state", f"http://:{SECRET}@h:1/0"),
+                                        ("backends.0.url", f"ftp://u:{SECRET}@h:1"),
+                                        ("backends.0.metrics_url", f"ftp://u:{SECRET}@h")])
+def test_a_refused_url_is_shown_without_its_credentials(key, value):
+    from fairserve.gateway.config import build_config
+    backend = {"url": value} if key == "backends.0.url" else {"url": "http://b:1"}
+    if key == "backends.0.metrics_url":
+        backend["metrics_url"] = value
+    overrides = {"backends": [backend], "tenants": [{"name": "a", "api_keys": ["k"]}]}
+    if key == "state":
+        overrides["state"] = value
+    with pytest.raises(ValueError, match=f"config key '{key}'") as e:
+        build_config(overrides)
+    assert SECRET not in str(e.value) and "***@h" in str(e.value)
+
+
 def test_credentials_in_the_url_never_leave_the_process():
     fake = FakeBackend()
     with running_server(fake.app) as url:

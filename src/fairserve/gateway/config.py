@@ -136,7 +136,7 @@ class GatewayConfig(TenantsMixin, Strict):
     @classmethod
     def _state(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^(redis|rediss|unix)://\S+$", v.strip()):
-            raise ValueError(f"must be a Redis URL like redis://127.0.0.1:6379/0, got {v!r}")
+            raise ValueError(f"must be a Redis URL like redis://127.0.0.1:6379/0, got {redact(v)!r}")
         return v.strip() if v is not None else None
 
     @model_validator(mode="after")
