@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from raw_sockets import closed_within, connect
 from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, auth, chat_body, config, wait_until
 from test_gateway_upstream import chunk, raw_backend
 
@@ -221,32 +221,18 @@ def test_an_erroring_backend_is_avoided_and_one_that_always_errors_is_a_502():
 
 
 # ---- clients that stall ----------------------------------------------------------------------------------------------
-def _connect(base: str) -> socket.socket:
-    host, port = base.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10)
-
-
-def _closed_within(sock: socket.socket, seconds: float) -> bytes:
-    """What the server sent before closing the connection (fails if still open after `seconds`)."""
-    sock.settimeout(seconds)
-    data = b""
-    while chunk_ := sock.recv(65536):
-        data += chunk_
-    return data
-
-
 def test_a_stalled_upload_is_a_408_and_stalled_headers_are_cut():
     fake = FakeBackend()
     with running_server(fake.app) as url, running_server(create_app(config([url], client_timeout_s=0.5)),
                                                          header_timeout_s=0.5) as base:
-        with _connect(base) as s:
+        with connect(base) as s:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\n"
                       b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"model\":")
-            data = _closed_within(s, 5)
+            data = closed_within(s, 5)
         assert data.startswith(b"HTTP/1.1 408") and b"request_timeout" in data
-        with _connect(base) as s:
+        with connect(base) as s:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")   # headers never end
-            assert _closed_within(s, 5) == b""
+            assert closed_within(s, 5) == b""
         assert outcomes(base, "alice") == {"client_timeout": 1} and fake.calls == 0
 
 

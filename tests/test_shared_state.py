@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
@@ -77,108 +79,103 @@ def prefix() -> str:
     return f"t{next(_prefixes)}"
 
 
+@contextlib.asynccontextmanager
+async def started(redis, n: int = 2, **kw) -> AsyncIterator[list[Replica]]:
+    """`n` replicas sharing a key prefix of their own, started; stopped on the way out, also when the test fails."""
+    p = prefix()
+    rs = [Replica(redis.url, p, **kw) for _ in range(n)]
+    try:
+        for r in rs:
+            await r.state.start()
+        yield rs
+    finally:
+        for r in rs:
+            await r.state.stop()
+
+
 def run(coro):
     return asyncio.run(coro)
 
 
 def test_counters_service_and_weights_are_shared(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p), Replica(redis.url, p)
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", prompt=100)       # admitted at once: charged 100
-        a.finish()                          # + 5 output tokens x 2
-        assert a.counter("heavy") == 110 and b.counter("heavy") == 0
-        await a.state.sync()
-        await b.state.sync()
-        assert b.counter("heavy") == 110 and b.ledger.accounts["heavy"].service == 110
-        b.ledger.set_weight("light", 2.0)
-        b.state.set_weight("light", 2.0)
-        await b.state.sync()
-        await a.state.sync()
-        assert a.ledger.policy.weight("light") == 2.0
-        b.arrive("light", prompt=100)
-        b.finish()
-        await b.state.sync()
-        await a.state.sync()
-        assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110      # weighted: service / 2
-        for r in (a, b):
-            await r.state.stop()
+        async with started(redis) as (a, b):
+            a.arrive("heavy", prompt=100)       # admitted at once: charged 100
+            a.finish()                          # + 5 output tokens x 2
+            assert a.counter("heavy") == 110 and b.counter("heavy") == 0
+            await a.state.sync()
+            await b.state.sync()
+            assert b.counter("heavy") == 110 and b.ledger.accounts["heavy"].service == 110
+            b.ledger.set_weight("light", 2.0)
+            b.state.set_weight("light", 2.0)
+            await b.state.sync()
+            await a.state.sync()
+            assert a.ledger.policy.weight("light") == 2.0
+            b.arrive("light", prompt=100)
+            b.finish()
+            await b.state.sync()
+            await a.state.sync()
+            assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110      # weighted: service / 2
     run(main())
 
 
 def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p, limits=((1, None),), tenants=("x", "y", "z")), \
-            Replica(redis.url, p, limits=((1, None),), tenants=("x", "y", "z"))
-        await a.state.start()
-        await b.state.start()
-        a.arrive("x", prompt=500)            # runs on a's only slot: counter 500
-        a.arrive("x", prompt=10)             # queued on a: x is backlogged there
-        await a.state.sync()
-        await b.state.sync()
-        assert b.state._elsewhere == {"x"}
-        b.arrive("y", prompt=10)             # b: y goes from nothing queued to queued; lifted to x's counter...
-        assert b.counter("y") >= 500         # ...(500), then admitted on b's slot and charged 10
-        # without the shared floor the lift would look at b's own queue only (empty): no lift at all
-        local = Replica(redis.url, prefix(), limits=((1, None),), tenants=("x", "y"))
-        local.arrive("y", prompt=10)
-        assert local.counter("y") == 10
-        for r in (a, b):
-            await r.state.stop()
+        async with started(redis, limits=((1, None),), tenants=("x", "y", "z")) as (a, b):
+            a.arrive("x", prompt=500)            # runs on a's only slot: counter 500
+            a.arrive("x", prompt=10)             # queued on a: x is backlogged there
+            await a.state.sync()
+            await b.state.sync()
+            assert b.state._elsewhere == {"x"}
+            b.arrive("y", prompt=10)             # b: y goes from nothing queued to queued; lifted to x's counter...
+            assert b.counter("y") >= 500         # ...(500), then admitted on b's slot and charged 10
+            # without the shared floor the lift would look at b's own queue only (empty): no lift at all
+            local = Replica(redis.url, prefix(), limits=((1, None),), tenants=("x", "y"))
+            local.arrive("y", prompt=10)
+            assert local.counter("y") == 10
     run(main())
 
 
 def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p, limits=((2, None),)), Replica(redis.url, p, limits=((2, None),))
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", prompt=1000, n=4)        # heavy: counter soon far above light's
-        await a.state.sync()
-        b.arrive("light", prompt=10, n=4)
-        for _ in range(4):
+        async with started(redis, limits=((2, None),)) as (a, b):
+            a.arrive("heavy", prompt=1000, n=4)        # heavy: counter soon far above light's
             await a.state.sync()
-            await b.state.sync()
-        heavy_head = a.ledger.peek()
-        assert heavy_head is not None and not a.state.may_admit(heavy_head)
-        a.finish()                                  # heavy's slots free, but a may not refill them...
-        assert all(r.account.tenant == "light" for r in b.running) and not a.running
-        for _ in range(3):                          # ...and its lease shrinks, so light's replica gets the capacity
-            await a.state.sync()
-            await b.state.sync()
-        assert len(b.running) == 2 and a.backends[0].limit == 0
-        for r in (a, b):
-            await r.state.stop()
+            b.arrive("light", prompt=10, n=4)
+            for _ in range(4):
+                await a.state.sync()
+                await b.state.sync()
+            heavy_head = a.ledger.peek()
+            assert heavy_head is not None and not a.state.may_admit(heavy_head)
+            a.finish()                                  # heavy's slots free, but a may not refill them...
+            assert all(r.account.tenant == "light" for r in b.running) and not a.running
+            for _ in range(3):                          # ...and its lease shrinks, so light's replica gets the capacity
+                await a.state.sync()
+                await b.state.sync()
+            assert len(b.running) == 2 and a.backends[0].limit == 0
     run(main())
 
 
 def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p, ttl_s=0.5), Replica(redis.url, p, ttl_s=0.5)
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", n=20)
-        await a.state.sync()                                 # b is idle: a may use everything but b's spare
-        a.admit()
-        assert [x.requests for x in a.backends] == [3, 3]
-        await b.state.stop()                                 # b leaves: a reaches the full limit
-        await a.state.sync()
-        assert [x.limit for x in a.backends] == [4, 4] and [x.requests for x in a.backends] == [4, 4]
-        c = Replica(redis.url, p, ttl_s=0.5)
-        await c.state.start()
-        c.arrive("light", n=4)
-        assert sum(x.requests for x in c.backends) == 0      # a holds the whole limit
-        a.state._task.cancel()                               # a dies without leaving (its task stops syncing)
-        a.state._client = None
-        await asyncio.sleep(0.7)                             # past the TTL
-        await c.state.sync()
-        assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
-        await c.state.stop()
+        async with started(redis, ttl_s=0.5) as (a, b):
+            a.arrive("heavy", n=20)
+            await a.state.sync()                                 # b is idle: a may use everything but b's spare
+            a.admit()
+            assert [x.requests for x in a.backends] == [3, 3]
+            await b.state.stop()                                 # b leaves: a reaches the full limit
+            await a.state.sync()
+            assert [x.limit for x in a.backends] == [4, 4] and [x.requests for x in a.backends] == [4, 4]
+            c = Replica(redis.url, a.state.settings.prefix, ttl_s=0.5)     # joins later
+            await c.state.start()
+            c.arrive("light", n=4)
+            assert sum(x.requests for x in c.backends) == 0      # a holds the whole limit
+            a.state._task.cancel()                               # a dies without leaving (its task stops syncing)
+            a.state._client = None
+            await asyncio.sleep(0.7)                             # past the TTL
+            await c.state.sync()
+            assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
+            await c.state.stop()
     run(main())
 
 
@@ -190,30 +187,25 @@ def test_leases_never_add_up_to_more_than_the_limit(redis, steps):
     keeps admitting while its sync is in flight), the requests in flight on a backend, summed over replicas, stay
     within its max_inflight_requests / max_inflight_tokens."""
     async def main():
-        p = prefix()
         limits = ((3, None), (5, 60))
-        rs = [Replica(redis.url, p, limits=limits, ttl_s=600, interval_s=600) for _ in range(3)]
-        for r in rs:
-            await r.state.start()
-        pending: dict[int, asyncio.Task] = {}
-        for i, op, k in steps:
-            r = rs[i]
-            if op == "arrive":
-                r.arrive(("heavy", "light")[k % 2], prompt=5 * k, n=k)
-            elif op == "finish":
-                r.finish(k)
-            elif i in pending:
-                await pending.pop(i)
-            elif op == "send":
-                pending[i] = asyncio.get_running_loop().create_task(r.state.sync())
-                await asyncio.sleep(0)       # the sync has read this replica's state and is on its way
-            for j, (lr, lt) in enumerate(limits):
-                assert sum(x.backends[j].requests for x in rs) <= lr
-                if lt is not None:
-                    assert sum(x.backends[j].tokens for x in rs) <= lt
-        await asyncio.gather(*pending.values())
-        for r in rs:
-            await r.state.stop()
+        async with started(redis, 3, limits=limits, ttl_s=600, interval_s=600) as rs:
+            pending: dict[int, asyncio.Task] = {}
+            for i, op, k in steps:
+                r = rs[i]
+                if op == "arrive":
+                    r.arrive(("heavy", "light")[k % 2], prompt=5 * k, n=k)
+                elif op == "finish":
+                    r.finish(k)
+                elif i in pending:
+                    await pending.pop(i)
+                elif op == "send":
+                    pending[i] = asyncio.get_running_loop().create_task(r.state.sync())
+                    await asyncio.sleep(0)       # the sync has read this replica's state and is on its way
+                for j, (lr, lt) in enumerate(limits):
+                    assert sum(x.backends[j].requests for x in rs) <= lr
+                    if lt is not None:
+                        assert sum(x.backends[j].tokens for x in rs) <= lt
+            await asyncio.gather(*pending.values())
     run(main())
 
 
@@ -221,29 +213,26 @@ def test_admissions_while_a_sync_is_in_flight_stay_within_the_lease_it_grants(re
     """The race the leases must survive: a replica gives up its lease in a sync (nothing queued) and, before the
     answer comes, admits new arrivals under the old one; the other replica then gets what was given up."""
     async def main():
-        p = prefix()
-        a = Replica(redis.url, p, limits=((2, None),), interval_s=600)
-        await a.state.start()
-        a.arrive("heavy", n=2)               # one admitted at once (the spare), one after a sync: a's lease is 2
-        await a.state.sync()
-        a.admit()
-        assert len(a.running) == 2
-        a.finish()
-        b = Replica(redis.url, p, limits=((2, None),), interval_s=600)
-        await b.state.start()
-        b.arrive("light", n=3)               # waits: a holds the whole limit; b's need is on record
-        await b.state.sync()
-        assert b.running == [] and b.backends[0].limit == 0
-        flight = asyncio.get_running_loop().create_task(a.state.sync())
-        await asyncio.sleep(0)
-        a.arrive("light", n=2)               # under a's old lease of 2, only the part its next lease keeps
-        await flight
-        await b.state.sync()
-        b.admit()
-        assert a.backends[0].requests + b.backends[0].requests <= 2, (len(a.running), len(b.running))
-        assert len(a.running) == 1 and len(b.running) == 1
-        for r in (a, b):
-            await r.state.stop()
+        async with started(redis, 1, limits=((2, None),), interval_s=600) as (a,):
+            a.arrive("heavy", n=2)               # one admitted at once (the spare), one after a sync: a's lease is 2
+            await a.state.sync()
+            a.admit()
+            assert len(a.running) == 2
+            a.finish()
+            b = Replica(redis.url, a.state.settings.prefix, limits=((2, None),), interval_s=600)
+            await b.state.start()
+            b.arrive("light", n=3)               # waits: a holds the whole limit; b's need is on record
+            await b.state.sync()
+            assert b.running == [] and b.backends[0].limit == 0
+            flight = asyncio.get_running_loop().create_task(a.state.sync())
+            await asyncio.sleep(0)
+            a.arrive("light", n=2)               # under a's old lease of 2, only the part its next lease keeps
+            await flight
+            await b.state.sync()
+            b.admit()
+            assert a.backends[0].requests + b.backends[0].requests <= 2, (len(a.running), len(b.running))
+            assert len(a.running) == 1 and len(b.running) == 1
+            await b.state.stop()
     run(main())
 
 
@@ -268,35 +257,30 @@ def test_password_is_not_shown_in_errors():
 
 def test_redis_lost_keeps_serving_locally_then_converges(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p, ttl_s=0.5), Replica(redis.url, p, ttl_s=0.5)
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", prompt=100)
-        a.finish()
-        await a.state.sync()
-        await b.state.sync()
-        redis.stop()
-        assert not await a.state.sync() and not await b.state.sync()
-        assert not a.state.up and a.state.status()["degraded"]
-        assert [x.limit for x in a.backends] == [1, 1]           # within the lease: what Redis may have granted
-        await asyncio.sleep(0.5)
-        assert not await a.state.sync()
-        assert [x.limit for x in a.backends] == [2, 2]           # past it: limit // replicas last seen
-        a.arrive("heavy", prompt=50, n=3)                         # keeps admitting from local state
-        assert len(a.running) == 3
-        a.finish()
-        b.arrive("light", prompt=30)
-        b.finish()
-        redis.start()                                             # a fresh, empty Redis
-        await a.state.sync()
-        await b.state.sync()
-        await a.state.sync()
-        assert a.state.up and b.state.up
-        for r in (a, b):                                          # both have everything charged on either
-            assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
-        for r in (a, b):
-            await r.state.stop()
+        async with started(redis, ttl_s=0.5) as (a, b):
+            a.arrive("heavy", prompt=100)
+            a.finish()
+            await a.state.sync()
+            await b.state.sync()
+            redis.stop()
+            assert not await a.state.sync() and not await b.state.sync()
+            assert not a.state.up and a.state.status()["degraded"]
+            assert [x.limit for x in a.backends] == [1, 1]           # within the lease: what Redis may have granted
+            await asyncio.sleep(0.5)
+            assert not await a.state.sync()
+            assert [x.limit for x in a.backends] == [2, 2]           # past it: limit // replicas last seen
+            a.arrive("heavy", prompt=50, n=3)                         # keeps admitting from local state
+            assert len(a.running) == 3
+            a.finish()
+            b.arrive("light", prompt=30)
+            b.finish()
+            redis.start()                                             # a fresh, empty Redis
+            await a.state.sync()
+            await b.state.sync()
+            await a.state.sync()
+            assert a.state.up and b.state.up
+            for r in (a, b):                                          # both have everything charged on either
+                assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
     run(main())
 
 
@@ -304,48 +288,38 @@ def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(r
     """A fresh Redis knows nothing of the requests in flight: for a moment (hold_s) every lease is what its replica
     has in flight, so the first replica to reconnect cannot take capacity the others are still using."""
     async def main():
-        p = prefix()
-        a, b = (Replica(redis.url, p, limits=((2, None),), interval_s=600, hold_s=0.3) for _ in range(2))
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", n=3)               # one runs on a's spare, two wait
-        b.arrive("light", n=3)               # one runs on b's spare, two wait
+        async with started(redis, limits=((2, None),), interval_s=600, hold_s=0.3) as (a, b):
+            a.arrive("heavy", n=3)               # one runs on a's spare, two wait
+            b.arrive("light", n=3)               # one runs on b's spare, two wait
 
-        def in_flight() -> int:
-            return a.backends[0].requests + b.backends[0].requests
-        assert in_flight() == 2
-        redis.stop()
-        redis.start()                        # empty
-        for r in (a, b, a):
-            for _ in range(3):               # the first sync on a pooled connection finds it closed
-                if await r.state.sync():
-                    break
-            r.admit()
-            assert r.state.up and in_flight() <= 2, (len(a.running), len(b.running))
-        a.finish()
-        await asyncio.sleep(0.3)
-        for r in (a, b, a, b):
-            await r.state.sync()
-            r.admit()
-            assert in_flight() <= 2
-        assert in_flight() == 2              # the slot a freed went to a waiting request once the hold ended
-        for r in (a, b):
-            await r.state.stop()
+            def in_flight() -> int:
+                return a.backends[0].requests + b.backends[0].requests
+            assert in_flight() == 2
+            redis.stop()
+            redis.start()                        # empty
+            for r in (a, b, a):
+                for _ in range(3):               # the first sync on a pooled connection finds it closed
+                    if await r.state.sync():
+                        break
+                r.admit()
+                assert r.state.up and in_flight() <= 2, (len(a.running), len(b.running))
+            a.finish()
+            await asyncio.sleep(0.3)
+            for r in (a, b, a, b):
+                await r.state.sync()
+                r.admit()
+                assert in_flight() <= 2
+            assert in_flight() == 2              # the slot a freed went to a waiting request once the hold ended
     run(main())
 
 
 def test_background_sync_runs_every_interval_and_counts_round_trips(redis):
     async def main():
-        p = prefix()
-        a, b = Replica(redis.url, p), Replica(redis.url, p)
-        await a.state.start()
-        await b.state.start()
-        a.arrive("heavy", prompt=100)
-        await asyncio.sleep(0.2)
-        assert b.counter("heavy") == 100
-        assert 5 <= b.state.round_trips <= 25                     # every 10 ms, give or take the machine
-        for r in (a, b):
-            await r.state.stop()
+        async with started(redis) as (a, b):
+            a.arrive("heavy", prompt=100)
+            await asyncio.sleep(0.2)
+            assert b.counter("heavy") == 100
+            assert 5 <= b.state.round_trips <= 25                     # every 10 ms, give or take the machine
     run(main())
 
 
