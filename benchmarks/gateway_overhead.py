@@ -57,14 +57,36 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def load_args(prog: str, doc: str) -> argparse.Namespace | None:
+    """--requests, --concurrency, --rounds (None, after one line on stderr, when one is below 1)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     if min(a.requests, a.concurrency, a.rounds) < 1:
-        print("gateway_overhead.py: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)
+        print(f"{prog}: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)
+        return None
+    return a
+
+
+def table(first: str, rows: dict[str, list]) -> dict[str, tuple[float, float, float]]:
+    """Print p50/p99 latency and the median throughput of each row's rounds; return them by row."""
+    stats = {}
+    for name, runs in rows.items():
+        lat = [x for latencies, _ in runs for x in latencies]
+        stats[name] = (pct(lat, 0.5), pct(lat, 0.99), statistics.median(r for _, r in runs))
+    print(f"| {first} | stream latency p50 (ms) | p99 (ms) | streamed requests/s |")
+    print("|---|---:|---:|---:|")
+    for name, (p50, p99, rps) in stats.items():
+        print(f"| {name} | {p50:.2f} | {p99:.2f} | {rps:.0f} |")
+    print()
+    return stats
+
+
+def main() -> int:
+    a = load_args("gateway_overhead.py", __doc__)
+    if a is None:
         return 2
     rows: dict[str, list] = {"direct": [], "gateway": [], "gateway --no-access-log": []}
     gateway_args = ["--tenant=a:key-a"]
@@ -76,16 +98,8 @@ def main() -> int:
             for _ in range(a.rounds):                      # interleaved, so all paths see the same machine
                 for name, url in zip(rows, (emulator, gateway, quiet), strict=True):
                     rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
-    stats = {}
-    for name, runs in rows.items():
-        lat = [x for latencies, _ in runs for x in latencies]
-        stats[name] = (pct(lat, 0.5), pct(lat, 0.99), statistics.median(r for _, r in runs))
-    print("| path | stream latency p50 (ms) | p99 (ms) | streamed requests/s |")
-    print("|---|---:|---:|---:|")
-    for name, (p50, p99, rps) in stats.items():
-        print(f"| {name} | {p50:.2f} | {p99:.2f} | {rps:.0f} |")
+    stats = table("path", rows)
     d = stats["direct"]
-    print()
     for name in ("gateway", "gateway --no-access-log"):
         g = stats[name]
         print(f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct")

@@ -8,7 +8,6 @@ Run: .venv/bin/python benchmarks/replicas.py [--requests 400] [--concurrency 32]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -18,7 +17,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_overhead import measure, pct  # noqa: E402  (the same load as the gateway overhead benchmark)
+from gateway_overhead import load_args, measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
 from redis_server import RedisServer  # noqa: E402
 from test_end_to_end import serve  # noqa: E402
 
@@ -30,13 +29,8 @@ def round_trips(base: str) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=5)
-    a = p.parse_args()
-    if min(a.requests, a.concurrency, a.rounds) < 1:
-        print("replicas.py: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)
+    a = load_args("replicas.py", __doc__)
+    if a is None:
         return 2
     import shutil
     import tempfile
@@ -62,16 +56,8 @@ def main() -> int:
                     trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
         finally:
             redis.stop()
-    stats = {}
-    for name, runs in rows.items():
-        lat = [x for latencies, _ in runs for x in latencies]
-        stats[name] = (pct(lat, 0.5), pct(lat, 0.99), statistics.median(r for _, r in runs))
-    print("| gateway | stream latency p50 (ms) | p99 (ms) | streamed requests/s |")
-    print("|---|---:|---:|---:|")
-    for name, (p50, p99, rps) in stats.items():
-        print(f"| {name} | {p50:.2f} | {p99:.2f} | {rps:.0f} |")
+    stats = table("gateway", rows)
     g, s = stats["gateway"], stats["gateway --state"]
-    print()
     print(f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
           f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
           f"the sync every 20 ms)")
