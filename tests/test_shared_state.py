@@ -38,7 +38,8 @@ class Replica:
                          for i, (r, t) in enumerate(limits)]
         self.state = SharedState(StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare,
                                                hold_s=hold_s),
-                                 self.ledger, self.backends, on_change=self.admit)
+                                 self.ledger, self.backends, tokens_of=lambda r: r.prompt_tokens,
+                                 on_change=self.admit)
         self.ids = itertools.count()
         self.running = []
 

@@ -112,7 +112,8 @@ class Scheduler:
         self.probe: Callable[[Backend], None] | None = None     # ask for a health check now (gateway/health.py)
         # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
         self.shared = (SharedState(StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s), self.ledger,
-                                   self.backends, on_change=self.dispatch) if cfg.state is not None else None)
+                                   self.backends, tokens_of=lambda r: r.item.tokens, on_change=self.dispatch)
+                       if cfg.state is not None else None)
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""

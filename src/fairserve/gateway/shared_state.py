@@ -85,7 +85,8 @@ class SharedState:
     queued request waits for a lease, `set_weight` and `reset` (admin); everything else happens in `sync()`."""
 
     def __init__(self, settings: StateSettings, ledger: Ledger, backends: Sequence[BackendSlot],
-                 on_change: Callable[[], None] = lambda: None, replica: str | None = None) -> None:
+                 tokens_of: Callable[[Request], int], on_change: Callable[[], None] = lambda: None,
+                 replica: str | None = None) -> None:
         if not isinstance(ledger.policy, VTC):
             raise ValueError(f"shared state needs a policy with virtual counters (vtc, vtc-predict, lcf), "
                              f"not {ledger.policy.name!r}")
@@ -93,6 +94,7 @@ class SharedState:
         self.ledger = ledger
         self.policy: VTC = ledger.policy
         self.backends = list(backends)
+        self.tokens_of = tokens_of       # the capacity tokens a queued request will take on a backend
         self.on_change = on_change       # called after a sync changed leases or counters (the scheduler dispatches)
         self.replica = replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.up = False                  # the last sync reached Redis
@@ -251,8 +253,7 @@ class SharedState:
         head = self.policy.peek()
         eligible = head is not None and self.may_admit(head)
         demand_r = self.policy.num_queued if eligible else 0
-        demand_t = sum(r.item.tokens if hasattr(r.item, "tokens") else r.prompt_tokens
-                       for r in self.ledger.queued()) if eligible else 0
+        demand_t = sum(self.tokens_of(r) for r in self.ledger.queued()) if eligible else 0
         spare_r = s.spare if eligible or head is None else 0
         spare_t = int(spare_r * self._mean_tokens) + spare_r
         backends: list[Any] = []
