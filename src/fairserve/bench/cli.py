@@ -89,7 +89,7 @@ def load_workload(args: argparse.Namespace) -> Workload:
     if args.trace:
         if not Path(args.trace).is_file():
             raise ValueError(f"trace file not found: {args.trace}")
-        w = load_trace(args.trace, getattr(args, "trace_format", "auto"), seed=args.seed)
+        w = load_trace(args.trace, args.trace_format, seed=args.seed)
         if args.duration is not None:
             w = Workload(name=w.name, arrivals=[a for a in w.arrivals if a.arrival_s < args.duration],
                          duration_s=args.duration, weights=w.weights)
@@ -102,12 +102,12 @@ def load_workload(args: argparse.Namespace) -> Workload:
 
 def run(args: argparse.Namespace) -> int:
     workload = load_workload(args)
-    urls = place(args.target, workload.arrivals, args.endpoint, getattr(args, "placement", "round-robin"))
+    urls = place(args.target, workload.arrivals, args.endpoint, args.placement)
     url = ", ".join(dict.fromkeys(urls))
     clients = sorted({a.client for a in workload.arrivals})
     keys = parse_keys(args.keys)
     key_of = resolve_keys(keys, clients)
-    admin_key = getattr(args, "admin_key", None)
+    admin_key = args.admin_key
     if admin_key:
         found = server_weights(args.target, admin_key, key_of)
         weights = found.weights
@@ -119,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
           f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
           flush=True)
-    with _Bar(len(workload.arrivals), getattr(args, "no_progress", False)) as bar:
+    with _Bar(len(workload.arrivals), args.no_progress) as bar:
         records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale,
                             endpoint=args.endpoint, model=args.model, timeout_s=args.timeout,
-                            max_inflight=getattr(args, "max_inflight", None),
-                            xargs_key=getattr(args, "client_xargs", None), progress=bar.record,
-                            placement=getattr(args, "placement", "round-robin"))
+                            max_inflight=args.max_inflight,
+                            xargs_key=args.client_xargs, progress=bar.record,
+                            placement=args.placement)
     duration = bench_duration(records, workload.duration_s)
     summary = summarize_bench(records, duration, weights)
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"
