@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from processes import fairserve_process
 from redis_server import redis_server
 from test_gateway_support import ADMIN, KEYS, FakeBackend, auth, chat_body, config, wait_until
 
@@ -186,23 +187,12 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
             time.sleep(0.02)
 
 
-def gateway_process(urls, state: str) -> tuple[str, subprocess.Popen]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "fairserve", "gateway", "--listen", f"127.0.0.1:{port}", "--state", state,
-           "--state-interval", "0.01", "--no-access-log", "--log-level", "warning", "--admin-key", ADMIN,
-           *(x for u in urls for x in ("--backend", f"{u},max_requests={LIMIT}")),
-           *(x for n, k in KEYS.items() for x in ("--tenant", f"{n}:{k}"))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                return base, proc
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"gateway did not start: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.1)
+def gateway_process(urls, state: str):
+    """A gateway replica in its own process (tests/processes.py), sharing `state`."""
+    return fairserve_process(
+        "gateway", "--state", state, "--state-interval", "0.01", "--no-access-log", "--log-level", "warning",
+        "--admin-key", ADMIN, *(x for u in urls for x in ("--backend", f"{u},max_requests={LIMIT}")),
+        *(x for n, k in KEYS.items() for x in ("--tenant", f"{n}:{k}")))
 
 
 def test_unreachable_redis_at_start_is_one_line_and_exit_1(backends):
@@ -220,9 +210,8 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
     state = f"{redis.url[:-1]}1"        # a database of its own
     for a in apps:
         a.peak = 0
-    procs = [gateway_process(urls, state) for _ in range(3)]
-    try:
-        (g1, p1), (g2, _), (g3, _) = procs
+    with contextlib.ExitStack() as stack:
+        (g1, p1), (g2, _), (g3, _) = (stack.enter_context(gateway_process(urls, state)) for _ in range(3))
         outcomes: list[str] = []
 
         async def kill_replica_1():
@@ -246,11 +235,6 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         # NOTE: the dead replica leaves the live set at its next expiry sweep: wait for it, within a bound
         assert wait_until(lambda: (lambda st: st["up"] and st["replicas"] == 2)(
             httpx.get(g2 + "/healthz").json()["shared_state"]), timeout_s=5.0), httpx.get(g2 + "/healthz").json()
-    finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(10)
 
 
 def test_redis_stopped_and_restarted_mid_run(redis, backends):
