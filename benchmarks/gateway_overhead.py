@@ -57,12 +57,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
 
-def load_args(prog: str, doc: str) -> argparse.Namespace | None:
-    """--requests, --concurrency, --rounds (None, after one line on stderr, when one is below 1)."""
+def load_args(prog: str, doc: str, tenants: bool = False) -> argparse.Namespace | None:
+    """--requests, --concurrency, --rounds (None, after one line on stderr, when one is below 1); with `tenants`,
+    --tenants N,N,... too."""
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
+    if tenants:
+        p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000])
     a = p.parse_args()
     if min(a.requests, a.concurrency, a.rounds) < 1:
         print(f"{prog}: --requests, --concurrency and --rounds must be >= 1", file=sys.stderr)

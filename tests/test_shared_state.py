@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fairserve.core import Ledger, make_policy
 from fairserve.gateway.config import BackendConfig
 from fairserve.gateway.scheduler import Backend
-from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings
+from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings, _text
 
 from redis_server import redis_server
 
@@ -117,6 +117,62 @@ def test_counters_service_and_weights_are_shared(redis):
             await b.state.sync()
             await a.state.sync()
             assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110      # weighted: service / 2
+    run(main())
+
+
+def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
+    """The answer's size follows the changes, not the tenants: what a sync pulls is what changed since this
+    replica's last answer (everything when it has none yet, or when Redis lost its data)."""
+    tenants = tuple(f"t{i}" for i in range(50))
+
+    async def main():
+        async with started(redis, tenants=tenants, interval_s=600) as (a, b):
+            pulled: list[set[str]] = []
+            apply = b.state._apply
+            b.state._apply = lambda reply, snap: (pulled.append({_text(t) for t in reply[0][0::4]}), apply(reply, snap))
+            await b.state.sync()
+            assert pulled[-1] == set()                  # b read everything at start; nothing changed since
+            a.arrive("t7", prompt=100)
+            await a.state.sync()
+            await b.state.sync()
+            assert pulled[-1] == {"t7"} and b.counter("t7") == 100
+            a.state.set_weight("t9", 3.0)
+            a.ledger.set_weight("t9", 3.0)
+            await a.state.sync()
+            await b.state.sync()
+            assert pulled[-1] == {"t9"} and b.ledger.policy.weight("t9") == 3.0
+            redis.stop()
+            redis.start()                               # empty: a new epoch; each replica writes back what it knows
+            for r in (a, b):
+                for _ in range(3):                      # the first sync on a pooled connection finds it closed
+                    if await r.state.sync():
+                        break
+            n = len(pulled)
+            for r in (a, b, b, b):
+                await r.state.sync()
+            assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
+            assert b.counter("t7") == 100 and b.ledger.policy.weight("t9") == 3.0
+            key = a.state.settings.prefix                 # Redis has the counter and the admin's weight back
+            assert float(await a.state._client.hget(key + ":c", "t7")) == 100
+            assert float(await a.state._client.hget(key + ":w", "t9")) == 3.0
+    run(main())
+
+
+def test_a_reset_on_one_replica_zeroes_the_counters_on_all(redis):
+    async def main():
+        async with started(redis) as (a, b):
+            a.arrive("heavy", prompt=100)
+            b.arrive("light", prompt=40)
+            for r in (a, b, a):
+                await r.state.sync()
+            assert b.counter("heavy") == 100 and a.counter("light") == 40
+            b.ledger.reset()
+            b.state.reset()
+            for r in (b, a):
+                await r.state.sync()
+            for r in (a, b):
+                assert r.counter("heavy") == r.counter("light") == 0
+                assert r.ledger.accounts["heavy"].service == 100      # service received stays
     run(main())
 
 
@@ -256,9 +312,10 @@ def test_password_is_not_shown_in_errors():
     run(main())
 
 
-def test_redis_lost_keeps_serving_locally_then_converges(redis):
+def test_redis_lost_keeps_serving_locally_then_converges(redis, caplog):
     async def main():
         async with started(redis, ttl_s=0.5) as (a, b):
+            assert not any("is back" in m for m in caplog.messages)       # starting is not coming back
             a.arrive("heavy", prompt=100)
             a.finish()
             await a.state.sync()
@@ -280,6 +337,7 @@ def test_redis_lost_keeps_serving_locally_then_converges(redis):
             await b.state.sync()
             await a.state.sync()
             assert a.state.up and b.state.up
+            assert sum("lost" in m for m in caplog.messages) == 2 and sum("is back" in m for m in caplog.messages) == 2
             for r in (a, b):                                          # both have everything charged on either
                 assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
     run(main())

@@ -1,10 +1,11 @@
 """The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
 (`shared_state.py` calls them; the key layout is described there)."""
 
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), known(0/1), hold_ms, then counted sections:
-#   (known: this replica synced with this group before; if it finds no live replica recorded, Redis lost its data,
-#    and for hold_ms no lease grows beyond what its replica has in flight, so that every replica can report its
-#    requests in flight before capacity is handed out again)
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), hold_ms, epoch, since, then counted sections:
+#   (epoch, since: what this replica last read, as the data's epoch (set when Redis starts it) and its change number:
+#    the answer carries only the tenants changed since then; all of them when the epoch differs. A replica that had
+#    an epoch and finds none, finds that Redis lost its data: for hold_ms no lease grows beyond what its replica has
+#    in flight, so that every replica can report its requests in flight before capacity is handed out again)
 #   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlogged here: n, then n x tenant
@@ -14,25 +15,38 @@
 #      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {counters, services, weights (flat HGETALL lists), tenants backlogged elsewhere,
-#          leases (r, others waiting r (0/1), t, others waiting t per backend),
-#          live replicas}.
+# Returns {changed tenants (flat: tenant, counter, service, weight; "" where unset), tenants backlogged elsewhere,
+#          leases (r, others waiting r (0/1), t, others waiting t per backend), live replicas, epoch, change number}.
+# Every change to a tenant's counter, service or weight gives it the sync's change number in P:v (P:seq counts them).
+
 SYNC_LUA = """
-local p, rid, ttl, reset, known, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local p, rid, ttl, reset, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local epoch, since = ARGV[6], ARGV[7]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local i = 6
+local i = 7
+local current = redis.call('GET', p .. ':e')
+if not current then
+  current = t[1] .. '.' .. t[2]
+  redis.call('SET', p .. ':e', current)
+  if epoch ~= '' then redis.call('SET', p .. ':hold', '1', 'PX', hold_ms) end
+end
+local seq = nil
+local function touch(tenant)
+  if not seq then seq = redis.call('INCR', p .. ':seq') end
+  redis.call('ZADD', p .. ':v', seq, tenant)
+end
 local function nxt() i = i + 1; return ARGV[i] end
 local fmt = '%.17g'
 redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
-if known == '1' and redis.call('EXISTS', p .. ':r') == 0 then
-  redis.call('SET', p .. ':hold', '1', 'PX', hold_ms)
-end
 local hold = redis.call('EXISTS', p .. ':hold') == 1
 redis.call('ZADD', p .. ':r', now + ttl, rid)
 if reset == '1' then
   local all = redis.call('HKEYS', p .. ':c')
-  for _, tenant in ipairs(all) do redis.call('HSET', p .. ':c', tenant, '0') end
+  for _, tenant in ipairs(all) do
+    redis.call('HSET', p .. ':c', tenant, '0')
+    touch(tenant)
+  end
 end
 for _ = 1, tonumber(nxt()) do
   local tenant, ds, dc, lift, bc, bs = nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())
@@ -41,9 +55,17 @@ for _ = 1, tonumber(nxt()) do
   if lift ~= '' then c = math.max(c, tonumber(lift)) end
   redis.call('HSET', p .. ':c', tenant, string.format(fmt, c + dc))
   redis.call('HSET', p .. ':s', tenant, string.format(fmt, s + ds))
+  touch(tenant)
 end
-for _ = 1, tonumber(nxt()) do redis.call('HSET', p .. ':w', nxt(), nxt()) end
-for _ = 1, tonumber(nxt()) do redis.call('HSETNX', p .. ':w', nxt(), nxt()) end
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  redis.call('HSET', p .. ':w', tenant, nxt())
+  touch(tenant)
+end
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  if redis.call('HSETNX', p .. ':w', tenant, nxt()) == 1 then touch(tenant) end
+end
 local mine = {}
 for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
@@ -111,15 +133,26 @@ for _ = 1, tonumber(nxt()) do
   lease('r', url, lr, ur, nr, sr, kr)
   if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else table.insert(leases, 0); table.insert(leases, 0) end
 end
-return {redis.call('HGETALL', p .. ':c'), redis.call('HGETALL', p .. ':s'), redis.call('HGETALL', p .. ':w'),
-        elsewhere, leases, #replicas}
+local tenants
+if current == epoch then
+  tenants = redis.call('ZRANGEBYSCORE', p .. ':v', '(' .. since, '+inf')
+else
+  tenants = redis.call('ZRANGE', p .. ':v', 0, -1)
+end
+local changed = {}
+for _, tenant in ipairs(tenants) do
+  table.insert(changed, tenant)
+  table.insert(changed, redis.call('HGET', p .. ':c', tenant) or '')
+  table.insert(changed, redis.call('HGET', p .. ':s', tenant) or '')
+  table.insert(changed, redis.call('HGET', p .. ':w', tenant) or '')
+end
+return {changed, elsewhere, leases, #replicas, current, redis.call('GET', p .. ':seq') or '0'}
 """
 
 # Leaving: this replica's leases and backlog stop counting at once. ARGV: prefix, replica, backend URLs...
 LEAVE_LUA = """
 local p, rid = ARGV[1], ARGV[2]
 redis.call('ZREM', p .. ':r', rid)
-if redis.call('EXISTS', p .. ':r') == 0 then redis.call('DEL', p .. ':hold') end
 for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
   if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
 end

@@ -7,8 +7,11 @@ Every replica pointing at the same Redis URL shares:
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
   (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases of all live replicas never add up to more than the
   backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`;
-- `P:hold`, set for `hold_s` when a replica that synced before finds no live replica recorded (Redis lost its data):
-  meanwhile no lease grows beyond what its replica has in flight.
+- the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
+  tenant scored by the number of the sync that last changed it): a sync answers only the tenants changed since the
+  replica's last answer, so its cost follows the changes, not the number of tenants;
+- `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
+  grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
 within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
@@ -104,6 +107,8 @@ class SharedState:
         self.replicas = 1                # live replicas at the last sync
         self._elsewhere: frozenset[str] = frozenset()   # tenants backlogged on another live replica
         self._base_service: dict[str, float] = {}      # each tenant's global service at the last sync
+        self._epoch, self._seq = "", 0                 # what the last answer was up to (only later changes are sent)
+        self._restore = False                          # send every tenant next time: Redis lost its data
         self._lift: dict[str, float] = {}              # lifts since the last sync, net of the charges before them
         self._weights: dict[str, float] = {}           # admin changes not yet sent
         self._seed = dict(ledger.policy.weights)       # configured weights: set in Redis if not set there
@@ -241,7 +246,7 @@ class SharedState:
             base = self._base_service.get(tenant)
             ds = acct.service - base if base is not None else acct.service
             lift = self._lift.get(tenant)
-            if not ds and lift is None and base is not None:
+            if not ds and lift is None and base is not None and not self._restore:
                 continue
             dc = ds / acct.weight
             charges += [tenant, repr(ds), repr(dc), "" if lift is None else repr(lift), repr(acct.counter - dc),
@@ -267,8 +272,8 @@ class SharedState:
             keeps.append((keep_r, keep_t))
             backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r,
                          keep_t or 0]
-        args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0",
-                "1" if self.last_sync else "0", int(s.hold_s * 1000),
+        args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0", int(s.hold_s * 1000),
+                self._epoch, self._seq,
                 n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
                 len(self.backends), *backends]
         return args, snap, keeps
@@ -300,7 +305,7 @@ class SharedState:
             return False
         self._seed = {}
         self._apply(reply, snap)
-        if not self.up:
+        if not self.up and self.last_sync:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
         self.last_sync = time.monotonic()
@@ -309,20 +314,30 @@ class SharedState:
         return True
 
     def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
-        counters, services, weights, elsewhere, leases, replicas = reply
-        counters, services, weights = _table(counters), _table(services), _table(weights)
-        for tenant, w in weights.items():
-            if tenant in self.ledger.accounts and tenant not in self._weights and w != self.policy.weight(tenant):
+        changed, elsewhere, leases, replicas, epoch, seq = reply
+        # NOTE: only the tenants changed since the last answer: the others' local values are the global ones already
+        rows = [(_text(t), _num(c), _num(s), _num(w))
+                for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)]
+        for tenant, _, _, w in rows:
+            if w is not None and tenant in self.ledger.accounts and tenant not in self._weights \
+                    and w != self.policy.weight(tenant):
                 self.policy.set_weight(tenant, w)
-        for tenant, c in counters.items():
+        for tenant, c, s, _ in rows:
             acct = self.ledger.accounts.get(tenant)
-            if acct is None:
+            if acct is None or c is None:
                 continue
             c0, s0 = snap.get(tenant, (acct.counter, acct.service))
-            service = services.get(tenant, 0.0)
+            service = s or 0.0
             # NOTE: what this replica charged while the sync was in flight stays on top of the global values
             self.ledger.apply_remote(tenant, c + (acct.counter - c0), service + (acct.service - s0))
             self._base_service[tenant] = service
+        epoch = _text(epoch)
+        # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
+        # no other replica has yet), with the charges not yet sent on top
+        self._restore = bool(self._epoch) and epoch != self._epoch
+        if self._restore:
+            self._seed = dict(self.policy.weights)      # set where unset, as at start
+        self._epoch, self._seq = epoch, int(seq)
         self._elsewhere = frozenset(_text(t) for t in elsewhere)
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
@@ -372,5 +387,6 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _table(flat: list[Any]) -> dict[str, float]:
-    return {_text(k): float(v) for k, v in zip(flat[0::2], flat[1::2], strict=True)}
+def _num(v: Any) -> float | None:
+    """A number from the script's answer; None where it answered "" (not set)."""
+    return float(v) if v not in (b"", "") else None
