@@ -31,9 +31,9 @@ its lease below `min(keep, old lease)`; a sync that fails leaves it at `keep`, s
 
 Redis lost while running: the replica keeps serving from its local ledger (its lease as above until `ttl_s` after
 the last sync that answered, then `max(1, limit // replicas)` of each backend, the replicas it last saw alive),
-reports itself degraded, retries every 0.1 s, and on reconnection adds everything charged meanwhile (a fresh Redis
-takes the first replica's counters as they were, and holds every lease at what its replica has in flight for
-`hold_s`, until the other replicas have reported theirs).
+reports itself degraded, retries every 0.1 s, and on reconnection adds everything charged meanwhile. A fresh Redis
+(a new epoch) holds every lease at what its replica has in flight for `hold_s`, until the other replicas have
+reported theirs, and takes each tenant's counter, service and weight from the first replica that writes it back.
 """
 from __future__ import annotations
 
