@@ -37,6 +37,18 @@ def redact_text(text: str) -> str:
     return _USERINFO.sub(r"\1***@", text)
 
 
+HTTP_URL = re.compile(r"^https?://[^/\s]+")
+REDIS_URL = re.compile(r"^(redis|rediss|unix)://\S+$")
+
+
+def checked_url(v: str, pattern: re.Pattern[str], what: str) -> str:
+    """`v` stripped, if it matches `pattern`; else ValueError naming `what` was expected (credentials hidden)."""
+    v = v.strip()
+    if not pattern.match(v):
+        raise ValueError(f"must be {what}, got {redact(v)!r}")
+    return v
+
+
 def has_credentials(url: str) -> bool:
     return "@" in urlsplit(url).netloc
 
@@ -65,17 +77,13 @@ class BackendConfig(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        v = v.strip().rstrip("/")
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000, got {redact(v)!r}")
+        v = checked_url(v.rstrip(), HTTP_URL, "an http(s) URL like http://127.0.0.1:8000").rstrip("/")
         return v[: -len("/v1")] if v.endswith("/v1") else v
 
     @field_validator("metrics_url")
     @classmethod
     def _metrics_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^https?://[^/\s]+", v.strip()):
-            raise ValueError(f"must be an http(s) URL like http://127.0.0.1:8000/metrics, got {redact(v)!r}")
-        return v.strip() if v is not None else None
+        return checked_url(v, HTTP_URL, "an http(s) URL like http://127.0.0.1:8000/metrics") if v is not None else None
 
 
 class GatewayConfig(TenantsMixin, Strict):
@@ -135,9 +143,7 @@ class GatewayConfig(TenantsMixin, Strict):
     @field_validator("state")
     @classmethod
     def _state(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^(redis|rediss|unix)://\S+$", v.strip()):
-            raise ValueError(f"must be a Redis URL like redis://127.0.0.1:6379/0, got {redact(v)!r}")
-        return v.strip() if v is not None else None
+        return checked_url(v, REDIS_URL, "a Redis URL like redis://127.0.0.1:6379/0") if v is not None else None
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
