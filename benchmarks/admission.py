@@ -7,6 +7,7 @@ largest n, checks by brute force on sampled pops that VTC admits a client with t
 
 Run: .venv/bin/python benchmarks/admission.py [--quick] [--sizes 10,1000] [--policies vtc,fcfs] [--repeats 7]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,9 @@ from fairserve.core import Policy, Request, make_policy
 
 POLICIES = ("fcfs", "vtc", "lcf", "drr", "rpm:1000000", "vtc-predict:oracle")
 SIZES = (10, 100, 1_000, 10_000, 100_000)
-OUTPUT_CALLS = 3      # on_output() calls per admission
+OUTPUT_CALLS = 3  # on_output() calls per admission
 TARGET_US, TARGET_N = 5.0, 10_000
-MIN_CYCLES = 5        # fewest admissions per chunk, for a slow policy
+MIN_CYCLES = 5  # fewest admissions per chunk, for a slow policy
 
 
 class Bench:
@@ -32,7 +33,7 @@ class Bench:
         self.rng = np.random.default_rng(seed)
         self.policy: Policy = make_policy(spec)
         self.now, self.next_id, clients = 0.0, 0, [f"c{i}" for i in range(n)]
-        for c in clients:    # charge history, one client at a time (O(1) per pop for every policy): counters differ
+        for c in clients:  # charge history, one client at a time (O(1) per pop for every policy): counters differ
             self._add(self._request(c))
             self._serve(self.policy.pop(), int(self.rng.integers(1, 400)))
         for c in clients * 2:
@@ -40,8 +41,13 @@ class Bench:
 
     def _request(self, client: str) -> Request:
         self.next_id += 1
-        return Request(id=self.next_id, client=client, prompt_tokens=int(self.rng.integers(16, 512)),
-                       max_tokens=int(self.rng.integers(OUTPUT_CALLS, 8 * OUTPUT_CALLS)), arrival_s=self.now)
+        return Request(
+            id=self.next_id,
+            client=client,
+            prompt_tokens=int(self.rng.integers(16, 512)),
+            max_tokens=int(self.rng.integers(OUTPUT_CALLS, 8 * OUTPUT_CALLS)),
+            arrival_s=self.now,
+        )
 
     def _add(self, req: Request, client: str | None = None) -> None:
         self.now += 1e-6
@@ -106,41 +112,57 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("client counts must be >= 2, --repeats and --cycles >= 1")
 
     correct: bool | None = None
-    gc.disable()    # as timeit does; requests hold no reference cycles, so refcounting frees them (and no 1 s pauses)
-    chunk_s = 0.1 if a.quick else 0.4         # a chunk is capped near chunk_s (DRR is O(n))
-    benches = {(p, n): Bench(p, n, seed=0) for n in sizes for p in policies}   # all at once: interleaved timing
+    gc.disable()  # as timeit does; requests hold no reference cycles, so refcounting frees them (and no 1 s pauses)
+    chunk_s = 0.1 if a.quick else 0.4  # a chunk is capped near chunk_s (DRR is O(n))
+    benches = {(p, n): Bench(p, n, seed=0) for n in sizes for p in policies}  # all at once: interleaved timing
     count = {k: int(min(cycles, max(MIN_CYCLES, chunk_s / b.run(10)))) for k, b in benches.items()}
     for k, b in benches.items():
-        b.run(max(1, count[k] // 4))                          # warm-up
+        b.run(max(1, count[k] // 4))  # warm-up
     times: dict[tuple[str, int], list[float]] = {k: [] for k in benches}
     for _ in range(repeats):
         for k, b in benches.items():
             times[k].append(b.run(count[k]))
     us = {k: float(np.median(t)) * 1e6 for k, t in times.items()}
-    best = {k: min(t) * 1e6 for k, t in times.items()}      # the fastest chunk: the least disturbed by neighbours
+    best = {k: min(t) * 1e6 for k, t in times.items()}  # the fastest chunk: the least disturbed by neighbours
     fewest = min(count.values())
     if "vtc" in policies:
         correct = benches["vtc", sizes[-1]].vtc_min_check(20 if a.quick else 50)
 
     base = sizes[0]
-    print(f"Admission cost (pop + {OUTPUT_CALLS}×on_output + finish + add), median of {repeats} chunks of {cycles:,} "
-          f"admissions (slow cases: down to {fewest:,}). growth vs log2(n) = (t(n)/t({base})) / (log2 n / log2 {base})"
-          "; ≤ ~1 means no faster than log n. µs above fcfs (medians): the cost of the ordering decision itself.\n")
-    floor = "fcfs" in policies     # FCFS's O(1) queue: the same cycle without an ordering decision
-    print(f"| policy | clients n | µs / admission | µs (fastest chunk) | ratio to n={base} | growth vs log2(n) |"
-          + (" µs above fcfs |" if floor else "") + "\n|---|---:|---:|---:|---:|---:|" + ("---:|" if floor else ""))
+    print(
+        f"Admission cost (pop + {OUTPUT_CALLS}×on_output + finish + add), median of {repeats} chunks of {cycles:,} "
+        f"admissions (slow cases: down to {fewest:,}). growth vs log2(n) = (t(n)/t({base})) / (log2 n / log2 {base})"
+        "; ≤ ~1 means no faster than log n. µs above fcfs (medians): the cost of the ordering decision itself.\n"
+    )
+    floor = "fcfs" in policies  # FCFS's O(1) queue: the same cycle without an ordering decision
+    print(
+        f"| policy | clients n | µs / admission | µs (fastest chunk) | ratio to n={base} | growth vs log2(n) |"
+        + (" µs above fcfs |" if floor else "")
+        + "\n|---|---:|---:|---:|---:|---:|"
+        + ("---:|" if floor else "")
+    )
     for p in policies:
         for n in sizes:
             ratio = us[p, n] / us[p, base]
-            growth = ratio / (math.log2(n) / math.log2(base))   # base >= 2, so log2(base) > 0
-            print(f"| {p} | {n:,} | {us[p, n]:.2f} | {best[p, n]:.2f} | {ratio:.2f} | {growth:.2f} |"
-                  + (f" {us[p, n] - us['fcfs', n]:+.2f} |" if floor else ""))
+            growth = ratio / (math.log2(n) / math.log2(base))  # base >= 2, so log2(base) > 0
+            print(
+                f"| {p} | {n:,} | {us[p, n]:.2f} | {best[p, n]:.2f} | {ratio:.2f} | {growth:.2f} |"
+                + (f" {us[p, n] - us['fcfs', n]:+.2f} |" if floor else "")
+            )
     if TARGET_N in sizes:
-        print("\n" + "\n".join(f"- {p}: {us[p, TARGET_N]:.2f} µs at {TARGET_N:,} clients (target ≤ {TARGET_US:g}"
-                                f" µs): {'met' if us[p, TARGET_N] <= TARGET_US else 'NOT met'}" for p in policies))
+        print(
+            "\n"
+            + "\n".join(
+                f"- {p}: {us[p, TARGET_N]:.2f} µs at {TARGET_N:,} clients (target ≤ {TARGET_US:g}"
+                f" µs): {'met' if us[p, TARGET_N] <= TARGET_US else 'NOT met'}"
+                for p in policies
+            )
+        )
     if correct is not None:
-        print(f"\nVTC pops a minimum backlogged counter at {sizes[-1]:,} clients (brute force, sampled): "
-              f"correct: {'yes' if correct else 'no'}")
+        print(
+            f"\nVTC pops a minimum backlogged counter at {sizes[-1]:,} clients (brute force, sampled): "
+            f"correct: {'yes' if correct else 'no'}"
+        )
     return 0 if correct is not False else 1
 
 

@@ -10,6 +10,7 @@ each runs once, spread over --jobs processes. `real` needs the Arena trace; with
 
 Run: .venv/bin/python benchmarks/fidelity.py [--quick] [--jobs 2] [--workloads overload,real] [--rpm 5,10,15,20,30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ from fairserve.workloads import ALL_WORKLOADS, Workload, WorkloadError, get_work
 
 RPM_LIMITS = (5, 10, 15, 20, 30)
 QUICK_WORKLOADS = ("overload", "overload-multi", "overload-weighted", "real")
-PAPER = {"vtc": 779.0, "rpm:5": 340.0}     # output tokens/s on the paper's original Arena trace
+PAPER = {"vtc": 779.0, "rpm:5": 340.0}  # output tokens/s on the paper's original Arena trace
 
 
 @lru_cache(maxsize=None)
@@ -50,8 +51,10 @@ def print_calibration(results: list[CalibrationResult]) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for c in results:
         r = c.run
-        print(f"| `{r.workload}`, {r.policy.upper()} | {r.window_s:.0f} s | {r.service_per_s:.0f} | "
-              f"{c.service_per_s:.0f} | {c.error:+.1%} | {r.output_tokens_per_s:.1f} | {c.output_tokens_per_s:.1f} |")
+        print(
+            f"| `{r.workload}`, {r.policy.upper()} | {r.window_s:.0f} s | {r.service_per_s:.0f} | "
+            f"{c.service_per_s:.0f} | {c.error:+.1%} | {r.output_tokens_per_s:.1f} | {c.output_tokens_per_s:.1f} |"
+        )
     print(f"\nmax |error| {max(abs(c.error) for c in results):.1%}\n")
 
 
@@ -68,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {a.jobs}")
-    names = [x.strip() for x in a.workloads.split(",") if x.strip()] if a.workloads else \
-        list(QUICK_WORKLOADS if a.quick else ALL_WORKLOADS)
+    names = (
+        [x.strip() for x in a.workloads.split(",") if x.strip()]
+        if a.workloads
+        else list(QUICK_WORKLOADS if a.quick else ALL_WORKLOADS)
+    )
     for name in names or ap.error("--workloads is empty"):
         if name not in ALL_WORKLOADS:
             ap.error(f"unknown workload {name!r}; choose from: {', '.join(ALL_WORKLOADS)}")
@@ -101,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(jobs) + len(calibrated)} simulations in {wall:.1f} s on {a.jobs} processes.\n")
     print_calibration(calibrated)
     print("Every workload, its whole duration (service = prompt + 2 × output tokens, tokens produced by its end):\n")
-    print("| workload | FCFS out tok/s | VTC out tok/s | VTC/FCFS out | FCFS service/s | VTC service/s "
-          "| VTC/FCFS service |")
+    print(
+        "| workload | FCFS out tok/s | VTC out tok/s | VTC/FCFS out | FCFS service/s | VTC service/s "
+        "| VTC/FCFS service |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for n in names:
         (fo, fs, _, _), (vo, vs, _, _) = out[n, "fcfs"], out[n, "vtc"]
@@ -110,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if "real" not in names:
         return 0
     vtc_out = out["real", "vtc"][0]
-    print("\n`real` (Chatbot Arena trace): RPM limits vs VTC. Paper, on its original trace: RPM 5 = 340 vs "
-          f"VTC 779 tokens/s ({PAPER['rpm:5'] / PAPER['vtc']:.0%}).\n")
+    print(
+        "\n`real` (Chatbot Arena trace): RPM limits vs VTC. Paper, on its original trace: RPM 5 = 340 vs "
+        f"VTC 779 tokens/s ({PAPER['rpm:5'] / PAPER['vtc']:.0%}).\n"
+    )
     print("| policy | out tok/s | service/s | rejected / requests | out tok/s ÷ VTC | paper |")
     print("|---|---:|---:|---:|---:|---:|")
     for p in ["vtc", "fcfs", *(f"rpm:{k}" for k in limits)]:

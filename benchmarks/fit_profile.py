@@ -10,6 +10,7 @@ embedded constants still match, the per-row fit error (a markdown table, as in d
 Default profile: ../shared/profiles/a10g_llama2_7b_batch_profile.json (relative to the project root).
 Exit status 1 if the embedded constants differ from the fit by more than 1e-6 relative.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,15 @@ from fairserve.sim.latency import (
     load_profile,
 )
 
-COEFFS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
-          "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s", "large_batch_s")
+COEFFS = (
+    "prefill_fixed_s",
+    "prefill_per_token_s",
+    "prefill_per_sq_token_s",
+    "decode_fixed_s",
+    "decode_per_seq_s",
+    "decode_per_context_token_s",
+    "large_batch_s",
+)
 
 
 def _pct(x: float) -> str:
@@ -54,7 +62,8 @@ def main(argv: list[str]) -> int:
 
     # The unconstrained prefill fit, to show which term the constraint removed.
     a = np.array([[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows]) / np.array(
-        [[r.prefill_s] for r in rows])
+        [[r.prefill_s] for r in rows]
+    )
     free, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
     print(f"unconstrained prefill fit (fixed, per_token, per_sq_token): {free.tolist()}")
 
@@ -62,16 +71,20 @@ def main(argv: list[str]) -> int:
     print(f"embedded constants match the fit: {same}")
 
     roof = get_latency_model("llama-2-7b@a10g")
-    print("\n| prompt | output | batch | prefill s (profile) | fit | err | roofline | decode step ms (profile) | fit | err"
-          " | roofline |")
+    print(
+        "\n| prompt | output | batch | prefill s (profile) | fit | err | roofline | decode step ms (profile) | fit | err"
+        " | roofline |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     errs = fit_errors(fit, rows)
     for e, r in zip(errs, fit_errors(roof, rows)):
         held = "" if e["decode_fitted"] else " (held out)"
-        print(f"| {e['prompt_len']} | {e['output_len']} | {e['batch_size']} | {e['prefill_s']:.3f} | "
-              f"{e['prefill_model_s']:.3f} | {_pct(e['prefill_err'])} | {r['prefill_model_s']:.3f} | "
-              f"{1e3 * e['decode_step_s']:.1f}{held} | {1e3 * e['decode_model_s']:.1f} | {_pct(e['decode_err'])} | "
-              f"{1e3 * r['decode_model_s']:.1f} |")
+        print(
+            f"| {e['prompt_len']} | {e['output_len']} | {e['batch_size']} | {e['prefill_s']:.3f} | "
+            f"{e['prefill_model_s']:.3f} | {_pct(e['prefill_err'])} | {r['prefill_model_s']:.3f} | "
+            f"{1e3 * e['decode_step_s']:.1f}{held} | {1e3 * e['decode_model_s']:.1f} | {_pct(e['decode_err'])} | "
+            f"{1e3 * r['decode_model_s']:.1f} |"
+        )
 
     def summary(label: str, xs: list[float]) -> None:
         mx, mean = max(map(abs, xs)), sum(map(abs, xs)) / len(xs)
@@ -80,10 +93,14 @@ def main(argv: list[str]) -> int:
     print()
     summary("prefill (all rows)", [e["prefill_err"] for e in errs])
     limit = fit.large_batch_from
-    summary(f"decode (fitted rows, output_len > 1, batch <= {limit})",
-            [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] <= limit])
-    summary(f"decode (output_len > 1, batch > {limit}: plane + large_batch_s)",
-            [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] > limit])
+    summary(
+        f"decode (fitted rows, output_len > 1, batch <= {limit})",
+        [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] <= limit],
+    )
+    summary(
+        f"decode (output_len > 1, batch > {limit}: plane + large_batch_s)",
+        [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] > limit],
+    )
     summary("decode (held out, output_len = 1)", [e["decode_err"] for e in errs if not e["decode_fitted"]])
     rp = [r["prefill_model_s"] / e["prefill_s"] for e, r in zip(errs, fit_errors(roof, rows))]
     rd = [r["decode_model_s"] / e["decode_step_s"] for e, r in zip(errs, fit_errors(roof, rows))]

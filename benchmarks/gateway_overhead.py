@@ -6,6 +6,7 @@ requests per second with many at a time. Targets (issue 4): ≤ 1 ms p50 added, 
 Two gateways run side by side: as a user starts it (uvicorn's access log on) and with `--no-access-log`.
 Run: .venv/bin/python benchmarks/gateway_overhead.py [--requests 400] [--concurrency 32] [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,14 @@ async def measure(base: str, requests: int, concurrency: int) -> tuple[list[floa
     url = base + "/v1/completions"
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
         for _ in range(20):
-            await one(client, url)                                      # warm up
+            await one(client, url)  # warm up
         latencies = [await one(client, url) for _ in range(requests // 4)]
         sem = asyncio.Semaphore(concurrency)
 
         async def limited() -> float:
             async with sem:
                 return await one(client, url)
+
         t = time.perf_counter()
         await asyncio.gather(*(limited() for _ in range(requests)))
         return latencies, requests / (time.perf_counter() - t)
@@ -96,19 +98,25 @@ def main() -> int:
     # NOTE: time scale 1e6 makes the emulated GPU instant, so what is measured is HTTP and scheduling
     with serve("emulate", "--time-scale", "1000000") as emulator:
         backend = f"--backend={emulator},max_requests=256"
-        with serve("gateway", backend, *gateway_args) as gateway, \
-                serve("gateway", backend, *gateway_args, "--no-access-log") as quiet:
-            for _ in range(a.rounds):                      # interleaved, so all paths see the same machine
+        with (
+            serve("gateway", backend, *gateway_args) as gateway,
+            serve("gateway", backend, *gateway_args, "--no-access-log") as quiet,
+        ):
+            for _ in range(a.rounds):  # interleaved, so all paths see the same machine
                 for name, url in zip(rows, (emulator, gateway, quiet), strict=True):
                     rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
     stats = table("path", rows)
     d = stats["direct"]
     for name in ("gateway", "gateway --no-access-log"):
         g = stats[name]
-        print(f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct")
+        print(
+            f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct"
+        )
     found = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
-    print(f"({a.rounds} rounds of {a.requests} requests; uvloop/httptools installed for uvicorn: "
-          f"{', '.join(found) or 'neither'})")
+    print(
+        f"({a.rounds} rounds of {a.requests} requests; uvloop/httptools installed for uvicorn: "
+        f"{', '.join(found) or 'neither'})"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ Reported per scheduler: output tokens/s of the whole run, wall seconds, output t
 
 Run: .venv/bin/python benchmarks/hf_engine.py [--model small-random] [--requests 48] [--rounds 3] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ from fairserve.core import make_policy
 from fairserve.engines.hf_engine import EngineSizing, HFEngine
 from fairserve.engines.hf_models import load_model
 
-TARGET = 0.98     # VTC tokens/s ÷ FIFO tokens/s
+TARGET = 0.98  # VTC tokens/s ÷ FIFO tokens/s
 
 
 def timed_scheduler(engine: HFEngine) -> list[float]:
@@ -42,21 +43,30 @@ def timed_scheduler(engine: HFEngine) -> list[float]:
 
 
 def one_run(model, tokenizer, policy: str, args: argparse.Namespace) -> dict[str, float]:
-    sizing = EngineSizing(num_blocks=args.num_blocks, page_size=args.page_size, max_batch_tokens=args.max_batch_tokens,
-                          max_requests_per_batch=args.max_requests_per_batch)
+    sizing = EngineSizing(
+        num_blocks=args.num_blocks,
+        page_size=args.page_size,
+        max_batch_tokens=args.max_batch_tokens,
+        max_requests_per_batch=args.max_requests_per_batch,
+    )
     engine = HFEngine(model, tokenizer, None if policy == "fifo" else make_policy(policy), sizing)
     engine.start()
     try:
         spent = timed_scheduler(engine)
         heavy = args.requests * 3 // 4
-        clients = [c for _, c in sorted([((k + 1) / heavy, "heavy") for k in range(heavy)]
-                                        + [((k + 1) / (args.requests - heavy), "light")
-                                           for k in range(args.requests - heavy)])]
+        clients = [
+            c
+            for _, c in sorted(
+                [((k + 1) / heavy, "heavy") for k in range(heavy)]
+                + [((k + 1) / (args.requests - heavy), "light") for k in range(args.requests - heavy)]
+            )
+        ]
 
         async def request(i: int, client: str) -> int:
             out = None
-            async for out in engine.generate(client, [3 + (i * 7 + j) % 250 for j in range(args.prompt)],
-                                             args.output, ignore_eos=True):
+            async for out in engine.generate(
+                client, [3 + (i * 7 + j) % 250 for j in range(args.prompt)], args.output, ignore_eos=True
+            ):
                 pass
             return len(out.generated_tokens)
 
@@ -68,9 +78,13 @@ def one_run(model, tokenizer, policy: str, args: argparse.Namespace) -> dict[str
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         engine.stop()
-    return {"tokens_per_s": tokens / wall, "wall_s": wall, "tokens_per_cpu_s": tokens / cpu,
-            "sched_share": sum(spent) / wall,
-            "sched_ms_per_step": 1e3 * sum(spent) / max(1, len(spent))}
+    return {
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "tokens_per_cpu_s": tokens / cpu,
+        "sched_share": sum(spent) / wall,
+        "sched_ms_per_step": 1e3 * sum(spent) / max(1, len(spent)),
+    }
 
 
 def main() -> None:
@@ -92,26 +106,34 @@ def main() -> None:
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     model, tokenizer = load_model(args.model)
     runs: dict[str, list[dict[str, float]]] = {"fifo": [], args.policy: []}
-    one_run(model, tokenizer, "fifo", args)        # warm-up, not reported
+    one_run(model, tokenizer, "fifo", args)  # warm-up, not reported
     for _ in range(args.rounds):
         for policy in runs:
             runs[policy].append(one_run(model, tokenizer, policy, args))
     med = {pol: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for pol, rs in runs.items()}
-    print(f"{args.model}, torch {torch.__version__} on {torch.get_num_threads()} threads; {args.requests} requests "
-          f"(3:1 heavy:light) × {args.prompt} prompt + {args.output} output tokens; KV pool "
-          f"{args.num_blocks * args.page_size} tokens; median of {args.rounds} alternating rounds\n")
-    print("| scheduler | output tokens/s | wall s | tokens per CPU s | scheduler share of step time | scheduler ms/step |")
+    print(
+        f"{args.model}, torch {torch.__version__} on {torch.get_num_threads()} threads; {args.requests} requests "
+        f"(3:1 heavy:light) × {args.prompt} prompt + {args.output} output tokens; KV pool "
+        f"{args.num_blocks * args.page_size} tokens; median of {args.rounds} alternating rounds\n"
+    )
+    print(
+        "| scheduler | output tokens/s | wall s | tokens per CPU s | scheduler share of step time | scheduler ms/step |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     names = {"fifo": "transformers FIFO"}
     for pol, m in med.items():
-        print(f"| {names.get(pol, 'fairserve ' + pol)} | {m['tokens_per_s']:.1f} | {m['wall_s']:.2f} | "
-              f"{m['tokens_per_cpu_s']:.1f} | "
-              f"{100 * m['sched_share']:.2f}% | {m['sched_ms_per_step']:.3f} |")
+        print(
+            f"| {names.get(pol, 'fairserve ' + pol)} | {m['tokens_per_s']:.1f} | {m['wall_s']:.2f} | "
+            f"{m['tokens_per_cpu_s']:.1f} | "
+            f"{100 * m['sched_share']:.2f}% | {m['sched_ms_per_step']:.3f} |"
+        )
     ratio = med[args.policy]["tokens_per_s"] / med["fifo"]["tokens_per_s"]
     per_round = [v["tokens_per_s"] / f["tokens_per_s"] for v, f in zip(runs[args.policy], runs["fifo"])]
     cpu_ratio = med[args.policy]["tokens_per_cpu_s"] / med["fifo"]["tokens_per_cpu_s"]
-    print(f"\n{args.policy} ÷ FIFO tokens/s: {ratio:.3f} (per round: {', '.join(f'{r:.3f}' for r in per_round)}); "
-          f"per CPU second: {cpu_ratio:.3f}; target ≥ {TARGET}: {'met' if min(ratio, cpu_ratio) >= TARGET else 'NOT met'}")
+    print(
+        f"\n{args.policy} ÷ FIFO tokens/s: {ratio:.3f} (per round: {', '.join(f'{r:.3f}' for r in per_round)}); "
+        f"per CPU second: {cpu_ratio:.3f}; target ≥ {TARGET}: {'met' if min(ratio, cpu_ratio) >= TARGET else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

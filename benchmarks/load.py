@@ -3,6 +3,7 @@ fails 3% of requests at once and cuts 3% mid-stream. Checks that nothing is lost
 outcome, at the client and in the gateway's metrics, as tests/test_load.py does with 600) and reports the rate.
 Run: .venv/bin/python benchmarks/load.py [--requests 10000]
 """
+
 from __future__ import annotations
 
 import argparse

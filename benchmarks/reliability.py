@@ -5,6 +5,7 @@ SIGTERM drain. Everything on loopback; the emulator and the gateway run as their
 
 Prints one table (markdown): what was done, what happened, and whether anything was lost (every request sent has
 exactly one outcome in /metrics, and the accounts agree with the token counters)."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ def free_port() -> int:
 
 
 def start(args: list[str], url: str, health: str = "/healthz") -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "fairserve", *args], stdout=subprocess.DEVNULL,
-                            stderr=tempfile.TemporaryFile())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairserve", *args], stdout=subprocess.DEVNULL, stderr=tempfile.TemporaryFile()
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
@@ -45,25 +47,44 @@ def start(args: list[str], url: str, health: str = "/healthz") -> subprocess.Pop
 
 
 def emulator(port: int, *flags: str) -> subprocess.Popen:
-    return start(["emulate", "--listen", f"127.0.0.1:{port}", "--time-scale", "2", *flags],
-                 f"http://127.0.0.1:{port}")
+    return start(["emulate", "--listen", f"127.0.0.1:{port}", "--time-scale", "2", *flags], f"http://127.0.0.1:{port}")
 
 
 def gateway(port: int, backend: int, *flags: str) -> subprocess.Popen:
     tenants = [x for name, key in KEYS.items() for x in ("--tenant", f"{name}:{key}")]
-    return start(["gateway", "--listen", f"127.0.0.1:{port}",
-                  "--backend", f"http://127.0.0.1:{backend},max_requests=16",
-                  *tenants, "--admin-key", ADMIN, "--no-access-log", "--log-level", "warning", "--health-interval",
-                  "0.5", *flags], f"http://127.0.0.1:{port}")
+    return start(
+        [
+            "gateway",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--backend",
+            f"http://127.0.0.1:{backend},max_requests=16",
+            *tenants,
+            "--admin-key",
+            ADMIN,
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--health-interval",
+            "0.5",
+            *flags,
+        ],
+        f"http://127.0.0.1:{port}",
+    )
 
 
 async def stream(c: httpx.AsyncClient, base: str, key: str, tokens: int) -> str:
     """One streamed request: its outcome as the client saw it (ok, an error event's code, or the HTTP status)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 20}], "max_tokens": tokens,
-            "stream": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello " * 20}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
     try:
-        async with c.stream("POST", base + "/v1/chat/completions", json=body,
-                            headers={"Authorization": f"Bearer {key}"}) as r:
+        async with c.stream(
+            "POST", base + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as r:
             if r.status_code != 200:
                 await r.aread()
                 return str(r.status_code)
@@ -93,10 +114,18 @@ def consistent(base: str) -> bool:
 
     def sample(name: str, tenant: str) -> float:
         return float(re.search(rf'^{name}{{tenant="{tenant}"}} (\S+)$', text, re.M).group(1))
-    return all(r["queue_length"] == 0 and r["in_flight"] == 0 and abs(
-        r["service"] - sample("fairserve_gateway_prompt_tokens_total", r["name"])
-        - 2 * sample("fairserve_gateway_output_tokens_total", r["name"])) < 1e-6 * max(1.0, r["service"])
-        for r in rows)
+
+    return all(
+        r["queue_length"] == 0
+        and r["in_flight"] == 0
+        and abs(
+            r["service"]
+            - sample("fairserve_gateway_prompt_tokens_total", r["name"])
+            - 2 * sample("fairserve_gateway_output_tokens_total", r["name"])
+        )
+        < 1e-6 * max(1.0, r["service"])
+        for r in rows
+    )
 
 
 def poll(check, timeout_s: float) -> float:
@@ -149,11 +178,13 @@ async def outage(args: argparse.Namespace) -> list[str]:
     backend.kill()
     backend.wait()
     lost = len(seen) - sum(counts.values())
-    rows = [f"| {args.clients} streaming clients for {args.seconds} s, the only backend killed (SIGKILL) for "
-            f"{restarted - killed:.1f} s, then restarted | {len(seen)} requests: {client_side}; down detected in "
-            f"{detect:.2f} s, back {recover:.2f} s after the restarted backend answered "
-            f"(the restart took {up_after - recover:.1f} s) | "
-            f"{lost} lost; outcomes in /metrics {counts}; accounts consistent: {ok} |"]
+    rows = [
+        f"| {args.clients} streaming clients for {args.seconds} s, the only backend killed (SIGKILL) for "
+        f"{restarted - killed:.1f} s, then restarted | {len(seen)} requests: {client_side}; down detected in "
+        f"{detect:.2f} s, back {recover:.2f} s after the restarted backend answered "
+        f"(the restart took {up_after - recover:.1f} s) | "
+        f"{lost} lost; outcomes in /metrics {counts}; accounts consistent: {ok} |"
+    ]
     return rows
 
 
@@ -171,9 +202,11 @@ async def hanging() -> list[str]:
     gw.wait(60)
     backend.kill()
     backend.wait()
-    return [f"| 20 requests to a backend that never answers (`request_timeout_s` = 2) | "
-            f"{ {o: seen.count(o) for o in set(seen)} } in {took:.1f} s | {20 - sum(counts.values()):.0f} lost; "
-            f"{counts} |"]
+    return [
+        f"| 20 requests to a backend that never answers (`request_timeout_s` = 2) | "
+        f"{ {o: seen.count(o) for o in set(seen)} } in {took:.1f} s | {20 - sum(counts.values()):.0f} lost; "
+        f"{counts} |"
+    ]
 
 
 def stalled_uploads() -> list[str]:
@@ -183,8 +216,10 @@ def stalled_uploads() -> list[str]:
     socks = []
     for _ in range(200):
         s = socket.create_connection(("127.0.0.1", gport))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k1\r\n"
-                  b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"model\":")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k1\r\n"
+            b'content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"model":'
+        )
         socks.append(s)
     start_ = time.monotonic()
     answers = []
@@ -201,8 +236,10 @@ def stalled_uploads() -> list[str]:
     gw.wait(60)
     backend.kill()
     backend.wait()
-    return [f"| 200 connections that send headers and a partial body, then stall (`client_timeout_s` = 5) | "
-            f"{answers.count('HTTP/1.1 408')} answered 408 and closed within {took:.1f} s | none held |"]
+    return [
+        f"| 200 connections that send headers and a partial body, then stall (`client_timeout_s` = 5) | "
+        f"{answers.count('HTTP/1.1 408')} answered 408 and closed within {took:.1f} s | none held |"
+    ]
 
 
 async def drain() -> list[str]:
@@ -212,8 +249,9 @@ async def drain() -> list[str]:
     gw = gateway(gport, bport, "--drain-timeout", "3")
     async with httpx.AsyncClient(timeout=120) as c:
         tasks = [asyncio.create_task(stream(c, base, "k2", 2000)) for _ in range(8)]
-        await asyncio.to_thread(poll, lambda: httpx.get(base + "/healthz").json()["backends"][0]
-                                ["in_flight_requests"] == 8, 20)
+        await asyncio.to_thread(
+            poll, lambda: httpx.get(base + "/healthz").json()["backends"][0]["in_flight_requests"] == 8, 20
+        )
         start_ = time.monotonic()
         gw.send_signal(signal.SIGTERM)
         seen = await asyncio.gather(*tasks)
@@ -222,9 +260,11 @@ async def drain() -> list[str]:
     exited = time.monotonic() - start_
     backend.kill()
     backend.wait()
-    return [f"| SIGTERM with 8 long requests in flight (`drain_timeout_s` = 3) | all 8 ended after {ended:.1f} s: "
-            f"{seen.count('shutdown')} streams with the `shutdown` error event, {seen.count('503')} not yet "
-            f"streaming with 503; the process exited after {exited:.1f} s | each charged what it produced |"]
+    return [
+        f"| SIGTERM with 8 long requests in flight (`drain_timeout_s` = 3) | all 8 ended after {ended:.1f} s: "
+        f"{seen.count('shutdown')} streams with the `shutdown` error event, {seen.count('503')} not yet "
+        f"streaming with 503; the process exited after {exited:.1f} s | each charged what it produced |"
+    ]
 
 
 async def main() -> None:

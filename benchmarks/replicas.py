@@ -7,6 +7,7 @@ time of one sync as the number of tenants grows (--tenants), with nothing or 10 
 Targets (issue 10): <= 0.5 ms p50 added, >= 0.9x throughput.
 Run: .venv/bin/python benchmarks/replicas.py [--requests 400] [--concurrency 32] [--rounds 5] [--tenants 10,1000]
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,13 @@ async def sync_ms(url: str, tenants: int, changed: int, rounds: int = 20) -> flo
     def replica() -> SharedState:
         ledger = Ledger(make_policy("vtc"), names)
         backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
-        return SharedState(StateSettings(url, interval_s=600, prefix=f"bench{tenants}-{changed}"), ledger, backends,
-                           tokens_of=lambda r: r.prompt_tokens)
+        return SharedState(
+            StateSettings(url, interval_s=600, prefix=f"bench{tenants}-{changed}"),
+            ledger,
+            backends,
+            tokens_of=lambda r: r.prompt_tokens,
+        )
+
     reader, writer = replica(), replica()
     await reader.start()
     await writer.start()
@@ -69,6 +75,7 @@ def main() -> int:
         return 2
     import shutil
     import tempfile
+
     binary = shutil.which("redis-server")
     if binary is None:
         print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
@@ -81,9 +88,11 @@ def main() -> int:
         redis.start()
         try:
             backend = f"--backend={emulator},max_requests=256"
-            with serve("gateway", backend, *common) as plain, \
-                    serve("gateway", backend, *common, "--state", redis.url) as shared:
-                for _ in range(a.rounds):                  # interleaved, so both see the same machine
+            with (
+                serve("gateway", backend, *common) as plain,
+                serve("gateway", backend, *common, "--state", redis.url) as shared,
+            ):
+                for _ in range(a.rounds):  # interleaved, so both see the same machine
                     rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
                     before = round_trips(shared)
                     rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
@@ -94,9 +103,11 @@ def main() -> int:
             redis.stop()
     stats = table("gateway", rows)
     g, s = stats["gateway"], stats["gateway --state"]
-    print(f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
-          f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
-          f"the sync every 20 ms)")
+    print(
+        f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
+        f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
+        f"the sync every 20 ms)"
+    )
     print()
     print("| tenants | one sync, nothing changed (ms) | one sync, 10 tenants changed (ms) |")
     print("|---:|---:|---:|")

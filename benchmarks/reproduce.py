@@ -6,6 +6,7 @@ Run: .venv/bin/python benchmarks/reproduce.py [--repeats 3] [--jobs 1,2] [--mode
 `--readme README.md` instead runs the full suite once (2 processes) and replaces the verdict table in the README
 (between `<!-- reproduce:begin -->` and `<!-- reproduce:end -->`) with the report's overview.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,7 @@ def main() -> int:
         jobs_list = []
     modes = args.modes.split(",")
     if args.repeats < 1 or not jobs_list or min(jobs_list) < 1 or not set(modes) <= {"full", "quick"}:
-        print("benchmarks/reproduce.py: --repeats and --jobs must be >= 1, --modes full and/or quick",
-              file=sys.stderr)
+        print("benchmarks/reproduce.py: --repeats and --jobs must be >= 1, --modes full and/or quick", file=sys.stderr)
         return 2
     print("| mode | jobs | wall s (median) | min | verdicts holding |")
     print("|---|---:|---:|---:|---|")
@@ -65,8 +65,10 @@ def main() -> int:
                     findings = reproduce(out, quick=quick, jobs=jobs, progress=False)
                     times.append(time.perf_counter() - t)
                 holding = f"{sum(f.holds is True for f in findings)} of {len(findings)}"
-            print(f"| {'quick' if quick else 'full'} | {jobs} | {statistics.median(times):.1f} | {min(times):.1f} "
-                  f"| {holding} |")
+            print(
+                f"| {'quick' if quick else 'full'} | {jobs} | {statistics.median(times):.1f} | {min(times):.1f} "
+                f"| {holding} |"
+            )
     return 0
 
 

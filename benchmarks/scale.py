@@ -13,6 +13,7 @@ Run: .venv/bin/python benchmarks/scale.py [--quick] [--no-million] [--min-reques
      [--loop-requests N] [--repeats 3]
 (--quick: the 10,000-request rows and a 20,000-request hot loop, about a minute.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,12 @@ from fairserve.sim import simulate
 from fairserve.workloads import Workload, load_trace
 
 RATE = 3.0
-TABLE = [(10_000, 10, ("fcfs", "vtc")), (10_000, 1_000, ("fcfs", "vtc")), (100_000, 10_000, ("fcfs", "vtc")),
-         (1_000_000, 100_000, ("vtc",))]
+TABLE = [
+    (10_000, 10, ("fcfs", "vtc")),
+    (10_000, 1_000, ("fcfs", "vtc")),
+    (100_000, 10_000, ("fcfs", "vtc")),
+    (1_000_000, 100_000, ("vtc",)),
+]
 LOOP_CLIENTS = (10, 1_000, 10_000, 100_000)
 
 
@@ -81,13 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-loop", action="store_true", help="skip the hot-loop table")
     ap.add_argument("--repeats", type=int, default=3, help="hot loop: interleaved FCFS/VTC runs, median (default 3)")
     a = ap.parse_args(argv)
-    rows = [r for r in TABLE if not (a.quick and r[0] > 10_000) and not (a.no_million and r[0] >= 1_000_000)
-            and r[0] >= a.min_requests]
+    rows = [
+        r
+        for r in TABLE
+        if not (a.quick and r[0] > 10_000) and not (a.no_million and r[0] >= 1_000_000) and r[0] >= a.min_requests
+    ]
     loop_n = a.loop_requests or (20_000 if a.quick else 100_000)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     with tempfile.TemporaryDirectory() as tmp:
-        print("| requests | clients | `simulate()` FCFS / VTC | `fairserve simulate --trace … --drain`: FCFS | VTC "
-              "| largest backlogged difference (VTC) |")
+        print(
+            "| requests | clients | `simulate()` FCFS / VTC | `fairserve simulate --trace … --drain`: FCFS | VTC "
+            "| largest backlogged difference (VTC) |"
+        )
         print("|---:|---:|---|---|---|---|")
         for requests, clients, policies in rows:
             trace = write_trace(Path(tmp) / f"scale-{requests}-{clients}.csv", requests, clients)
@@ -96,13 +106,18 @@ def main(argv: list[str] | None = None) -> int:
             del workload
             cmd = {p: run_command(trace, p) for p in policies}
             cell = lambda p: f"{cmd[p]['s']:.1f} s, {cmd[p]['mib']:,.0f} MiB" if p in cmd else "—"
-            print(f"| {requests:,} | {clients:,} | {' / '.join(f'{alone[p]:.1f} s' for p in policies)}"
-                  f"{' (VTC only)' if len(policies) == 1 else ''} | {cell('fcfs')} | {cell('vtc')} "
-                  f"| {cmd['vtc']['diff']} |", flush=True)
+            print(
+                f"| {requests:,} | {clients:,} | {' / '.join(f'{alone[p]:.1f} s' for p in policies)}"
+                f"{' (VTC only)' if len(policies) == 1 else ''} | {cell('fcfs')} | {cell('vtc')} "
+                f"| {cmd['vtc']['diff']} |",
+                flush=True,
+            )
         if a.no_loop:
             return 0
-        print(f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request "
-              f"(median of {a.repeats}, FCFS and VTC interleaved)\n")
+        print(
+            f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request "
+            f"(median of {a.repeats}, FCFS and VTC interleaved)\n"
+        )
         print("| clients | FCFS | VTC | VTC / FCFS |")
         print("|---:|---:|---:|---:|")
         base = None
@@ -111,10 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             runs = [(p, time_simulate(workload, p)) for _ in range(a.repeats) for p in ("fcfs", "vtc")]
             us = {p: 1e6 * float(np.median([s for q, s in runs if q == p])) / loop_n for p in ("fcfs", "vtc")}
             base = base or us
-            print(f"| {clients:,} | {us['fcfs']:.0f} ({us['fcfs'] / base['fcfs']:.2f}×) "
-                  f"| {us['vtc']:.0f} ({us['vtc'] / base['vtc']:.2f}×) | {us['vtc'] / us['fcfs']:.2f}× |", flush=True)
-    print(f"\nload average at end: {os.getloadavg()[0]:.1f}; this process's peak: "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB")
+            print(
+                f"| {clients:,} | {us['fcfs']:.0f} ({us['fcfs'] / base['fcfs']:.2f}×) "
+                f"| {us['vtc']:.0f} ({us['vtc'] / base['vtc']:.2f}×) | {us['vtc'] / us['fcfs']:.2f}× |",
+                flush=True,
+            )
+    print(
+        f"\nload average at end: {os.getloadavg()[0]:.1f}; this process's peak: "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ when the trace is missing.
 
 Run: .venv/bin/python benchmarks/simspeed.py [--quick] [--workloads real,overload] [--policies fcfs,vtc] [--repeats 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ def _csv(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 repeats (< 20 s)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS),
-                    help=f"comma-separated, from: {', '.join(ALL_WORKLOADS)}")
+    ap.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from: {', '.join(ALL_WORKLOADS)}"
+    )
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy specs")
     ap.add_argument("--repeats", type=int, help="timed runs per (workload, policy); default 5 (quick: 2)")
     a = ap.parse_args(argv)
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     walls: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
     sim_s: dict[tuple[str, str], float] = {}
     steps: dict[tuple[str, str], int] = {}
-    simulate(workloads[runs[0][0]], policies[0])   # warm-up (imports, caches)
+    simulate(workloads[runs[0][0]], policies[0])  # warm-up (imports, caches)
     for _ in range(repeats):
         for w, p in runs:
             gc.collect()
@@ -73,17 +75,23 @@ def main(argv: list[str] | None = None) -> int:
             walls[w, p].append(time.perf_counter() - t0)
             sim_s[w, p], steps[w, p] = res.end_s, res.decode_steps
 
-    print(f"Simulator speed, median (and fastest) of {repeats} runs; simulated seconds = result.end_s. "
-          f"Target: >= {TARGET_X:,.0f}x real time.\n")
-    print("| workload | policy | requests | decode steps | simulated s | wall s (median) | wall s (min) "
-          "| × real time | steps / wall s | target |")
+    print(
+        f"Simulator speed, median (and fastest) of {repeats} runs; simulated seconds = result.end_s. "
+        f"Target: >= {TARGET_X:,.0f}x real time.\n"
+    )
+    print(
+        "| workload | policy | requests | decode steps | simulated s | wall s (median) | wall s (min) "
+        "| × real time | steps / wall s | target |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for w, p in runs:
         med, low = float(np.median(walls[w, p])), min(walls[w, p])
         speed = sim_s[w, p] / med
         verdict = "met" if speed >= TARGET_X else "NOT met"
-        print(f"| {w} | {p} | {len(workloads[w].arrivals):,} | {steps[w, p]:,} | {sim_s[w, p]:.1f} | {med:.3f} "
-              f"| {low:.3f} | {speed:,.0f}× | {steps[w, p] / med:,.0f} | {verdict} |")
+        print(
+            f"| {w} | {p} | {len(workloads[w].arrivals):,} | {steps[w, p]:,} | {sim_s[w, p]:.1f} | {med:.3f} "
+            f"| {low:.3f} | {speed:,.0f}× | {steps[w, p] / med:,.0f} | {verdict} |"
+        )
     return 0
 
 

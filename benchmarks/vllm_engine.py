@@ -12,6 +12,7 @@ steps are short, so the scheduler's share of a step is larger than with a real m
 Run (the venv of scripts/vllm_cpu_env.sh):
     PYTHONPATH=src $(scripts/vllm_cpu_env.sh) benchmarks/vllm_engine.py [--requests 64] [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,20 @@ import vllm_cpu_model  # noqa: E402
 
 from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH  # noqa: E402
 
-TARGET = 0.98     # VTC tokens/s ÷ default tokens/s
+TARGET = 0.98  # VTC tokens/s ÷ default tokens/s
 
 
 def build(model: Path, vtc: bool, max_num_seqs: int) -> Any:
     from vllm import LLM
-    args: dict[str, Any] = dict(max_num_seqs=max_num_seqs, max_model_len=1024, enforce_eager=True, dtype="float32",
-                                seed=0, enable_prefix_caching=False)
+
+    args: dict[str, Any] = dict(
+        max_num_seqs=max_num_seqs,
+        max_model_len=1024,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        enable_prefix_caching=False,
+    )
     if vtc:
         args["scheduler_cls"] = SCHEDULER_PATH
     return LLM(str(model), **args)
@@ -64,12 +72,14 @@ def timed(sched: Any) -> list[float]:
 
 def one_round(llm: Any, spent: list[float], tag: str, requests: int, prompt: int, output: int) -> dict[str, float]:
     from vllm import SamplingParams
+
     engine = llm.llm_engine
     light = max(1, requests // 4)
     clients = ["heavy"] * (requests - light) + ["light"] * light
     for i, client in enumerate(clients):
-        params = SamplingParams(max_tokens=output, ignore_eos=True, temperature=0.0,
-                                extra_args={CLIENT_ARG: f"{tag}-{client}"})
+        params = SamplingParams(
+            max_tokens=output, ignore_eos=True, temperature=0.0, extra_args={CLIENT_ARG: f"{tag}-{client}"}
+        )
         engine.add_request(f"{tag}-{i}", {"prompt_token_ids": [(i * 7 + j) % 256 for j in range(prompt)]}, params)
     spent.clear()
     steps = tokens = 0
@@ -81,8 +91,12 @@ def one_round(llm: Any, spent: list[float], tag: str, requests: int, prompt: int
                 tokens += len(out.outputs[0].token_ids)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert tokens == requests * output, tokens
-    return {"tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu, "steps": steps,
-            "sched_us_per_step": 1e6 * sum(spent) / steps}
+    return {
+        "tokens_per_s": tokens / wall,
+        "tokens_per_cpu_s": tokens / cpu,
+        "steps": steps,
+        "sched_us_per_step": 1e6 * sum(spent) / steps,
+    }
 
 
 def worker(vtc: bool, max_num_seqs: int, conn: Any) -> None:
@@ -106,22 +120,23 @@ def main() -> None:
 
     vllm_cpu_model.build(vllm_cpu_model.default_dir())
     import vllm
+
     ctx = mp.get_context("spawn")
     conns, procs = {}, []
-    for name in (("vtc", "default") if args.vtc_first else ("default", "vtc")):
+    for name in ("vtc", "default") if args.vtc_first else ("default", "vtc"):
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=worker, args=(name == "vtc", args.max_num_seqs, child), daemon=True)
         proc.start()
-        assert parent.recv() == "ready"      # built one after the other
+        assert parent.recv() == "ready"  # built one after the other
         conns[name] = parent
         procs.append(proc)
     try:
-        for name, conn in conns.items():         # warm-up
+        for name, conn in conns.items():  # warm-up
             conn.send((f"warm-{name}", 8, args.prompt, 4))
             conn.recv()
         results: dict[str, list[dict[str, float]]] = {name: [] for name in conns}
         for r in range(args.rounds):
-            for name in (("default", "vtc") if r % 2 == 0 else ("vtc", "default")):
+            for name in ("default", "vtc") if r % 2 == 0 else ("vtc", "default"):
                 conns[name].send((f"r{r}-{name}", args.requests, args.prompt, args.output))
                 results[name].append(conns[name].recv())
     finally:
@@ -132,20 +147,27 @@ def main() -> None:
 
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in results.items()}
     ratios = [v["tokens_per_s"] / d["tokens_per_s"] for v, d in zip(results["vtc"], results["default"])]
-    print(f"vLLM {vllm.__version__} (CPU), {args.requests} requests ({args.requests - max(1, args.requests // 4)} "
-          f"heavy + {max(1, args.requests // 4)} light) of {args.prompt}+{args.output} tokens, max_num_seqs "
-          f"{args.max_num_seqs}, {args.rounds} interleaved rounds, medians; "
-          f"{'VTC' if args.vtc_first else 'default'} engine built first")
+    print(
+        f"vLLM {vllm.__version__} (CPU), {args.requests} requests ({args.requests - max(1, args.requests // 4)} "
+        f"heavy + {max(1, args.requests // 4)} light) of {args.prompt}+{args.output} tokens, max_num_seqs "
+        f"{args.max_num_seqs}, {args.rounds} interleaved rounds, medians; "
+        f"{'VTC' if args.vtc_first else 'default'} engine built first"
+    )
     print(f"{'scheduler':<10} {'output tok/s':>13} {'tok/CPU-s':>10} {'steps':>7} {'scheduler µs/step':>18}")
     for name in ("default", "vtc"):
         m = med[name]
-        print(f"{name:<10} {m['tokens_per_s']:>13,.0f} {m['tokens_per_cpu_s']:>10,.0f} {m['steps']:>7.0f} "
-              f"{m['sched_us_per_step']:>18,.0f}")
+        print(
+            f"{name:<10} {m['tokens_per_s']:>13,.0f} {m['tokens_per_cpu_s']:>10,.0f} {m['steps']:>7.0f} "
+            f"{m['sched_us_per_step']:>18,.0f}"
+        )
     ratio = statistics.median(ratios)
-    cpu_ratio = statistics.median(v["tokens_per_cpu_s"] / d["tokens_per_cpu_s"]
-                                  for v, d in zip(results["vtc"], results["default"]))
-    print(f"VTC / default tokens/s: median of per-round ratios {ratio:.3f} (rounds: "
-          f"{', '.join(f'{x:.3f}' for x in ratios)}); goal >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'}")
+    cpu_ratio = statistics.median(
+        v["tokens_per_cpu_s"] / d["tokens_per_cpu_s"] for v, d in zip(results["vtc"], results["default"])
+    )
+    print(
+        f"VTC / default tokens/s: median of per-round ratios {ratio:.3f} (rounds: "
+        f"{', '.join(f'{x:.3f}' for x in ratios)}); goal >= {TARGET}: {'met' if ratio >= TARGET else 'NOT met'}"
+    )
     print(f"VTC / default tokens per CPU second: {cpu_ratio:.3f}")
 
 

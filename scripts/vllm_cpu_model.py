@@ -6,6 +6,7 @@ Head size 64 (hidden 256, 4 heads, 2 KV heads, 2 layers): vLLM's CPU attention s
 112, 128, 160, 192, 224, 256 and 512, so the `tiny-random` preset (head size 16) does not load. Saved with
 `save_pretrained` beside fairserve's byte-level tokenizer (engines/hf_models.py); nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,15 @@ from pathlib import Path
 
 from fairserve.engines.hf_models import RandomPreset, byte_tokenizer, random_llama
 
-PRESET = RandomPreset(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512,
-                      description="2 layers, hidden 256, head size 64 (~1M parameters): vLLM CPU tests")
-VERSION = "1"   # bump when PRESET or the tokenizer changes: a cached model of another version is rebuilt
+PRESET = RandomPreset(
+    hidden=256,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=512,
+    description="2 layers, hidden 256, head size 64 (~1M parameters): vLLM CPU tests",
+)
+VERSION = "1"  # bump when PRESET or the tokenizer changes: a cached model of another version is rebuilt
 
 
 def default_dir() -> Path:
@@ -35,7 +42,7 @@ def build(path: Path) -> Path:
     model.generation_config.do_sample = False
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    stamp.write_text(VERSION + "\n")    # last: an interrupted build is redone
+    stamp.write_text(VERSION + "\n")  # last: an interrupted build is redone
     return path
 
 

@@ -1,4 +1,5 @@
 """Starting `fairserve` servers in their own processes for tests (loopback ports, stopped by the test)."""
+
 import contextlib
 import subprocess
 import sys
@@ -17,7 +18,7 @@ def fairserve_process(*args, timeout_s: float = 30.0):
     port = free_port()
     cmd = [sys.executable, "-m", "fairserve", *args]
     cmd += ["--listen", f"127.0.0.1:{port}"]
-    log = tempfile.TemporaryFile()      # NOTE: not a pipe: a busy server would block once a pipe's buffer is full
+    log = tempfile.TemporaryFile()  # NOTE: not a pipe: a busy server would block once a pipe's buffer is full
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,4 +1,5 @@
 """Talking to a test server over a bare socket, for clients that stall (headers or a body that never finish)."""
+
 import socket
 
 

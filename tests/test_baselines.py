@@ -1,4 +1,5 @@
 """FCFS, RPM and DRR by hand, and the policy factory."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +37,7 @@ def test_rpm_rejects_beyond_limit_in_previous_60s():
     got = [p.add(req(i, "a", arrival=t)) for i, t in enumerate(times)]
     # accepted at 0 and 10; at 60.0 the one from 0.0 has left the window; at 70.0 the one from 10.0 has
     assert got == [True, True, False, False, True, False, True]
-    assert p.add(req(99, "b", arrival=20.0))        # limits are per client
+    assert p.add(req(99, "b", arrival=20.0))  # limits are per client
     rejected = Request(id=100, client="a", prompt_tokens=1, arrival_s=71.0)
     assert not p.add(rejected) and rejected.state is RequestState.REJECTED
 
@@ -82,6 +83,7 @@ def test_drr_peek_is_pure():
 
 def test_drr_tiny_quantum_behaves_like_vtc():
     import random
+
     rng = random.Random(3)
     prompts = [rng.randint(1, 300) for _ in range(300)]
     orders = {}
@@ -91,7 +93,7 @@ def test_drr_tiny_quantum_behaves_like_vtc():
             p.add(req(i, f"c{i % 3}", prompt=x))
         orders[spec] = [p.pop().id for _ in range(len(prompts))]
     assert orders["drr:0.01"] == orders["vtc"]
-    assert orders["drr:1000"] != orders["vtc"]     # a coarse quantum does not
+    assert orders["drr:1000"] != orders["vtc"]  # a coarse quantum does not
 
 
 def test_factory_names_and_errors():
@@ -99,8 +101,14 @@ def test_factory_names_and_errors():
         assert make_policy(name).peek() is None
     assert make_policy("rpm:7").limit == 7
     assert make_policy("drr:64").quantum == 64
-    for bad, msg in [("nope", "unknown policy"), ("rpm:x", "not a number"), ("vtc:3", "takes no argument"),
-                     ("rpm:0", ">= 1"), ("drr:-1", "> 0"), ("vtc-predict:psychic", "unknown predictor")]:
+    for bad, msg in [
+        ("nope", "unknown policy"),
+        ("rpm:x", "not a number"),
+        ("vtc:3", "takes no argument"),
+        ("rpm:0", ">= 1"),
+        ("drr:-1", "> 0"),
+        ("vtc-predict:psychic", "unknown predictor"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             make_policy(bad)
     with pytest.raises(ValueError, match="weight"):
@@ -111,9 +119,9 @@ def test_protocol_errors():
     p = make_policy("vtc")
     r = req(1, "a")
     with pytest.raises(PolicyError):
-        p.finish(r)                 # never admitted
+        p.finish(r)  # never admitted
     with pytest.raises(PolicyError):
-        p.pop()                     # nothing queued
+        p.pop()  # nothing queued
 
 
 class RingDRR:
@@ -126,7 +134,7 @@ class RingDRR:
     def add(self, r):
         q = self.queues.setdefault(r.client, [])
         if not q:
-            self.d[r.client] = min(self.d.get(r.client, 0.0), 0.0)   # no credit kept from before
+            self.d[r.client] = min(self.d.get(r.client, 0.0), 0.0)  # no credit kept from before
             self.joined += 1
             self.pos[r.client] = self.joined
         q.append(r)
@@ -148,9 +156,9 @@ class RingDRR:
         self.d[client] -= amount
 
 
-
-ops = st.lists(st.tuples(st.sampled_from(["add", "pop", "out"]), st.integers(0, 5), st.integers(1, 400)),
-               min_size=1, max_size=200)
+ops = st.lists(
+    st.tuples(st.sampled_from(["add", "pop", "out"]), st.integers(0, 5), st.integers(1, 400)), min_size=1, max_size=200
+)
 
 
 @settings(max_examples=200, deadline=None)

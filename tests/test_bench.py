@@ -1,4 +1,5 @@
 """fairserve bench against a tiny fake OpenAI-compatible streaming server on loopback."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ from fairserve.bench import BenchRecord, endpoint_url, resolve_keys, run_bench
 from fairserve.bench.cli import add_parser, parse_keys, run
 from fairserve.workloads import Arrival
 
-DELAY_S = 0.02                         # per output chunk
-DELAYS = {"fast": 0.0, "slow": 30.0}   # by API key
+DELAY_S = 0.02  # per output chunk
+DELAYS = {"fast": 0.0, "slow": 30.0}  # by API key
 FIELDS = {"client", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "status"}
 
 
@@ -39,8 +40,15 @@ class Fake:
     async def handle(self, request: Request):
         body = await request.json()
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
-        self.seen.append({"t": time.monotonic(), "key": key, "path": request.url.path, "body": body,
-                          "client": request.headers.get("x-fairserve-client")})
+        self.seen.append(
+            {
+                "t": time.monotonic(),
+                "key": key,
+                "path": request.url.path,
+                "body": body,
+                "client": request.headers.get("x-fairserve-client"),
+            }
+        )
         if key == "reject":
             return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error"}}, status_code=429)
         chat = "messages" in body
@@ -66,8 +74,12 @@ class Fake:
                     piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
                     yield sse({"choices": [{"index": 0, **piece, "finish_reason": last}]})
                 if key != "nousage":
-                    yield sse({"choices": [], "usage": {"prompt_tokens": estimate_tokens(prompt) + 1000,
-                                                        "completion_tokens": n}})
+                    yield sse(
+                        {
+                            "choices": [],
+                            "usage": {"prompt_tokens": estimate_tokens(prompt) + 1000, "completion_tokens": n},
+                        }
+                    )
                 yield "data: [DONE]\n\n"
             finally:
                 self.open -= 1
@@ -108,7 +120,7 @@ def test_records_fields_statuses_and_request_shape(fake):
     for r, a in zip(recs, arr):
         assert isinstance(r, BenchRecord) and FIELDS <= set(r.to_dict())
         assert r.client == a.client and r.arrival_s == a.arrival_s and r.max_tokens == a.output_tokens
-        assert r.output_tokens == a.output_tokens and r.prompt_tokens == a.prompt_tokens + 1000   # from usage
+        assert r.output_tokens == a.output_tokens and r.prompt_tokens == a.prompt_tokens + 1000  # from usage
         assert r.http_status == 200 and r.error is None
         assert r.arrival_s <= r.first_token_s <= r.finish_s and r.admit_s == r.first_token_s
         assert r.last_token_s == r.finish_s
@@ -133,13 +145,13 @@ def test_time_scale_maps_wall_to_workload_time(fake):
     f, url = fake
     before = len(f.seen)
     scale = 10.0
-    arr = arrivals(3, 2.0)                   # workload 0, 2, 4 s → wall 0, 0.2, 0.4 s
+    arr = arrivals(3, 2.0)  # workload 0, 2, 4 s → wall 0, 0.2, 0.4 s
     t0 = time.monotonic()
     recs = run_bench(url, arr, {"a": "k"}, time_scale=scale, timeout_s=5)
     sent = [s["t"] - t0 for s in f.seen[before:]]
     # NOTE: delays only ever add: never before its scaled time, and well before the unscaled 2 s and 4 s
     assert all(t >= a.arrival_s / scale - 0.01 for t, a in zip(sent, arr)) and sent[-1] < 2.0, sent
-    for r in recs:                           # 4 chunks × 20 ms wall ≥ 0.8 workload s (0.08 if unscaled)
+    for r in recs:  # 4 chunks × 20 ms wall ≥ 0.8 workload s (0.08 if unscaled)
         assert r.status == "finished"
         assert 0.7 < r.finish_s - r.arrival_s and r.first_token_s <= r.finish_s, r
 
@@ -150,7 +162,7 @@ def test_rejected_cut_short_and_timeout(fake):
     keys = {"rej": "reject", "cut": "cut", "short": "short", "slow": "slow", "ok": "k"}
     t0 = time.monotonic()
     rej, cut, short, slow, ok = run_bench(url, arr, keys, timeout_s=1.0)
-    assert time.monotonic() - t0 < DELAYS["slow"] / 2         # the timeout ended it, not the slow server
+    assert time.monotonic() - t0 < DELAYS["slow"] / 2  # the timeout ended it, not the slow server
     assert rej.status == "rejected" and rej.http_status == 429 and "slow down" in rej.error
     assert rej.first_token_s is None and rej.output_tokens == 0
     for r in (cut, short):
@@ -163,7 +175,7 @@ def test_rejected_cut_short_and_timeout(fake):
 
 def test_unreachable_target_is_rejected():
     with running_server(FastAPI()) as url:
-        pass                                 # the port is closed again
+        pass  # the port is closed again
     (r,) = run_bench(url, [Arrival(0.0, "a", 1, 1)], {"*": "k"}, timeout_s=5)
     assert r.status == "rejected" and r.http_status is None and "connect" in r.error
 
@@ -181,7 +193,7 @@ def test_keys_and_validation(fake):
     before = len(f.seen)
     with pytest.raises(ValueError, match="no API key for client.*b"):
         run_bench(url, [Arrival(0.0, "a", 1, 1), Arrival(0.0, "b", 1, 1)], {"a": "k"})
-    assert len(f.seen) == before             # nothing was sent
+    assert len(f.seen) == before  # nothing was sent
     assert resolve_keys({"a": "1", "*": "2"}, ["a", "b"]) == {"a": "1", "b": "2"}
     assert parse_keys("a=k1, *=k2,b=x=y") == {"a": "k1", "*": "k2", "b": "x=y"}
     for bad in ("a", "a=", "=k", "a=1,a=2", ""):
@@ -207,12 +219,35 @@ def test_cli_table_json_and_plots(fake, tmp_path, capsys):
     rows = [f"{i * 0.5},{'a' if i % 2 else 'b'},{12 + i},{3 + i % 3}" for i in range(8)]
     trace.write_text("arrival_time_s,client,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
     out, plots = tmp_path / "bench.json", tmp_path / "plots"
-    args = _parse("--target", url, "--trace", str(trace), "--keys", "a=ka,*=kb", "--time-scale", "10",
-                  "--weights", "a=1,b=2", "--json", str(out), "--plots", str(plots))
+    args = _parse(
+        "--target",
+        url,
+        "--trace",
+        str(trace),
+        "--keys",
+        "a=ka,*=kb",
+        "--time-scale",
+        "10",
+        "--weights",
+        "a=1,b=2",
+        "--json",
+        str(out),
+        "--plots",
+        str(plots),
+    )
     assert run(args) == 0
     text = capsys.readouterr().out
-    for word in ("client", "service", "svc/s", "resp mean", "p90", "e2e mean", "throughput", "Jain's index",
-                 "max service difference"):
+    for word in (
+        "client",
+        "service",
+        "svc/s",
+        "resp mean",
+        "p90",
+        "e2e mean",
+        "throughput",
+        "Jain's index",
+        "max service difference",
+    ):
         assert word in text
     assert any(line.startswith("a ") for line in text.splitlines())
     doc = json.loads(out.read_text())
@@ -228,8 +263,20 @@ def test_cli_table_json_and_plots(fake, tmp_path, capsys):
 
 def test_cli_named_workload_and_errors(fake, tmp_path, capsys):
     _, url = fake
-    args = _parse("--target", url, "--workload", "overload", "--duration", "2", "--time-scale", "20",
-                  "--keys", "*=fast", "--endpoint", "chat")
+    args = _parse(
+        "--target",
+        url,
+        "--workload",
+        "overload",
+        "--duration",
+        "2",
+        "--time-scale",
+        "20",
+        "--keys",
+        "*=fast",
+        "--endpoint",
+        "chat",
+    )
     assert run(args) == 0
     assert "client-0" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no API key"):
@@ -238,7 +285,7 @@ def test_cli_named_workload_and_errors(fake, tmp_path, capsys):
         run(_parse("--target", url, "--trace", str(tmp_path / "nope.csv"), "--keys", "*=k"))
     with pytest.raises(ValueError, match="weights"):
         run(_parse("--target", url, "--workload", "overload", "--duration", "2", "--keys", "*=k", "--weights", "x"))
-    with pytest.raises(SystemExit):          # --workload and --trace are exclusive
+    with pytest.raises(SystemExit):  # --workload and --trace are exclusive
         _parse("--target", url, "--workload", "overload", "--trace", "t.csv", "--keys", "*=k")
 
 
@@ -252,20 +299,36 @@ def test_client_xargs_names_the_client_in_the_body(fake):
     assert bodies["a"]["vllm_xargs"] == {"fairserve_client": "a"}
     assert bodies["b"]["vllm_xargs"] == {"fairserve_client": "b"}
     run_bench(url, arr[:1], {"*": "fast"}, timeout_s=5)
-    assert "vllm_xargs" not in f.seen[-1]["body"]              # off by default
+    assert "vllm_xargs" not in f.seen[-1]["body"]  # off by default
 
     assert _parse("--target", url, "--workload", "overload", "--keys", "*=k").client_xargs is None
-    assert _parse("--target", url, "--workload", "overload", "--keys", "*=k",
-                  "--client-xargs").client_xargs == "fairserve_client"
-    assert _parse("--target", url, "--workload", "overload", "--keys", "*=k",
-                  "--client-xargs", "tenant").client_xargs == "tenant"
+    assert (
+        _parse("--target", url, "--workload", "overload", "--keys", "*=k", "--client-xargs").client_xargs
+        == "fairserve_client"
+    )
+    assert (
+        _parse("--target", url, "--workload", "overload", "--keys", "*=k", "--client-xargs", "tenant").client_xargs
+        == "tenant"
+    )
 
 
 def test_cli_client_xargs_reaches_the_server(fake, capsys):
     f, url = fake
     before = len(f.seen)
-    args = _parse("--target", url, "--workload", "overload", "--duration", "1", "--time-scale", "20",
-                  "--keys", "*=fast", "--client-xargs", "tenant")
+    args = _parse(
+        "--target",
+        url,
+        "--workload",
+        "overload",
+        "--duration",
+        "1",
+        "--time-scale",
+        "20",
+        "--keys",
+        "*=fast",
+        "--client-xargs",
+        "tenant",
+    )
     assert run(args) == 0
     seen = f.seen[before:]
     assert seen and all(s["body"]["vllm_xargs"] == {"tenant": s["client"]} for s in seen)

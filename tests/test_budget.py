@@ -1,4 +1,5 @@
 """The O(log n) reserve-admission index agrees with LightLLM's formula, written plainly."""
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

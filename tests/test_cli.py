@@ -1,4 +1,5 @@
 """`fairserve simulate` end to end: output, JSON, and one clear error for bad input."""
+
 import json
 import subprocess
 import sys
@@ -25,14 +26,16 @@ def test_json_records(tmp_path):
     fields = {"client", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "status"}
     assert fields <= set(reqs[0])
     assert {r["status"] for r in reqs} <= {"finished", "unfinished", "rejected"}
-    assert any(r["finish_s"] is None for r in reqs)          # overload: some never finish by 60 s
+    assert any(r["finish_s"] is None for r in reqs)  # overload: some never finish by 60 s
     assert {r["client"] for r in reqs} == {"client-0", "client-1"}
 
 
 def test_json_per_policy_files(tmp_path):
     out = tmp_path / "run.json"
-    assert main(["simulate", "--workload", "overload", "--duration", "30", "--policy", "fcfs,rpm:5",
-                 "--json", str(out)]) == 0
+    assert (
+        main(["simulate", "--workload", "overload", "--duration", "30", "--policy", "fcfs,rpm:5", "--json", str(out)])
+        == 0
+    )
     assert (tmp_path / "run.fcfs.json").exists() and (tmp_path / "run.rpm-5.json").exists()
     rpm = json.loads((tmp_path / "run.rpm-5.json").read_text())
     assert any(r["status"] == "rejected" for r in rpm["requests"])
@@ -41,21 +44,42 @@ def test_json_per_policy_files(tmp_path):
 def test_trace_and_options(tmp_path, capsys):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time_s,client,prompt_tokens,output_tokens\n0,x,10,20\n0.5,y,30,5\n1,x,10,20\n")
-    assert main(["simulate", "--trace", str(trace), "--policy", "vtc", "--weights", "x=2,y=1",
-                 "--engine-mode", "paged", "--kv-tokens", "5000", "--profile", "llama-2-7b@a100-80gb",
-                 "--drain"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(trace),
+                "--policy",
+                "vtc",
+                "--weights",
+                "x=2,y=1",
+                "--engine-mode",
+                "paged",
+                "--kv-tokens",
+                "5000",
+                "--profile",
+                "llama-2-7b@a100-80gb",
+                "--drain",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "paged" in out and "5,000" in out and "x " in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--workload", "nope"], "unknown workload"),
-    (["--trace", "/no/such/file.csv"], "not found"),
-    (["--workload", "overload", "--policy", "magic"], "unknown policy"),
-    (["--workload", "overload", "--weights", "a"], "bad --weights"),
-    (["--workload", "overload", "--profile", "tpu"], "unknown latency model"),
-    (["--workload", "overload", "--policy", "rpm:x"], "not a number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workload", "nope"], "unknown workload"),
+        (["--trace", "/no/such/file.csv"], "not found"),
+        (["--workload", "overload", "--policy", "magic"], "unknown policy"),
+        (["--workload", "overload", "--weights", "a"], "bad --weights"),
+        (["--workload", "overload", "--profile", "tpu"], "unknown latency model"),
+        (["--workload", "overload", "--policy", "rpm:x"], "not a number"),
+    ],
+)
 def test_bad_input_one_clear_line(args, message, capsys):
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -70,9 +94,26 @@ def test_bad_trace_contents(tmp_path, capsys):
 
 
 def test_module_entry_point_and_argparse_errors():
-    ok = subprocess.run([sys.executable, "-m", "fairserve", "simulate", "--workload", "overload",
-                         "--duration", "20", "--policy", "fcfs"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairserve",
+            "simulate",
+            "--workload",
+            "overload",
+            "--duration",
+            "20",
+            "--policy",
+            "fcfs",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "policy fcfs" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "fairserve", "simulate", "--workload", "overload",
-                          "--kv-tokens", "-5"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fairserve", "simulate", "--workload", "overload", "--kv-tokens", "-5"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--kv-tokens" in bad.stderr

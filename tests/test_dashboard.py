@@ -1,5 +1,6 @@
 """The dashboard's data (`GET /admin/dashboard`, history of service rates), its page, `POST /admin/owners`,
 `fairserve top` and `fairserve bench --admin-key` against a gateway in front of a fake backend."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, 
 
 from fairserve.cli import main
 from fairserve.core import LedgerView, TenantView
-from fairserve.dashboard import (HISTORY_S, MAX_POINTS, MAX_SAMPLES, MIN_INTERVAL_S, RATE_WINDOW_S, History,
-                                 snapshot)
+from fairserve.dashboard import HISTORY_S, MAX_POINTS, MAX_SAMPLES, MIN_INTERVAL_S, RATE_WINDOW_S, History, snapshot
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
@@ -32,8 +32,10 @@ def view(services: dict[str, float], queued: dict[str, int] | None = None) -> Le
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=400),
-       rates=st.tuples(st.floats(0, 1e4), st.floats(0, 1e4)))
+@given(
+    steps=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=400),
+    rates=st.tuples(st.floats(0, 1e4), st.floats(0, 1e4)),
+)
 def test_history_is_bounded_and_rates_are_exact_for_steady_service(steps, rates):
     clock, h = Clock(), History()
     h.clock = clock
@@ -49,7 +51,7 @@ def test_history_is_bounded_and_rates_are_exact_for_steady_service(steps, rates)
     assert len(times) == len(series["a"]) == len(series["b"]) <= min(MAX_POINTS, len(h.samples) - 1)
     assert all(-HISTORY_S <= t <= 0 for t in times) and times == sorted(times)
     if len(h.samples) > 1 and h.samples[-1].t - h.samples[-2].t <= RATE_WINDOW_S:
-        assert times[-1] == 0                    # the latest sample is always on the chart
+        assert times[-1] == 0  # the latest sample is always on the chart
     for got, want in ((series["a"], rates[0]), (series["b"], rates[1])):
         assert all(v == pytest.approx(want, rel=1e-6, abs=0.01) for v in got)
 
@@ -60,11 +62,11 @@ def test_rate_covers_the_window_before_each_sample():
     service = 0.0
     for second in range(20):
         clock.now += 1
-        service += 100 if second < 10 else 0      # 100 service/s for 10 s, then nothing
+        service += 100 if second < 10 else 0  # 100 service/s for 10 s, then nothing
         h.sample(view({"a": service}), ["a"])
     times, series = h.rates()
     assert times[-1] == 0 and series["a"][-1] == 0.0
-    assert series["a"][int(RATE_WINDOW_S)] == pytest.approx(100)   # a full window inside the busy part
+    assert series["a"][int(RATE_WINDOW_S)] == pytest.approx(100)  # a full window inside the busy part
     doc = snapshot(view({"a": service}), ["a", "nobody"], h)
     assert [t["name"] for t in doc["tenants"]] == ["a"] and doc["tenants"][0]["rate"] == 0.0
 
@@ -73,7 +75,7 @@ def test_snapshot_reports_fairness_among_backlogged_tenants():
     v = view({"a": 10.0, "b": 30.0, "c": 99.0}, queued={"a": 1, "b": 2})
     doc = snapshot(v, ["a", "b", "c"], History(), backends=lambda: [{"url": "u"}])
     assert doc["backlogged"] == ["a", "b"] and doc["counter_spread"] == 20.0
-    assert doc["jain"] == pytest.approx((10 + 30) ** 2 / (2 * (10 ** 2 + 30 ** 2)))
+    assert doc["jain"] == pytest.approx((10 + 30) ** 2 / (2 * (10**2 + 30**2)))
     assert doc["backends"] == [{"url": "u"}]
     assert snapshot(v, ["a"], History())["backends"] is None
 
@@ -84,8 +86,7 @@ def test_dashboard_data_page_and_owners_on_the_gateway():
             r = HTTP.get(base + "/admin/dashboard", headers=headers)
             assert r.status_code == status and "error" in r.json()
         for tenant in KEYS:
-            assert HTTP.post(base + "/v1/chat/completions", json=chat_body(4),
-                             headers=auth(tenant)).status_code == 200
+            assert HTTP.post(base + "/v1/chat/completions", json=chat_body(4), headers=auth(tenant)).status_code == 200
         doc = HTTP.get(base + "/admin/dashboard", headers=ADMIN_H).json()
         rows = {t["name"]: t for t in doc["tenants"]}
         admin = admin_tenants(base)
@@ -98,9 +99,9 @@ def test_dashboard_data_page_and_owners_on_the_gateway():
         page = HTTP.get(base + "/dashboard")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "script-src 'self'" in page.headers["content-security-policy"]
-        assert "alice" not in page.text and ADMIN not in page.text          # the page holds no data
+        assert "alice" not in page.text and ADMIN not in page.text  # the page holds no data
         srcs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
-        assert srcs and all(s.startswith("/dashboard/") for s in srcs)       # nothing from elsewhere
+        assert srcs and all(s.startswith("/dashboard/") for s in srcs)  # nothing from elsewhere
         for src in srcs:
             assert HTTP.get(base + src).status_code == 200
         assert "/admin/dashboard" in HTTP.get(base + "/dashboard/dashboard.js").text
@@ -119,15 +120,14 @@ def _numbers(line: str) -> list[float]:
 def test_top_once_matches_the_admin_api(capsys):
     with serve(FakeBackend(), weight_alice=2) as base:
         for tenant, n in (("alice", 7), ("bob", 3)):
-            assert HTTP.post(base + "/v1/chat/completions", json=chat_body(n),
-                             headers=auth(tenant)).status_code == 200
+            assert HTTP.post(base + "/v1/chat/completions", json=chat_body(n), headers=auth(tenant)).status_code == 200
         assert main(["top", "--target", base, "--admin-key", ADMIN, "--once", "--interval", "0.6"]) == 0
         out = capsys.readouterr().out
         admin = admin_tenants(base)
         for name, row in admin.items():
             (line,) = [x for x in out.splitlines() if re.search(rf"\b{name}\b", x)]
             weight, rate, service, counter, queued, in_flight = _numbers(line)
-            assert weight == row["weight"] and rate == 0.0          # nothing served between the two looks
+            assert weight == row["weight"] and rate == 0.0  # nothing served between the two looks
             assert service == round(row["service"]) and counter == round(row["counter"], 1)
             assert (queued, in_flight) == (row["queue_length"], row["in_flight"]) == (0, 0)
         assert "policy vtc" in out and "backends" in out and "healthy" in out
@@ -144,18 +144,29 @@ def test_bench_scores_with_the_gateways_weights(tmp_path, capsys):
     trace.write_text("arrival_time_s,client,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
     out = tmp_path / "bench.json"
     with serve(FakeBackend(), weight_alice=2) as base:
-        argv = ["bench", "--target", base, "--trace", str(trace), "--time-scale", "10",
-                "--keys", f"c0={KEYS['alice']},c1={KEYS['bob']}", "--json", str(out)]
+        argv = [
+            "bench",
+            "--target",
+            base,
+            "--trace",
+            str(trace),
+            "--time-scale",
+            "10",
+            "--keys",
+            f"c0={KEYS['alice']},c1={KEYS['bob']}",
+            "--json",
+            str(out),
+        ]
         assert main([*argv, "--admin-key", ADMIN]) == 0
         text = capsys.readouterr()
         assert "c0=2 (alice), c1=1 (bob)" in text.out
-        assert "8/8" in text.err                          # the progress bar reached the end
+        assert "8/8" in text.err  # the progress bar reached the end
         assert json.loads(out.read_text())["summary"]["weights"] == {"c0": 2.0, "c1": 1.0}
 
         assert main([*argv, "--admin-key", "wrong"]) == 2
         assert "refused" in capsys.readouterr().err
         assert main([*argv[:-4], "--keys", "c0=unknown,c1=kb", "--admin-key", ADMIN]) == 2
         assert "no tenant with the API key of client 'c0'" in capsys.readouterr().err
-        with pytest.raises(SystemExit) as e:                                          # one source of weights
+        with pytest.raises(SystemExit) as e:  # one source of weights
             main([*argv, "--admin-key", ADMIN, "--weights", "c0=1"])
         assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The dashboard in a real browser: Playwright driving the system's Chromium against a gateway in front of the
 emulator, with traffic from two tenants. Under CI=true a missing browser fails this test; elsewhere it is skipped
 (`scripts/setup-chromium.sh` installs it)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,15 @@ from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app
 
 CHROMIUM = os.environ.get("FAIRSERVE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 OUT = Path(os.environ.get("FAIRSERVE_TEST_OUTPUT", Path(__file__).resolve().parents[1] / "build" / "test-output"))
 ADMIN, KEYS = "adm-secret-key", {"alice": "ka", "bob": "kb"}
 
@@ -60,13 +68,16 @@ def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
     async def tenant_loop(key: str) -> None:
         body = {"model": "m", "prompt": "hello " * 20, "max_tokens": 40, "stream": True, "ignore_eos": True}
         async with httpx.AsyncClient(timeout=30) as client:
+
             async def one() -> None:
                 while not stop.is_set():
                     with contextlib.suppress(httpx.HTTPError):
-                        async with client.stream("POST", url + "/v1/completions", json=body,
-                                                 headers={"Authorization": f"Bearer {key}"}) as r:
+                        async with client.stream(
+                            "POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                        ) as r:
                             async for _ in r.aiter_bytes():
                                 pass
+
             await asyncio.gather(*(one() for _ in range(per_tenant)))
 
     async def main() -> None:
@@ -84,9 +95,16 @@ def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def gateway():
     with serve("emulate", "--time-scale", "10") as backend:
-        cfg = build_config({"backends": [{"url": backend, "max_inflight_requests": 4}], "admin_key": ADMIN,
-                            "tenants": [{"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
-                                        {"name": "bob", "api_keys": [KEYS["bob"]]}]})
+        cfg = build_config(
+            {
+                "backends": [{"url": backend, "max_inflight_requests": 4}],
+                "admin_key": ADMIN,
+                "tenants": [
+                    {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
+                    {"name": "bob", "api_keys": [KEYS["bob"]]},
+                ],
+            }
+        )
         with running_server(create_app(cfg)) as url:
             yield url
 
@@ -97,14 +115,16 @@ def test_dashboard_live_in_a_browser(browser, gateway):
     page.on("request", lambda r: requested.append(r.url))
     with traffic(gateway):
         page.goto(gateway + "/dashboard")
-        assert "alice" not in page.content() and page.locator("#board").is_hidden()     # no data without the key
+        assert "alice" not in page.content() and page.locator("#board").is_hidden()  # no data without the key
 
         for wrong, shown in [("not-the-key", "Refused"), (KEYS["alice"], "tenant's key")]:
             page.fill("#key", wrong)
             page.click("#login button[type=submit]")
             # NOTE: waits for this key's refusal: the one of the key before must not pass for it
-            page.wait_for_function("(s) => { const e = document.querySelector('#error');"
-                                   " return !e.hidden && e.textContent.includes(s); }", arg=shown)
+            page.wait_for_function(
+                "(s) => { const e = document.querySelector('#error'); return !e.hidden && e.textContent.includes(s); }",
+                arg=shown,
+            )
             assert page.locator("#board").is_hidden()
 
         page.fill("#key", ADMIN)
@@ -116,18 +136,27 @@ def test_dashboard_live_in_a_browser(browser, gateway):
 
         cell = '#tenants tr[data-tenant="{}"] [data-field="service"]'
         before = {t: page.inner_text(cell.format(t)) for t in KEYS}
-        page.wait_for_function("([sel, old]) => document.querySelector(sel).textContent !== old",
-                               arg=[cell.format("alice"), before["alice"]], timeout=10_000)
-        page.wait_for_function("([sel, old]) => document.querySelector(sel).textContent !== old",
-                               arg=[cell.format("bob"), before["bob"]], timeout=10_000)
-        for tenant in KEYS:     # one line per tenant on the chart once two samples give a rate
+        page.wait_for_function(
+            "([sel, old]) => document.querySelector(sel).textContent !== old",
+            arg=[cell.format("alice"), before["alice"]],
+            timeout=10_000,
+        )
+        page.wait_for_function(
+            "([sel, old]) => document.querySelector(sel).textContent !== old",
+            arg=[cell.format("bob"), before["bob"]],
+            timeout=10_000,
+        )
+        for tenant in KEYS:  # one line per tenant on the chart once two samples give a rate
             page.wait_for_selector(f'#chart path[data-tenant="{tenant}"]', timeout=10_000)
-        page.wait_for_function("() => Number(document.querySelector("
-                               "'#tenants tr[data-tenant=\"alice\"] [data-field=\"rate\"]').textContent"
-                               ".replace(/,/g, '')) > 0", timeout=10_000)
+        page.wait_for_function(
+            "() => Number(document.querySelector("
+            '\'#tenants tr[data-tenant="alice"] [data-field="rate"]\').textContent'
+            ".replace(/,/g, '')) > 0",
+            timeout=10_000,
+        )
         OUT.mkdir(parents=True, exist_ok=True)
         shot = OUT / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    assert not any(ADMIN in u or KEYS["alice"] in u for u in requested)        # the key never goes in a URL
+    assert not any(ADMIN in u or KEYS["alice"] in u for u in requested)  # the key never goes in a URL
     page.close()

@@ -1,4 +1,5 @@
 """`fairserve emulate`: the OpenAI-compatible real-time emulator (loopback servers only)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ from fairserve.emulate.cli import add_parser, address, config_from_args, run
 from fairserve.emulate.config import FaultDraw
 from fairserve.sim import get_latency_model
 
-PROMPT = "The quick brown fox jumps over the lazy dog, twice."    # 13 estimated tokens
+PROMPT = "The quick brown fox jumps over the lazy dog, twice."  # 13 estimated tokens
 
 
 @contextlib.contextmanager
@@ -38,7 +39,7 @@ def eventually(check, timeout_s: float = 3.0) -> bool:
 
 
 def events(response: httpx.Response) -> list[str]:
-    return [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def test_openai_client_completions_and_chat():
@@ -54,9 +55,15 @@ def test_openai_client_completions_and_chat():
         assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (estimate_tokens(PROMPT), 5)
         chunks = list(client.completions.create(model="m", prompt=PROMPT, max_tokens=9, stream=True))
         assert [ch.choices[0].text for ch in chunks] == [OUTPUT_PIECE] * 9 and chunks[-1].usage is None
-        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}],
-                                                     max_tokens=6, stream=True,
-                                                     stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == OUTPUT_PIECE * 6
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
@@ -74,8 +81,13 @@ def test_raw_streams_shapes_usage_and_done():
         assert len(chunks) == 12 and all(c["object"] == "text_completion" and "usage" not in c for c in chunks)
         assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 11 + ["length"]
         assert em.jobs[chunks[0]["id"]].req.client == "alice"
-        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        body = {
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             data = events(r)
         chunks = [json.loads(d) for d in data[:-1]]
@@ -83,12 +95,17 @@ def test_raw_streams_shapes_usage_and_done():
         assert [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]] == [OUTPUT_PIECE] * 3
         p = estimate_tokens(PROMPT)
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
-            "prompt_tokens": p, "completion_tokens": 3, "total_tokens": p + 3}
+            "prompt_tokens": p,
+            "completion_tokens": 3,
+            "total_tokens": p + 3,
+        }
         assert em.jobs[chunks[0]["id"]].req.client == "anonymous"
         defaults = http.post("/v1/completions", json={"prompt": ""}).json()
         assert defaults["usage"]["completion_tokens"] == 16 and defaults["usage"]["prompt_tokens"] == 1
-        chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                         "max_tokens": 50, "max_completion_tokens": 4}).json()
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "max_completion_tokens": 4},
+        ).json()
         assert chat["usage"]["completion_tokens"] == 4 and chat["model"] == "fairserve-emulated"
         assert http.get("/healthz").json()["status"] == "ok"
 
@@ -96,14 +113,15 @@ def test_raw_streams_shapes_usage_and_done():
 def test_concurrent_requests_all_complete():
     async def main(url: str) -> list[int]:
         async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-            rs = await asyncio.gather(*(http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10 + i})
-                                        for i in range(8)))
+            rs = await asyncio.gather(
+                *(http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10 + i}) for i in range(8))
+            )
         return [r.json()["usage"]["completion_tokens"] for r in rs]
 
     with emulator(time_scale=5, engine_mode="paged") as (url, em):
         assert asyncio.run(main(url)) == [10 + i for i in range(8)]
         assert em.outcomes["finished"] == 8
-        assert em.engine.step < sum(range(9, 17))      # batched: fewer decode steps than one request at a time
+        assert em.engine.step < sum(range(9, 17))  # batched: fewer decode steps than one request at a time
 
 
 def test_simulated_time_follows_wall_time_times_scale():
@@ -117,9 +135,9 @@ def test_simulated_time_follows_wall_time_times_scale():
             req, p = em.jobs[rid].req, estimate_tokens(PROMPT) + em.engine.config.prompt_extra_tokens
             sim = model.prefill_s([p]) + sum(model.decode_step_s(1, p + g) for g in range(1, max_tokens))
             assert req.finish_s - req.arrival_s == pytest.approx(sim)
-            assert wall >= 0.8 * sim / scale    # paced: never ahead of the scaled clock
+            assert wall >= 0.8 * sim / scale  # paced: never ahead of the scaled clock
             if scale > 1:
-                assert wall < sim / 5           # much faster than the profiled GPU (100x expected: a wide margin)
+                assert wall < sim / 5  # much faster than the profiled GPU (100x expected: a wide margin)
 
 
 def test_disconnect_cancels_in_the_engine():
@@ -168,8 +186,9 @@ def test_fault_hang_until_the_client_leaves():
     with emulator(time_scale=1, hang_rate=1.0) as (url, em):
         for stream in (False, True):
             with pytest.raises(httpx.ReadTimeout):
-                httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 500, "stream": stream},
-                           timeout=0.3)
+                httpx.post(
+                    url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 500, "stream": stream}, timeout=0.3
+                )
         assert eventually(lambda: em.outcomes["hung"] == 2 and em.cancelled == 2)
         assert not em.engine.running and em.outcomes["finished"] == 0
 
@@ -184,14 +203,22 @@ def test_fault_draw_is_seeded():
 
 
 BAD = [
-    ("/v1/completions", b"{not json"), ("/v1/completions", b"[1, 2]"), ("/v1/completions", b""),
-    ("/v1/completions", {"max_tokens": 4}), ("/v1/completions", {"prompt": [1, 2, 3]}),
-    ("/v1/completions", {"prompt": ["a", "b"]}), ("/v1/completions", {"prompt": "a", "max_tokens": 0}),
-    ("/v1/completions", {"prompt": "a", "max_tokens": "8"}), ("/v1/completions", {"prompt": "a", "max_tokens": True}),
-    ("/v1/completions", {"prompt": "a", "n": 2}), ("/v1/completions", {"prompt": "a", "stream": "yes"}),
+    ("/v1/completions", b"{not json"),
+    ("/v1/completions", b"[1, 2]"),
+    ("/v1/completions", b""),
+    ("/v1/completions", {"max_tokens": 4}),
+    ("/v1/completions", {"prompt": [1, 2, 3]}),
+    ("/v1/completions", {"prompt": ["a", "b"]}),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 0}),
+    ("/v1/completions", {"prompt": "a", "max_tokens": "8"}),
+    ("/v1/completions", {"prompt": "a", "max_tokens": True}),
+    ("/v1/completions", {"prompt": "a", "n": 2}),
+    ("/v1/completions", {"prompt": "a", "stream": "yes"}),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}),
-    ("/v1/completions", {"prompt": "a", "model": 3}), ("/v1/chat/completions", {"max_tokens": 4}),
-    ("/v1/chat/completions", {"messages": "hi"}), ("/v1/chat/completions", {"messages": [{"content": "hi"}]}),
+    ("/v1/completions", {"prompt": "a", "model": 3}),
+    ("/v1/chat/completions", {"max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": "hi"}),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}),
     ("/v1/completions", {"prompt": "a", "max_tokens": 10_000}),
 ]
 
@@ -214,8 +241,11 @@ def test_bad_requests_get_openai_400s():
 
 def scrape(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
-    return {s.name + "".join(f"{{{v}}}" for v in s.labels.values() if s.name.startswith("fairserve")): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        s.name + "".join(f"{{{v}}}" for v in s.labels.values() if s.name.startswith("fairserve")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def test_metrics_expose_vllm_names_and_count():
@@ -226,7 +256,7 @@ def test_metrics_expose_vllm_names_and_count():
         http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
         http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
         with http.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 500, "stream": True}) as r:
-            lines = r.iter_lines()      # (a discarded iterator would close the stream)
+            lines = r.iter_lines()  # (a discarded iterator would close the stream)
             next(lines)
             during = scrape(url)
         assert during["vllm:num_requests_running"] == 1 and 0 < during["vllm:gpu_cache_usage_perc"] < 1
@@ -240,8 +270,16 @@ def test_metrics_expose_vllm_names_and_count():
 
 
 def test_config_and_cli_validation():
-    for bad in ({"time_scale": 0}, {"error_rate": -0.1}, {"hang_rate": 1.5}, {"extra_latency_s": -1},
-                {"profile": "no-such-gpu"}, {"policy": "nope"}, {"engine_mode": "lazy"}, {"kv_tokens": 1}):
+    for bad in (
+        {"time_scale": 0},
+        {"error_rate": -0.1},
+        {"hang_rate": 1.5},
+        {"extra_latency_s": -1},
+        {"profile": "no-such-gpu"},
+        {"policy": "nope"},
+        {"engine_mode": "lazy"},
+        {"kv_tokens": 1},
+    ):
         with pytest.raises(ValueError):
             EmulatorConfig(**bad)
     parser = argparse.ArgumentParser()
@@ -252,7 +290,7 @@ def test_config_and_cli_validation():
     assert (address(args), config.policy) == (("127.0.0.1", 8001), "fcfs")
     assert address(parser.parse_args(["emulate", "--listen", "0.0.0.0:9000"])) == ("0.0.0.0", 9000)
     assert address(parser.parse_args(["emulate", "--listen", "[::1]:9000"])) == ("::1", 9000)
-    assert address(parser.parse_args(["emulate", "--port", "9001"])) == ("127.0.0.1", 9001)     # the old flags
+    assert address(parser.parse_args(["emulate", "--port", "9001"])) == ("127.0.0.1", 9001)  # the old flags
     assert address(parser.parse_args(["emulate", "--host", "0.0.0.0", "--port", "0"])) == ("0.0.0.0", 0)
     for bad in (["--listen", "8001"], ["--listen", "host:port"], ["--port", "70000"]):
         with pytest.raises(ValueError, match="--listen must be HOST:PORT|port must be between"):

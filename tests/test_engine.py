@@ -1,4 +1,5 @@
 """The simulated engine by hand, with a constant-latency model."""
+
 import pytest
 
 from fairserve.core import make_policy
@@ -60,8 +61,9 @@ def test_oversized_requests_are_rejected_not_deadlocked():
 
 def test_until_leaves_unfinished_requests():
     res, _ = run([Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)])
-    res2 = SimEngine(make_policy("fcfs"), LAT).run([Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)],
-                                                   until_s=1.0)
+    res2 = SimEngine(make_policy("fcfs"), LAT).run(
+        [Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)], until_s=1.0
+    )
     a, b = res2.records
     assert a.status == "unfinished" and 0 < a.output_tokens < 1000 and a.last_token_s == pytest.approx(res2.end_s)
     assert b.status == "unfinished" and b.admit_s is None and b.output_tokens == 0
@@ -90,27 +92,28 @@ def test_engine_config_errors():
 
 def test_online_submit_advance_and_cancel():
     from fairserve.sim import SimRequest
+
     engine = SimEngine(make_policy("vtc"), LAT, EngineConfig(max_wait_steps=0))
     a = SimRequest(id="a", client="x", prompt_tokens=10, max_tokens=50, output_tokens=50)
     b = SimRequest(id="b", client="y", prompt_tokens=10, max_tokens=50, output_tokens=50)
     q = SimRequest(id="q", client="y", prompt_tokens=10, max_tokens=5, output_tokens=5)
     engine.submit(a)
-    assert engine.advance() and a.first_token_s == pytest.approx(0.1)       # prefill
+    assert engine.advance() and a.first_token_s == pytest.approx(0.1)  # prefill
     engine.submit(b)
-    assert engine.advance() and b in engine.running                        # admitted at once (no wait steps)
+    assert engine.advance() and b in engine.running  # admitted at once (no wait steps)
     for _ in range(3):
         engine.advance()
-    engine.cancel(a)                                                        # running: stops, pays what it produced
+    engine.cancel(a)  # running: stops, pays what it produced
     assert a not in engine.running and a.state.value == "aborted"
     assert engine.policy.service["x"] == 10 + 2 * a.generated
     assert engine.kv_used == b.prompt_tokens + b.generated_at(engine.step)
     engine.submit(q)
-    engine.cancel(q)                                                        # queued: dropped, never charged
+    engine.cancel(q)  # queued: dropped, never charged
     assert engine.policy.num_queued == 0
     while engine.running:
         engine.advance()
     assert b.state.value == "finished" and engine.just_finished == [b]
-    assert not engine.advance()                                             # nothing left to do
+    assert not engine.advance()  # nothing left to do
     assert engine.policy.service["y"] == 10 + 2 * 50
 
 
@@ -130,14 +133,17 @@ def test_per_client_reserve_holds_back_pool_for_each_distinct_client():
 def test_server_prompt_is_longer_than_the_clients():
     lat = ConstantLatency(prefill_s_per_token=0.001, decode_s=0.01)
     held = []
-    engine = SimEngine(make_policy("fcfs"), lat, EngineConfig(kv_tokens=121, batch_max_tokens=1000,
-                                                             prompt_extra_tokens=1),
-                       observer=lambda e: held.append(e.kv_used))
+    engine = SimEngine(
+        make_policy("fcfs"),
+        lat,
+        EngineConfig(kv_tokens=121, batch_max_tokens=1000, prompt_extra_tokens=1),
+        observer=lambda e: held.append(e.kv_used),
+    )
     res = engine.run([Arrival(0.0, "a", 20, 40), Arrival(0.0, "b", 20, 40)])
     a, b = res.records
-    assert a.first_token_s == pytest.approx(0.021)          # prefill of 20 + 1 tokens
-    assert held[0] == 21 + 1                                 # KV: the server's 21-token prompt + the first token
-    assert b.admit_s > 0.0                                   # (22, 39) twice peaks at 122 >= 121: b waits
+    assert a.first_token_s == pytest.approx(0.021)  # prefill of 20 + 1 tokens
+    assert held[0] == 21 + 1  # KV: the server's 21-token prompt + the first token
+    assert b.admit_s > 0.0  # (22, 39) twice peaks at 122 >= 121: b waits
     assert a.prompt_tokens == 20 and a.output_tokens == 40  # records keep the client's counts
     assert engine.kv_used == 0
     with pytest.raises(ValueError):

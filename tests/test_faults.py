@@ -1,6 +1,7 @@
 """The gateway under faults, against the emulator (its own process, killed and restarted) and raw TCP peers:
 every request ends in exactly one outcome, queued requests survive a restart shorter than queue_ttl, nothing is lost,
 and the accounts agree with /metrics. No test orders events by sleeping: they poll with deadlines."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,11 @@ REQS = "fairserve_gateway_requests_total"
 def emulator(port: int, *flags: str) -> Iterator[subprocess.Popen]:
     """`fairserve emulate` on 127.0.0.1:`port`, once it answers; killed (SIGKILL) on exit if still running."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "fairserve", "emulate", "--listen", f"127.0.0.1:{port}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairserve", "emulate", "--listen", f"127.0.0.1:{port}", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -99,9 +103,15 @@ class Stream(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        with httpx.Client(timeout=120) as c, c.stream(
-                "POST", self.base + "/v1/chat/completions", headers=auth(self.tenant),
-                json=chat_body(self.tokens, stream=True, ignore_eos=True)) as r:
+        with (
+            httpx.Client(timeout=120) as c,
+            c.stream(
+                "POST",
+                self.base + "/v1/chat/completions",
+                headers=auth(self.tenant),
+                json=chat_body(self.tokens, stream=True, ignore_eos=True),
+            ) as r,
+        ):
             self.status = r.status_code
             self.started.set()
             if r.status_code != 200:
@@ -121,7 +131,7 @@ class Stream(threading.Thread):
 def outcome_of(s: Stream) -> str:
     """The outcome the gateway should have counted for what the client saw."""
     if s.status == 200:
-        assert s.done != (s.error is not None), (s.done, s.error)      # exactly one ending
+        assert s.done != (s.error is not None), (s.done, s.error)  # exactly one ending
         return "ok" if s.done else s.error
     return {502: "backend_error", 503: "timeout", 504: "backend_error"}[s.status]
 
@@ -130,8 +140,9 @@ def outcome_of(s: Stream) -> str:
 def test_backend_killed_and_restarted_under_load_loses_nothing():
     port = free_port()
     flags = ("--time-scale", "1")
-    cfg = config([{"url": f"http://127.0.0.1:{port}", "max_inflight_requests": 4}], health_interval_s=0.1,
-                 queue_ttl_s=60)
+    cfg = config(
+        [{"url": f"http://127.0.0.1:{port}", "max_inflight_requests": 4}], health_interval_s=0.1, queue_ttl_s=60
+    )
     with running_server(create_app(cfg)) as base:
         with emulator(port, *flags) as proc:
             streams = [Stream(base, tenant, 60) for _ in range(6) for tenant in KEYS]
@@ -143,9 +154,9 @@ def test_backend_killed_and_restarted_under_load_loses_nothing():
             assert down, HTTP.get(base + "/healthz").text
             health = HTTP.get(base + "/health")
             assert health.status_code == 503 and "no backend is healthy" in health.json()["reason"]
-            late = [Stream(base, "alice", 10)]     # arrives while the backend is down: it waits
+            late = [Stream(base, "alice", 10)]  # arrives while the backend is down: it waits
             assert wait_until(lambda: HTTP.get(base + "/healthz").json()["queued"] >= 9, 10)
-            assert all(s.status is None or s.status == 200 for s in streams + late)   # nobody refused
+            assert all(s.status is None or s.status == 200 for s in streams + late)  # nobody refused
         with emulator(port, *flags):
             for s in streams + late:
                 s.join(120)
@@ -158,7 +169,7 @@ def test_backend_killed_and_restarted_under_load_loses_nothing():
         assert seen.count("ok") >= 9 and set(seen) <= {"ok", "backend_error"}
         assert all(s.text for s in streams + late if s.done)
         got = {t: outcomes(base, t) for t in KEYS}
-        for tenant in KEYS:                     # exactly one outcome each, as the clients saw them
+        for tenant in KEYS:  # exactly one outcome each, as the clients saw them
             mine = [outcome_of(s) for s in streams + late if s.tenant == tenant]
             assert got[tenant] == {o: mine.count(o) for o in set(mine)}
         check_consistent(base)
@@ -186,14 +197,16 @@ def test_a_hanging_backend_is_a_504_within_the_first_byte_timeout():
         assert r.status_code == 504 and r.json()["error"]["code"] == "backend_timeout", r.text
         assert time.monotonic() - start < 5
         assert outcomes(base, "alice") == {"backend_error": 1}
-        assert accounts(base)["alice"]["service"] == 0         # refunded: it produced nothing
+        assert accounts(base)["alice"]["service"] == 0  # refunded: it produced nothing
         check_consistent(base)
 
 
 def test_a_stream_that_stalls_mid_way_ends_with_a_504_event_charged_what_it_produced():
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
-    with raw_backend(lambda n, body: [head + chunk("Hello")]) as (url, _), \
-            running_server(create_app(config([url], chunk_timeout_s=0.3, health_interval_s=0))) as base:
+    with (
+        raw_backend(lambda n, body: [head + chunk("Hello")]) as (url, _),
+        running_server(create_app(config([url], chunk_timeout_s=0.3, health_interval_s=0))) as base,
+    ):
         r = HTTP.post(base + "/v1/chat/completions", json=chat_body(5, stream=True), headers=auth("bob"))
         events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
         assert r.status_code == 200 and events[-1]["error"]["code"] == "backend_timeout"
@@ -205,8 +218,11 @@ def test_a_stream_that_stalls_mid_way_ends_with_a_504_event_charged_what_it_prod
 def test_an_erroring_backend_is_avoided_and_one_that_always_errors_is_a_502():
     good_port, bad_port = free_port(), free_port()
     cfg = config([f"http://127.0.0.1:{bad_port}", f"http://127.0.0.1:{good_port}"], health_interval_s=0.2)
-    with emulator(bad_port, "--error-rate", "1", "--time-scale", "10"), \
-            emulator(good_port, "--time-scale", "10"), running_server(create_app(cfg)) as base:
+    with (
+        emulator(bad_port, "--error-rate", "1", "--time-scale", "10"),
+        emulator(good_port, "--time-scale", "10"),
+        running_server(create_app(cfg)) as base,
+    ):
         for _ in range(4):
             r = HTTP.post(base + "/v1/chat/completions", json=chat_body(5), headers=auth("alice"))
             assert r.status_code == 200, r.text
@@ -216,22 +232,26 @@ def test_an_erroring_backend_is_avoided_and_one_that_always_errors_is_a_502():
     with emulator(bad_port, "--error-rate", "1"), running_server(create_app(cfg)) as base:
         r = HTTP.post(base + "/v1/chat/completions", json=chat_body(5), headers=auth("bob"))
         assert r.status_code == 502 and r.json()["error"]["code"] == "backend_error"
-        assert HTTP.get(base + "/healthz").status_code == 200     # it answers: up, but failing requests
+        assert HTTP.get(base + "/healthz").status_code == 200  # it answers: up, but failing requests
         check_consistent(base)
 
 
 # ---- clients that stall ----------------------------------------------------------------------------------------------
 def test_a_stalled_upload_is_a_408_and_stalled_headers_are_cut():
     fake = FakeBackend()
-    with running_server(fake.app) as url, running_server(create_app(config([url], client_timeout_s=0.5)),
-                                                         header_timeout_s=0.5) as base:
+    with (
+        running_server(fake.app) as url,
+        running_server(create_app(config([url], client_timeout_s=0.5)), header_timeout_s=0.5) as base,
+    ):
         with connect(base) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\n"
-                      b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"model\":")
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\n"
+                b'content-type: application/json\r\ncontent-length: 100000\r\n\r\n{"model":'
+            )
             data = closed_within(s, 5)
         assert data.startswith(b"HTTP/1.1 408") and b"request_timeout" in data
         with connect(base) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")   # headers never end
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # headers never end
             assert closed_within(s, 5) == b""
         assert outcomes(base, "alice") == {"client_timeout": 1} and fake.calls == 0
 
@@ -244,10 +264,10 @@ def test_shutdown_drains_then_ends_remaining_streams_with_an_error_charged_what_
         gw = app.state.gateway
         with running(app, drain_timeout_s=0.5) as (base, server):
             quick = Stream(base, "alice", 2)
-            slow = Stream(base, "bob", 400)           # 20 s: longer than the drain
+            slow = Stream(base, "bob", 400)  # 20 s: longer than the drain
             assert wait_until(lambda: len(slow.text) > 0 and quick.done, 10)
             start = time.monotonic()
-            server.should_exit = True                 # what SIGTERM does
+            server.should_exit = True  # what SIGTERM does
             slow.join(10)
             assert not slow.is_alive() and time.monotonic() - start < 5
         assert slow.status == 200 and slow.error == "shutdown" and not slow.done
@@ -255,4 +275,4 @@ def test_shutdown_drains_then_ends_remaining_streams_with_an_error_charged_what_
         assert re.search(REQS + r'\{(?=[^}]*outcome="shutdown")(?=[^}]*tenant="bob")[^}]*\} 1\.0', text)
         assert len(gw.sched.ledger) == 0
         bob = gw.sched.view().tenants["bob"]
-        assert bob.running == 0 and bob.service >= 2 * len(slow.text) / len(" tok")   # the output it got
+        assert bob.running == 0 and bob.service >= 2 * len(slow.text) / len(" tok")  # the output it got

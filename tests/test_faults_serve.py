@@ -1,5 +1,6 @@
 """`fairserve serve` under the same faults as the gateway: a stalled upload, stalled headers, /health for load
 balancers, a protected /metrics, and costs that would overflow the accounting."""
+
 from __future__ import annotations
 
 import httpx
@@ -14,12 +15,22 @@ from fairserve.serve.config import load_config  # noqa: E402
 
 
 def test_serve_times_out_stalled_clients_and_protects_metrics():
-    cfg = load_config(overrides={"tenants": [{"name": "a", "api_keys": ["ka"]}], "num_blocks": 16, "page_size": 16,
-                                 "max_batch_tokens": 64, "client_timeout_s": 0.5, "metrics_key": "mk"})
+    cfg = load_config(
+        overrides={
+            "tenants": [{"name": "a", "api_keys": ["ka"]}],
+            "num_blocks": 16,
+            "page_size": 16,
+            "max_batch_tokens": 64,
+            "client_timeout_s": 0.5,
+            "metrics_key": "mk",
+        }
+    )
     with running_server(create_app(cfg), timeout_s=60, header_timeout_s=0.5) as url:
         with connect(url) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ka\r\n"
-                      b"content-type: application/json\r\ncontent-length: 5000\r\n\r\n{\"prompt\":")
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ka\r\n"
+                b'content-type: application/json\r\ncontent-length: 5000\r\n\r\n{"prompt":'
+            )
             assert closed_within(s, 5).startswith(b"HTTP/1.1 408")
         with connect(url) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
@@ -44,15 +55,25 @@ def test_serve_drain_ends_what_is_left_with_an_error_charged_what_was_produced()
 
     from fairserve.api.server import running
 
-    cfg = load_config(overrides={"tenants": [{"name": "a", "api_keys": ["ka"]}], "num_blocks": 512, "page_size": 32,
-                                 "max_batch_tokens": 64})
+    cfg = load_config(
+        overrides={
+            "tenants": [{"name": "a", "api_keys": ["ka"]}],
+            "num_blocks": 512,
+            "page_size": 32,
+            "max_batch_tokens": 64,
+        }
+    )
     app = create_app(cfg)
     body = {"model": "tiny-random", "prompt": "the quick brown fox", "max_tokens": 8000, "ignore_eos": True}
     got: dict[str, object] = {"text": "", "events": []}
 
     def stream(base: str) -> None:
-        with httpx.Client(timeout=60) as c, c.stream("POST", base + "/v1/completions", headers={
-                "authorization": "Bearer ka"}, json={**body, "stream": True}) as r:
+        with (
+            httpx.Client(timeout=60) as c,
+            c.stream(
+                "POST", base + "/v1/completions", headers={"authorization": "Bearer ka"}, json={**body, "stream": True}
+            ) as r,
+        ):
             got["stream_status"] = r.status_code
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -74,11 +95,11 @@ def test_serve_drain_ends_what_is_left_with_an_error_charged_what_was_produced()
         while len(got["events"]) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(got["events"]) >= 3, got
-        server.should_exit = True                   # what SIGTERM does
+        server.should_exit = True  # what SIGTERM does
         for t in threads:
             t.join(20)
         assert not any(t.is_alive() for t in threads)
-    queue = app.state.engine.queue                  # the server has stopped, and its engine
+    queue = app.state.engine.queue  # the server has stopped, and its engine
     tenant = queue.view().tenants["a"]
     assert got["stream_status"] == 200 and "done" not in got
     assert got["events"][-1]["error"]["code"] == "shutdown"
@@ -97,8 +118,11 @@ def test_serve_takes_the_gateways_timeout_and_metrics_flags(tmp_path):
     add_parser(parser.add_subparsers(dest="cmd"))
     toml = tmp_path / "serve.toml"
     toml.write_text("client_timeout_s = 7.0\ndrain_timeout_s = 9.0\n")
-    cfg = config_from_args(parser.parse_args(["serve", "--config", str(toml), "--drain-timeout", "2.5",
-                                              "--metrics-key", "mk", "--tenant", "a:ka"]))
-    assert (cfg.client_timeout_s, cfg.drain_timeout_s, cfg.metrics_key) == (7.0, 2.5, "mk")    # flags over the file
+    cfg = config_from_args(
+        parser.parse_args(
+            ["serve", "--config", str(toml), "--drain-timeout", "2.5", "--metrics-key", "mk", "--tenant", "a:ka"]
+        )
+    )
+    assert (cfg.client_timeout_s, cfg.drain_timeout_s, cfg.metrics_key) == (7.0, 2.5, "mk")  # flags over the file
     with pytest.raises(ValueError, match="drain_timeout_s"):
         config_from_args(parser.parse_args(["serve", "--drain-timeout", "-1"]))

@@ -1,4 +1,5 @@
 """Figures: each writes a real PNG of the documented size; bad input fails loudly; many clients collapse to grey."""
+
 import struct
 
 import numpy as np
@@ -46,9 +47,9 @@ def test_service_rate_27_clients_collapses_to_top_8_plus_grey(tmp_path):
     check_png(out, figures.service_rate(out, T, data, "real workload"))
     fig = figures._per_policy_lines(T, data, "t", "y", "service_rate")
     labels = legend_labels(fig)
-    assert labels == [f"c{i:02d}" for i in range(19, 27)] + ["other clients (19)"]    # largest totals win
+    assert labels == [f"c{i:02d}" for i in range(19, 27)] + ["other clients (19)"]  # largest totals win
     left, right = ({ln.get_gid(): ln.get_color() for ln in ax.lines} for ax in fig.axes)
-    assert left == right and len(left) == 27        # same client, same colour in every subplot
+    assert left == right and len(left) == 27  # same client, same colour in every subplot
     assert sum(ln.get_color() == figures.GREY for ln in fig.axes[0].lines) == 19
 
 
@@ -69,7 +70,7 @@ def test_five_policies_wrap_into_rows(tmp_path):
 def test_response_time_with_nan_gaps(tmp_path):
     data = per_policy(["a", "b", "c"])
     data["vtc"]["a"][3:9] = np.nan
-    data["fcfs"]["b"][:] = np.nan                   # a client with no request at all
+    data["fcfs"]["b"][:] = np.nan  # a client with no request at all
     out = tmp_path / "rt.png"
     check_png(out, figures.response_time(out, T, data, "response time"))
 
@@ -80,7 +81,7 @@ def test_accumulated_difference_with_bound(tmp_path):
     check_png(out, figures.accumulated_difference(out, T, diffs, "difference", bound=1024.0))
     fig = figures._accumulated_figure(T, diffs, "difference", 1024.0, "y")
     assert legend_labels(fig) == ["fcfs", "vtc", "bound 2U = 1,024"]
-    out2 = tmp_path / "sub" / "acc.png"                 # parent folders are created
+    out2 = tmp_path / "sub" / "acc.png"  # parent folders are created
     check_png(out2, figures.accumulated_difference(str(out2), T, {"vtc": np.zeros(T.size)}, "no bound"))
 
 
@@ -89,34 +90,48 @@ def test_bars_grouped_and_single_series_with_reference(tmp_path):
     series = {"vtc": [100.0, 200.0, 300.0], "weighted vtc": [50.0, 300.0, 600.0]}
     check_png(out, figures.bars(out, ["a", "b", "c"], series, "service", "service (weighted tokens)"))
     out1 = tmp_path / "bars1.png"
-    check_png(out1, figures.bars(out1, ["5", "10", "20"], {"throughput": [900.0, 1500.0, 2100.0]}, "rpm",
-                                 "throughput (tokens/s)", reference=2500.0, reference_label="vtc"))
+    check_png(
+        out1,
+        figures.bars(
+            out1,
+            ["5", "10", "20"],
+            {"throughput": [900.0, 1500.0, 2100.0]},
+            "rpm",
+            "throughput (tokens/s)",
+            reference=2500.0,
+            reference_label="vtc",
+        ),
+    )
     fig = figures._bars_figure(["5", "10"], {"throughput": [900.0, 1500.0]}, "t", "y", 2500.0, None)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.texts] == ["900", "1,500"]      # value labels on top of the bars
+    assert [t.get_text() for t in ax.texts] == ["900", "1,500"]  # value labels on top of the bars
     assert ax.get_ylim()[1] >= 2500.0 and "reference = 2,500" in legend_labels(fig)
 
 
 def test_bound_chart(tmp_path):
     out = tmp_path / "bound.png"
-    check_png(out, figures.bound_chart(out, ["synthetic", "real"], [300.0, 1500.0], [2048.0, 4096.0], "bound"),
-              min_height=150)
-    fig = figures._bound_figure(["a", "b"], [0.0, 5000.0], [2048.0, 4096.0], "t")     # zero: linear axis
+    check_png(
+        out, figures.bound_chart(out, ["synthetic", "real"], [300.0, 1500.0], [2048.0, 4096.0], "bound"), min_height=150
+    )
+    fig = figures._bound_figure(["a", "b"], [0.0, 5000.0], [2048.0, 4096.0], "t")  # zero: linear axis
     assert fig.axes[0].get_xscale() == "linear"
     assert any("ABOVE" in label for label in legend_labels(fig))
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda p: figures.service_rate(p, T, {}, "t"), "empty dict"),
-    (lambda p: figures.response_time(p, T, {}, "t"), "empty dict"),
-    (lambda p: figures.response_time(p, T, {"vtc": {}}, "t"), "no clients"),
-    (lambda p: figures.service_rate(p, T, {"vtc": {"a": T[:-1]}}, "t"), "shape"),
-    (lambda p: figures.accumulated_difference(p, T, {}, "t"), "empty dict"),
-    (lambda p: figures.bars(p, ["a"], {}, "t", "y"), "empty dict"),
-    (lambda p: figures.bars(p, ["a", "b"], {"s": [1.0]}, "t", "y"), "1 values for 2 categories"),
-    (lambda p: figures.bound_chart(p, [], [], [], "t"), "empty labels"),
-    (lambda p: figures.bound_chart(p, ["a"], [1.0, 2.0], [3.0], "t"), "1 labels, 2 measured"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda p: figures.service_rate(p, T, {}, "t"), "empty dict"),
+        (lambda p: figures.response_time(p, T, {}, "t"), "empty dict"),
+        (lambda p: figures.response_time(p, T, {"vtc": {}}, "t"), "no clients"),
+        (lambda p: figures.service_rate(p, T, {"vtc": {"a": T[:-1]}}, "t"), "shape"),
+        (lambda p: figures.accumulated_difference(p, T, {}, "t"), "empty dict"),
+        (lambda p: figures.bars(p, ["a"], {}, "t", "y"), "empty dict"),
+        (lambda p: figures.bars(p, ["a", "b"], {"s": [1.0]}, "t", "y"), "1 values for 2 categories"),
+        (lambda p: figures.bound_chart(p, [], [], [], "t"), "empty labels"),
+        (lambda p: figures.bound_chart(p, ["a"], [1.0, 2.0], [3.0], "t"), "1 labels, 2 measured"),
+    ],
+)
 def test_bad_input_raises_clear_error(tmp_path, call, message):
     out = tmp_path / "bad.png"
     with pytest.raises(ValueError, match=message):

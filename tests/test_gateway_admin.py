@@ -1,4 +1,5 @@
 """The admin API, config validation (one line naming the key), and the command line."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,15 @@ def test_admin_api():
 
         admin = {"Authorization": f"Bearer {ADMIN}"}
         url = base + "/admin/tenants/alice/weight"
-        for body in (b"{}", b'{"weight": 0}', b'{"weight": -1}', b'{"weight": "2"}', b"[]", b"nope",
-                     b'{"weight": true}'):
+        for body in (
+            b"{}",
+            b'{"weight": 0}',
+            b'{"weight": -1}',
+            b'{"weight": "2"}',
+            b"[]",
+            b"nope",
+            b'{"weight": true}',
+        ):
             assert HTTP.put(url, content=body, headers=admin).status_code == 400, body
         assert HTTP.put(base + "/admin/tenants/nobody/weight", json={"weight": 2}, headers=admin).status_code == 404
         r = HTTP.put(url, json={"weight": 4}, headers=admin)
@@ -39,7 +47,7 @@ def test_admin_api():
         r = HTTP.post(base + "/admin/reset", headers=admin)
         assert r.status_code == 200 and r.json()["reset"] is True
         alice = admin_tenants(base)["alice"]
-        assert alice["counter"] == 0 and alice["service"] > 0      # service is history; counters restart
+        assert alice["counter"] == 0 and alice["service"] > 0  # service is history; counters restart
 
 
 def test_admin_api_is_off_without_an_admin_key():
@@ -49,32 +57,38 @@ def test_admin_api_is_off_without_an_admin_key():
 
 
 def base_config(**kw) -> dict:
-    return {"backends": [{"url": "http://127.0.0.1:8000/v1"}],
-            "tenants": [{"name": "a", "api_keys": ["ka"]}, {"name": "b", "api_keys": ["kb"], "weight": 2}], **kw}
+    return {
+        "backends": [{"url": "http://127.0.0.1:8000/v1"}],
+        "tenants": [{"name": "a", "api_keys": ["ka"]}, {"name": "b", "api_keys": ["kb"], "weight": 2}],
+        **kw,
+    }
 
 
 def test_config_defaults():
     cfg = build_config(base_config())
-    assert cfg.backends[0].url == "http://127.0.0.1:8000"          # a trailing /v1 is accepted
+    assert cfg.backends[0].url == "http://127.0.0.1:8000"  # a trailing /v1 is accepted
     assert cfg.listen == "127.0.0.1:8080" and cfg.policy == "vtc" and cfg.weights() == {"a": 1.0, "b": 2.0}
     assert cfg.key_owners() == {"ka": "a", "kb": "b"} and not cfg.trusted_proxy
 
 
-@pytest.mark.parametrize("change,key", [
-    ({"backends": []}, "backends"),
-    ({"backends": [{"url": "ftp://x"}]}, "backends.0.url"),
-    ({"backends": [{"url": "http://x", "max_inflight_requests": 0}]}, "backends.0.max_inflight_requests"),
-    ({"tenants": [{"name": "a", "api_keys": ["k"], "weight": 0}]}, "tenants.0.weight"),
-    ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0.api_keys"),
-    ({"tenants": [{"name": "a b", "api_keys": ["k"]}]}, "tenants.0.name"),
-    ({"policy": "best"}, "policy"),
-    ({"policy": "rpm:x"}, "policy"),
-    ({"listen": "8080"}, "listen"),
-    ({"queue_ttl_s": 0}, "queue_ttl_s"),
-    ({"tokenizer": "tiktoken:cl100k_base"}, "tokenizer"),
-    ({"colour": "blue"}, "colour"),
-    ({"trusted_proxy": "perhaps"}, "trusted_proxy"),
-])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"backends": []}, "backends"),
+        ({"backends": [{"url": "ftp://x"}]}, "backends.0.url"),
+        ({"backends": [{"url": "http://x", "max_inflight_requests": 0}]}, "backends.0.max_inflight_requests"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "weight": 0}]}, "tenants.0.weight"),
+        ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0.api_keys"),
+        ({"tenants": [{"name": "a b", "api_keys": ["k"]}]}, "tenants.0.name"),
+        ({"policy": "best"}, "policy"),
+        ({"policy": "rpm:x"}, "policy"),
+        ({"listen": "8080"}, "listen"),
+        ({"queue_ttl_s": 0}, "queue_ttl_s"),
+        ({"tokenizer": "tiktoken:cl100k_base"}, "tokenizer"),
+        ({"colour": "blue"}, "colour"),
+        ({"trusted_proxy": "perhaps"}, "trusted_proxy"),
+    ],
+)
 def test_config_errors_name_the_key(change, key):
     with pytest.raises(ValueError) as e:
         build_config(base_config(**change))
@@ -82,11 +96,14 @@ def test_config_errors_name_the_key(change, key):
     assert f"'{key}'" in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("change,words", [
-    ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "a", "api_keys": ["j"]}]}, "tenant names"),
-    ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]}, "shared"),
-    ({"admin_key": "ka"}, "admin_key"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "a", "api_keys": ["j"]}]}, "tenant names"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]}, "shared"),
+        ({"admin_key": "ka"}, "admin_key"),
+    ],
+)
 def test_config_cross_checks(change, words):
     with pytest.raises(ValueError, match=words):
         build_config(base_config(**change))
@@ -111,30 +128,55 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_override_the_file(tmp_path):
-    (tmp_path / "gw.toml").write_text('policy = "vtc"\nqueue_limit = 5\n[[backends]]\nurl = "http://a:1"\n'
-                                      '[[tenants]]\nname = "t"\napi_keys = ["k"]\n')
-    cfg = gateway_cli.config_from_args(parse(
-        "--config", str(tmp_path / "gw.toml"), "--policy", "fcfs", "--backend",
-        "http://b:2,max_requests=3,max_tokens=900,api_key=s", "--tenant", "x:k1", "--tenant", "x:k2:2.5",
-        "--tenant", "y:k3", "--w-q", "3", "--queue-ttl", "9", "--trusted-proxy", "--admin-key", "adm"))
+    (tmp_path / "gw.toml").write_text(
+        'policy = "vtc"\nqueue_limit = 5\n[[backends]]\nurl = "http://a:1"\n[[tenants]]\nname = "t"\napi_keys = ["k"]\n'
+    )
+    cfg = gateway_cli.config_from_args(
+        parse(
+            "--config",
+            str(tmp_path / "gw.toml"),
+            "--policy",
+            "fcfs",
+            "--backend",
+            "http://b:2,max_requests=3,max_tokens=900,api_key=s",
+            "--tenant",
+            "x:k1",
+            "--tenant",
+            "x:k2:2.5",
+            "--tenant",
+            "y:k3",
+            "--w-q",
+            "3",
+            "--queue-ttl",
+            "9",
+            "--trusted-proxy",
+            "--admin-key",
+            "adm",
+        )
+    )
     assert cfg.policy == "fcfs" and cfg.queue_limit == 5 and cfg.w_q == 3 and cfg.queue_ttl_s == 9
-    assert [(b.url, b.max_inflight_requests, b.max_inflight_tokens, b.api_key) for b in cfg.backends] == \
-        [("http://b:2", 3, 900, "s")]
+    assert [(b.url, b.max_inflight_requests, b.max_inflight_tokens, b.api_key) for b in cfg.backends] == [
+        ("http://b:2", 3, 900, "s")
+    ]
     assert [(t.name, t.api_keys, t.weight) for t in cfg.tenants] == [("x", ["k1", "k2"], 2.5), ("y", ["k3"], 1.0)]
     assert cfg.trusted_proxy and cfg.admin_key == "adm"
-    flags_only = gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k", "--listen",
-                                                    "0.0.0.0:9000"))
+    flags_only = gateway_cli.config_from_args(
+        parse("--backend", "http://b:2", "--tenant", "t:k", "--listen", "0.0.0.0:9000")
+    )
     assert flags_only.host == "0.0.0.0" and flags_only.port == 9000
 
 
-@pytest.mark.parametrize("argv,words", [
-    ((), "backends"),
-    (("--backend", "http://b:2,max_requests=x", "--tenant", "t:k"), "max_requests"),
-    (("--backend", "http://b:2,speed=9", "--tenant", "t:k"), "speed"),
-    (("--backend", "http://b:2", "--tenant", "t"), "NAME:KEY"),
-    (("--backend", "http://b:2", "--tenant", "t:k:heavy"), "heavy"),
-    (("--backend", "http://b:2", "--tenant", "t:k", "--policy", "nope"), "policy"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        ((), "backends"),
+        (("--backend", "http://b:2,max_requests=x", "--tenant", "t:k"), "max_requests"),
+        (("--backend", "http://b:2,speed=9", "--tenant", "t:k"), "speed"),
+        (("--backend", "http://b:2", "--tenant", "t"), "NAME:KEY"),
+        (("--backend", "http://b:2", "--tenant", "t:k:heavy"), "heavy"),
+        (("--backend", "http://b:2", "--tenant", "t:k", "--policy", "nope"), "policy"),
+    ],
+)
 def test_run_raises_one_line_value_errors(argv, words):
     with pytest.raises(ValueError, match=words) as e:
         gateway_cli.run(parse(*argv))
@@ -143,6 +185,7 @@ def test_run_raises_one_line_value_errors(argv, words):
 
 def test_run_serves_with_uvicorn(monkeypatch):
     import uvicorn
+
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--listen", "127.0.0.1:9999")) == 0
@@ -153,7 +196,8 @@ def test_run_serves_with_uvicorn(monkeypatch):
 
 
 def test_access_log_from_the_file_and_the_flag(tmp_path):
-    (tmp_path / "gw.toml").write_text('access_log = false\n[[backends]]\nurl = "http://a:1"\n'
-                                      '[[tenants]]\nname = "t"\napi_keys = ["k"]\n')
+    (tmp_path / "gw.toml").write_text(
+        'access_log = false\n[[backends]]\nurl = "http://a:1"\n[[tenants]]\nname = "t"\napi_keys = ["k"]\n'
+    )
     assert not gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"))).access_log
     assert gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k")).access_log

@@ -1,5 +1,6 @@
 """Adaptive capacity (gateway/capacity.py): reading vLLM, SGLang and llama.cpp /metrics, the AIMD rule, the scrape
 loop on a scheduler, the flags, and the limit adapting in a running gateway (a fake backend, then the emulator)."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
 # TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{model_name="m"} 1234.0
 """
-VLLM_OLD = ('vllm:num_requests_running{model_name="m"} 4\nvllm:num_requests_waiting{model_name="m"} 0\n'
-            'vllm:gpu_cache_usage_perc{model_name="m"} 0.97\n')
+VLLM_OLD = (
+    'vllm:num_requests_running{model_name="m"} 4\nvllm:num_requests_waiting{model_name="m"} 0\n'
+    'vllm:gpu_cache_usage_perc{model_name="m"} 0.97\n'
+)
 SGLANG = """# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m",tp_rank="0"} 5.0
 sglang:num_running_reqs{model_name="m",tp_rank="1"} 6.0
@@ -68,17 +71,17 @@ def vllm_text(running: int, waiting: int) -> str:
 # ---- reading each server ----------------------------------------------------------------------------------------
 def test_readings_of_vllm_sglang_and_llamacpp():
     assert parse_metrics(VLLM) == Reading("vllm", 3.0, 7.0, 0.5)
-    assert parse_metrics(VLLM_OLD) == Reading("vllm", 0.0, 4.0, 0.97)       # the older KV-cache name
-    assert parse_metrics(SGLANG) == Reading("sglang", 0.0, 11.0, 0.25)       # ranks summed
+    assert parse_metrics(VLLM_OLD) == Reading("vllm", 0.0, 4.0, 0.97)  # the older KV-cache name
+    assert parse_metrics(SGLANG) == Reading("sglang", 0.0, 11.0, 0.25)  # ranks summed
     assert parse_metrics(LLAMACPP) == Reading("llama.cpp", 1.0, 2.0, None)
-    assert parse_metrics(VLLM).congested and parse_metrics(VLLM_OLD).congested    # waiting; KV above 0.95
+    assert parse_metrics(VLLM).congested and parse_metrics(VLLM_OLD).congested  # waiting; KV above 0.95
     assert not parse_metrics(SGLANG).congested and parse_metrics(LLAMACPP).congested
 
 
 def test_unknown_or_malformed_metrics_give_no_reading():
     assert parse_metrics(UNKNOWN) is None
     assert parse_metrics("") is None
-    assert parse_metrics("vllm:num_requests_waiting{model_name=\"m\"} 3\n") is None     # no running: not enough
+    assert parse_metrics('vllm:num_requests_waiting{model_name="m"} 3\n') is None  # no running: not enough
     assert parse_metrics("<html>not prometheus {{{</html>") is None
 
 
@@ -88,12 +91,12 @@ def congested(running: int, waiting: int = 2) -> Reading:
 
 
 def test_decrease_toward_running_at_most_halving_at_least_one():
-    assert next_limit(32, 32, congested(20), in_flight=32, backlog=0) == 20    # to what the backend runs
-    assert next_limit(32, 32, congested(2), in_flight=32, backlog=0) == 16     # at most halved
-    assert next_limit(5, 32, congested(10), in_flight=5, backlog=0) == 4       # at least 1 lower
-    assert next_limit(1, 32, congested(0), in_flight=1, backlog=5) == 1        # never below 1
+    assert next_limit(32, 32, congested(20), in_flight=32, backlog=0) == 20  # to what the backend runs
+    assert next_limit(32, 32, congested(2), in_flight=32, backlog=0) == 16  # at most halved
+    assert next_limit(5, 32, congested(10), in_flight=5, backlog=0) == 4  # at least 1 lower
+    assert next_limit(1, 32, congested(0), in_flight=1, backlog=5) == 1  # never below 1
     kv_full = Reading("sglang", 0, 16, 0.99)
-    assert next_limit(16, 32, kv_full, in_flight=16, backlog=9) == 15          # KV high-water is congestion too
+    assert next_limit(16, 32, kv_full, in_flight=16, backlog=9) == 15  # KV high-water is congestion too
 
 
 def test_no_second_decrease_while_the_excess_drains():
@@ -103,9 +106,9 @@ def test_no_second_decrease_while_the_excess_drains():
 def test_increase_only_when_full_at_the_limit_with_a_gateway_backlog():
     calm = Reading("llama.cpp", 0, 4)
     assert next_limit(4, 32, calm, in_flight=4, backlog=1) == 5
-    assert next_limit(4, 32, calm, in_flight=4, backlog=0) == 4                # nothing waits in the gateway
-    assert next_limit(4, 32, calm, in_flight=3, backlog=7) == 4                # the backend has room already
-    assert next_limit(32, 32, calm, in_flight=32, backlog=7) == 32             # never above the configured max
+    assert next_limit(4, 32, calm, in_flight=4, backlog=0) == 4  # nothing waits in the gateway
+    assert next_limit(4, 32, calm, in_flight=3, backlog=7) == 4  # the backend has room already
+    assert next_limit(32, 32, calm, in_flight=32, backlog=7) == 32  # never above the configured max
 
 
 def test_no_reading_means_the_static_limit():
@@ -122,6 +125,7 @@ def scheduler(**backend) -> Scheduler:
 
 def monitor(s: Scheduler, texts: list[str], seen: list[str] | None = None) -> CapacityMonitor:
     """A monitor whose scrapes answer the next of `texts` ("" = a connection error)."""
+
     def answer(request: httpx.Request) -> httpx.Response:
         if seen is not None:
             seen.append(str(request.url))
@@ -129,6 +133,7 @@ def monitor(s: Scheduler, texts: list[str], seen: list[str] | None = None) -> Ca
         if not text:
             raise httpx.ConnectError("refused")
         return httpx.Response(200, text=text)
+
     return CapacityMonitor(s, httpx.AsyncClient(transport=httpx.MockTransport(answer)), interval_s=1.0)
 
 
@@ -142,15 +147,16 @@ def test_scrapes_set_the_limit_and_a_raise_dispatches():
         assert b.limit == 8 and b.requests == 8 and s.policy.num_queued == 2
         m = monitor(s, [vllm_text(3, 5), vllm_text(3, 5), vllm_text(4, 0)], seen)
         await m.step()
-        assert b.limit == 4 and seen == ["http://a/metrics"]          # max(running 3, 8 / 2)
+        assert b.limit == 4 and seen == ["http://a/metrics"]  # max(running 3, 8 / 2)
         for t in tickets[:5]:
             s.settle(t, Ending("ok"))
-        assert b.requests == 4 and s.policy.num_queued == 1          # one queued ticket took a freed slot, not two
+        assert b.requests == 4 and s.policy.num_queued == 1  # one queued ticket took a freed slot, not two
         await m.step()
-        assert b.limit == 3                                           # still congested, 4 in flight: lower again
+        assert b.limit == 3  # still congested, 4 in flight: lower again
         s.settle(tickets[5], Ending("ok"))
-        await m.step()                                                # calm, full at 3, 1 queued: raise, dispatch
+        await m.step()  # calm, full at 3, 1 queued: raise, dispatch
         assert b.limit == 4 and b.requests == 4 and s.policy.num_queued == 0
+
     asyncio.run(go())
 
 
@@ -166,6 +172,7 @@ def test_scrape_failure_keeps_the_static_limit_and_logs_once(caplog):
             assert b.limit == 8
         await m.step()
         assert b.limit == 4 and seen == ["http://a:9100/custom"] * 5
+
     with caplog.at_level(logging.INFO, logger="fairserve.gateway"):
         asyncio.run(go())
     assert len([r for r in caplog.records if "no reading" in r.message]) == 1
@@ -174,15 +181,27 @@ def test_scrape_failure_keeps_the_static_limit_and_logs_once(caplog):
 
 # ---- configuration ------------------------------------------------------------------------------------------------
 def test_backend_option_and_interval_flag():
-    assert parse_backend("http://a:8000,adaptive=1,max_requests=16") == \
-        {"url": "http://a:8000", "adaptive": True, "max_inflight_requests": 16}
+    assert parse_backend("http://a:8000,adaptive=1,max_requests=16") == {
+        "url": "http://a:8000",
+        "adaptive": True,
+        "max_inflight_requests": 16,
+    }
     assert parse_backend("http://a,adaptive=off,metrics_url=http://a:9/m")["adaptive"] is False
     with pytest.raises(ValueError, match="adaptive"):
         parse_backend("http://a,adaptive=maybe")
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["gateway", "--backend", "http://a,adaptive=1,metrics_url=http://a:9/m",
-                              "--tenant", "t:k", "--metrics-interval", "0.25"])
+    args = parser.parse_args(
+        [
+            "gateway",
+            "--backend",
+            "http://a,adaptive=1,metrics_url=http://a:9/m",
+            "--tenant",
+            "t:k",
+            "--metrics-interval",
+            "0.25",
+        ]
+    )
     cfg = config_from_args(args)
     assert cfg.metrics_interval_s == 0.25
     assert cfg.backends[0].adaptive and cfg.backends[0].metrics_url == "http://a:9/m"
@@ -205,14 +224,15 @@ def test_limit_adapts_in_a_running_gateway():
         return PlainTextResponse(text["now"])
 
     with serve(fake, backend_options={"max_inflight_requests": 8, "adaptive": True}, metrics_interval_s=0.02) as gw:
-        assert wait_until(lambda: limits(gw) == [1])                  # congested without end: down to 1
+        assert wait_until(lambda: limits(gw) == [1])  # congested without end: down to 1
         assert metric(gw, "fairserve_gateway_backend_limit_requests", backend=fake_url(gw)) == 1
-        text["now"] = vllm_text(1, 0)                                  # calm: the limit grows with the backlog
+        text["now"] = vllm_text(1, 0)  # calm: the limit grows with the backlog
         results: list[int] = []
 
         def client(i: int) -> None:
             r = HTTP.post(gw + "/v1/chat/completions", json=chat_body(10), headers=auth("alice" if i % 2 else "bob"))
             results.append(r.status_code)
+
         threads = [threading.Thread(target=client, args=(i,)) for i in range(24)]
         for t in threads:
             t.start()
@@ -230,14 +250,22 @@ def test_emulator_queue_lowers_the_limit():
     """The emulator's KV cache holds two of these requests; with 8 sent at once the rest queue in it, and the
     gateway, reading vllm:num_requests_waiting, lowers its limit for this backend."""
     with serve_process("emulate", "--time-scale", "10", "--kv-tokens", "600") as emulator:
-        gateway = serve_process("gateway", "--backend", f"{emulator},max_requests=8,adaptive=1",
-                                "--metrics-interval", "0.02", "--tenant", "alice:key-alice")
+        gateway = serve_process(
+            "gateway",
+            "--backend",
+            f"{emulator},max_requests=8,adaptive=1",
+            "--metrics-interval",
+            "0.02",
+            "--tenant",
+            "alice:key-alice",
+        )
         with gateway as gw:
             results: list[int] = []
 
             def client() -> None:
                 r = HTTP.post(gw + "/v1/chat/completions", json=chat_body(250), headers=auth("alice"), timeout=60)
                 results.append(r.status_code)
+
             threads = [threading.Thread(target=client) for _ in range(8)]
             for t in threads:
                 t.start()

@@ -1,4 +1,5 @@
 """Every error path of the gateway, and the one outcome each accepted request ends in."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,26 +42,30 @@ def gw(backends):
         yield base
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic key-alice"},
-                                     {"Authorization": "Bearer"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic key-alice"}, {"Authorization": "Bearer"}]
+)
 def test_401_without_a_known_key(gw, headers):
     r = HTTP.post(gw + "/v1/chat/completions", json=chat_body(), headers=headers)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", b"{not json"),
-    ("/v1/chat/completions", b"[1, 2]"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}'),
-    ("/v1/chat/completions", b'{"model": "m"}'),
-    ("/v1/chat/completions", b'{"model": "m", "messages": []}'),
-    ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "x"}], "max_tokens": -3}'),
-    ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "x"}], "stream": "yes"}'),
-    ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": [{"text": 5}]}]}'),
-    ("/v1/completions", b'{"model": "m"}'),
-    ("/v1/completions", b'{"model": "m", "prompt": {"a": 1}}'),
-    ("/v1/completions", b"\xff\xfe"),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/chat/completions", b"{not json"),
+        ("/v1/chat/completions", b"[1, 2]"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}'),
+        ("/v1/chat/completions", b'{"model": "m"}'),
+        ("/v1/chat/completions", b'{"model": "m", "messages": []}'),
+        ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "x"}], "max_tokens": -3}'),
+        ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": "x"}], "stream": "yes"}'),
+        ("/v1/chat/completions", b'{"model": "m", "messages": [{"content": [{"text": 5}]}]}'),
+        ("/v1/completions", b'{"model": "m"}'),
+        ("/v1/completions", b'{"model": "m", "prompt": {"a": 1}}'),
+        ("/v1/completions", b"\xff\xfe"),
+    ],
+)
 def test_400_for_malformed_bodies(gw, path, body):
     r = HTTP.post(gw + path, content=body, headers=auth("alice"))
     assert r.status_code == 400, r.text
@@ -79,15 +84,16 @@ def test_413_for_large_bodies_and_openai_style_404(gw):
 
 async def _stream(base: str, tenant: str, tokens: int) -> int:
     async with httpx.AsyncClient(timeout=30) as c:
-        async with c.stream("POST", base + "/v1/chat/completions", json=chat_body(tokens, stream=True),
-                            headers=auth(tenant)) as r:
+        async with c.stream(
+            "POST", base + "/v1/chat/completions", json=chat_body(tokens, stream=True), headers=auth(tenant)
+        ) as r:
             await r.aread()
             return r.status_code
 
 
 def test_429_when_the_tenant_queue_is_full_and_503_past_the_ttl(fake):
     async def scenario(base: str) -> None:
-        busy = asyncio.create_task(_stream(base, "alice", 40))           # occupies the one slot ~2 s
+        busy = asyncio.create_task(_stream(base, "alice", 40))  # occupies the one slot ~2 s
         assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["alice"]["in_flight"] == 1)
         queued = asyncio.create_task(_stream(base, "bob", 2))
         assert await asyncio.to_thread(wait_until, lambda: admin_tenants(base)["bob"]["queue_length"] == 1)
@@ -95,7 +101,7 @@ def test_429_when_the_tenant_queue_is_full_and_503_past_the_ttl(fake):
             r = await c.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("bob"))
         assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
         assert r.json()["error"]["type"] == "rate_limit_error"
-        assert await queued == 503                                      # waited past the 0.6 s TTL
+        assert await queued == 503  # waited past the 0.6 s TTL
         busy.cancel()
 
     fake[0].reset(delay_s=0.05)
@@ -139,7 +145,7 @@ def test_502_when_every_backend_fails_and_nothing_is_charged(fake):
         assert r.status_code == 502 and r.json()["error"]["code"] == "backend_error"
         assert metric(base, REQS, tenant="bob", outcome="backend_error") == 1
         assert admin_tenants(base)["bob"]["service"] == 0
-        bad.fail_status = 404                    # a client error is the client's: passed through, not retried
+        bad.fail_status = 404  # a client error is the client's: passed through, not retried
         r = HTTP.post(base + "/v1/chat/completions", json=chat_body(), headers=auth("bob"))
         assert r.status_code == 404 and r.json()["error"]["message"] == "fake failure"
         assert metric(base, REQS, tenant="bob", outcome="backend_rejected") == 1
@@ -151,12 +157,13 @@ def test_failure_mid_stream_ends_with_an_error_event(fake):
         client = OpenAI(base_url=base + "/v1", api_key=KEYS["alice"], max_retries=0)
         got = []
         with pytest.raises(APIError):
-            for chunk in client.chat.completions.create(model="m", messages=[{"role": "user", "content":
-                                                        "hello there, gateway"}], max_tokens=10, stream=True):
+            for chunk in client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello there, gateway"}], max_tokens=10, stream=True
+            ):
                 got.append(chunk.choices[0].delta.content if chunk.choices else None)
         assert "".join(g or "" for g in got) == " tok" * 3
         assert wait_until(lambda: metric(base, REQS, tenant="alice", outcome="backend_error") == 1)
-        assert admin_tenants(base)["alice"]["service"] == PROMPT + 2 * 3       # charged what it produced
+        assert admin_tenants(base)["alice"]["service"] == PROMPT + 2 * 3  # charged what it produced
 
 
 def test_disconnect_while_queued_leaves_the_queue(fake):
@@ -181,8 +188,9 @@ def test_disconnect_mid_stream_cancels_upstream_and_charges_what_was_produced(fa
     fake.reset(delay_s=0.02)
     with gateway([url]) as base:
         seen = 0
-        with HTTP.stream("POST", base + "/v1/chat/completions", json=chat_body(100, stream=True),
-                          headers=auth("alice"), timeout=10) as r:
+        with HTTP.stream(
+            "POST", base + "/v1/chat/completions", json=chat_body(100, stream=True), headers=auth("alice"), timeout=10
+        ) as r:
             for line in r.iter_lines():
                 if '"content": " tok"' in line:
                     seen += 1
@@ -214,7 +222,7 @@ def test_counters_match_usage_after_reconciliation(fake, stream):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_without_usage_the_estimate_is_charged(fake, stream):
-    fake[0].reset(piece="two tok!").report_usage = False       # 8 characters: 2 tokens by the estimate
+    fake[0].reset(piece="two tok!").report_usage = False  # 8 characters: 2 tokens by the estimate
     with gateway([fake[1]]) as base:
         r = HTTP.post(base + "/v1/chat/completions", json=chat_body(4, stream=stream), headers=auth("alice"))
         assert r.status_code == 200 and r.text.count("two tok!") == 4

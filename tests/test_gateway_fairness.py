@@ -1,4 +1,5 @@
 """Fairness through the gateway: backend capacity 2 in flight, closed-loop streaming load from two tenants."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import httpx
 import pytest
 from test_gateway_support import FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
 
-TARGET_TOKENS = 500        # the load runs until the tenants together received this many output tokens
+TARGET_TOKENS = 500  # the load runs until the tenants together received this many output tokens
 TIMEOUT_S = 60.0
 
 
@@ -20,8 +21,9 @@ async def _served(base: str, concurrency: dict[str, int]) -> dict[str, int]:
 
     async def worker(c: httpx.AsyncClient, tenant: str) -> None:
         while True:
-            async with c.stream("POST", base + "/v1/chat/completions", json=chat_body(10, stream=True),
-                                headers=auth(tenant)) as r:
+            async with c.stream(
+                "POST", base + "/v1/chat/completions", json=chat_body(10, stream=True), headers=auth(tenant)
+            ) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
                     if line.startswith("data: {") and not enough.is_set():
@@ -44,8 +46,9 @@ def run_load(policy: str, concurrency: dict[str, int], **weights: float) -> dict
     with serve(fake, backend_options={"max_inflight_requests": 2}, policy=policy, **weights) as base:
         served = asyncio.run(_served(base, concurrency))
         # every cut-off stream was aborted and nothing is left queued or in flight
-        assert wait_until(lambda: all(t["queue_length"] == 0 and t["in_flight"] == 0
-                                      for t in admin_tenants(base).values()))
+        assert wait_until(
+            lambda: all(t["queue_length"] == 0 and t["in_flight"] == 0 for t in admin_tenants(base).values())
+        )
     return served
 
 

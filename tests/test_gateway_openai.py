@@ -1,4 +1,5 @@
 """The official `openai` client through the gateway: chat and completions, streamed and not; models, health."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,27 +20,37 @@ def client(base: str, tenant: str = "alice") -> OpenAI:
 
 def test_chat_non_stream(gw):
     base, _ = gw
-    r = client(base).chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=4)
+    r = client(base).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert r.choices[0].message.content == " tok" * 4
     assert r.usage.completion_tokens == 4
 
 
 def test_chat_stream_hides_the_usage_it_added(gw):
     base, fake = gw
-    chunks = list(client(base).chat.completions.create(
-        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True))
+    chunks = list(
+        client(base).chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == " tok" * 6
     assert all(c.choices and c.usage is None for c in chunks)
-    assert fake.bodies[-1]["stream_options"] == {"include_usage": True}   # the gateway asked for it
+    assert fake.bodies[-1]["stream_options"] == {"include_usage": True}  # the gateway asked for it
 
 
 def test_chat_stream_with_usage_when_asked(gw):
     base, _ = gw
-    chunks = list(client(base, "bob").chat.completions.create(
-        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client(base, "bob").chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].choices == []
 
 
@@ -48,8 +59,11 @@ def test_completions_both_ways(gw):
     c = client(base)
     r = c.completions.create(model="fake-model", prompt="once upon a time", max_tokens=2)
     assert r.choices[0].text == " tok tok" and r.usage.completion_tokens == 2
-    text = "".join(ch.choices[0].text for ch in c.completions.create(
-        model="fake-model", prompt=["a", "b"], max_tokens=3, stream=True) if ch.choices)
+    text = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(model="fake-model", prompt=["a", "b"], max_tokens=3, stream=True)
+        if ch.choices
+    )
     assert text == " tok" * 3
 
 
@@ -61,12 +75,19 @@ def test_models_proxied_health_and_metrics(gw):
     health = HTTP.get(base + "/healthz").json()
     assert health["status"] == "ok" and health["backends"][0]["healthy"]
     text = HTTP.get(base + "/metrics").text
-    for name in ("fairserve_gateway_service_total", "fairserve_gateway_prompt_tokens_total",
-                 "fairserve_gateway_output_tokens_total", "fairserve_gateway_queue_length",
-                 "fairserve_gateway_queue_wait_seconds_bucket", "fairserve_gateway_requests_total",
-                 "fairserve_gateway_backlogged_counter_spread", "fairserve_gateway_jain_index",
-                 "fairserve_gateway_backend_inflight_requests", "fairserve_gateway_backend_inflight_tokens",
-                 "fairserve_gateway_counter"):
+    for name in (
+        "fairserve_gateway_service_total",
+        "fairserve_gateway_prompt_tokens_total",
+        "fairserve_gateway_output_tokens_total",
+        "fairserve_gateway_queue_length",
+        "fairserve_gateway_queue_wait_seconds_bucket",
+        "fairserve_gateway_requests_total",
+        "fairserve_gateway_backlogged_counter_spread",
+        "fairserve_gateway_jain_index",
+        "fairserve_gateway_backend_inflight_requests",
+        "fairserve_gateway_backend_inflight_tokens",
+        "fairserve_gateway_counter",
+    ):
         assert name in text, name
     assert metric(base, "fairserve_gateway_requests_total", tenant="alice", outcome="ok") >= 1
     assert admin_tenants(base)["alice"]["service"] > 0

@@ -1,4 +1,5 @@
 """Secrets, health and metrics access, and values that could overflow the accounting, wherever they enter."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,17 @@ def test_redact_removes_credentials_from_urls_and_text():
     assert SECRET not in redact_text(f"Cannot connect to http://u:{SECRET}@h:1/x and https://{SECRET}@y")
 
 
-@pytest.mark.parametrize("key, value", [("state", f"http://:{SECRET}@h:1/0"),
-                                        ("backends.0.url", f"ftp://u:{SECRET}@h:1"),
-                                        ("backends.0.metrics_url", f"ftp://u:{SECRET}@h")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("state", f"http://:{SECRET}@h:1/0"),
+        ("backends.0.url", f"ftp://u:{SECRET}@h:1"),
+        ("backends.0.metrics_url", f"ftp://u:{SECRET}@h"),
+    ],
+)
 def test_a_refused_url_is_shown_without_its_credentials(key, value):
     from fairserve.gateway.config import build_config
+
     backend = {"url": value} if key == "backends.0.url" else {"url": "http://b:1"}
     if key == "backends.0.metrics_url":
         backend["metrics_url"] = value
@@ -63,16 +70,28 @@ def test_credentials_in_the_url_never_leave_the_process():
         with running_server(create_app(config([cred]))) as base:
             r = HTTP.post(base + "/v1/chat/completions", json=chat_body(3), headers=auth("alice"))
             assert r.status_code == 502 and SECRET not in r.text and "***@" in r.text
-    assert fake.calls >= 2          # the credentials were used upstream (Basic auth)
+    assert fake.calls >= 2  # the credentials were used upstream (Basic auth)
 
 
 def test_credentials_in_the_url_and_an_api_key_is_a_start_up_error():
     with pytest.raises(ValueError, match="not both") as e:
         config([{"url": f"http://user:{SECRET}@127.0.0.1:1", "api_key": "K"}])
     assert SECRET not in str(e.value)
-    proc = subprocess.run([sys.executable, "-m", "fairserve", "gateway", "--backend",
-                           f"http://u:{SECRET}@127.0.0.1:1,api_key=K", "--tenant", "a:k"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairserve",
+            "gateway",
+            "--backend",
+            f"http://u:{SECRET}@127.0.0.1:1,api_key=K",
+            "--tenant",
+            "a:k",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "not both" in proc.stderr and SECRET not in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -82,7 +101,7 @@ def test_metrics_key_protects_metrics_and_must_be_its_own():
         assert HTTP.get(base + "/metrics").status_code == 401
         assert HTTP.get(base + "/metrics", headers=auth("alice")).status_code == 401
         assert HTTP.get(base + "/metrics", headers={"Authorization": "Bearer mk"}).status_code == 200
-        assert HTTP.get(base + "/healthz").status_code == 200        # load balancers need no key
+        assert HTTP.get(base + "/healthz").status_code == 200  # load balancers need no key
     with pytest.raises(ValueError, match="metrics_key"):
         config(["http://a:1"], metrics_key=ADMIN)
 
@@ -104,27 +123,33 @@ def test_healthz_is_503_while_no_backend_is_healthy_and_200_once_one_is():
             with running_server(fake.app, port=port):
                 assert pending.result(30).status_code == 200
                 assert HTTP.get(base + "/health").status_code == 200
-    assert fake.calls == 1          # no client request was spent finding out it was down
+    assert fake.calls == 1  # no client request was spent finding out it was down
 
 
 # ---- values that could overflow the accounting -----------------------------------------------------------------------
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-2**1100,
-                                                                                 max_value=2**1100),
-                    st.sampled_from([5e-324, 1e-300, 1e-7, 1e-6, 1e6, 1e308, 10**30]))
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**1100), max_value=2**1100),
+    st.sampled_from([5e-324, 1e-300, 1e-7, 1e-6, 1e6, 1e308, 10**30]),
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(weight=numbers, w_p=numbers, w_q=numbers, prompt=st.integers(0, MAX_INT), output=st.integers(0, MAX_INT))
 def test_any_config_accepted_keeps_every_counter_finite(weight, w_p, w_q, prompt, output):
-    data = {"backends": [{"url": "http://a:1"}], "w_p": w_p, "w_q": w_q,
-            "tenants": [{"name": "a", "api_keys": ["k"], "weight": weight}, {"name": "b", "api_keys": ["j"]}]}
+    data = {
+        "backends": [{"url": "http://a:1"}],
+        "w_p": w_p,
+        "w_q": w_q,
+        "tenants": [{"name": "a", "api_keys": ["k"], "weight": weight}, {"name": "b", "api_keys": ["j"]}],
+    }
     try:
         cfg = build_config(data)
     except (ValueError, OverflowError) as e:
         assert isinstance(e, ValueError) and "\n" not in str(e)
         return
     ledger = Ledger(make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q), ["a", "b"])
-    for i in range(3):          # the largest counts a request can carry, thrice
+    for i in range(3):  # the largest counts a request can carry, thrice
         req = ledger.arrive(i, "a", prompt, MAX_INT)
         ledger.pop()
         ledger.output(req, output)
@@ -151,7 +176,7 @@ def test_any_value_accepted_keeps_the_admin_api_and_metrics_answering(live, weig
     # NOTE: json.dumps writes NaN and Infinity (which the gateway must refuse) where httpx' json= would raise
     r = HTTP.put(base + "/admin/tenants/bob/weight", content=json.dumps({"weight": weight}), headers=ADMIN_H)
     assert r.status_code in (200, 400)
-    fake.prompt_bias = usage                     # the backend reports absurd usage; the gateway must bound it
+    fake.prompt_bias = usage  # the backend reports absurd usage; the gateway must bound it
     body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": max_tokens})
     r = HTTP.post(base + "/v1/completions", content=body, headers={**auth("bob"), "content-type": "application/json"})
     assert r.status_code in (200, 400)
@@ -166,14 +191,18 @@ def test_huge_integers_and_tiny_weights_are_refused_where_they_enter():
     with serve(FakeBackend()) as base:
         for raw in (b"10" + b"0" * 30, b"1" + b"0" * 400):
             body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + raw + b"}"
-            r = HTTP.post(base + "/v1/chat/completions", content=body,
-                          headers={**auth("alice"), "content-type": "application/json"})
+            r = HTTP.post(
+                base + "/v1/chat/completions",
+                content=body,
+                headers={**auth("alice"), "content-type": "application/json"},
+            )
             assert r.status_code == 400 and "too large" in r.json()["error"]["message"]
         for weight in (b"5e-324", b"1e-300", b"1e308", b"1" + b"0" * 400):
             r = HTTP.put(base + "/admin/tenants/bob/weight", content=b'{"weight": ' + weight + b"}", headers=ADMIN_H)
             assert r.status_code == 400, weight
     from fairserve.gateway.cli import add_parser, config_from_args
     import argparse
+
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     for flag in ("--tenant=a:k1:1e-320", "--w-p=1e308", "--w-q=inf", "--default-max-tokens=99999999999"):

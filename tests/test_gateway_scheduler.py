@@ -1,4 +1,5 @@
 """The gateway's scheduler without HTTP: capacity (requests and tokens), least-loaded choice, requeue, refunds."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ def scheduler(*backends: dict, **kw) -> Scheduler:
 def test_token_capacity_and_an_oversized_request_alone():
     async def go() -> None:
         s = scheduler({"url": "http://a", "max_inflight_requests": 10, "max_inflight_tokens": 100})
-        t = [s.new_ticket("alice", 10, 40) for _ in range(3)]          # 50 tokens each
+        t = [s.new_ticket("alice", 10, 40) for _ in range(3)]  # 50 tokens each
         for x in t:
             assert s.submit(x) is None
         assert [x.admitted.done() for x in t] == [True, True, False]
@@ -31,7 +32,8 @@ def test_token_capacity_and_an_oversized_request_alone():
         assert not big.admitted.done()
         s.settle(t[1], Ending("ok"))
         s.settle(t[2], Ending("ok"))
-        assert big.admitted.done() and s.backends[0].requests == 1      # alone, though over the budget
+        assert big.admitted.done() and s.backends[0].requests == 1  # alone, though over the budget
+
     asyncio.run(go())
 
 
@@ -42,7 +44,8 @@ def test_least_loaded_backend():
         for x in tickets:
             s.submit(x)
         assert [b.requests for b in s.backends] == [2, 4]
-        assert [x.backend.url for x in tickets[:3]] == ["http://a", "http://b", "http://b"]   # by fraction used
+        assert [x.backend.url for x in tickets[:3]] == ["http://a", "http://b", "http://b"]  # by fraction used
+
     asyncio.run(go())
 
 
@@ -53,13 +56,14 @@ def test_requeue_keeps_charges_once_and_refunds_a_total_failure():
         s.submit(t)
         assert t.backend.url == "http://a" and s.policy.service["alice"] == 10
         assert s.backend_failed(t, unreachable=True)
-        assert t.backend.url == "http://b" and s.policy.service["alice"] == 10     # not charged again
+        assert t.backend.url == "http://b" and s.policy.service["alice"] == 10  # not charged again
         assert s.backends[0].down_until > 0 and not s.backends[0].healthy
-        assert not s.backend_failed(t, unreachable=False)                          # no backend left
+        assert not s.backend_failed(t, unreachable=False)  # no backend left
         assert s.settle(t, Ending("backend_error", refund=True))
         assert s.policy.service["alice"] == 0 and t.req.state is RequestState.ABORTED
         assert s.view().tenants["alice"].running == 0 and all(b.requests == 0 for b in s.backends)
-        assert not s.settle(t, Ending("ok")) and t.outcome == "backend_error"     # one outcome only
+        assert not s.settle(t, Ending("ok")) and t.outcome == "backend_error"  # one outcome only
+
     asyncio.run(go())
 
 
@@ -68,13 +72,14 @@ def test_a_cooled_down_backend_is_used_again():
         s = scheduler({"url": "http://a"}, backend_cooldown_s=0.05)
         first = s.new_ticket("alice", 1, 1)
         s.submit(first)
-        s.backends[0].down_until = asyncio.get_running_loop().time() + 30     # as if unreachable
+        s.backends[0].down_until = asyncio.get_running_loop().time() + 30  # as if unreachable
         second = s.new_ticket("bob", 1, 1)
         s.submit(second)
         assert not second.admitted.done()
         s.backends[0].down_until = asyncio.get_running_loop().time() + 0.05
         s.dispatch()
         assert await s.wait(second, 2.0) is s.backends[0]
+
     asyncio.run(go())
 
 
@@ -87,6 +92,7 @@ def test_queue_limit_and_ttl():
         assert await s.wait(queued, 0.05) is None
         s.settle(queued, Ending("timeout", refund=True))
         assert s.view().tenants["alice"].queued == 0 and s.policy.num_queued == 0
+
     asyncio.run(go())
 
 

@@ -1,4 +1,5 @@
 """Shared by the gateway tests (no tests here): a tiny fake OpenAI backend and a gateway on loopback."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from fairserve.api.tokens import estimate_tokens, messages_text
 from fairserve.gateway import build_config, create_app
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
-HTTP = httpx.Client(timeout=10)   # one client: building one costs ~40 ms (its TLS context)
+HTTP = httpx.Client(timeout=10)  # one client: building one costs ~40 ms (its TLS context)
 ADMIN = "key-admin"
 
 
@@ -32,13 +33,13 @@ class FakeBackend:
 
     def reset(self, delay_s: float = 0.0, piece: str = " tok", prompt_bias: int = 0) -> FakeBackend:
         self.delay_s, self.piece, self.prompt_bias = delay_s, piece, prompt_bias
-        self.report_usage = True                 # False: like a server that ignores include_usage
-        self.fail_status: int | None = None      # answer every request with this status
-        self.fail_after: int | None = None       # break streams after this many tokens
+        self.report_usage = True  # False: like a server that ignores include_usage
+        self.fail_status: int | None = None  # answer every request with this status
+        self.fail_after: int | None = None  # break streams after this many tokens
         self.calls = 0
         self.bodies: list[dict[str, Any]] = []
-        self.produced: dict[int, int] = {}       # call number -> tokens streamed
-        self.cancelled: list[int] = []           # call numbers of streams closed by the client
+        self.produced: dict[int, int] = {}  # call number -> tokens streamed
+        self.cancelled: list[int] = []  # call numbers of streams closed by the client
         return self
 
     def _usage(self, body: dict[str, Any], chat: bool, produced: int) -> dict[str, int]:
@@ -55,8 +56,13 @@ class FakeBackend:
             delta = {"content": text} if text is not None else {"role": "assistant", "content": ""}
             choice = {"index": 0, "delta": delta if finish is None else {}, "finish_reason": finish}
             return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "fake", "choices": [choice]}
-        return {"id": "c", "object": "text_completion", "created": 0, "model": "fake",
-                "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+        return {
+            "id": "c",
+            "object": "text_completion",
+            "created": 0,
+            "model": "fake",
+            "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}],
+        }
 
     def _build(self) -> FastAPI:
         app = FastAPI()
@@ -78,17 +84,28 @@ class FakeBackend:
                 await asyncio.sleep(self.delay_s * n)
                 self.produced[call] = n
                 text = self.piece * n
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                          if chat else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
-                return {"id": "r", "object": "chat.completion" if chat else "text_completion", "created": 0,
-                        "model": "fake", "choices": [choice],
-                        **({"usage": self._usage(body, chat, n)} if self.report_usage else {})}
-            usage = self.report_usage and isinstance(body.get("stream_options"), dict) and \
-                body["stream_options"].get("include_usage")
+                choice = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                    if chat
+                    else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+                )
+                return {
+                    "id": "r",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": 0,
+                    "model": "fake",
+                    "choices": [choice],
+                    **({"usage": self._usage(body, chat, n)} if self.report_usage else {}),
+                }
+            usage = (
+                self.report_usage
+                and isinstance(body.get("stream_options"), dict)
+                and body["stream_options"].get("include_usage")
+            )
 
             async def events():
                 done = False
-                produced, cancelled = self.produced, self.cancelled    # this test's, even after a reset
+                produced, cancelled = self.produced, self.cancelled  # this test's, even after a reset
                 produced[call] = 0
                 try:
                     if chat:
@@ -101,14 +118,21 @@ class FakeBackend:
                         yield f"data: {json.dumps(self._chunk(chat, self.piece))}\n\n"
                     yield f"data: {json.dumps(self._chunk(chat, None if chat else '', 'length'))}\n\n"
                     if usage:
-                        last = {"id": "c", "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": 0, "model": "fake", "choices": [], "usage": self._usage(body, chat, n)}
+                        last = {
+                            "id": "c",
+                            "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": 0,
+                            "model": "fake",
+                            "choices": [],
+                            "usage": self._usage(body, chat, n),
+                        }
                         yield f"data: {json.dumps(last)}\n\n"
                     yield "data: [DONE]\n\n"
                     done = True
                 finally:
                     if not done and self.fail_after is None:
                         cancelled.append(call)
+
             return StreamingResponse(events(), media_type="text/event-stream")
 
         @app.post("/v1/chat/completions")
@@ -131,8 +155,10 @@ def config(backends: list[str], **kw: Any):
     data: dict[str, Any] = {
         "backends": [b if isinstance(b, dict) else {"url": b} for b in backends],
         "tenants": [{"name": n, "api_keys": [k], "weight": kw.pop(f"weight_{n}", 1.0)} for n, k in KEYS.items()],
-        "admin_key": ADMIN, "backend_cooldown_s": 0.5,
-        "health_interval_s": 0}      # NOTE: no health checks unless a test asks: raw backends count every request
+        "admin_key": ADMIN,
+        "backend_cooldown_s": 0.5,
+        "health_interval_s": 0,
+    }  # NOTE: no health checks unless a test asks: raw backends count every request
     data.update(kw)
     return build_config(data)
 
@@ -145,8 +171,9 @@ def gateway(urls: list[str], backend_options: dict[str, Any] | None = None, **kw
 
 
 @contextlib.contextmanager
-def serve(*fakes: FakeBackend, backend_options: dict[str, Any] | None = None,
-          extra_backends: list[str] = (), **kw: Any) -> Iterator[str]:
+def serve(
+    *fakes: FakeBackend, backend_options: dict[str, Any] | None = None, extra_backends: list[str] = (), **kw: Any
+) -> Iterator[str]:
     """Fake backends and a gateway in front of them (extra, e.g. unreachable, backend URLs first)."""
     with contextlib.ExitStack() as stack:
         urls = list(extra_backends) + [stack.enter_context(running_server(f.app)) for f in fakes]
@@ -158,8 +185,13 @@ def auth(tenant: str) -> dict[str, str]:
 
 
 def chat_body(tokens: int = 5, stream: bool = False, prompt: str = "hello there, gateway", **kw: Any) -> dict:
-    return {"model": "fake-model", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "stream": stream, **kw}
+    return {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
+        "stream": stream,
+        **kw,
+    }
 
 
 def admin_tenants(base: str) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,6 @@
 """A configured tokenizer counts the tokens the gateway charges: a Hugging Face tokenizer (local tokenizer.json) or
 a tiktoken encoding with a local `.tiktoken` ranks file. Nothing is downloaded (the tiktoken tests forbid it)."""
+
 from __future__ import annotations
 
 import base64
@@ -20,6 +21,7 @@ def word_tokenizer(tmp_path):
     """A word-level tokenizer: one token per whitespace-separated word (so it differs from the 4-chars rule)."""
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "tok": 2}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     path = tmp_path / "tokenizer.json"
@@ -39,8 +41,8 @@ def test_token_counter(word_tokenizer):
 
 def test_gateway_charges_the_tokenizers_count(word_tokenizer):
     backend = FakeBackend()
-    backend.report_usage = False            # nothing to correct the count with: the tokenizer's count stands
-    prompt = "alpha beta gamma delta epsilon zeta"          # 6 words, 36 characters (9 by the estimate)
+    backend.report_usage = False  # nothing to correct the count with: the tokenizer's count stands
+    prompt = "alpha beta gamma delta epsilon zeta"  # 6 words, 36 characters (9 by the estimate)
     with serve(backend, tokenizer=f"hf:{word_tokenizer}") as base:
         body = {"model": "m", "prompt": prompt, "max_tokens": 3}
         assert HTTP.post(base + "/v1/completions", json=body, headers=auth("alice")).status_code == 200
@@ -56,7 +58,7 @@ def test_bad_tokenizer_is_a_config_error(tmp_path):
 
 # --- tiktoken -------------------------------------------------------------------------------------------------------
 
-MERGES = [b"he", b"ll", b"hell", b"hello", b" w", b"or", b" t", b"ok", b" tok"]   # ranks 256, 257, ...
+MERGES = [b"he", b"ll", b"hell", b"hello", b" w", b"or", b" t", b"ok", b" tok"]  # ranks 256, 257, ...
 
 
 @pytest.fixture
@@ -71,17 +73,25 @@ def no_network(monkeypatch):
 
     loopback = ("127.0.0.1", "::1", "localhost", None)
     real_getaddrinfo, real_connect = socket.getaddrinfo, socket.socket.connect
-    monkeypatch.setattr(socket, "getaddrinfo",
-                        lambda host, *a, **k: real_getaddrinfo(host, *a, **k) if host in loopback else refuse(host))
-    monkeypatch.setattr(socket.socket, "connect", lambda self, addr: real_connect(self, addr)
-                        if not isinstance(addr, tuple) or addr[0] in loopback else refuse(addr))
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, *a, **k: real_getaddrinfo(host, *a, **k) if host in loopback else refuse(host),
+    )
+    monkeypatch.setattr(
+        socket.socket,
+        "connect",
+        lambda self, addr: (
+            real_connect(self, addr) if not isinstance(addr, tuple) or addr[0] in loopback else refuse(addr)
+        ),
+    )
     tiktoken.real = {}
     for target in (tiktoken.load, tiktoken_ext.openai_public):
         for name in ("read_file", "read_file_cached", "load_tiktoken_bpe"):
             if hasattr(target, name):
                 tiktoken.real.setdefault(name, getattr(target, name))
                 monkeypatch.setattr(target, name, refuse)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")       # and no stray cache of the machine's
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # and no stray cache of the machine's
     return tiktoken
 
 
@@ -96,11 +106,11 @@ def bpe_file(tmp_path, no_network):
 
 def test_tiktoken_counts_exactly(bpe_file):
     count = token_counter(f"tiktoken:cl100k_base@{bpe_file}")
-    assert count("hello") == 1                             # h e l l o -> he ll o -> hell o -> hello
-    assert count("hello world") == 5 != estimate_tokens("hello world")   # hello | " w" "or" "l" "d"
+    assert count("hello") == 1  # h e l l o -> he ll o -> hell o -> hello
+    assert count("hello world") == 5 != estimate_tokens("hello world")  # hello | " w" "or" "l" "d"
     assert count(" tok tok") == 2
-    assert count("12345") == 5                             # cl100k splits digits in threes: 123 | 45, no merges
-    assert count("héllo") == 5                             # h, the two bytes of é, ll, o
+    assert count("12345") == 5  # cl100k splits digits in threes: 123 | 45, no merges
+    assert count("héllo") == 5  # h, the two bytes of é, ll, o
     assert count("<|endoftext|>") == len("<|endoftext|>")  # special-token text in a prompt is ordinary text
     assert count("") == 0
     # every encoding's split pattern works with the file's ranks
@@ -111,26 +121,30 @@ def test_tiktoken_counts_exactly(bpe_file):
 def test_tiktoken_matches_tiktokens_own_encoding(bpe_file, no_network):
     """The same file through tiktoken's own constructor (load_tiktoken_bpe stubbed to this file) counts the same."""
     import tiktoken_ext.openai_public as public
+
     ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in bpe_file.read_bytes().splitlines())}
     seen = {}
     for name, (pat, file, sha) in tokens.TIKTOKEN_ENCODINGS.items():
+
         def stub(url, expected_hash=None, name=name):
             seen[name] = (url, expected_hash)
             return dict(ranks)
+
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(public, "load_tiktoken_bpe", stub)
             ctor = public.ENCODING_CONSTRUCTORS[name]()
         assert ctor["pat_str"] == pat, f"{name}: pattern differs from tiktoken's"
         assert seen[name] == (tokens.TIKTOKEN_BLOB + file, sha), f"{name}: file or hash differs from tiktoken's"
-        theirs = no_network.Encoding(name, pat_str=ctor["pat_str"], mergeable_ranks=ctor["mergeable_ranks"],
-                                     special_tokens={})
+        theirs = no_network.Encoding(
+            name, pat_str=ctor["pat_str"], mergeable_ranks=ctor["mergeable_ranks"], special_tokens={}
+        )
         ours = token_counter(f"tiktoken:{name}@{bpe_file}")
         for text in ("hello world", "it's 2024, héllo\n\n  tok", "don't STOP"):
             assert ours(text) == len(theirs.encode_ordinary(text))
 
 
 def test_tiktoken_from_its_cache(bpe_file, tmp_path, monkeypatch, no_network):
-    """"tiktoken:NAME" reads the file where tiktoken caches it (checked against tiktoken's own cache lookup)."""
+    """ "tiktoken:NAME" reads the file where tiktoken caches it (checked against tiktoken's own cache lookup)."""
     data = bpe_file.read_bytes()
     pat, file, _ = tokens.TIKTOKEN_ENCODINGS["cl100k_base"]
     monkeypatch.setitem(tokens.TIKTOKEN_ENCODINGS, "cl100k_base", (pat, file, hashlib.sha256(data).hexdigest()))
@@ -152,8 +166,8 @@ def test_tiktoken_from_its_cache(bpe_file, tmp_path, monkeypatch, no_network):
 
 def test_gateway_charges_the_tiktoken_count(bpe_file):
     backend = FakeBackend()
-    backend.report_usage = False            # nothing to correct the count with: the tokenizer's count stands
-    prompt = "hello world hello world"      # hello | " w" or l d | " " hello | " w" or l d: 11 (6 by the estimate)
+    backend.report_usage = False  # nothing to correct the count with: the tokenizer's count stands
+    prompt = "hello world hello world"  # hello | " w" or l d | " " hello | " w" or l d: 11 (6 by the estimate)
     with serve(backend, tokenizer=f"tiktoken:cl100k_base@{bpe_file}") as base:
         body = {"model": "m", "prompt": prompt, "max_tokens": 3}
         assert HTTP.post(base + "/v1/completions", json=body, headers=auth("alice")).status_code == 200
@@ -176,7 +190,7 @@ def bad_specs(tmp_path, bpe_file):
         (f"tiktoken:cl100k_base@{not_bpe}", "tokenizer.json:1: not a tiktoken ranks file"),
         (f"tiktoken:cl100k_base@{few}", "56 of the 256 single bytes have no rank"),
         (f"tiktoken:cl100k_base@{dup}", "two tokens share a rank"),
-        ("tiktoken:cl100k_base", "tiktoken's cache is off.*never downloads it: use \"tiktoken:ENCODING@PATH\""),
+        ("tiktoken:cl100k_base", 'tiktoken\'s cache is off.*never downloads it: use "tiktoken:ENCODING@PATH"'),
     ]
 
 
@@ -195,8 +209,9 @@ def test_bad_tiktoken_spec_one_error_line_exit_2(tmp_path, bpe_file, capsys):
 
 def test_another_encodings_published_file_is_refused(bpe_file, monkeypatch):
     pat, file, _ = tokens.TIKTOKEN_ENCODINGS["o200k_base"]
-    monkeypatch.setitem(tokens.TIKTOKEN_ENCODINGS, "o200k_base",
-                        (pat, file, hashlib.sha256(bpe_file.read_bytes()).hexdigest()))   # as if it were o200k's
+    monkeypatch.setitem(
+        tokens.TIKTOKEN_ENCODINGS, "o200k_base", (pat, file, hashlib.sha256(bpe_file.read_bytes()).hexdigest())
+    )  # as if it were o200k's
     with pytest.raises(ValueError, match="is tiktoken's o200k_base.tiktoken file, not cl100k_base's"):
         token_counter(f"tiktoken:cl100k_base@{bpe_file}")
     assert token_counter(f"tiktoken:o200k_base@{bpe_file}")("hello") == 1
@@ -204,6 +219,6 @@ def test_another_encodings_published_file_is_refused(bpe_file, monkeypatch):
 
 def test_corrupt_cached_file_is_refused(bpe_file, tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    tokens.tiktoken_cached_file("o200k_base").write_bytes(bpe_file.read_bytes())   # not the published file
+    tokens.tiktoken_cached_file("o200k_base").write_bytes(bpe_file.read_bytes())  # not the published file
     with pytest.raises(ValueError, match="cached o200k_base file .* is corrupt"):
         token_counter("tiktoken:o200k_base")

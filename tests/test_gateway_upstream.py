@@ -1,6 +1,7 @@
 """The gateway's upstream hop (aiohttp) and SSE relay, against backends that send exactly the bytes a test chooses:
 keep-alive reuse, a kept-alive connection the backend closed, CRLF/CR events split across reads, bodies delimited by
 the connection's end, read timeouts, no cookie jar, and backends behind an HTTP proxy from the environment."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,11 @@ def raw_backend(answer: Callable[[int, bytes], list[bytes] | None]) -> Iterator[
             try:
                 while True:
                     head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length"))
+                    length = next(
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
                     body = await reader.readexactly(length)
                     count["req"] += 1
                     seen.append(number)
@@ -81,19 +85,26 @@ def sse_answer(events: list[bytes], split: int = 7, eol: bytes = b"\n") -> list[
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     data = head + chunked
-    return [data[i:i + split] for i in range(0, len(data), split)]
+    return [data[i : i + split] for i in range(0, len(data), split)]
 
 
 def chunk(text: str | None = None, usage: dict | None = None) -> bytes:
-    doc = {"id": "c", "object": "chat.completion.chunk", "choices": [] if text is None else
-           [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    doc = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [] if text is None else [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
     if usage is not None:
         doc["usage"] = usage
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
-EVENTS = [chunk("Hello"), chunk(" world"), chunk(usage={"prompt_tokens": 3, "completion_tokens": 2}),
-          b"data: [DONE]\n\n"]
+EVENTS = [
+    chunk("Hello"),
+    chunk(" world"),
+    chunk(usage={"prompt_tokens": 3, "completion_tokens": 2}),
+    b"data: [DONE]\n\n",
+]
 
 
 def stream_text(base: str) -> tuple[str, list[dict]]:
@@ -109,7 +120,7 @@ def test_events_split_across_reads_and_any_line_end(eol):
     with raw_backend(lambda n, body: sse_answer(EVENTS, split=5, eol=eol)) as (url, _), gateway([url]) as base:
         text, docs = stream_text(base)
     assert text == "Hello world"
-    assert all("usage" not in d for d in docs)      # the client did not ask for usage
+    assert all("usage" not in d for d in docs)  # the client did not ask for usage
 
 
 def test_connection_is_kept_alive_across_requests():
@@ -158,6 +169,7 @@ def test_cookies_a_backend_sets_are_not_sent_on_later_requests():
         requests.append(request)
         head, _, rest = sse_answer(EVENTS, split=1 << 16)[0].partition(b"\r\n")
         return [head + b"\r\nset-cookie: session=tenant-a\r\n" + rest]
+
     with raw_backend(answer) as (url, _), gateway([url]) as base:
         for _ in range(2):
             assert stream_text(base)[0] == "Hello world"
@@ -170,6 +182,7 @@ def test_unreachable_backend_is_a_connect_error():
         with pytest.raises(UpstreamError) as e:
             await up.post("http://127.0.0.1:9", "/v1/completions", b"{}", [])
         assert e.value.unreachable
+
     asyncio.run(run())
 
 
@@ -191,5 +204,9 @@ def test_client_body_goes_upstream_with_include_usage_added():
         raw = b'{"model": "m", "messages": [{"role": "user", "content": "h\\u00e9"}], "stream": true} \n'
         r = c.post(base + "/v1/chat/completions", content=raw, headers={**AUTH, "content-type": "application/json"})
     assert r.status_code == 200
-    assert fake.bodies[0] == {"model": "m", "messages": [{"role": "user", "content": "hé"}], "stream": True,
-                              "stream_options": {"include_usage": True}}
+    assert fake.bodies[0] == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hé"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

@@ -1,4 +1,5 @@
 """deploy/grafana/fairserve.json asks only for metrics the servers export; `fairserve serve` has the dashboard too."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,16 @@ def serve_app():
     from fairserve.serve.app import create_app
     from fairserve.serve.config import load_config
 
-    cfg = load_config(overrides={"tenants": [{"name": "alice", "api_keys": ["ka"], "weight": 3},
-                                             {"name": "bob", "api_keys": ["kb"]}],
-                                 "admin_key": "adm", "num_blocks": 16, "page_size": 16, "max_batch_tokens": 64})
-    return TestClient(create_app(cfg))       # NOTE: no lifespan: the engine is built but not started
+    cfg = load_config(
+        overrides={
+            "tenants": [{"name": "alice", "api_keys": ["ka"], "weight": 3}, {"name": "bob", "api_keys": ["kb"]}],
+            "admin_key": "adm",
+            "num_blocks": 16,
+            "page_size": 16,
+            "max_batch_tokens": 64,
+        }
+    )
+    return TestClient(create_app(cfg))  # NOTE: no lifespan: the engine is built but not started
 
 
 def test_every_query_names_exported_metrics(serve_app):
@@ -44,7 +51,9 @@ def test_every_query_names_exported_metrics(serve_app):
         gateway_samples, gateway_names = exported(HTTP.get(base + "/metrics").text)
     serve_samples, serve_names = exported(serve_app.get("/metrics").text)
     used = {m for q in queries() for m in METRIC.findall(q)}
-    assert {m for m in used if m.startswith("fairserve_gateway_")} and {m for m in used if m.startswith("fairserve_serve_")}
+    assert {m for m in used if m.startswith("fairserve_gateway_")} and {
+        m for m in used if m.startswith("fairserve_serve_")
+    }
     unknown = used - gateway_samples - serve_samples
     assert not unknown, f"the Grafana dashboard queries metrics no server exports: {sorted(unknown)}"
     # every family `fairserve serve` exports is on the dashboard, and every per-tenant one of the gateway

@@ -1,4 +1,5 @@
 """The paper's guarantees as properties: Theorem 4.4's bound, and work conservation."""
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,8 +22,9 @@ def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve"):
         queued = set(policy.queued_clients())
         samples.append((queued, policy.service.get("f", 0.0) - policy.service.get("g", 0.0)))
 
-    SimEngine(policy, get_latency_model("a10g-llama2-7b"), EngineConfig(kv_tokens=kv, mode=mode),
-              observer=observe).run(arrivals)
+    SimEngine(policy, get_latency_model("a10g-llama2-7b"), EngineConfig(kv_tokens=kv, mode=mode), observer=observe).run(
+        arrivals
+    )
     worst, lo, hi = 0.0, None, None
     for queued, d in samples:
         if {"f", "g"} <= queued:

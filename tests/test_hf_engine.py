@@ -1,4 +1,5 @@
 """VTC inside the real transformers continuous-batching engine (tiny random Llama on the CPU)."""
+
 import asyncio
 import logging
 import threading
@@ -13,8 +14,8 @@ from fairserve.engines.hf_scheduler import FairScheduler  # noqa: E402
 from fairserve.engines.hf_engine import EngineError, EngineSizing, HFEngine  # noqa: E402
 from fairserve.engines.hf_models import load_model  # noqa: E402
 
-PROMPT, OUTPUT = 30, 20           # tokens per request
-SMALL = 8, 8                      # one 16-token page each
+PROMPT, OUTPUT = 30, 20  # tokens per request
+SMALL = 8, 8  # one 16-token page each
 W_P, W_Q = 1, 2
 
 
@@ -33,7 +34,7 @@ class Trace:
 
     def __init__(self, engine: HFEngine) -> None:
         self.rows: list[dict[str, tuple[float, int]]] = []
-        self.exact: list[tuple[float, float]] = []     # (charged before reconciling, actual cost) per finished request
+        self.exact: list[tuple[float, float]] = []  # (charged before reconciling, actual cost) per finished request
         q = engine.queue
         output, finished = q.output, q.finished
 
@@ -51,14 +52,18 @@ class Trace:
 
     def backlogged_gap(self, weights: dict[str, float]) -> float:
         """The largest difference of weighted service while every client is backlogged."""
-        gaps = [max(r[c][0] / w for c, w in weights.items()) - min(r[c][0] / w for c, w in weights.items())
-                for r in self.rows if all(c in r and r[c][1] > 0 for c in weights)]
+        gaps = [
+            max(r[c][0] / w for c, w in weights.items()) - min(r[c][0] / w for c, w in weights.items())
+            for r in self.rows
+            if all(c in r and r[c][1] > 0 for c in weights)
+        ]
         assert gaps, "the clients were never backlogged together"
         return max(gaps)
 
 
-def run_clients(engine: HFEngine, counts: dict[str, int], prompt: int = PROMPT, output: int = OUTPUT
-                ) -> list[tuple[str, int, int]]:
+def run_clients(
+    engine: HFEngine, counts: dict[str, int], prompt: int = PROMPT, output: int = OUTPUT
+) -> list[tuple[str, int, int]]:
     """All requests at once, each client's spread evenly over the arrival order (the heavy client sends three
     for each of the light one's); (client, prompt, output) per request. Not streamed: handing every token to the
     event loop costs more than the tiny model's step."""
@@ -66,14 +71,15 @@ def run_clients(engine: HFEngine, counts: dict[str, int], prompt: int = PROMPT, 
 
     async def one(client: str, i: int) -> tuple[str, int, int]:
         out = None
-        async for out in engine.generate(client, [3 + i % 200] * (prompt - 1) + [7], output, ignore_eos=True,
-                                         stream=False):
+        async for out in engine.generate(
+            client, [3 + i % 200] * (prompt - 1) + [7], output, ignore_eos=True, stream=False
+        ):
             pass
         return client, len(out.prompt_ids), len(out.generated_tokens)
 
     async def main():
         results = await asyncio.gather(*(one(c, i) for i, c in enumerate(order)))
-        for _ in range(50):       # the scheduler settles a finish at its next loop turn
+        for _ in range(50):  # the scheduler settles a finish at its next loop turn
             if all(a.running == 0 for a in engine.accounts().values()):
                 break
             await asyncio.sleep(0.02)
@@ -89,9 +95,9 @@ def started(tiny, policy, sizing: EngineSizing) -> HFEngine:
     return engine
 
 
-SIZING = EngineSizing(num_blocks=8, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)   # M = 128
+SIZING = EngineSizing(num_blocks=8, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)  # M = 128
 # NOTE: the bound grows with M, and so do the tokens FIFO needs to exceed it: half the pool, half the tokens
-HALF = EngineSizing(num_blocks=4, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)     # M = 64
+HALF = EngineSizing(num_blocks=4, page_size=16, max_batch_tokens=64, max_requests_per_batch=8)  # M = 64
 
 
 def served(results, client):
@@ -102,7 +108,7 @@ def served(results, client):
 def test_heavy_client_three_times_more(tiny, policy):
     engine = started(tiny, make_policy(policy), HALF)
     try:
-        assert isinstance(engine.manager.batch_processor.scheduler, FairScheduler)   # not transformers' fallback
+        assert isinstance(engine.manager.batch_processor.scheduler, FairScheduler)  # not transformers' fallback
         trace = Trace(engine)
         # NOTE: FIFO's gap grows by (3/4 - 1/4) of each request's 24 cost units: 60 requests make ~720 > 2·256
         results = run_clients(engine, {"heavy": 45, "light": 15}, *SMALL)
@@ -117,7 +123,7 @@ def test_heavy_client_three_times_more(tiny, policy):
     gap = trace.backlogged_gap({"heavy": 1, "light": 1})
     if policy == "vtc":
         assert gap <= bound(HALF, SMALL[0])
-    else:   # FIFO serves the heavy client three requests for every one of the light client's
+    else:  # FIFO serves the heavy client three requests for every one of the light client's
         assert gap > 2 * bound(HALF, SMALL[0])
 
 
@@ -193,7 +199,7 @@ def test_scheduler_exception_fails_requests_with_a_clear_error(tiny, caplog):
     try:
         with caplog.at_level(logging.ERROR), pytest.raises(EngineError, match="policy exploded"):
             asyncio.run(asyncio.wait_for(main(), 20))
-        with pytest.raises(EngineError, match="policy exploded"):      # and the next one too, at once
+        with pytest.raises(EngineError, match="policy exploded"):  # and the next one too, at once
             asyncio.run(asyncio.wait_for(main(), 5))
     finally:
         engine.stop()
@@ -245,8 +251,11 @@ def test_admits_no_more_than_one_batch(tiny):
 def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
     """The HTTP thread's POST /admin/reset lands between the scheduler's peek and pop: it must wait for the pop
     (else the policy pops another request than the one transformers scheduled, and the engine breaks)."""
-    engine = started(tiny, make_policy("vtc"), EngineSizing(num_blocks=32, page_size=16, max_batch_tokens=64,
-                                                            max_requests_per_batch=2))
+    engine = started(
+        tiny,
+        make_policy("vtc"),
+        EngineSizing(num_blocks=32, page_size=16, max_batch_tokens=64, max_requests_per_batch=2),
+    )
     q = engine.queue
     peek, pop, fired, peeked, popped = q.peek, q.pop, [], [], []
 
@@ -262,7 +271,7 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
         if len(q.policy.queued_clients()) == 2 and not fired:
             fired.append(threading.Thread(target=reset_from_another_thread))
             fired[0].start()
-            fired[0].join(0.1)          # runs now unless the scheduler holds the lock across peek → pop
+            fired[0].join(0.1)  # runs now unless the scheduler holds the lock across peek → pop
         popped.append((peeked[-1], pop()))
         return popped[-1][1]
 
@@ -276,7 +285,7 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
 
     async def main():
         first = [asyncio.ensure_future(one("a")) for _ in range(3)]
-        while len(popped) < 2:          # both slots taken by "a": its third request waits, then "b" arrives
+        while len(popped) < 2:  # both slots taken by "a": its third request waits, then "b" arrives
             await asyncio.sleep(0.005)
         return await asyncio.wait_for(asyncio.gather(*first, *(one("b") for _ in range(3))), 120)
 
@@ -285,4 +294,4 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
     finally:
         engine.stop()
     assert fired and produced == [30] * 6 and len(popped) == 6
-    assert all(admitted is scheduled for scheduled, admitted in popped)     # the pop took the request peeked
+    assert all(admitted is scheduled for scheduled, admitted in popped)  # the pop took the request peeked

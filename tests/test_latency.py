@@ -1,4 +1,5 @@
 """Latency models: the profiled A10G fit, the roofline presets, and the registry."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,15 @@ from fairserve.sim.latency import (
 )
 
 PROFILE = Path(__file__).resolve().parents[2] / "shared" / "profiles" / PROFILE_FILENAME
-COEFFS = ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
-          "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s", "large_batch_s")
+COEFFS = (
+    "prefill_fixed_s",
+    "prefill_per_token_s",
+    "prefill_per_sq_token_s",
+    "decode_fixed_s",
+    "decode_per_seq_s",
+    "decode_per_context_token_s",
+    "large_batch_s",
+)
 ROOFLINE_NAMES = [n for n in LATENCY_MODELS if "@" in n]
 
 
@@ -45,6 +53,7 @@ def profile_rows() -> list[ProfileRow]:
 
 
 # ---- the profiled model ----
+
 
 # Stated tolerance: every prefill row within 15%, mean within 5%; every fitted decode row of the operating range
 # (output_len > 1, batch <= 64) within 3%, mean within 1%; the larger-batch rows b = 73, 78 (plane + the 6 ms jump)
@@ -71,7 +80,8 @@ def test_profile_comparison_leaves_out_the_server_overhead(profile_rows: list[Pr
     assert m.prefill_s([100]) == pytest.approx(m.forward_only().prefill_s([100]) + m.overhead.prefill_s)
     r = profile_rows[-1]
     assert fit_errors(m, [r])[0]["decode_model_s"] == pytest.approx(
-        m.forward_only().decode_step_s(r.batch_size, r.context_tokens))  # type: ignore[arg-type]
+        m.forward_only().decode_step_s(r.batch_size, r.context_tokens)
+    )  # type: ignore[arg-type]
 
 
 def test_embedded_constants_equal_fresh_fit(profile_rows: list[ProfileRow]) -> None:
@@ -101,9 +111,11 @@ def test_fit_recovers_known_coefficients_without_profile() -> None:
 
 def test_fit_clamps_negative_terms_to_zero() -> None:
     # Prefill that gets cheaper per token with longer prompts: an unconstrained fit would make the x^2 term negative.
-    rows = [ProfileRow(p, 64, b, 0.05 + b * p * (2.2e-4 - 4e-8 * p), 0.03 + 2e-4 * b) for p, b in
-            ((8, 138), (64, 78), (256, 31), (512, 17))]
-    fit = fit_linear_latency(rows, large_batch_from=200)   # every row in the operating range
+    rows = [
+        ProfileRow(p, 64, b, 0.05 + b * p * (2.2e-4 - 4e-8 * p), 0.03 + 2e-4 * b)
+        for p, b in ((8, 138), (64, 78), (256, 31), (512, 17))
+    ]
+    fit = fit_linear_latency(rows, large_batch_from=200)  # every row in the operating range
     assert fit.prefill_per_sq_token_s == 0.0
     assert all(getattr(fit, c) >= 0.0 for c in COEFFS)
     assert fit.decode_per_context_token_s == pytest.approx(0.0, abs=1e-12)  # the data has no context term
@@ -122,12 +134,21 @@ def test_paper_sanity_trace_sized_batches() -> None:
 
 # ---- every model ----
 
+
 @settings(max_examples=150, deadline=None)
-@given(name=st.sampled_from(LATENCY_MODELS), lens=st.lists(st.integers(1, 4096), min_size=1, max_size=64),
-       extra=st.integers(1, 4096), grow=st.integers(1, 1024), b=st.integers(1, 512), ctx=st.integers(0, 200_000),
-       db=st.integers(1, 64), dctx=st.integers(1, 10_000))
-def test_monotone_and_positive(name: str, lens: list[int], extra: int, grow: int, b: int, ctx: int, db: int,
-                               dctx: int) -> None:
+@given(
+    name=st.sampled_from(LATENCY_MODELS),
+    lens=st.lists(st.integers(1, 4096), min_size=1, max_size=64),
+    extra=st.integers(1, 4096),
+    grow=st.integers(1, 1024),
+    b=st.integers(1, 512),
+    ctx=st.integers(0, 200_000),
+    db=st.integers(1, 64),
+    dctx=st.integers(1, 10_000),
+)
+def test_monotone_and_positive(
+    name: str, lens: list[int], extra: int, grow: int, b: int, ctx: int, db: int, dctx: int
+) -> None:
     m = get_latency_model(name)
     p = m.prefill_s(lens)
     assert m.prefill_s(lens + [extra]) >= p
@@ -155,7 +176,7 @@ def test_linear_latency_by_hand() -> None:
     assert m.prefill_s([2, 3]) == pytest.approx(0.1 + 0.01 * 5 + 0.001 * 13)
     assert m.decode_step_s(4, 10) == pytest.approx(0.5 + 0.8 + 0.3)
     big = replace(m, large_batch_s=0.25, large_batch_from=4, overhead=StepOverhead(decode_s=0.125, prefill_s=0.5))
-    assert big.decode_step_s(4, 10) == pytest.approx(0.5 + 0.8 + 0.3 + 0.125)          # not above 4: no jump
+    assert big.decode_step_s(4, 10) == pytest.approx(0.5 + 0.8 + 0.3 + 0.125)  # not above 4: no jump
     assert big.decode_step_s(5, 10) == pytest.approx(0.5 + 1.0 + 0.3 + 0.125 + 0.25)
     assert big.prefill_s([2, 3]) == pytest.approx(0.1 + 0.01 * 5 + 0.001 * 13 + 0.5)
     assert big.prefill_s([]) == 0.0
@@ -166,6 +187,7 @@ def test_linear_latency_by_hand() -> None:
 
 
 # ---- roofline ----
+
 
 def test_roofline_decode_memory_bound_at_small_batch() -> None:
     for name in ROOFLINE_NAMES:
@@ -189,7 +211,8 @@ def test_roofline_prefill_compute_bound_at_large_token_counts() -> None:
         flops = 2 * m.model.params * sum(lens) + 4 * m.model.layers * m.model.hidden * sum(x * x for x in lens)
         compute = flops / (m.gpu.peak_flops * m.mfu)
         memory = (m.model.weight_bytes + sum(lens) * m.model.kv_bytes_per_token) / (
-            m.gpu.mem_bandwidth * m.bandwidth_efficiency)
+            m.gpu.mem_bandwidth * m.bandwidth_efficiency
+        )
         assert compute > 2 * memory
         assert m.prefill_s(lens) == pytest.approx(compute + m.prefill_overhead_s, rel=1e-9)
 
@@ -249,6 +272,7 @@ def test_default_kv_tokens() -> None:
 
 # ---- registry ----
 
+
 def test_every_preset_name_works() -> None:
     assert LATENCY_MODELS[0] == DEFAULT_LATENCY_MODEL == "a10g-llama2-7b"
     assert {"constant", "llama-2-13b@a100-80gb", "llama-3-8b@h100"} <= set(LATENCY_MODELS)
@@ -272,6 +296,7 @@ def test_unknown_name_raises_with_valid_names(bad: str) -> None:
 
 # ---- the preset's server and its calibration ----
 
+
 def test_preset_engine_carries_its_server_tokens() -> None:
     from fairserve.sim import engine_config
     from fairserve.sim.latency import server_tokens
@@ -281,7 +306,12 @@ def test_preset_engine_carries_its_server_tokens() -> None:
     assert server_tokens(" A10G-LLaMA2-7B ").reserve_per_client_tokens == 32
     for name in ("constant", "llama-2-13b@a100-80gb"):
         cfg = engine_config(name, kv_tokens=5000, mode="paged")
-        assert (cfg.kv_tokens, cfg.mode, cfg.prompt_extra_tokens, cfg.reserve_per_client_tokens) == (5000, "paged", 0, 0)
+        assert (cfg.kv_tokens, cfg.mode, cfg.prompt_extra_tokens, cfg.reserve_per_client_tokens) == (
+            5000,
+            "paged",
+            0,
+            0,
+        )
 
 
 def test_window_service_spreads_each_request_over_first_token_to_finish() -> None:
@@ -289,14 +319,26 @@ def test_window_service_spreads_each_request_over_first_token_to_finish() -> Non
     from fairserve.sim.calibration import window_service
 
     def rec(first: float | None, finish: float | None, p: int, o: int) -> RequestRecord:
-        return RequestRecord(id=0, client="a", arrival_s=0.0, admit_s=first, first_token_s=first, finish_s=finish,
-                             last_token_s=finish, prompt_tokens=p, output_tokens=o, max_tokens=o,
-                             status="finished" if finish is not None else "unfinished")
+        return RequestRecord(
+            id=0,
+            client="a",
+            arrival_s=0.0,
+            admit_s=first,
+            first_token_s=first,
+            finish_s=finish,
+            last_token_s=finish,
+            prompt_tokens=p,
+            output_tokens=o,
+            max_tokens=o,
+            status="finished" if finish is not None else "unfinished",
+        )
 
-    recs = [rec(1.0, 5.0, 10, 20),     # inside: all 50
-            rec(8.0, 12.0, 10, 20),    # half inside: 25 (output 10)
-            rec(11.0, 13.0, 10, 20),   # starts after the window: 0
-            rec(None, None, 10, 20)]   # never served
+    recs = [
+        rec(1.0, 5.0, 10, 20),  # inside: all 50
+        rec(8.0, 12.0, 10, 20),  # half inside: 25 (output 10)
+        rec(11.0, 13.0, 10, 20),  # starts after the window: 0
+        rec(None, None, 10, 20),
+    ]  # never served
     assert window_service(recs, 10.0) == pytest.approx((75.0, 30.0))
 
 

@@ -1,4 +1,5 @@
 """The ledger: per-tenant state owned once; settle exactly once; admin changes that mean the same for every policy."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairserve.core import (MAX_WEIGHT, MIN_WEIGHT, Ledger, RequestState, Unsupported, check_weight, jain_index,
-                            make_policy, theorem_bound)
+from fairserve.core import (
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    Ledger,
+    RequestState,
+    Unsupported,
+    check_weight,
+    jain_index,
+    make_policy,
+    theorem_bound,
+)
 
 
 def ledger(spec: str = "vtc", tenants=("a", "b"), **kw) -> Ledger:
@@ -30,9 +40,9 @@ def test_counts_follow_the_life_cycle_and_settle_is_once():
     assert led.pop() is r1
     assert (led.view().tenants["a"].queued, led.view().tenants["a"].running) == (1, 1)
     led.output(r1, 3)
-    assert led.settle(r1) and not led.settle(r1)            # the second settle does nothing
+    assert led.settle(r1) and not led.settle(r1)  # the second settle does nothing
     assert led.view().tenants["a"].service == 10 + 2 * 3 and led.get(1) is None
-    assert led.settle(r2, cancelled=True)                    # queued: dropped, never charged
+    assert led.settle(r2, cancelled=True)  # queued: dropped, never charged
     a = led.view().tenants["a"]
     assert (a.queued, a.running, a.service) == (0, 0, 16) and r2.state is RequestState.ABORTED
     with pytest.raises(ValueError, match="already"):
@@ -44,28 +54,28 @@ def test_settle_reconciles_usage_and_refunds():
     r = led.arrive(1, "a", 10)
     led.pop()
     led.output(r, 5)
-    assert led.settle(r, prompt=12, output=4)                # the backend's usage wins
+    assert led.settle(r, prompt=12, output=4)  # the backend's usage wins
     assert led.view().tenants["a"].service == 12 + 2 * 4
     r = led.arrive(2, "b", 50)
     led.pop()
     led.output(r, 2)
-    led.settle(r, prompt=0, output=0, cancelled=True)        # a refund of everything
+    led.settle(r, prompt=0, output=0, cancelled=True)  # a refund of everything
     assert led.view().tenants["b"].service == 0
     r = led.arrive(3, "b", 50)
     led.pop()
-    led.settle(r, prompt=20, output=0, cancelled=True)       # cancelled mid-prefill: 20 prompt tokens processed
+    led.settle(r, prompt=20, output=0, cancelled=True)  # cancelled mid-prefill: 20 prompt tokens processed
     assert led.view().tenants["b"].service == 20
 
 
 def test_requeue_keeps_charges_and_swaps_the_item():
     led = ledger()
     r = led.arrive(1, "a", 10, item="old")
-    assert not led.requeue(r)                                # not running
+    assert not led.requeue(r)  # not running
     led.pop()
     led.output(r, 1)
     assert led.requeue(r, item="new") and r.item == "new"
     assert led.view().tenants["a"].queued == 1 and led.pop() is r
-    assert led.view().tenants["a"].service == 12             # not charged again
+    assert led.view().tenants["a"].service == 12  # not charged again
 
 
 def test_rejected_requests_never_enter_the_ledger():
@@ -87,7 +97,7 @@ def test_reset_puts_every_counter_to_zero(spec):
     led.reset()
     view = led.view()
     assert all(t.counter == 0 for t in view.tenants.values())
-    assert {t: v.service for t, v in view.tenants.items()} == service     # service received is history: kept
+    assert {t: v.service for t, v in view.tenants.items()} == service  # service received is history: kept
 
 
 @pytest.mark.parametrize("spec", ["fcfs", "rpm:5"])
@@ -109,8 +119,9 @@ def test_live_weight_changes_future_charges_only():
     assert a.weight == 2 and a.counter == 10 + 10 / 2 and a.service == 20
 
 
-@pytest.mark.parametrize("bad", [0, -1, 5e-324, 1e-300, MIN_WEIGHT / 2, MAX_WEIGHT * 2, math.inf, math.nan, True,
-                                 "2", None, 10**400])
+@pytest.mark.parametrize(
+    "bad", [0, -1, 5e-324, 1e-300, MIN_WEIGHT / 2, MAX_WEIGHT * 2, math.inf, math.nan, True, "2", None, 10**400]
+)
 def test_weights_that_would_overflow_the_accounts_are_refused(bad):
     with pytest.raises(ValueError, match="weight of 'a' must be"):
         check_weight("a", bad)
@@ -124,7 +135,7 @@ def test_view_spread_and_jain_cover_backlogged_tenants_only():
     for r in led.admit(lambda r: True):
         led.settle(r)
     for i, tenant in enumerate("ab"):
-        led.arrive(10 + i, tenant, 1)            # a and b backlogged again; c idle
+        led.arrive(10 + i, tenant, 1)  # a and b backlogged again; c idle
     view = led.view()
     assert all(r.done for r in first) and view.tenants["c"].service == 30
     assert [t.tenant for t in view.backlogged] == ["a", "b"]
@@ -141,13 +152,22 @@ def test_jain_and_the_bound():
 
 
 # ---- state in one place: the counts always equal what the requests say ------------------------------------------------
-ops = st.lists(st.tuples(st.sampled_from(["arrive", "pop", "output", "settle", "cancel", "requeue", "prompt"]),
-                         st.sampled_from("abc"), st.integers(0, 40)), max_size=80)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "pop", "output", "settle", "cancel", "requeue", "prompt"]),
+        st.sampled_from("abc"),
+        st.integers(0, 40),
+    ),
+    max_size=80,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(spec=st.sampled_from(["vtc", "fcfs", "drr:50", "lcf", "vtc-predict:oracle±50"]), script=ops,
-       weights=st.dictionaries(st.sampled_from("abc"), st.floats(MIN_WEIGHT, MAX_WEIGHT)))
+@given(
+    spec=st.sampled_from(["vtc", "fcfs", "drr:50", "lcf", "vtc-predict:oracle±50"]),
+    script=ops,
+    weights=st.dictionaries(st.sampled_from("abc"), st.floats(MIN_WEIGHT, MAX_WEIGHT)),
+)
 def test_counts_and_charges_stay_consistent(spec, script, weights):
     led = Ledger(make_policy(spec, weights=weights), "abc")
     live: list = []
@@ -190,21 +210,21 @@ def test_arrive_keeps_what_the_driver_said_and_rate_limits_see_its_clock():
     led = ledger("rpm:1")
     r = led.arrive(1, "a", 7, max_tokens=9, now=3.5)
     assert (r.max_tokens, r.arrival_s, r.prompt_tokens) == (9, 3.5, 7)
-    assert led.arrive(9, "b", 1).arrival_s == 0.0           # a driver without a clock
-    assert led.arrive(2, "a", 1, now=30.0) is None          # within the 60 s window of the first
-    assert led.arrive(3, "a", 1, now=64.0) is not None      # a minute after it
+    assert led.arrive(9, "b", 1).arrival_s == 0.0  # a driver without a clock
+    assert led.arrive(2, "a", 1, now=30.0) is None  # within the 60 s window of the first
+    assert led.arrive(3, "a", 1, now=64.0) is not None  # a minute after it
 
 
 def test_admit_limit_output_default_and_live_prompt_growth():
     led = ledger()
     reqs = [led.arrive(i, "a", 10) for i in range(3)]
     assert led.admit(lambda r: True, limit=2) == reqs[:2]
-    led.output(reqs[0])                                     # one token by default
+    led.output(reqs[0])  # one token by default
     assert led.view().tenants["a"].service == 10 + 10 + 2
-    led.prompt(reqs[0], 15)                                 # a session's next turn: 5 more prompt tokens
+    led.prompt(reqs[0], 15)  # a session's next turn: 5 more prompt tokens
     assert led.view().tenants["a"].service == 10 + 10 + 2 + 5
     led.settle(reqs[0])
-    led.prompt(reqs[0], 100)                                # settled: nothing changes any more
+    led.prompt(reqs[0], 100)  # settled: nothing changes any more
     assert led.view().tenants["a"].service == 27
 
 
@@ -227,21 +247,27 @@ def test_queued_lookup_settle_all_and_admin_rows():
     assert led.queued() == [waiting]
     assert led.settle_all() == 2 and len(led) == 0
     assert running.state is waiting.state is RequestState.ABORTED
-    assert led.view().tenants["a"].row() == {"name": "a", "weight": 1.0, "counter": 14.0, "service": 14.0,
-                                             "queue_length": 0, "in_flight": 0}
+    assert led.view().tenants["a"].row() == {
+        "name": "a",
+        "weight": 1.0,
+        "counter": 14.0,
+        "service": 14.0,
+        "queue_length": 0,
+        "in_flight": 0,
+    }
 
 
 def test_unpop_is_as_if_never_popped():
     led = ledger("vtc-predict:oracle")
     a1, a2 = led.arrive(1, "a", 10, max_tokens=5), led.arrive(2, "a", 10, max_tokens=5)
     a1.predicted_output = 5
-    assert led.pop() is a1 and led.view().tenants["a"].service == 10 + 2 * 5    # prompt + predicted output
+    assert led.pop() is a1 and led.view().tenants["a"].service == 10 + 2 * 5  # prompt + predicted output
     assert led.unpop(a1, item="again") and a1.item == "again"
     a = led.view().tenants["a"]
     assert (a.service, a.counter, a.queued, a.running) == (0, 0, 2, 0) and not a1.admitted
-    assert led.peek() is a1 and led.pop() is a1                                 # still first, charged again
+    assert led.peek() is a1 and led.pop() is a1  # still first, charged again
     assert led.view().tenants["a"].service == 20 and a2.state is RequestState.QUEUED
-    assert not led.unpop(a2)                                                    # not running
+    assert not led.unpop(a2)  # not running
 
 
 def test_unpop_after_a_preemption_keeps_the_charges():
@@ -250,6 +276,6 @@ def test_unpop_after_a_preemption_keeps_the_charges():
     led.pop()
     led.output(r, 3)
     led.requeue(r)
-    led.pop()                                   # re-admitted: not charged again
+    led.pop()  # re-admitted: not charged again
     led.unpop(r)
     assert r.admitted and led.view().tenants["a"].service == 16 and led.view().tenants["a"].queued == 1

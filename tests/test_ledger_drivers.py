@@ -2,6 +2,7 @@
 agree, and each tenant's service is w_p·prompt + w_q·output of what it was served.
 
 Scenario: alice (weight 2) sends two requests, bob one; each asks for OUT output tokens."""
+
 from __future__ import annotations
 
 import httpx
@@ -16,7 +17,7 @@ from fairserve.sim import simulate
 from fairserve.workloads import Arrival, Workload
 
 OUT = 4
-SENDS = [("alice", 0.0), ("alice", 5.0), ("bob", 10.0)]     # one at a time: no counter lift
+SENDS = [("alice", 0.0), ("alice", 5.0), ("bob", 10.0)]  # one at a time: no counter lift
 WEIGHTS = {"alice": 2.0, "bob": 1.0}
 
 
@@ -43,8 +44,11 @@ def check_server(base: str, view: LedgerView, prefix: str) -> None:
 
 
 def test_simulator():
-    w = Workload(name="scenario", duration_s=10.0,
-                 arrivals=[Arrival(t, c, prompt_tokens=20, output_tokens=OUT) for c, t in SENDS])
+    w = Workload(
+        name="scenario",
+        duration_s=10.0,
+        arrivals=[Arrival(t, c, prompt_tokens=20, output_tokens=OUT) for c, t in SENDS],
+    )
     result = simulate(w, "vtc", weights=WEIGHTS, drain=True)
     served: dict[str, float] = {}
     for r in result.records:
@@ -62,9 +66,15 @@ def test_gateway():
             usage[tenant] = usage.get(tenant, 0) + u["prompt_tokens"] + 2 * u["completion_tokens"]
         # NOTE: the app runs in a server thread reached over HTTP only: its view is rebuilt from the admin API's rows
         gw = httpx.get(base + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()
-        view = LedgerView(gw["policy"], {r["name"]: TenantView(r["name"], r["weight"], r["counter"], r["service"],
-                                                               r["queue_length"], r["in_flight"])
-                                         for r in gw["tenants"]})
+        view = LedgerView(
+            gw["policy"],
+            {
+                r["name"]: TenantView(
+                    r["name"], r["weight"], r["counter"], r["service"], r["queue_length"], r["in_flight"]
+                )
+                for r in gw["tenants"]
+            },
+        )
         check_view(view, usage)
         check_server(base, view, "fairserve_gateway_")
 
@@ -89,16 +99,26 @@ def test_serve():
     from fairserve.serve.app import create_app
     from fairserve.serve.config import load_config
 
-    cfg = load_config(overrides={"tenants": [{"name": "alice", "api_keys": ["key-alice"], "weight": 2.0},
-                                             {"name": "bob", "api_keys": ["key-bob"]}],
-                                 "admin_key": ADMIN, "num_blocks": 32, "page_size": 16, "max_batch_tokens": 64})
+    cfg = load_config(
+        overrides={
+            "tenants": [
+                {"name": "alice", "api_keys": ["key-alice"], "weight": 2.0},
+                {"name": "bob", "api_keys": ["key-bob"]},
+            ],
+            "admin_key": ADMIN,
+            "num_blocks": 32,
+            "page_size": 16,
+            "max_batch_tokens": 64,
+        }
+    )
     app = create_app(cfg)
     with running_server(app, timeout_s=60) as base:
         usage: dict[str, float] = {}
         for tenant, _ in SENDS:
             c = openai.OpenAI(base_url=base + "/v1", api_key=f"key-{tenant}", max_retries=0, timeout=30)
-            r = c.completions.create(model="tiny-random", prompt="hello", max_tokens=OUT,
-                                     extra_body={"ignore_eos": True})
+            r = c.completions.create(
+                model="tiny-random", prompt="hello", max_tokens=OUT, extra_body={"ignore_eos": True}
+            )
             usage[tenant] = usage.get(tenant, 0) + r.usage.prompt_tokens + 2 * r.usage.completion_tokens
         view = app.state.engine.queue.view()
         check_view(view, usage)

@@ -1,6 +1,7 @@
 """Load test: streamed requests through the gateway to a faulty emulator, 64 at a time. Nothing is lost: every
 request ends in exactly one outcome, at the client and in the gateway's metrics. The suite sends 600;
 benchmarks/load.py runs the same with 10,000 (and reports the rate)."""
+
 import asyncio
 import re
 import sys
@@ -54,12 +55,13 @@ async def hammer(url: str, requests: int) -> list[str]:
         async def one(i: int) -> str:
             async with sem:
                 return await stream_one(client, url + "/v1/completions", keys[i % len(keys)])
+
         return await asyncio.gather(*(one(i) for i in range(requests)))
 
 
 def outcomes_from_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for m in re.finditer(r'^fairserve_gateway_requests_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+    for m in re.finditer(r"^fairserve_gateway_requests_total\{([^}]*)\} ([0-9.e+]+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
         out[labels["outcome"]] = out.get(labels["outcome"], 0) + float(m.group(2))
     return out
@@ -69,10 +71,17 @@ def run_load(requests: int) -> tuple[dict[str, int], dict[str, float], int]:
     """`requests` streams through a gateway to an emulator that fails 3% at once and cuts 3% mid-stream: (outcomes at
     the client, outcomes in the gateway's metrics, retries of requests that got no answer)."""
     RETRIES.clear()
-    with serve("emulate", "--time-scale", "1000", "--error-rate", "0.03", "--drop-rate", "0.03",
-               "--seed", "7") as emulator:
-        with serve("gateway", "--backend", f"{emulator},max_requests=48", "--queue-limit", "20000",
-                   *(f"--tenant={t}:{k}" for t, k in TENANTS.items())) as gateway:
+    with serve(
+        "emulate", "--time-scale", "1000", "--error-rate", "0.03", "--drop-rate", "0.03", "--seed", "7"
+    ) as emulator:
+        with serve(
+            "gateway",
+            "--backend",
+            f"{emulator},max_requests=48",
+            "--queue-limit",
+            "20000",
+            *(f"--tenant={t}:{k}" for t, k in TENANTS.items()),
+        ) as gateway:
             seen = asyncio.run(hammer(gateway, requests))
             metrics = httpx.get(gateway + "/metrics").text
     assert len(seen) == requests
@@ -83,9 +92,9 @@ def check_nothing_lost(requests: int, counts: dict[str, int], recorded: dict[str
     assert "unanswered" not in counts and "cut" not in counts, counts
     # every request has one outcome in the gateway (an attempt retried without an answer may have reached it too)
     assert requests <= sum(recorded.values()) <= requests + retries, (counts, recorded, retries)
-    assert recorded.get("ok", 0) == counts.get("ok", 0)                   # and the client saw the same
+    assert recorded.get("ok", 0) == counts.get("ok", 0)  # and the client saw the same
     assert counts.get("ok", 0) > 0.85 * requests
-    assert requests - counts.get("ok", 0) > 0                             # the faults did happen
+    assert requests - counts.get("ok", 0) > 0  # the faults did happen
     assert set(counts) <= {"ok", "http-502", "stream-error"}, counts
 
 

@@ -1,4 +1,5 @@
 """The paper's qualitative results on its synthetic workloads (§5.2)."""
+
 import pytest
 
 from fairserve.core import theorem_bound
@@ -12,7 +13,7 @@ def service_while_all_backlogged(workload, policy):
     times = time_grid(workload.duration_s)
     curves = service_curves(res.records, times)
     busy = backlogged(res.records, times)
-    both = (sum(b.astype(int) for b in busy.values()) == len(busy))
+    both = sum(b.astype(int) for b in busy.values()) == len(busy)
     idx = both.nonzero()[0]
     assert len(idx) > 0.5 * len(times), "clients should be backlogged most of the run"
     a, b = idx[0], idx[-1]

@@ -2,6 +2,7 @@
 
 Two fake backends (limit 2 in flight each, counted at the backend itself) behind three replicas; the heavy tenant
 (alice) streams only through replica 1, the light tenant (bob) through replicas 2 and 3, both backlogged."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,9 @@ from test_gateway_support import ADMIN, KEYS, FakeBackend, auth, chat_body, conf
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app
 
-LIMIT = 2                 # per backend
-TOKENS = 8                # per request
-DELAY_S = 0.01            # per token
+LIMIT = 2  # per backend
+TOKENS = 8  # per request
+DELAY_S = 0.01  # per token
 
 
 class Counted:
@@ -40,11 +41,15 @@ class Counted:
         open_ = [True]
 
         async def counted_send(message):
-            if open_[0] and message["type"] == "http.response.body" and (
-                    not message.get("more_body") or b"[DONE]" in message.get("body", b"")):
+            if (
+                open_[0]
+                and message["type"] == "http.response.body"
+                and (not message.get("more_body") or b"[DONE]" in message.get("body", b""))
+            ):
                 open_[0] = False
                 self.now -= 1
             await send(message)
+
         try:
             await self.app(scope, receive, counted_send)
         finally:
@@ -66,12 +71,14 @@ def backends():
 
 
 def replica_config(urls, state=None):
-    return config([{"url": u, "max_inflight_requests": LIMIT} for u in urls], state=state, state_interval_s=0.01,
-                  state_ttl_s=1.0)
+    return config(
+        [{"url": u, "max_inflight_requests": LIMIT} for u in urls], state=state, state_interval_s=0.01, state_ttl_s=1.0
+    )
 
 
-async def drive(placement: dict[str, list[tuple[str, int]]], seconds: float, outcomes: list[str] | None = None,
-                during=None) -> dict[str, list[tuple[float, int]]]:
+async def drive(
+    placement: dict[str, list[tuple[str, int]]], seconds: float, outcomes: list[str] | None = None, during=None
+) -> dict[str, list[tuple[float, int]]]:
     """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)]. Returns each tenant's output tokens
     with their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
     got: dict[str, list[tuple[float, int]]] = {t: [] for t in placement}
@@ -80,8 +87,9 @@ async def drive(placement: dict[str, list[tuple[str, int]]], seconds: float, out
     async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
         while time.monotonic() < stop:
             try:
-                async with c.stream("POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True),
-                                    headers=auth(tenant)) as r:
+                async with c.stream(
+                    "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
+                ) as r:
                     status = r.status_code
                     async for line in r.aiter_lines():
                         if line.startswith("data: {"):
@@ -94,11 +102,15 @@ async def drive(placement: dict[str, list[tuple[str, int]]], seconds: float, out
             except httpx.HTTPError as e:
                 if outcomes is not None:
                     outcomes.append(f"{tenant}: {type(e).__name__}")
-                return                  # NOTE: its gateway is gone (the killed replica): this stream stops
+                return  # NOTE: its gateway is gone (the killed replica): this stream stops
 
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as c:
-        tasks = [asyncio.create_task(worker(c, base, t)) for t, where in placement.items() for base, n in where
-                 for _ in range(n)]
+        tasks = [
+            asyncio.create_task(worker(c, base, t))
+            for t, where in placement.items()
+            for base, n in where
+            for _ in range(n)
+        ]
         if during is not None:
             await during()
         await asyncio.gather(*tasks)
@@ -117,7 +129,7 @@ def middle(got) -> tuple[float, float]:
     return lo + (hi - lo) * 0.25, lo + (hi - lo) * 0.75
 
 
-HEAVY, LIGHT = 8, 4       # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
+HEAVY, LIGHT = 8, 4  # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
 
 
 def run_three(urls, state, spreads: list[tuple[float, float]] | None = None) -> dict:
@@ -142,7 +154,7 @@ def run_three(urls, state, spreads: list[tuple[float, float]] | None = None) -> 
 
 def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     apps, urls = backends
-    with running_server(create_app(replica_config(urls))) as one:        # the reference: one gateway
+    with running_server(create_app(replica_config(urls))) as one:  # the reference: one gateway
         single = asyncio.run(drive({"alice": [(one, HEAVY)], "bob": [(one, 2 * LIGHT)]}, 3.0))
     for a in apps:
         assert a.peak <= LIMIT
@@ -155,12 +167,14 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     independent = run_three(urls, None)
     peaks_independent = [a.peak for a in apps]
     s1, s3, s0 = (share(g, "bob", *middle(g)) for g in (single, shared, independent))
-    print(f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; peaks {peaks_shared} {peaks_independent}")
-    assert abs(s1 - 0.5) < 0.05, s1                      # VTC: both backlogged, equal service
-    assert abs(s3 - s1) <= 0.05, (s3, s1)                # shared state: as fair as one gateway
-    assert s0 - s1 > 0.1, (s0, s1)                       # independent replicas: bob has two replicas' capacity
-    assert max(peaks_shared) <= LIMIT, peaks_shared      # the limit holds over all replicas together...
-    assert max(peaks_independent) > LIMIT, peaks_independent   # ...which it does not without shared state
+    print(
+        f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; peaks {peaks_shared} {peaks_independent}"
+    )
+    assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
+    assert abs(s3 - s1) <= 0.05, (s3, s1)  # shared state: as fair as one gateway
+    assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
+    assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
+    assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
     # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + N·U, U the largest cost
     # of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both backends
     t0, t1 = middle(shared)
@@ -176,7 +190,9 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
     _, urls = backends
     cfg = replica_config(urls, redis.url)
     with running_server(create_app(cfg)) as g1, running_server(create_app(replica_config(urls, redis.url))) as g2:
-        r = httpx.put(g1 + "/admin/tenants/bob/weight", json={"weight": 3.0}, headers={"Authorization": f"Bearer {ADMIN}"})
+        r = httpx.put(
+            g1 + "/admin/tenants/bob/weight", json={"weight": 3.0}, headers={"Authorization": f"Bearer {ADMIN}"}
+        )
         assert r.status_code == 200, r.text
         deadline = time.monotonic() + 1.0
         while True:
@@ -190,16 +206,40 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
 def gateway_process(urls, state: str):
     """A gateway replica in its own process (tests/processes.py), sharing `state`."""
     return fairserve_process(
-        "gateway", "--state", state, "--state-interval", "0.01", "--no-access-log", "--log-level", "warning",
-        "--admin-key", ADMIN, *(x for u in urls for x in ("--backend", f"{u},max_requests={LIMIT}")),
-        *(x for n, k in KEYS.items() for x in ("--tenant", f"{n}:{k}")))
+        "gateway",
+        "--state",
+        state,
+        "--state-interval",
+        "0.01",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--admin-key",
+        ADMIN,
+        *(x for u in urls for x in ("--backend", f"{u},max_requests={LIMIT}")),
+        *(x for n, k in KEYS.items() for x in ("--tenant", f"{n}:{k}")),
+    )
 
 
 def test_unreachable_redis_at_start_is_one_line_and_exit_1(backends):
     _, urls = backends
-    proc = subprocess.run([sys.executable, "-m", "fairserve", "gateway", "--state", f"redis://127.0.0.1:{free_port()}/0",
-                           "--backend", urls[0], "--tenant", "alice:key-alice"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairserve",
+            "gateway",
+            "--state",
+            f"redis://127.0.0.1:{free_port()}/0",
+            "--backend",
+            urls[0],
+            "--tenant",
+            "alice:key-alice",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fairserve: error: cannot reach the shared state at redis://")
@@ -207,7 +247,7 @@ def test_unreachable_redis_at_start_is_one_line_and_exit_1(backends):
 
 def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, backends):
     apps, urls = backends
-    state = f"{redis.url[:-1]}1"        # a database of its own
+    state = f"{redis.url[:-1]}1"  # a database of its own
     for a in apps:
         a.peak = 0
     with contextlib.ExitStack() as stack:
@@ -216,7 +256,7 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
 
         async def kill_replica_1():
             await asyncio.sleep(1.0)
-            p1.kill()                                       # no goodbye: its leases must expire (TTL 3 s)
+            p1.kill()  # no goodbye: its leases must expire (TTL 3 s)
 
         placement = {"alice": [(g1, HEAVY)], "bob": [(g2, LIGHT), (g3, LIGHT)]}
         got = asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
@@ -231,10 +271,12 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         assert [sum(x[j]["limit_requests"] for x in leases) for j in range(2)] == [LIMIT, LIMIT], leases
         end = max(at for at, _ in got["bob"])
         assert sum(n for at, n in got["bob"] if at > end - 1.0) >= 0.6 * 2 * LIMIT / DELAY_S
-        assert max(a.peak for a in apps) <= LIMIT          # over the whole run, the hand-over included
+        assert max(a.peak for a in apps) <= LIMIT  # over the whole run, the hand-over included
         # NOTE: the dead replica leaves the live set at its next expiry sweep: wait for it, within a bound
-        assert wait_until(lambda: (lambda st: st["up"] and st["replicas"] == 2)(
-            httpx.get(g2 + "/healthz").json()["shared_state"]), timeout_s=5.0), httpx.get(g2 + "/healthz").json()
+        assert wait_until(
+            lambda: (lambda st: st["up"] and st["replicas"] == 2)(httpx.get(g2 + "/healthz").json()["shared_state"]),
+            timeout_s=5.0,
+        ), httpx.get(g2 + "/healthz").json()
 
 
 def test_redis_stopped_and_restarted_mid_run(redis, backends):
@@ -259,14 +301,16 @@ def test_redis_stopped_and_restarted_mid_run(redis, backends):
             await asyncio.sleep(0.3)
             for a in apps:
                 a.peak = a.now
-            await asyncio.sleep(2.2)               # both tenants still backlogged: read every replica's counters
+            await asyncio.sleep(2.2)  # both tenants still backlogged: read every replica's counters
             async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
-                seen["counters"] = [{t["name"]: t["counter"] for t in (await c.get(g + "/admin/tenants")).json()
-                                     ["tenants"]} for g in gws]
+                seen["counters"] = [
+                    {t["name"]: t["counter"] for t in (await c.get(g + "/admin/tenants")).json()["tenants"]}
+                    for g in gws
+                ]
 
         placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
         asyncio.run(drive(placement, 5.0, outcomes, bounce_redis))
-        assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)    # no request failed
+        assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)  # no request failed
         assert max(a.peak for a in apps) <= LIMIT, [a.peak for a in apps]
         assert seen["healthz"]["status"] == "ok" and seen["healthz"]["shared_state"]["degraded"]
         assert "fairserve_gateway_shared_state_up 0.0" in seen["metrics"]
@@ -276,18 +320,21 @@ def test_redis_stopped_and_restarted_mid_run(redis, backends):
         for counters in seen["counters"]:
             assert abs(counters["alice"] - counters["bob"]) <= 80, seen["counters"]
         alice = [c["alice"] for c in seen["counters"]]
-        assert max(alice) - min(alice) <= 40, seen["counters"]     # the replicas agree on the global counters
+        assert max(alice) - min(alice) <= 40, seen["counters"]  # the replicas agree on the global counters
         assert "fairserve_gateway_shared_state_up 1.0" in httpx.get(gws[0] + "/metrics").text
 
 
 def test_bench_places_requests_on_several_targets():
     from fairserve.bench.runner import place
     from fairserve.workloads import Arrival
-    arrivals = [Arrival(arrival_s=t, client=c, prompt_tokens=5, output_tokens=5)
-                for c, t in [("b", 0.3), ("a", 0.0), ("a", 0.1), ("b", 0.2)]]
+
+    arrivals = [
+        Arrival(arrival_s=t, client=c, prompt_tokens=5, output_tokens=5)
+        for c, t in [("b", 0.3), ("a", 0.0), ("a", 0.1), ("b", 0.2)]
+    ]
     targets = "http://r1:1,http://r2:2/v1"
     assert place(targets, arrivals, "completions") == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 2, 1)]
     pinned = place(targets, arrivals, "completions", "by-client")
-    assert pinned == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 1, 2)]     # a on r1, b on r2
+    assert pinned == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 1, 2)]  # a on r1, b on r2
     with pytest.raises(ValueError, match="placement"):
         place(targets, arrivals, "completions", "random")

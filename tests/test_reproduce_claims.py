@@ -1,6 +1,7 @@
 """Each of the paper's claims, on the shortened (--quick) workloads and on the scope the paper states: the verdict is
 computed from the simulation and must hold; where the paper says a baseline is unfair, the verdict checks that too.
 Our own findings beyond the paper's scope are checked to report what was measured."""
+
 from functools import cache
 
 import pytest
@@ -33,7 +34,8 @@ def test_every_paper_experiment_states_its_scope_and_source():
     for e in OWN_FINDINGS:
         assert e.source.startswith("beyond"), e.name
     assert {"ablation-length", "ablation-pool", "profiled-cost", "length-prediction", "non-backlogged", "drr"} <= set(
-        BY_NAME)
+        BY_NAME
+    )
 
 
 @pytest.mark.parametrize("name", SYNTHETIC)

@@ -1,4 +1,5 @@
 """`fairserve reproduce`: every file is written, verdicts come from the data, and missing data is said so."""
+
 import pytest
 
 from fairserve.cli import main
@@ -13,18 +14,21 @@ def quick(workload, policy, **kw):
     return run(RunSpec(workload, policy, **kw), quick=True)
 
 
-@pytest.mark.parametrize("name, workload, fair, unfair", [
-    ("overload", "overload", "vtc", "fcfs"),
-    ("on-off-overload", "on-off-overload", "vtc", "fcfs"),
-    ("poisson-short-long", "poisson-short-long", "vtc", "fcfs"),
-    ("proportional", "proportional", "vtc", "fcfs"),
-    ("dist-shift", "dist-shift", "vtc", "lcf"),
-    ("real", "real", "vtc", "fcfs"),
-])
+@pytest.mark.parametrize(
+    "name, workload, fair, unfair",
+    [
+        ("overload", "overload", "vtc", "fcfs"),
+        ("on-off-overload", "on-off-overload", "vtc", "fcfs"),
+        ("poisson-short-long", "poisson-short-long", "vtc", "fcfs"),
+        ("proportional", "proportional", "vtc", "fcfs"),
+        ("dist-shift", "dist-shift", "vtc", "lcf"),
+        ("real", "real", "vtc", "fcfs"),
+    ],
+)
 def test_a_deliberately_unfair_result_does_not_hold(name, workload, fair, unfair):
     a, b = quick(workload, fair), quick(workload, unfair)
     honest = Results({(workload, fair): a, (workload, unfair): b})
-    swapped = Results({(workload, fair): b, (workload, unfair): a})   # the baseline's outcome labelled as VTC
+    swapped = Results({(workload, fair): b, (workload, unfair): a})  # the baseline's outcome labelled as VTC
     assert report.judge(BY_NAME[name], honest)[0] is True
     assert report.judge(BY_NAME[name], swapped)[0] is False
 
@@ -71,11 +75,11 @@ def test_reproduce_writes_every_file(tmp_path):
         assert f"## {f.experiment.name}:" in md and f.experiment.claim in md
     assert md.count("**Verdict: holds.**") == 2
     overview = md.split("## Overview")[1].split("<a id=")[0]
-    for f in findings:   # the overview: claim, scope, the paper's figure, ours, verdict, a link to the figure
+    for f in findings:  # the overview: claim, scope, the paper's figure, ours, verdict, a link to the figure
         assert f"[{f.experiment.name}](#{f.experiment.name})" in overview and f.experiment.source in overview
         assert f.ours and f.ours in overview and f"]({f.figures[0][0]})" in overview
         assert f'<a id="{f.experiment.name}"></a>' in md and f.experiment.scope in md
-    assert "1,340 / 1,305 per s, VTC / FCFS (re-run artifact" in overview   # the paper's own figure beside ours
+    assert "1,340 / 1,305 per s, VTC / FCFS (re-run artifact" in overview  # the paper's own figure beside ours
     assert page.count("data:image/png;base64,") == sum(len(f.figures) for f in findings)
     assert "<table>" in page and "Verdict: holds." in page
 
@@ -84,8 +88,11 @@ def test_report_says_does_not_hold(tmp_path):
     exp = BY_NAME["overload"]
     a, b = quick("overload", "vtc"), quick("overload", "fcfs")
     holds, evidence, ours = report.judge(exp, Results({("overload", "vtc"): b, ("overload", "fcfs"): a}))
-    report.write([report.Finding(exp, holds, evidence, [], [b, a], ours)], tmp_path,
-                 {"engine": "test", "mode": "quick", "runs": 2, "wall_s": 0.0})
+    report.write(
+        [report.Finding(exp, holds, evidence, [], [b, a], ours)],
+        tmp_path,
+        {"engine": "test", "mode": "quick", "runs": 2, "wall_s": 0.0},
+    )
     md = (tmp_path / "report.md").read_text()
     assert "**Verdict: does not hold.**" in md and "| overload |" in md
     assert "does not hold" in (tmp_path / "report.html").read_text()
@@ -101,8 +108,10 @@ def test_real_experiments_are_skipped_without_the_trace(tmp_path, monkeypatch):
 
 
 def test_cli_reproduce(tmp_path, capsys):
-    assert main(["reproduce", "--out", str(tmp_path), "--only", "weighted", "--quick", "--jobs", "1",
-                 "--no-progress"]) == 0
+    assert (
+        main(["reproduce", "--out", str(tmp_path), "--only", "weighted", "--quick", "--jobs", "1", "--no-progress"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "weighted" in out and "holds" in out and "report.html" in out
     assert (tmp_path / "report.html").exists()

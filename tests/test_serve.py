@@ -1,4 +1,5 @@
 """`fairserve serve --engine transformers --model tiny-random`: the OpenAI API on the real engine, tenants by key."""
+
 import asyncio
 import contextlib
 import json
@@ -26,9 +27,16 @@ ADMIN = {"authorization": "Bearer adm"}
 
 
 def config(**overrides):
-    return load_config(overrides={"tenants": [{"name": n, "api_keys": [k]} for n, k in KEYS.items()],
-                                  "admin_key": "adm", "num_blocks": 64, "page_size": 16, "max_batch_tokens": 128,
-                                  **overrides})
+    return load_config(
+        overrides={
+            "tenants": [{"name": n, "api_keys": [k]} for n, k in KEYS.items()],
+            "admin_key": "adm",
+            "num_blocks": 64,
+            "page_size": 16,
+            "max_batch_tokens": 128,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,24 +60,39 @@ def test_openai_client_chat_and_completions(server):
     tok = engine.tokenizer
     before = account(url, "alice")["service"]
     c = client(url)
-    chat = c.chat.completions.create(model="tiny-random", messages=[{"role": "user", "content": "hello"}],
-                                     max_tokens=7, extra_body={"ignore_eos": True})
-    prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
-                                     tokenize=False)
+    chat = c.chat.completions.create(
+        model="tiny-random",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=7,
+        extra_body={"ignore_eos": True},
+    )
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False)
     assert chat.usage.prompt_tokens == len(tok(prompt, add_special_tokens=False).input_ids)
     assert chat.usage.completion_tokens == 7 and chat.choices[0].finish_reason == "length"
-    comp = c.completions.create(model="tiny-random", prompt="the quick brown fox", max_tokens=5,
-                                extra_body={"ignore_eos": True})
-    assert comp.usage.prompt_tokens == len("the quick brown fox")       # the byte-level tokenizer: one per byte
+    comp = c.completions.create(
+        model="tiny-random", prompt="the quick brown fox", max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert comp.usage.prompt_tokens == len("the quick brown fox")  # the byte-level tokenizer: one per byte
     assert comp.usage.completion_tokens == 5
     # greedy decoding: the stream carries the same text as the non-streamed answer
-    stream = c.completions.create(model="tiny-random", prompt="the quick brown fox", max_tokens=5, stream=True,
-                                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = c.completions.create(
+        model="tiny-random",
+        prompt="the quick brown fox",
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == comp.choices[0].text
     assert chunks[-1].usage.completion_tokens == 5
-    chat_stream = c.chat.completions.create(model="tiny-random", messages=[{"role": "user", "content": "hello"}],
-                                            max_tokens=7, stream=True, extra_body={"ignore_eos": True})
+    chat_stream = c.chat.completions.create(
+        model="tiny-random",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=7,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chat_stream) == chat.choices[0].message.content
     # the engine charged exactly the tokens of the four answers to alice
     served = sum(u.prompt_tokens + 2 * u.completion_tokens for u in (chat.usage, comp.usage, comp.usage, chat.usage))
@@ -79,8 +102,11 @@ def test_openai_client_chat_and_completions(server):
 
 def test_errors_are_openai_shaped(server):
     url, _ = server
-    post = lambda body, key="ka", **kw: httpx.post(url + "/v1/completions", headers={"authorization": f"Bearer {key}"},
-                                                   **({"json": body} if body is not None else kw))
+    post = lambda body, key="ka", **kw: httpx.post(
+        url + "/v1/completions",
+        headers={"authorization": f"Bearer {key}"},
+        **({"json": body} if body is not None else kw),
+    )
     r = post({"prompt": "x"}, key="nope")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     r = post(None, content=b"{not json")
@@ -98,8 +124,12 @@ def test_errors_are_openai_shaped(server):
 def test_disconnect_cancels_in_the_engine(server):
     url, engine = server
     before = account(url, "bob")["service"]
-    with httpx.stream("POST", url + "/v1/completions", headers={"authorization": "Bearer kb"},
-                      json={"prompt": "abc", "max_tokens": 900, "stream": True, "ignore_eos": True}) as r:
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        headers={"authorization": "Bearer kb"},
+        json={"prompt": "abc", "max_tokens": 900, "stream": True, "ignore_eos": True},
+    ) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
     assert all(line.startswith("data:") or not line for line in got)
@@ -120,13 +150,18 @@ def test_non_streaming_client_that_leaves_is_cancelled(server):
 
     async def leave_while_running():
         async with httpx.AsyncClient(timeout=30) as http:
-            call = asyncio.ensure_future(http.post(url + "/v1/completions", headers={"authorization": "Bearer kb"},
-                                                   json={"prompt": "abc", "max_tokens": 900, "ignore_eos": True}))
+            call = asyncio.ensure_future(
+                http.post(
+                    url + "/v1/completions",
+                    headers={"authorization": "Bearer kb"},
+                    json={"prompt": "abc", "max_tokens": 900, "ignore_eos": True},
+                )
+            )
             for _ in range(200):
                 if account(url, "bob")["in_flight"] == 1:
                     break
                 await asyncio.sleep(0.02)
-            call.cancel()       # closes the connection mid-request
+            call.cancel()  # closes the connection mid-request
             with contextlib.suppress(asyncio.CancelledError):
                 await call
 
@@ -144,10 +179,13 @@ def test_non_streaming_client_that_leaves_is_cancelled(server):
 def test_default_max_tokens_applies_when_a_request_sets_none():
     app = create_app(config(default_max_tokens=3))
     with running_server(app, timeout_s=60) as url:
-        for path, body in (("/v1/completions", {"prompt": "abc"}),
-                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
-            r = httpx.post(url + path, headers={"authorization": "Bearer ka"}, json={**body, "ignore_eos": True},
-                           timeout=30)
+        for path, body in (
+            ("/v1/completions", {"prompt": "abc"}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ):
+            r = httpx.post(
+                url + path, headers={"authorization": "Bearer ka"}, json={**body, "ignore_eos": True}, timeout=30
+            )
             assert r.json()["usage"]["completion_tokens"] == 3
 
 
@@ -165,8 +203,12 @@ def test_admin_weight_and_metrics(server):
     url, engine = server
     r = httpx.put(url + "/admin/tenants/bob/weight", headers=ADMIN, json={"weight": 3})
     assert r.status_code == 200 and engine.queue.policy.weight("bob") == 3
-    assert httpx.put(url + "/admin/tenants/bob/weight", headers={"authorization": "Bearer kb"},
-                     json={"weight": 9}).status_code == 403
+    assert (
+        httpx.put(
+            url + "/admin/tenants/bob/weight", headers={"authorization": "Bearer kb"}, json={"weight": 9}
+        ).status_code
+        == 403
+    )
     client(url).completions.create(model="tiny-random", prompt="x", max_tokens=2)
     text = httpx.get(url + "/metrics").text
     line = next(x for x in text.splitlines() if x.startswith('fairserve_serve_service_total{tenant="alice"}'))
@@ -178,14 +220,24 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
     app = create_app(config())
     engine = app.state.engine
     with running_server(app, timeout_s=60) as url:
+
         def broken():
             raise RuntimeError("scheduler bug")
+
         engine.queue.policy.peek = broken
-        r = httpx.post(url + "/v1/completions", headers={"authorization": "Bearer ka"},
-                       json={"prompt": "abc", "max_tokens": 4}, timeout=30)
+        r = httpx.post(
+            url + "/v1/completions",
+            headers={"authorization": "Bearer ka"},
+            json={"prompt": "abc", "max_tokens": 4},
+            timeout=30,
+        )
         assert r.status_code == 500 and "scheduler bug" in r.json()["error"]["message"]
-        r = httpx.post(url + "/v1/completions", headers={"authorization": "Bearer ka"},
-                       json={"prompt": "abc", "max_tokens": 4}, timeout=30)
+        r = httpx.post(
+            url + "/v1/completions",
+            headers={"authorization": "Bearer ka"},
+            json={"prompt": "abc", "max_tokens": 4},
+            timeout=30,
+        )
         assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
         assert httpx.get(url + "/healthz").status_code == 503
 
@@ -193,38 +245,72 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
 def test_cli_serves_and_exits_on_interrupt():
     """From the README: `fairserve serve --model tiny-random`, then Ctrl-C stops it (the generation thread too)."""
     with fairserve_process("serve", "--model", "tiny-random", timeout_s=60) as (url, proc):
-        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                            "max_tokens": 3}, timeout=30)
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
 
 
 def test_bad_config_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "fairserve", "serve", "--model", "/no/such/model"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "fairserve", "serve", "--model", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stderr.strip().startswith("fairserve: error: --model")
     assert "Traceback" not in out.stderr
 
 
-FIELDS = ["model", "messages", "prompt", "stream", "max_tokens", "n", "stream_options", "include_usage", "role",
-          "content", "ignore_eos"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**12), st.floats(allow_nan=True),
-                    st.text(max_size=20))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)), max_leaves=10)
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "stream",
+    "max_tokens",
+    "n",
+    "stream_options",
+    "include_usage",
+    "role",
+    "content",
+    "ignore_eos",
+]
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2, 10**12), st.floats(allow_nan=True), st.text(max_size=20))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)),
+    max_leaves=10,
+)
 near_valid = st.fixed_dictionaries(
-    {"messages": st.one_of(st.lists(st.dictionaries(st.sampled_from(["role", "content"]), values, max_size=2),
-                                    max_size=3), values),
-     "prompt": st.one_of(st.text(max_size=30), values)},
-    optional={"stream": st.one_of(st.booleans(), values), "max_tokens": st.integers(-1, 8),
-              "stream_options": values, "n": values, "ignore_eos": values})
+    {
+        "messages": st.one_of(
+            st.lists(st.dictionaries(st.sampled_from(["role", "content"]), values, max_size=2), max_size=3), values
+        ),
+        "prompt": st.one_of(st.text(max_size=30), values),
+    },
+    optional={
+        "stream": st.one_of(st.booleans(), values),
+        "max_tokens": st.integers(-1, 8),
+        "stream_options": values,
+        "n": values,
+        "ignore_eos": values,
+    },
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
-       body=st.one_of(near_valid.map(lambda d: json.dumps(d).encode()), values.map(lambda v: json.dumps(v).encode()),
-                      st.binary(max_size=40)))
+@given(
+    path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+    body=st.one_of(
+        near_valid.map(lambda d: json.dumps(d).encode()),
+        values.map(lambda v: json.dumps(v).encode()),
+        st.binary(max_size=40),
+    ),
+)
 def test_fuzzed_bodies_never_get_a_5xx(server, path, body):
     url, _ = server
     r = httpx.post(url + path, headers={"authorization": "Bearer ka"}, content=body, timeout=30)

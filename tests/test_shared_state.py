@@ -1,5 +1,6 @@
 """Shared state across gateway replicas, against a real redis-server: replicas are objects in one process here
 (tests/test_replicas.py runs gateway processes)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,16 +31,30 @@ def redis():
 class Replica:
     """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP."""
 
-    def __init__(self, url: str, prefix: str, limits=((4, None), (4, None)), ttl_s: float = 3.0, spare: int = 1,
-                 policy: str = "vtc", tenants=("heavy", "light"), interval_s: float = 0.01,
-                 hold_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        limits=((4, None), (4, None)),
+        ttl_s: float = 3.0,
+        spare: int = 1,
+        policy: str = "vtc",
+        tenants=("heavy", "light"),
+        interval_s: float = 0.01,
+        hold_s: float = 0.5,
+    ) -> None:
         self.ledger = Ledger(make_policy(policy), tenants)
-        self.backends = [Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
-                         for i, (r, t) in enumerate(limits)]
-        self.state = SharedState(StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare,
-                                               hold_s=hold_s),
-                                 self.ledger, self.backends, tokens_of=lambda r: r.prompt_tokens,
-                                 on_change=self.admit)
+        self.backends = [
+            Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
+            for i, (r, t) in enumerate(limits)
+        ]
+        self.state = SharedState(
+            StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare, hold_s=hold_s),
+            self.ledger,
+            self.backends,
+            tokens_of=lambda r: r.prompt_tokens,
+            on_change=self.admit,
+        )
         self.ids = itertools.count()
         self.running = []
 
@@ -101,8 +116,8 @@ def run(coro):
 def test_counters_service_and_weights_are_shared(redis):
     async def main():
         async with started(redis) as (a, b):
-            a.arrive("heavy", prompt=100)       # admitted at once: charged 100
-            a.finish()                          # + 5 output tokens x 2
+            a.arrive("heavy", prompt=100)  # admitted at once: charged 100
+            a.finish()  # + 5 output tokens x 2
             assert a.counter("heavy") == 110 and b.counter("heavy") == 0
             await a.state.sync()
             await b.state.sync()
@@ -116,7 +131,8 @@ def test_counters_service_and_weights_are_shared(redis):
             b.finish()
             await b.state.sync()
             await a.state.sync()
-            assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110      # weighted: service / 2
+            assert a.counter("light") == 110 / 2 and a.counter("heavy") == 110  # weighted: service / 2
+
     run(main())
 
 
@@ -131,7 +147,7 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             apply = b.state._apply
             b.state._apply = lambda reply, snap: (pulled.append({_text(t) for t in reply[0][0::4]}), apply(reply, snap))
             await b.state.sync()
-            assert pulled[-1] == set()                  # b read everything at start; nothing changed since
+            assert pulled[-1] == set()  # b read everything at start; nothing changed since
             a.arrive("t7", prompt=100)
             await a.state.sync()
             await b.state.sync()
@@ -142,9 +158,9 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             await b.state.sync()
             assert pulled[-1] == {"t9"} and b.ledger.policy.weight("t9") == 3.0
             redis.stop()
-            redis.start()                               # empty: a new epoch; each replica writes back what it knows
+            redis.start()  # empty: a new epoch; each replica writes back what it knows
             for r in (a, b):
-                for _ in range(3):                      # the first sync on a pooled connection finds it closed
+                for _ in range(3):  # the first sync on a pooled connection finds it closed
                     if await r.state.sync():
                         break
             n = len(pulled)
@@ -152,9 +168,10 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
                 await r.state.sync()
             assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
             assert b.counter("t7") == 100 and b.ledger.policy.weight("t9") == 3.0
-            key = a.state.settings.prefix                 # Redis has the counter and the admin's weight back
+            key = a.state.settings.prefix  # Redis has the counter and the admin's weight back
             assert float(await a.state._client.hget(key + ":c", "t7")) == 100
             assert float(await a.state._client.hget(key + ":w", "t9")) == 3.0
+
     run(main())
 
 
@@ -172,31 +189,33 @@ def test_a_reset_on_one_replica_zeroes_the_counters_on_all(redis):
                 await r.state.sync()
             for r in (a, b):
                 assert r.counter("heavy") == r.counter("light") == 0
-                assert r.ledger.accounts["heavy"].service == 100      # service received stays
+                assert r.ledger.accounts["heavy"].service == 100  # service received stays
+
     run(main())
 
 
 def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
     async def main():
         async with started(redis, limits=((1, None),), tenants=("x", "y", "z")) as (a, b):
-            a.arrive("x", prompt=500)            # runs on a's only slot: counter 500
-            a.arrive("x", prompt=10)             # queued on a: x is backlogged there
+            a.arrive("x", prompt=500)  # runs on a's only slot: counter 500
+            a.arrive("x", prompt=10)  # queued on a: x is backlogged there
             await a.state.sync()
             await b.state.sync()
             assert b.state._elsewhere == {"x"}
-            b.arrive("y", prompt=10)             # b: y goes from nothing queued to queued; lifted to x's counter...
-            assert b.counter("y") >= 500         # ...(500), then admitted on b's slot and charged 10
+            b.arrive("y", prompt=10)  # b: y goes from nothing queued to queued; lifted to x's counter...
+            assert b.counter("y") >= 500  # ...(500), then admitted on b's slot and charged 10
             # without the shared floor the lift would look at b's own queue only (empty): no lift at all
             local = Replica(redis.url, prefix(), limits=((1, None),), tenants=("x", "y"))
             local.arrive("y", prompt=10)
             assert local.counter("y") == 10
+
     run(main())
 
 
 def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
     async def main():
         async with started(redis, limits=((2, None),)) as (a, b):
-            a.arrive("heavy", prompt=1000, n=4)        # heavy: counter soon far above light's
+            a.arrive("heavy", prompt=1000, n=4)  # heavy: counter soon far above light's
             await a.state.sync()
             b.arrive("light", prompt=10, n=4)
             for _ in range(4):
@@ -204,12 +223,13 @@ def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
                 await b.state.sync()
             heavy_head = a.ledger.peek()
             assert heavy_head is not None and not a.state.may_admit(heavy_head)
-            a.finish()                                  # heavy's slots free, but a may not refill them...
+            a.finish()  # heavy's slots free, but a may not refill them...
             assert all(r.account.tenant == "light" for r in b.running) and not a.running
-            for _ in range(3):                          # ...and its lease shrinks, so light's replica gets the capacity
+            for _ in range(3):  # ...and its lease shrinks, so light's replica gets the capacity
                 await a.state.sync()
                 await b.state.sync()
             assert len(b.running) == 2 and a.backends[0].limit == 0
+
     run(main())
 
 
@@ -217,32 +237,38 @@ def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(
     async def main():
         async with started(redis, ttl_s=0.5) as (a, b):
             a.arrive("heavy", n=20)
-            await a.state.sync()                                 # b is idle: a may use everything but b's spare
+            await a.state.sync()  # b is idle: a may use everything but b's spare
             a.admit()
             assert [x.requests for x in a.backends] == [3, 3]
-            await b.state.stop()                                 # b leaves: a reaches the full limit
+            await b.state.stop()  # b leaves: a reaches the full limit
             await a.state.sync()
             assert [x.limit for x in a.backends] == [4, 4] and [x.requests for x in a.backends] == [4, 4]
-            c = Replica(redis.url, a.state.settings.prefix, ttl_s=0.5)     # joins later
+            c = Replica(redis.url, a.state.settings.prefix, ttl_s=0.5)  # joins later
             await c.state.start()
             c.arrive("light", n=4)
-            assert sum(x.requests for x in c.backends) == 0      # a holds the whole limit
-            a.state._task.cancel()                               # a dies without leaving (its task stops syncing)
+            assert sum(x.requests for x in c.backends) == 0  # a holds the whole limit
+            a.state._task.cancel()  # a dies without leaving (its task stops syncing)
             a.state._client = None
-            await asyncio.sleep(0.7)                             # past the TTL
+            await asyncio.sleep(0.7)  # past the TTL
             await c.state.sync()
             assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
             await c.state.stop()
+
     run(main())
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["arrive", "finish", "send", "answer"]),
-                          st.integers(1, 6)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["arrive", "finish", "send", "answer"]), st.integers(1, 6)),
+        max_size=40,
+    )
+)
 def test_leases_never_add_up_to_more_than_the_limit(redis, steps):
     """Whatever the interleaving of arrivals, completions, syncs sent and syncs answered on three replicas (a replica
     keeps admitting while its sync is in flight), the requests in flight on a backend, summed over replicas, stay
     within its max_inflight_requests / max_inflight_tokens."""
+
     async def main():
         limits = ((3, None), (5, 60))
         async with started(redis, 3, limits=limits, ttl_s=600, interval_s=600) as rs:
@@ -257,65 +283,72 @@ def test_leases_never_add_up_to_more_than_the_limit(redis, steps):
                     await pending.pop(i)
                 elif op == "send":
                     pending[i] = asyncio.get_running_loop().create_task(r.state.sync())
-                    await asyncio.sleep(0)       # the sync has read this replica's state and is on its way
+                    await asyncio.sleep(0)  # the sync has read this replica's state and is on its way
                 for j, (lr, lt) in enumerate(limits):
                     assert sum(x.backends[j].requests for x in rs) <= lr
                     if lt is not None:
                         assert sum(x.backends[j].tokens for x in rs) <= lt
             await asyncio.gather(*pending.values())
+
     run(main())
 
 
 def test_admissions_while_a_sync_is_in_flight_stay_within_the_lease_it_grants(redis):
     """The race the leases must survive: a replica gives up its lease in a sync (nothing queued) and, before the
     answer comes, admits new arrivals under the old one; the other replica then gets what was given up."""
+
     async def main():
         async with started(redis, 1, limits=((2, None),), interval_s=600) as (a,):
-            a.arrive("heavy", n=2)               # one admitted at once (the spare), one after a sync: a's lease is 2
+            a.arrive("heavy", n=2)  # one admitted at once (the spare), one after a sync: a's lease is 2
             await a.state.sync()
             a.admit()
             assert len(a.running) == 2
             a.finish()
             b = Replica(redis.url, a.state.settings.prefix, limits=((2, None),), interval_s=600)
             await b.state.start()
-            b.arrive("light", n=3)               # waits: a holds the whole limit; b's need is on record
+            b.arrive("light", n=3)  # waits: a holds the whole limit; b's need is on record
             await b.state.sync()
             assert b.running == [] and b.backends[0].limit == 0
             flight = asyncio.get_running_loop().create_task(a.state.sync())
             await asyncio.sleep(0)
-            a.arrive("light", n=2)               # under a's old lease of 2, only the part its next lease keeps
+            a.arrive("light", n=2)  # under a's old lease of 2, only the part its next lease keeps
             await flight
             await b.state.sync()
             b.admit()
             assert a.backends[0].requests + b.backends[0].requests <= 2, (len(a.running), len(b.running))
             assert len(a.running) == 1 and len(b.running) == 1
             await b.state.stop()
+
     run(main())
 
 
 def test_unreachable_redis_at_start_is_one_clear_error():
     async def main():
         from fairserve.api.server import free_port
+
         r = Replica(f"redis://127.0.0.1:{free_port()}/0", prefix())
         with pytest.raises(SharedStateError, match="cannot reach the shared state at redis://127.0.0.1:"):
             await r.state.start()
+
     run(main())
 
 
 def test_password_is_not_shown_in_errors():
     async def main():
         from fairserve.api.server import free_port
+
         r = Replica(f"redis://:s3cret@127.0.0.1:{free_port()}/0", prefix())
         with pytest.raises(SharedStateError) as e:
             await r.state.start()
         assert "s3cret" not in str(e.value) and "***@127.0.0.1" in str(e.value)
+
     run(main())
 
 
 def test_redis_lost_keeps_serving_locally_then_converges(redis, caplog):
     async def main():
         async with started(redis, ttl_s=0.5) as (a, b):
-            assert not any("is back" in m for m in caplog.messages)       # starting is not coming back
+            assert not any("is back" in m for m in caplog.messages)  # starting is not coming back
             a.arrive("heavy", prompt=100)
             a.finish()
             await a.state.sync()
@@ -323,41 +356,44 @@ def test_redis_lost_keeps_serving_locally_then_converges(redis, caplog):
             redis.stop()
             assert not await a.state.sync() and not await b.state.sync()
             assert not a.state.up and a.state.status()["degraded"]
-            assert [x.limit for x in a.backends] == [1, 1]           # within the lease: what Redis may have granted
+            assert [x.limit for x in a.backends] == [1, 1]  # within the lease: what Redis may have granted
             await asyncio.sleep(0.5)
             assert not await a.state.sync()
-            assert [x.limit for x in a.backends] == [2, 2]           # past it: limit // replicas last seen
-            a.arrive("heavy", prompt=50, n=3)                         # keeps admitting from local state
+            assert [x.limit for x in a.backends] == [2, 2]  # past it: limit // replicas last seen
+            a.arrive("heavy", prompt=50, n=3)  # keeps admitting from local state
             assert len(a.running) == 3
             a.finish()
             b.arrive("light", prompt=30)
             b.finish()
-            redis.start()                                             # a fresh, empty Redis
+            redis.start()  # a fresh, empty Redis
             await a.state.sync()
             await b.state.sync()
             await a.state.sync()
             assert a.state.up and b.state.up
             assert sum("lost" in m for m in caplog.messages) == 2 and sum("is back" in m for m in caplog.messages) == 2
-            for r in (a, b):                                          # both have everything charged on either
+            for r in (a, b):  # both have everything charged on either
                 assert r.counter("heavy") == 110 + 3 * 60 and r.counter("light") == 40
+
     run(main())
 
 
 def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(redis):
     """A fresh Redis knows nothing of the requests in flight: for a moment (hold_s) every lease is what its replica
     has in flight, so the first replica to reconnect cannot take capacity the others are still using."""
+
     async def main():
         async with started(redis, limits=((2, None),), interval_s=600, hold_s=0.3) as (a, b):
-            a.arrive("heavy", n=3)               # one runs on a's spare, two wait
-            b.arrive("light", n=3)               # one runs on b's spare, two wait
+            a.arrive("heavy", n=3)  # one runs on a's spare, two wait
+            b.arrive("light", n=3)  # one runs on b's spare, two wait
 
             def in_flight() -> int:
                 return a.backends[0].requests + b.backends[0].requests
+
             assert in_flight() == 2
             redis.stop()
-            redis.start()                        # empty
+            redis.start()  # empty
             for r in (a, b, a):
-                for _ in range(3):               # the first sync on a pooled connection finds it closed
+                for _ in range(3):  # the first sync on a pooled connection finds it closed
                     if await r.state.sync():
                         break
                 r.admit()
@@ -368,7 +404,8 @@ def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(r
                 await r.state.sync()
                 r.admit()
                 assert in_flight() <= 2
-            assert in_flight() == 2              # the slot a freed went to a waiting request once the hold ended
+            assert in_flight() == 2  # the slot a freed went to a waiting request once the hold ended
+
     run(main())
 
 
@@ -378,7 +415,8 @@ def test_background_sync_runs_every_interval_and_counts_round_trips(redis):
             a.arrive("heavy", prompt=100)
             await asyncio.sleep(0.2)
             assert b.counter("heavy") == 100
-            assert 5 <= b.state.round_trips <= 25                     # every 10 ms, give or take the machine
+            assert 5 <= b.state.round_trips <= 25  # every 10 ms, give or take the machine
+
     run(main())
 
 
@@ -389,6 +427,7 @@ def test_policies_without_counters_are_refused(redis):
 
 def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
     import redis_server as rs
+
     monkeypatch.setattr(rs.shutil, "which", lambda name: None)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true needs a real Redis"):
@@ -398,13 +437,17 @@ def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
         rs.redis_server_binary()
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"state": "http://127.0.0.1:6379"}, "must be a Redis URL"),
-    ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy with virtual counters"),
-    ({"state": "redis://127.0.0.1:6379/0", "state_interval_s": 5}, "state_interval_s"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"state": "http://127.0.0.1:6379"}, "must be a Redis URL"),
+        ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy with virtual counters"),
+        ({"state": "redis://127.0.0.1:6379/0", "state_interval_s": 5}, "state_interval_s"),
+    ],
+)
 def test_state_config_errors_are_one_line(extra, message):
     from fairserve.gateway import build_config
+
     data = {"backends": [{"url": "http://127.0.0.1:9"}], "tenants": [{"name": "a", "api_keys": ["k"]}], **extra}
     with pytest.raises(ValueError, match=message) as e:
         build_config(data)

@@ -1,4 +1,5 @@
 """`fairserve simulate`'s summary counts service under the cost function the run charged."""
+
 import json
 
 import pytest
@@ -10,8 +11,26 @@ from fairserve.core.cost import make_cost
 @pytest.mark.parametrize("cost", ["profiled", "linear"])
 def test_summary_service_uses_the_runs_cost(tmp_path, cost):
     out = tmp_path / "run.json"
-    assert main(["simulate", "--workload", "overload", "--duration", "60", "--policy", "vtc", "--cost", cost,
-                 "--w-q", "3", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "overload",
+                "--duration",
+                "60",
+                "--policy",
+                "vtc",
+                "--cost",
+                cost,
+                "--w-q",
+                "3",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     h = make_cost(cost, 1.0, 3.0)
     for client, stats in doc["summary"]["clients"].items():

@@ -31,18 +31,25 @@ def jsonl(rows: list[dict]) -> str:
 
 
 def test_fairserve_csv_sorted_stably(tmp_path):
-    path = write(tmp_path, "mini.csv", FAIRSERVE_HEADER + "2.5,b,10,20\n0.000000,client-13,13,199\n2.5,a,1,1\n1,b,3,4\n")
+    path = write(
+        tmp_path, "mini.csv", FAIRSERVE_HEADER + "2.5,b,10,20\n0.000000,client-13,13,199\n2.5,a,1,1\n1,b,3,4\n"
+    )
     w = load_trace(path)
     assert w.name == "mini" and w.duration_s == 2.5
     assert w.arrivals == [
-        Arrival(0.0, "client-13", 13, 199), Arrival(1.0, "b", 3, 4), Arrival(2.5, "b", 10, 20), Arrival(2.5, "a", 1, 1)
+        Arrival(0.0, "client-13", 13, 199),
+        Arrival(1.0, "b", 3, 4),
+        Arrival(2.5, "b", 10, 20),
+        Arrival(2.5, "a", 1, 1),
     ]
     assert (w.weights, w.kv_tokens, w.latency_profile) == (None, None, None)
 
 
 def test_fairserve_jsonl_and_options(tmp_path):
-    rows = [{"arrival_time_s": t, "client": c, "prompt_tokens": 5, "output_tokens": 7} for t, c in
-            [(4.0, "x"), (0.0, "y"), (2.0, "x"), (6.0, "z")]]
+    rows = [
+        {"arrival_time_s": t, "client": c, "prompt_tokens": 5, "output_tokens": 7}
+        for t, c in [(4.0, "x"), (0.0, "y"), (2.0, "x"), (6.0, "z")]
+    ]
     path = write(tmp_path, "j.jsonl", jsonl(rows))
     w = load_trace(path, clients=3, seed=9)  # clients ignored: the trace has client ids
     assert [(a.arrival_s, a.client) for a in w.arrivals] == [(0.0, "y"), (2.0, "x"), (4.0, "x"), (6.0, "z")]
@@ -51,10 +58,14 @@ def test_fairserve_jsonl_and_options(tmp_path):
 
 
 def test_azure_datetimes_with_seven_fraction_digits(tmp_path):
-    path = write(tmp_path, "AzureLLMInferenceTrace_conv.csv", AZURE_HEADER
-                 + "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
-                 + "2023-11-16 18:16:00.0000000,0,10\n2023-11-17 00:00:00.1,100,0\n2023-11-16 18:15:47,5,6\n"
-                 + "2023-11-16 18:15:45.6805900,0,1\n")  # dropped, but still the time origin
+    path = write(
+        tmp_path,
+        "AzureLLMInferenceTrace_conv.csv",
+        AZURE_HEADER
+        + "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+        + "2023-11-16 18:16:00.0000000,0,10\n2023-11-17 00:00:00.1,100,0\n2023-11-16 18:15:47,5,6\n"
+        + "2023-11-16 18:15:45.6805900,0,1\n",
+    )  # dropped, but still the time origin
     w = load_trace(path)
     assert [a.arrival_s for a in w.arrivals] == pytest.approx([1.0, 1.31941, 5.314579], abs=1e-9)
     assert [(a.prompt_tokens, a.output_tokens) for a in w.arrivals] == [(374, 44), (5, 6), (396, 109)]
@@ -64,9 +75,13 @@ def test_azure_datetimes_with_seven_fraction_digits(tmp_path):
 
 
 def test_burstgpt_drops_failures(tmp_path):
-    path = write(tmp_path, "BurstGPT_1.csv", BURST_HEADER
-                 + "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,0,1087,Conversation log\n"
-                 + "1,ChatGPT,10,20,30,API log\n")
+    path = write(
+        tmp_path,
+        "BurstGPT_1.csv",
+        BURST_HEADER
+        + "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,0,1087,Conversation log\n"
+        + "1,ChatGPT,10,20,30,API log\n",
+    )
     w = load_trace(path)
     assert [(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in w.arrivals] == [(1.0, 10, 20), (5.0, 472, 18)]
     assert w.duration_s == 5.0
@@ -76,8 +91,10 @@ def test_burstgpt_drops_failures(tmp_path):
 
 
 def test_mooncake_milliseconds(tmp_path):
-    rows = [{"timestamp": 3000, "input_length": 6955, "output_length": 52, "hash_ids": [1, 2]},
-            {"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": []}]
+    rows = [
+        {"timestamp": 3000, "input_length": 6955, "output_length": 52, "hash_ids": [1, 2]},
+        {"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": []},
+    ]
     w = load_trace(write(tmp_path, "mooncake_trace.jsonl", jsonl(rows)))
     assert [(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in w.arrivals] == [(0.0, 100, 10), (3.0, 6955, 52)]
 
@@ -124,11 +141,31 @@ def test_client_assignment_is_seeded_and_skewed(tmp_path):
         ("k.csv", FAIRSERVE_HEADER + "0, ,1,1\n", "auto", r"k.csv:2: client is empty"),
         ("i.csv", FAIRSERVE_HEADER + "inf,a,1,1\n", "auto", r"i.csv:2: .*not a finite number"),
         ("o.csv", FAIRSERVE_HEADER, "auto", r"o.csv: trace has no requests"),
-        ("a.csv", AZURE_HEADER + "2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n", "auto", r"a.csv:3: TIMESTAMP is not a date-time"),
+        (
+            "a.csv",
+            AZURE_HEADER + "2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n",
+            "auto",
+            r"a.csv:3: TIMESTAMP is not a date-time",
+        ),
         ("d.csv", AZURE_HEADER + "2023-02-30 00:00:00,1,1\n", "azure", r"d.csv:2: TIMESTAMP is not a date-time"),
-        ("j.jsonl", '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{oops\n', "auto", r"j.jsonl:2: invalid JSON"),
-        ("l.jsonl", '{"timestamp": 1, "input_length": 1, "output_length": 1}\n[1]\n', "auto", r"l.jsonl:2: expected a JSON object"),
-        ("q.jsonl", '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{"timestamp": 2}\n', "auto", r"q.jsonl:2: missing key"),
+        (
+            "j.jsonl",
+            '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{oops\n',
+            "auto",
+            r"j.jsonl:2: invalid JSON",
+        ),
+        (
+            "l.jsonl",
+            '{"timestamp": 1, "input_length": 1, "output_length": 1}\n[1]\n',
+            "auto",
+            r"l.jsonl:2: expected a JSON object",
+        ),
+        (
+            "q.jsonl",
+            '{"timestamp": 1, "input_length": 1, "output_length": 1}\n{"timestamp": 2}\n',
+            "auto",
+            r"q.jsonl:2: missing key",
+        ),
         ("r.jsonl", '{"foo": 1}\n', "auto", r"r.jsonl:1: cannot tell the trace format from the keys"),
         ("s.jsonl", '{"timestamp": 1}\n', "azure", r"s.jsonl: azure traces are not stored as JSONL"),
         ("u.csv", FAIRSERVE_HEADER + "0,a,1,1\n", "mooncake", r"u.csv: mooncake traces are not stored as CSV"),
@@ -147,15 +184,24 @@ def test_missing_file_and_bad_options(tmp_path):
     path = write(tmp_path, "ok.csv", FAIRSERVE_HEADER + "0,a,1,1\n")
     with pytest.raises(WorkloadError, match="unknown trace format 'parquet'.*burstgpt.*mooncake"):
         load_trace(path, "parquet")
-    for kwargs, what in [({"clients": 0}, "clients"), ({"limit": 0}, "limit"), ({"time_scale": 0.0}, "time_scale"),
-                         ({"time_scale": float("nan")}, "time_scale")]:
+    for kwargs, what in [
+        ({"clients": 0}, "clients"),
+        ({"limit": 0}, "limit"),
+        ({"time_scale": 0.0}, "time_scale"),
+        ({"time_scale": float("nan")}, "time_scale"),
+    ]:
         with pytest.raises(WorkloadError, match=what):
             load_trace(path, **kwargs)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from("abc"), st.integers(1, 9999), st.integers(1, 9999)),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.sampled_from("abc"), st.integers(1, 9999), st.integers(1, 9999)),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_fairserve_csv_round_trip(rows):
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "rt.csv"

@@ -1,5 +1,6 @@
 """fairserve's vLLM waiting queue (`VTCRequestQueue`) on its own: order, lift, charges, preemption, aborts, sessions,
 configuration."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -29,8 +30,8 @@ def drain_order(q: VTCRequestQueue, n: int) -> list[str]:
 def test_vtc_order_alternates_by_counter_heavy_gets_fewer_admissions():
     q = make_queue()
     for i in range(6):
-        q.add_request(FakeRequest(f"heavy-{i}", "heavy", prompt=20, max_tokens=5))   # costs 20 + 2*5 = 30
-        q.add_request(FakeRequest(f"light-{i}", "light", prompt=5, max_tokens=5))    # costs  5 + 2*5 = 15
+        q.add_request(FakeRequest(f"heavy-{i}", "heavy", prompt=20, max_tokens=5))  # costs 20 + 2*5 = 30
+        q.add_request(FakeRequest(f"light-{i}", "light", prompt=5, max_tokens=5))  # costs  5 + 2*5 = 15
     assert len(q) == 12 and q
     order = drain_order(q, 9)
     # counters after each admission decide: light is admitted twice per heavy admission
@@ -60,9 +61,9 @@ def test_counter_lift_on_arrival():
     for i in range(3):
         q.add_request(FakeRequest(f"a-{i}", "a", prompt=100))
     q.pop_request()
-    q.pop_request()                       # a's counter: 200, a still backlogged
+    q.pop_request()  # a's counter: 200, a still backlogged
     q.add_request(FakeRequest("b-0", "b", prompt=1))
-    assert q.policy.counters["b"] == pytest.approx(200.0)   # lifted to the backlogged minimum, not 0
+    assert q.policy.counters["b"] == pytest.approx(200.0)  # lifted to the backlogged minimum, not 0
     assert q.policy.service["b"] == 0.0
 
 
@@ -73,7 +74,7 @@ def test_prompt_charged_once_at_admission_not_at_arrival():
     assert service(q) == {"a": 0.0}
     assert q.pop_request() is r
     assert service(q) == {"a": 15.0}
-    q.charge_outputs([r])                 # nothing produced yet: nothing more
+    q.charge_outputs([r])  # nothing produced yet: nothing more
     assert service(q) == {"a": 15.0}
 
 
@@ -85,10 +86,10 @@ def test_output_tokens_charged_per_produced_token():
     r._output_token_ids += [1]
     q.charge_outputs([r])
     assert service(q)["a"] == 10 + 2 * 1
-    r._output_token_ids += [2, 3, 4]       # a spec-decode step: three accepted tokens
+    r._output_token_ids += [2, 3, 4]  # a spec-decode step: three accepted tokens
     q.charge_outputs([r, None])
     assert service(q)["a"] == 10 + 2 * 4
-    q.charge_outputs([r])                 # the same tokens are not charged twice
+    q.charge_outputs([r])  # the same tokens are not charged twice
     assert service(q)["a"] == 10 + 2 * 4
     r.status = Status.FINISHED_STOPPED
     q.settle(r)
@@ -102,17 +103,17 @@ def test_preemption_is_not_recharged_nor_lifted_and_resumes_first():
     b0 = FakeRequest("b-0", "b", prompt=50)
     for r in (a0, a1, b0):
         q.add_request(r)
-    assert q.pop_request() is a0          # a: 10
+    assert q.pop_request() is a0  # a: 10
     a0._output_token_ids += [7, 7]
-    q.charge_outputs([a0])                # a: 14
-    assert q.pop_request() is b0          # b: 50
+    q.charge_outputs([a0])  # a: 14
+    assert q.pop_request() is b0  # b: 50
     # vLLM preempts a-0: status PREEMPTED, computed tokens reset, back to the front of the waiting queue
     a0.status, a0.num_computed_tokens, a0.num_preemptions = Status.PREEMPTED, 0, 1
     q.prepend_request(a0)
     assert len(q) == 2 and q.accounts()["a"].queued == 2
-    assert q.policy.counters == {"a": 14.0, "b": 50.0}      # no lift for a (it is behind b) and no charge
-    assert q.pop_request() is a0                           # ahead of a-1: it was first
-    assert service(q) == {"a": 14.0, "b": 50.0}            # re-prefill is not charged again
+    assert q.policy.counters == {"a": 14.0, "b": 50.0}  # no lift for a (it is behind b) and no charge
+    assert q.pop_request() is a0  # ahead of a-1: it was first
+    assert service(q) == {"a": 14.0, "b": 50.0}  # re-prefill is not charged again
     a0._output_token_ids += [7]
     q.charge_outputs([a0])
     assert service(q)["a"] == 16.0
@@ -124,11 +125,11 @@ def test_prepend_requests_keeps_the_skipped_requests_order():
     for r in reqs:
         q.add_request(r)
     skipped: deque = deque()
-    for _ in range(2):                    # vLLM 0.33 skip_request: pop, appendleft to a step-local deque
+    for _ in range(2):  # vLLM 0.33 skip_request: pop, appendleft to a step-local deque
         skipped.appendleft(q.pop_request())
     q.prepend_requests(skipped)
     assert [q.pop_request().request_id for _ in range(3)] == ["a-0", "a-1", "a-2"]
-    assert service(q)["a"] == 30.0        # skipped requests are not charged twice
+    assert service(q)["a"] == 30.0  # skipped requests are not charged twice
 
 
 def test_request_popped_and_put_back_unscheduled_is_not_charged():
@@ -138,27 +139,27 @@ def test_request_popped_and_put_back_unscheduled_is_not_charged():
     a0, b0 = FakeRequest("a-0", "a", prompt=10), FakeRequest("b-0", "b", prompt=30)
     for r in (a0, b0):
         q.add_request(r)
-    skipped: deque = deque([q.pop_request()])     # a-0, charged at the pop
+    skipped: deque = deque([q.pop_request()])  # a-0, charged at the pop
     assert skipped[0] is a0 and service(q)["a"] == 10.0
-    assert q.pop_request() is b0                  # admitted and scheduled
+    assert q.pop_request() is b0  # admitted and scheduled
     b0.status = Status.RUNNING
     q.prepend_requests(skipped)
     q.end_pass()
     assert service(q) == {"a": 0.0, "b": 30.0} and q.policy.counters["a"] == 0.0
     assert q.accounts()["a"].queued == 1 and q.accounts()["a"].running == 0
-    assert q.pop_request() is a0 and service(q)["a"] == 10.0       # charged once, when popped again
+    assert q.pop_request() is a0 and service(q)["a"] == 10.0  # charged once, when popped again
     a0.status = Status.RUNNING
     q.end_pass()
     a0._output_token_ids += [1, 2]
     q.charge_outputs([a0])
-    a0.status, a0.num_preemptions = Status.PREEMPTED, 1               # preempted later: keeps its charges
+    a0.status, a0.num_preemptions = Status.PREEMPTED, 1  # preempted later: keeps its charges
     q.prepend_request(a0)
     assert service(q)["a"] == 14.0
     assert q.pop_request() is a0 and service(q)["a"] == 14.0
 
 
 def test_skipped_twice_then_cancelled_costs_nothing_and_predicted_output_is_charged_once():
-    def predicting_queue() -> VTCRequestQueue:     # client a has finished one request of 6 tokens: predicted 6
+    def predicting_queue() -> VTCRequestQueue:  # client a has finished one request of 6 tokens: predicted 6
         q = make_queue(policy="vtc-predict:moving-average")
         q.add_request(done := FakeRequest("a-s", "a", prompt=0, max_tokens=6))
         q.pop_request()
@@ -170,7 +171,7 @@ def test_skipped_twice_then_cancelled_costs_nothing_and_predicted_output_is_char
     once = predicting_queue()
     once.add_request(FakeRequest("a-0", "a", prompt=10, max_tokens=8))
     once.pop_request()
-    assert service(once)["a"] == 2 * 6 + 10 + 2 * 6     # the seed, then prompt + the predicted output
+    assert service(once)["a"] == 2 * 6 + 10 + 2 * 6  # the seed, then prompt + the predicted output
     q = predicting_queue()
     r = FakeRequest("a-0", "a", prompt=10, max_tokens=8)
     q.add_request(r)
@@ -179,11 +180,11 @@ def test_skipped_twice_then_cancelled_costs_nothing_and_predicted_output_is_char
         q.end_pass()
     assert q.pop_request() is r
     charged = service(q)["a"]
-    assert charged == service(once)["a"]          # charged once
+    assert charged == service(once)["a"]  # charged once
     q.end_pass()
     r2 = FakeRequest("a-1", "a", prompt=20)
     q.add_request(r2)
-    q.prepend_requests([q.pop_request()])         # a-1 skipped, then the client goes away
+    q.prepend_requests([q.pop_request()])  # a-1 skipped, then the client goes away
     q.end_pass()
     q.remove_requests([r2])
     assert service(q)["a"] == charged and len(q) == 0
@@ -208,7 +209,7 @@ def test_abort_running_charges_only_what_was_done():
     r = FakeRequest("a-0", "a", prompt=100)
     q.add_request(r)
     q.pop_request()
-    r.num_computed_tokens = 40            # chunked prefill: 40 of 100 prompt tokens were computed
+    r.num_computed_tokens = 40  # chunked prefill: 40 of 100 prompt tokens were computed
     r.status = Status.FINISHED_ABORTED
     q.settle(r)
     assert service(q) == {"a": 40.0}
@@ -218,11 +219,11 @@ def test_abort_running_charges_only_what_was_done():
     q.pop_request()
     r2.num_computed_tokens = 103
     r2._output_token_ids += [1, 2, 3]
-    r2.status = Status.FINISHED_ABORTED   # aborted before update_from_output charged these: settle reconciles
+    r2.status = Status.FINISHED_ABORTED  # aborted before update_from_output charged these: settle reconciles
     q.settle(r2)
     assert service(q) == {"a": 40.0 + 100 + 6}
     assert q.engine_queue.request("a-1") is None
-    q.settle(r2)                          # freeing twice does not charge twice
+    q.settle(r2)  # freeing twice does not charge twice
     assert service(q) == {"a": 146.0}
 
 
@@ -234,7 +235,7 @@ def test_preempted_then_aborted_keeps_its_prompt_charge():
     r._output_token_ids += [1, 2]
     r.status, r.num_computed_tokens, r.num_preemptions = Status.PREEMPTED, 0, 1
     q.prepend_request(r)
-    q.remove_requests([r])                # vLLM's finish_requests on a waiting request
+    q.remove_requests([r])  # vLLM's finish_requests on a waiting request
     assert prefilled_tokens(r) is None
     assert service(q) == {"a": 104.0} and not q
 
@@ -254,11 +255,11 @@ def test_client_identification():
     assert client_of_request(FakeRequest("x", extra_args={"fairserve_client": 7})) == "7"
     assert client_of_request(FakeRequest("x", extra_args={"other": 1})) == DEFAULT_CLIENT
     assert client_of_request(FakeRequest("x")) == DEFAULT_CLIENT
-    assert client_of_request(FakeRequest("bob::cmpl-1")) == "bob"              # id carries it
-    assert client_of_request(FakeRequest("bob::cmpl-1", "alice")) == "alice"   # extra_args wins
+    assert client_of_request(FakeRequest("bob::cmpl-1")) == "bob"  # id carries it
+    assert client_of_request(FakeRequest("bob::cmpl-1", "alice")) == "alice"  # extra_args wins
     assert client_of_request(FakeRequest("x", extra_args={"tenant": "t1"}), key="tenant") == "t1"
     no_params = FakeRequest("x")
-    no_params.sampling_params = None                                           # pooling requests
+    no_params.sampling_params = None  # pooling requests
     assert client_of_request(no_params) == DEFAULT_CLIENT
 
     q = make_queue()
@@ -272,10 +273,10 @@ def test_known_request_added_again_is_a_requeue_and_unknown_prepend_is_an_arriva
     r = FakeRequest("a-0", "a")
     q.add_request(r)
     q.pop_request()
-    q.add_request(r)                      # a streaming session's next turn re-enters the waiting queue
+    q.add_request(r)  # a streaming session's next turn re-enters the waiting queue
     assert len(q) == 1 and service(q) == {"a": 10.0}
     other = FakeRequest("b-0", "b")
-    q.prepend_request(other)              # never seen: it still must be scheduled
+    q.prepend_request(other)  # never seen: it still must be scheduled
     assert len(q) == 2 and q.accounts()["b"].queued == 1
 
 
@@ -289,7 +290,7 @@ def test_streaming_session_turns_are_charged_not_refunded():
     r._output_token_ids = list(range(100))
     q.charge_outputs([r])
     assert service(q) == {"a": 10 + 2 * 100}
-    r._output_token_ids, r.num_prompt_tokens = [], 10 + 100 + 10      # the next turn
+    r._output_token_ids, r.num_prompt_tokens = [], 10 + 100 + 10  # the next turn
     q.charge_outputs([r])
     assert service(q) == {"a": 120 + 2 * 100}
     r._output_token_ids = list(range(10))
@@ -300,8 +301,15 @@ def test_streaming_session_turns_are_charged_not_refunded():
 
 
 def test_config_from_env():
-    cfg = VTCConfig.from_env({"FAIRSERVE_POLICY": "weighted-vtc", "FAIRSERVE_WEIGHTS": "a=1, b=2",
-                              "FAIRSERVE_WP": "0.5", "FAIRSERVE_WQ": "3", "FAIRSERVE_CLIENT_KEY": "tenant"})
+    cfg = VTCConfig.from_env(
+        {
+            "FAIRSERVE_POLICY": "weighted-vtc",
+            "FAIRSERVE_WEIGHTS": "a=1, b=2",
+            "FAIRSERVE_WP": "0.5",
+            "FAIRSERVE_WQ": "3",
+            "FAIRSERVE_CLIENT_KEY": "tenant",
+        }
+    )
     assert cfg == VTCConfig("weighted-vtc", {"a": 1.0, "b": 2.0}, 0.5, 3.0, None, "tenant")
     policy = cfg.make_policy()
     assert isinstance(policy, VTC) and policy.weight("b") == 2.0

@@ -1,5 +1,6 @@
 """fairserve's vLLM scheduler subclass over fakes of vLLM 0.33's Scheduler and AsyncScheduler; and, where vLLM is
 installed, the real classes."""
+
 from __future__ import annotations
 
 import pickle
@@ -17,15 +18,16 @@ class FakeScheduler:
     """The parts of vllm.v1.core.sched.scheduler.Scheduler (0.33) the subclass hooks into, reduced to one
     request per slot and one token per decode step."""
 
-    def __init__(self, vllm_config, kv_cache_config=None, structured_output_manager=None, block_size=16,
-                 **kwargs) -> None:
+    def __init__(
+        self, vllm_config, kv_cache_config=None, structured_output_manager=None, block_size=16, **kwargs
+    ) -> None:
         self.vllm_config = vllm_config
-        self.waiting: deque = deque()    # stands in for FCFSRequestQueue; replaced by the subclass
+        self.waiting: deque = deque()  # stands in for FCFSRequestQueue; replaced by the subclass
         self.running: list = []
         self.requests: dict = {}
         self.max_running = vllm_config.max_running
-        self.zero_tokens: set[str] = set()     # ids that get 0 new tokens this pass (e.g. the token budget is spent)
-        self.skips_zero_token_head = True      # vLLM 0.33 skips such a request; 0.32 stops admitting
+        self.zero_tokens: set[str] = set()  # ids that get 0 new tokens this pass (e.g. the token budget is spent)
+        self.skips_zero_token_head = True  # vLLM 0.33 skips such a request; 0.32 stops admitting
 
     def add_request(self, request) -> None:
         self.waiting.add_request(request)
@@ -40,7 +42,7 @@ class FakeScheduler:
             if self.waiting.peek_request().request_id in self.zero_tokens:
                 if not self.skips_zero_token_head:
                     break
-                skipped.appendleft(self.waiting.pop_request())   # 0.33's skip_request
+                skipped.appendleft(self.waiting.pop_request())  # 0.33's skip_request
                 continue
             r = self.waiting.pop_request()
             self.running.append(r)
@@ -90,8 +92,7 @@ class FakeAsyncScheduler(FakeScheduler):
 
 
 def config(async_scheduling: bool | None, max_running: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling),
-                           max_running=max_running)
+    return SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling), max_running=max_running)
 
 
 def step(s, tokens: int = 1) -> dict:
@@ -111,8 +112,8 @@ def test_scheduler_picks_async_or_sync_base(classes):
     vtc, sync = classes
     s = vtc(config(True))
     assert type(s) is vtc and isinstance(s, FakeAsyncScheduler)
-    assert type(vtc(config(None))) is vtc           # unresolved: vLLM's default is async
-    s2 = vtc(vllm_config=config(False), kv_cache_config=None, block_size=16)   # as vLLM's EngineCore calls it
+    assert type(vtc(config(None))) is vtc  # unresolved: vLLM's default is async
+    s2 = vtc(vllm_config=config(False), kv_cache_config=None, block_size=16)  # as vLLM's EngineCore calls it
     assert type(s2) is sync and not isinstance(s2, FakeAsyncScheduler) and s2.vllm_config.max_running == 1
     for sched in (s, s2):
         assert isinstance(sched.waiting, VTCRequestQueue) and sched.waiting is sched.fairserve
@@ -131,7 +132,7 @@ def test_scheduler_charges_prompt_outputs_and_finish(classes):
         out = s.schedule()
         admitted += [rid for rid in out.num_scheduled_tokens if rid not in admitted]
         s.update_from_output(out, SimpleNamespace(sampled={rid: [0] for rid in out.num_scheduled_tokens}))
-    assert admitted == ["h-0", "l-0", "l-1", "h-1"]   # light's counter stays below heavy's after h-0
+    assert admitted == ["h-0", "l-0", "l-1", "h-1"]  # light's counter stays below heavy's after h-0
     acc = s.fairserve_accounts()
     assert acc["heavy"].service == 2 * (40 + 2 * 3) and acc["light"].service == 2 * (4 + 2 * 3)
     assert acc["heavy"].running == acc["light"].running == 0 and not s.requests
@@ -143,16 +144,16 @@ def test_scheduler_preemption_and_abort(classes):
     a, b = FakeRequest("a-0", "a", prompt=10, max_tokens=9), FakeRequest("b-0", "b", prompt=10, max_tokens=9)
     s.add_request(a)
     s.add_request(b)
-    step(s)                                    # both admitted, one token each
+    step(s)  # both admitted, one token each
     assert s.fairserve.policy.service == {"a": 12.0, "b": 12.0}
-    s.preempt_last()                           # b goes back, keeps its charge
-    step(s)                                    # b re-admitted (re-prefill not charged), both decode
+    s.preempt_last()  # b goes back, keeps its charge
+    step(s)  # b re-admitted (re-prefill not charged), both decode
     assert s.fairserve.policy.service == {"a": 14.0, "b": 14.0}
     s.finish_requests(["b-0"], Status.FINISHED_ABORTED)
     assert s.fairserve.policy.service["b"] == 14.0 and s.fairserve.engine_queue.request("b-0") is None
     s.add_request(c := FakeRequest("c-0", "c", prompt=30))
     s.add_request(FakeRequest("c-1", "c", prompt=30))
-    step(s)                                    # c-0 admitted into b's slot; c-1 waits
+    step(s)  # c-0 admitted into b's slot; c-1 waits
     s.finish_requests(["c-1"], Status.FINISHED_ABORTED)
     assert s.fairserve.policy.service["c"] == 30 + 2 * 1 and not s.waiting
     assert c.status == Status.RUNNING
@@ -175,7 +176,7 @@ def test_head_with_no_tokens_this_pass_is_not_charged(classes, skips):
     s.update_from_output(out, SimpleNamespace(sampled={rid: [0] for rid in out.num_scheduled_tokens}))
     s.zero_tokens = set()
     out = s.schedule()
-    assert "h-0" in out.num_scheduled_tokens and s.fairserve.policy.service["heavy"] == 100.0   # charged once
+    assert "h-0" in out.num_scheduled_tokens and s.fairserve.policy.service["heavy"] == 100.0  # charged once
 
 
 # ---- the real thing, where vLLM is installed ---------------------------------------------------------------------

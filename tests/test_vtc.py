@@ -1,4 +1,5 @@
 """VTC by hand: admission order, charging, counter lift, weights, ties, LCF."""
+
 import pytest
 
 from fairserve.core import VTC, Request, RequestState, make_policy
@@ -13,9 +14,9 @@ def test_admits_smallest_counter_and_charges_prompt_at_admission():
     a1, a2, b1 = req(1, "a", 100), req(2, "a", 100), req(3, "b", 10)
     for r in (a1, a2, b1):
         p.add(r)
-    assert p.pop() is a1                # tie at 0: the client seen first
+    assert p.pop() is a1  # tie at 0: the client seen first
     assert p.counters == {"a": 100.0, "b": 0.0}
-    assert p.pop() is b1                # b now has the smaller counter
+    assert p.pop() is b1  # b now has the smaller counter
     assert p.counters["b"] == 10.0
     assert p.pop() is a2
     assert p.counters["a"] == 200.0
@@ -52,13 +53,13 @@ def test_lift_to_min_of_other_queued_clients():
     for r in a:
         p.add(r)
     p.add(c)
-    p.pop()                              # a: 100
-    p.pop()                              # c: 1 ... then c's queue is empty
+    p.pop()  # a: 100
+    p.pop()  # c: 1 ... then c's queue is empty
     assert p.counters == {"a": 100.0, "c": 1.0}
     b = req(5, "b")
-    p.add(b)                             # b is new, idle -> lifted to min over queued (only a queued: 100)
+    p.add(b)  # b is new, idle -> lifted to min over queued (only a queued: 100)
     assert p.counters["b"] == 100.0
-    p.add(req(6, "c"))                   # c returns: max(1, min(a=100, b=100)) = 100
+    p.add(req(6, "c"))  # c returns: max(1, min(a=100, b=100)) = 100
     assert p.counters["c"] == 100.0
 
 
@@ -67,17 +68,17 @@ def test_lift_never_lowers_and_no_other_queued_keeps_counter():
     r = req(1, "a", prompt=50)
     p.add(r)
     p.pop()
-    p.add(req(2, "a"))                   # nobody else queued: counter stays
+    p.add(req(2, "a"))  # nobody else queued: counter stays
     assert p.counters["a"] == 50.0
-    p.add(req(3, "b"))                   # b lifted to 50
+    p.add(req(3, "b"))  # b lifted to 50
     assert p.counters["b"] == 50.0
-    p.pop()                              # a (tie, seen first): 60
+    p.pop()  # a (tie, seen first): 60
     q = VTC()
     q.add(req(1, "x", prompt=5))
     q.add(req(2, "y", prompt=500))
-    q.pop(), q.pop()                     # x: 5, y: 500
+    q.pop(), q.pop()  # x: 5, y: 500
     q.add(req(3, "x"))
-    q.add(req(4, "y"))                   # y queued again; x is the only other queued, its counter 5 < 500: keep
+    q.add(req(4, "y"))  # y queued again; x is the only other queued, its counter 5 < 500: keep
     assert q.counters["y"] == 500.0
 
 
@@ -85,9 +86,9 @@ def test_no_lift_while_already_queued():
     p = VTC()
     p.add(req(1, "a", prompt=100))
     p.add(req(2, "a"))
-    p.pop()                              # a: 100, still has a queued request
-    p.add(req(3, "b"))                   # b lifted to 100
-    p.add(req(4, "b"))                   # second request: no change
+    p.pop()  # a: 100, still has a queued request
+    p.add(req(3, "b"))  # b lifted to 100
+    p.add(req(4, "b"))  # second request: no change
     assert p.counters["b"] == 100.0
 
 
@@ -132,14 +133,14 @@ def test_requeue_keeps_charges_and_goes_to_the_front_without_lift():
     p.on_output(r1, 2)
     p.pop()
     p.add(req(3, "b", prompt=1000))
-    p.pop()                              # b: 0 + 1000 (lifted to nothing: a has nothing queued)
+    p.pop()  # b: 0 + 1000 (lifted to nothing: a has nothing queued)
     assert p.counters == {"a": 30 + 4 + 30, "b": 1000.0}
-    p.add(req(4, "b", prompt=1))         # b queued with counter 1000
-    p.requeue(r1)                        # preempted: a's queue goes 0 -> 1, but this is no arrival
+    p.add(req(4, "b", prompt=1))  # b queued with counter 1000
+    p.requeue(r1)  # preempted: a's queue goes 0 -> 1, but this is no arrival
     assert r1.state is RequestState.QUEUED
-    assert p.counters["a"] == 64.0       # no lift (to b's 1000), no refund
+    assert p.counters["a"] == 64.0  # no lift (to b's 1000), no refund
     assert p.pop() is r1
-    assert p.counters["a"] == 64.0       # not charged again for its prompt
+    assert p.counters["a"] == 64.0  # not charged again for its prompt
     p.on_output(r1, 1)
     p.finish(r1)
     assert p.counters["a"] == 66.0
@@ -152,12 +153,12 @@ def test_abort_queued_and_running():
         p.add(r)
     p.abort(r2)
     assert r2.state is RequestState.ABORTED and p.num_queued == 2
-    p.pop()                              # r1
+    p.pop()  # r1
     p.on_output(r1, 3)
     p.abort(r1)
-    assert p.counters["a"] == 16.0       # only what was produced
+    assert p.counters["a"] == 16.0  # only what was produced
     assert p.pop() is r3 and p.peek() is None
-    p.abort(r1)                          # idempotent on a finished request
+    p.abort(r1)  # idempotent on a finished request
     assert p.counters["a"] == 16.0
 
 
@@ -166,12 +167,13 @@ def test_admit_stops_at_first_request_that_does_not_fit():
     big, small = req(1, "a", prompt=500), req(2, "b", prompt=5)
     p.add(big), p.add(small)
     got = p.admit(lambda r: r.prompt_tokens < 100)
-    assert got == []                     # the policy's order is strict: big (a, seen first) blocks
+    assert got == []  # the policy's order is strict: big (a, seen first) blocks
     assert p.admit(lambda r: True) == [big, small]
 
 
 def test_profiled_cost_charges_differences():
     from fairserve.core import profiled_a10g_llama2_7b as h
+
     p = make_policy("vtc", cost="profiled")
     r = req(1, "a", prompt=100)
     p.add(r)
@@ -193,6 +195,7 @@ def test_user_callable_cost():
 
 def test_heap_selection_matches_brute_force_with_many_clients():
     import random
+
     rng = random.Random(1)
     p = VTC()
     reqs = {}
@@ -221,6 +224,7 @@ def test_heap_selection_matches_brute_force_with_many_clients():
 
 def test_selection_correct_with_100k_clients():
     import random
+
     rng = random.Random(5)
     p = VTC()
     n = 0

@@ -20,9 +20,21 @@ def counts(w: Workload) -> dict[str, int]:
 
 def test_names_are_the_papers():
     assert WORKLOADS == (
-        "overload", "overload-multi", "overload-weighted", "proportional", "on-off-less",
-        "on-off-overload", "poisson-on-off-overload", "poisson-short-long", "poisson-short-long-2",
-        "increase", "dist-shift", "overload-s4-256", "overload-s4-512", "overload-s4-768", "overload-s4-long",
+        "overload",
+        "overload-multi",
+        "overload-weighted",
+        "proportional",
+        "on-off-less",
+        "on-off-overload",
+        "poisson-on-off-overload",
+        "poisson-short-long",
+        "poisson-short-long-2",
+        "increase",
+        "dist-shift",
+        "overload-s4-256",
+        "overload-s4-512",
+        "overload-s4-768",
+        "overload-s4-long",
     )
 
 
@@ -107,8 +119,10 @@ def test_poisson_on_off_overload():
 
 @pytest.mark.parametrize(
     "name, lengths",
-    [("poisson-short-long", {"client-0": (64, 64), "client-1": (256, 256)}),
-     ("poisson-short-long-2", {"client-0": (512, 32), "client-1": (32, 512)})],
+    [
+        ("poisson-short-long", {"client-0": (64, 64), "client-1": (256, 256)}),
+        ("poisson-short-long-2", {"client-0": (512, 32), "client-1": (32, 512)}),
+    ],
 )
 def test_poisson_short_long(name, lengths):
     w = make_workload(name)
@@ -181,7 +195,7 @@ def test_real_workload_ships_with_the_package(monkeypatch, tmp_path):
     from fairserve.workloads.real import PACKAGED_ARENA_TRACE
 
     monkeypatch.delenv("FAIRSERVE_ARENA_TRACE", raising=False)
-    monkeypatch.chdir(tmp_path)                      # no shared/ anywhere near
+    monkeypatch.chdir(tmp_path)  # no shared/ anywhere near
     assert find_arena_trace() == PACKAGED_ARENA_TRACE
     w = get_workload("real")
     assert (w.name, w.duration_s, len(w.arrivals)) == ("real", 600.0, 1500)

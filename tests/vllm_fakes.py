@@ -1,5 +1,6 @@
 """Small fakes of vLLM 0.33's Request and RequestStatus for the main suite, which runs without vLLM (tests_vllm/ runs
 the real engine, vLLM 0.32's CPU build), shared by the vLLM tests."""
+
 from __future__ import annotations
 
 import enum
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 from fairserve.engines.vllm_scheduler import CLIENT_ARG, VTCConfig, VTCRequestQueue
 
 
-class Status(enum.IntEnum):       # the names vLLM's RequestStatus uses
+class Status(enum.IntEnum):  # the names vLLM's RequestStatus uses
     WAITING = 1
     RUNNING = 2
     PREEMPTED = 3
@@ -21,8 +22,9 @@ class Status(enum.IntEnum):       # the names vLLM's RequestStatus uses
 class FakeRequest:
     """The fields of vllm.v1.request.Request the integration reads."""
 
-    def __init__(self, rid: str, client: str | None = None, prompt: int = 10, max_tokens: int = 4,
-                 extra_args: dict | None = None) -> None:
+    def __init__(
+        self, rid: str, client: str | None = None, prompt: int = 10, max_tokens: int = 4, extra_args: dict | None = None
+    ) -> None:
         self.request_id = rid
         args = dict(extra_args or {})
         if client is not None:

@@ -2,6 +2,7 @@
 `scripts/vllm_cpu_env.sh` creates. Run by `./dev.sh test` (after the main suite) or `./dev.sh test-vllm`.
 
 Under CI=true a missing or broken vLLM fails the tier; elsewhere it is skipped with the reason."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")        # nothing is downloaded
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -39,8 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if IN_CI:
         raise pytest.UsageError(f"the real-vLLM tier cannot import vLLM (CI must run it): {_REASON}")
-    skip = pytest.mark.skip(reason=f"real-vLLM tier skipped: vLLM is not importable here ({_REASON}); "
-                                   "run it with ./dev.sh test-vllm")
+    skip = pytest.mark.skip(
+        reason=f"real-vLLM tier skipped: vLLM is not importable here ({_REASON}); run it with ./dev.sh test-vllm"
+    )
     for item in items:
         item.add_marker(skip)
 
@@ -48,6 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     import vllm_cpu_model
+
     return vllm_cpu_model.build(vllm_cpu_model.default_dir())
 
 
@@ -55,6 +58,7 @@ def model_dir() -> Path:
 def engines(model_dir):
     """Engines built on first use and shared by every test of the session (see `engine.Engines`)."""
     from engine import Engines
+
     pool = Engines(model_dir)
     yield pool
     pool.close()

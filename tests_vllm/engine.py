@@ -1,4 +1,5 @@
 """Driving a real in-process vLLM engine step by step: who finished at which engine step, what was charged."""
+
 from __future__ import annotations
 
 import os
@@ -10,24 +11,24 @@ from typing import Any
 
 from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH
 
-W_P, W_Q = 1.0, 2.0     # FAIRSERVE_WP / FAIRSERVE_WQ defaults
+W_P, W_Q = 1.0, 2.0  # FAIRSERVE_WP / FAIRSERVE_WQ defaults
 
 
 @dataclass(frozen=True)
 class Job:
     rid: str
     client: str
-    prompt: int          # prompt tokens
+    prompt: int  # prompt tokens
     max_tokens: int
 
 
 @dataclass
 class Run:
-    finished_at: dict[str, int] = field(default_factory=dict)     # request id -> engine step it finished in
-    outputs: dict[str, int] = field(default_factory=dict)         # request id -> output tokens produced
+    finished_at: dict[str, int] = field(default_factory=dict)  # request id -> engine step it finished in
+    outputs: dict[str, int] = field(default_factory=dict)  # request id -> output tokens produced
     steps: int = 0
     preemptions: int = 0
-    service_at: list[dict[str, float]] = field(default_factory=list)   # each client's service after each step
+    service_at: list[dict[str, float]] = field(default_factory=list)  # each client's service after each step
 
 
 # engine settings: small batches, so requests queue; name -> (VTC?, extra LLM arguments, environment)
@@ -47,13 +48,23 @@ class Engines:
     def get(self, name: str) -> Any:
         if name not in self._llms:
             from vllm import LLM
+
             vtc, extra, env = CONFIGS[name]
-            args: dict[str, Any] = dict(max_num_seqs=4, max_model_len=512, enforce_eager=True, dtype="float32",
-                                        seed=0, enable_prefix_caching=False) | extra
+            args: dict[str, Any] = (
+                dict(
+                    max_num_seqs=4,
+                    max_model_len=512,
+                    enforce_eager=True,
+                    dtype="float32",
+                    seed=0,
+                    enable_prefix_caching=False,
+                )
+                | extra
+            )
             if vtc:
                 args["scheduler_cls"] = SCHEDULER_PATH
             saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)      # the scheduler reads FAIRSERVE_* when vLLM constructs it
+            os.environ.update(env)  # the scheduler reads FAIRSERVE_* when vLLM constructs it
             try:
                 self._llms[name] = LLM(str(self.model_dir), **args)
             finally:
@@ -86,12 +97,13 @@ def drive(llm: Any, jobs: Iterable[Job], abort: dict[str, int] | None = None, ma
     sched = scheduler_of(llm)
     run = Run()
     for i, job in enumerate(jobs):
-        params = SamplingParams(max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0,
-                                extra_args={CLIENT_ARG: job.client})
+        params = SamplingParams(
+            max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0, extra_args={CLIENT_ARG: job.client}
+        )
         engine.add_request(job.rid, {"prompt_token_ids": prompt_ids(job.prompt, i)}, params)
     abort = dict(abort or {})
     preempted: dict[str, int] = {}
-    produced: dict[str, int] = {}       # output tokens so far (vLLM's engine core keys requests by an internal id)
+    produced: dict[str, int] = {}  # output tokens so far (vLLM's engine core keys requests by an internal id)
 
     def abort_due() -> None:
         for rid, step in list(abort.items()):
@@ -100,7 +112,7 @@ def drive(llm: Any, jobs: Iterable[Job], abort: dict[str, int] | None = None, ma
                 engine.abort_request([rid])
                 del abort[rid]
 
-    abort_due()         # step 0: before the first step, still waiting
+    abort_due()  # step 0: before the first step, still waiting
     while engine.has_unfinished_requests():
         run.steps += 1
         if run.steps > max_steps:

@@ -1,6 +1,7 @@
 """The async subclass (`VTCScheduler` over vLLM's `AsyncScheduler`): the CPU engine runs without async scheduling,
 so the real scheduler classes are built directly with async scheduling on and fed model-runner outputs, one step
 behind the schedule as vLLM's async engine loop does (the way vLLM's own tests/v1/core/ scheduler tests drive it)."""
+
 from __future__ import annotations
 
 import copy
@@ -22,9 +23,13 @@ def scheduler(engines):
     config = copy.deepcopy(engine_sched.vllm_config)
     config.scheduler_config.async_scheduling = True
     config.scheduler_config.max_num_seqs = 2
-    sched = vllm_scheduler.VTCScheduler(vllm_config=config, kv_cache_config=engine_sched.kv_cache_config,
-                                        structured_output_manager=StructuredOutputManager(config),
-                                        block_size=engine_sched.block_size, log_stats=False)
+    sched = vllm_scheduler.VTCScheduler(
+        vllm_config=config,
+        kv_cache_config=engine_sched.kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=engine_sched.block_size,
+        log_stats=False,
+    )
     assert type(sched) is vllm_scheduler.VTCScheduler and isinstance(sched, AsyncScheduler)
     return sched
 
@@ -43,8 +48,9 @@ def runner_output(scheduler_output):
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-                             sampled_token_ids=[[7] for _ in ids])
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=[[7] for _ in ids]
+    )
 
 
 def run_async(sched, abort: dict[int, str] | None = None, max_steps: int = 1000) -> tuple[list[str], list[str]]:
@@ -90,13 +96,13 @@ def test_async_scheduler_orders_by_vtc_and_charges_exactly(scheduler):
 def test_async_scheduler_abort_mid_decode_is_charged_what_was_produced(scheduler):
     a = make_request("a-0", "a", 30, 50)
     b = make_request("b-0", "b", 20, 4)
-    waiting = make_request("a-1", "a", 60, 50)      # behind the 2 slots when aborted
+    waiting = make_request("a-1", "a", 60, 50)  # behind the 2 slots when aborted
     for r in (a, b, waiting):
         scheduler.add_request(r)
     produced: dict[str, int] = {}
     orig = scheduler.finish_requests
 
-    def finish_requests(rid, status):               # record what the engine had produced when the abort arrived
+    def finish_requests(rid, status):  # record what the engine had produced when the abort arrived
         produced[rid] = scheduler.requests[rid].num_output_tokens
         return orig(rid, status)
 

@@ -1,5 +1,6 @@
 """vLLM's OpenAI server with `--scheduler-cls fairserve...VTCScheduler`: the client travels in `vllm_xargs`; and the
 gateway in front of it naming the tenant to the engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,10 +56,29 @@ def vllm_server(model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="INFO")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--scheduler-cls", SCHEDULER_PATH, "--max-num-seqs", "2", "--max-model-len", "512",
-           "--enforce-eager", "--dtype", "float32", "--no-enable-prefix-caching"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--scheduler-cls",
+        SCHEDULER_PATH,
+        "--max-num-seqs",
+        "2",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--no-enable-prefix-caching",
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -68,16 +88,24 @@ def vllm_server(model_dir, tmp_path_factory):
         stop(proc)
 
 
-async def completion_order(url: str, heavy: dict, light: dict, n_heavy: int = 10, n_light: int = 2,
-                           headers_heavy: dict | None = None, headers_light: dict | None = None) -> list[str]:
+async def completion_order(
+    url: str,
+    heavy: dict,
+    light: dict,
+    n_heavy: int = 10,
+    n_light: int = 2,
+    headers_heavy: dict | None = None,
+    headers_light: dict | None = None,
+) -> list[str]:
     """The heavy client's backlog first, the light client's requests once the first heavy one is done (the rest
     of the backlog is queued then, whatever the machine's speed); the order they complete in."""
     order: list[str] = []
     body = {"model": MODEL, "prompt": "fair " * 10, "ignore_eos": True, "temperature": 0}
 
     async def one(client: httpx.AsyncClient, name: str, extra: dict, headers: dict | None, tokens: int) -> None:
-        r = await client.post(f"{url}/v1/completions", json=body | extra | {"max_tokens": tokens},
-                              headers=headers or {})
+        r = await client.post(
+            f"{url}/v1/completions", json=body | extra | {"max_tokens": tokens}, headers=headers or {}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == tokens
         order.append(name)
@@ -98,11 +126,14 @@ def light_median_position(order: list[str]) -> float:
 def test_openai_server_takes_the_client_from_vllm_xargs(vllm_server):
     url, log = vllm_server
     assert "waiting queue ordered by vtc" in log.read_text()
-    named = asyncio.run(completion_order(url, {"vllm_xargs": {"fairserve_client": "srv-heavy"}},
-                                         {"vllm_xargs": {"fairserve_client": "srv-light"}}))
+    named = asyncio.run(
+        completion_order(
+            url, {"vllm_xargs": {"fairserve_client": "srv-heavy"}}, {"vllm_xargs": {"fairserve_client": "srv-light"}}
+        )
+    )
     # without xargs every request is the client "default": the same server serves them first come, first served
     anonymous = asyncio.run(completion_order(url, {}, {}))
-    assert light_median_position(named) < 6, named          # before most of the 10 heavy requests
+    assert light_median_position(named) < 6, named  # before most of the 10 heavy requests
     assert light_median_position(anonymous) >= 10, anonymous  # after all of them
 
 
@@ -111,8 +142,12 @@ def test_openai_server_takes_the_client_from_vllm_xargs(vllm_server):
 # `--backend URL,engine_tenant=1`. This test runs as soon as the gateway knows that option; until then it is skipped
 # (and only then).
 def gateway_knows_engine_tenant() -> bool:
-    out = subprocess.run([sys.executable, "-m", "fairserve.cli", "gateway", "--help"], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    out = subprocess.run(
+        [sys.executable, "-m", "fairserve.cli", "gateway", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
     return "engine_tenant" in out.stdout
 
 
@@ -122,18 +157,39 @@ def test_gateway_names_the_tenant_to_the_engine(vllm_server, tmp_path):
     url, _ = vllm_server
     port = free_port()
     log = tmp_path / "gateway.log"
-    cmd = [sys.executable, "-m", "fairserve.cli", "gateway", "--listen", f"127.0.0.1:{port}",
-           "--backend", f"{url},engine_tenant=1,max_requests=64", "--tenant", "gw-heavy:kh", "--tenant",
-           "gw-light:kl", "--model", MODEL, "--no-access-log"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fairserve.cli",
+        "gateway",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--backend",
+        f"{url},engine_tenant=1,max_requests=64",
+        "--tenant",
+        "gw-heavy:kh",
+        "--tenant",
+        "gw-light:kl",
+        "--model",
+        MODEL,
+        "--no-access-log",
+    ]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        )
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}/v1/models", log, timeout=60)
         # the gateway forwards at once (64 in flight): the order is the engine's, by the tenants it was told
-        order = asyncio.run(completion_order(f"http://127.0.0.1:{port}", {}, {},
-                                             headers_heavy={"Authorization": "Bearer kh"},
-                                             headers_light={"Authorization": "Bearer kl"}))
+        order = asyncio.run(
+            completion_order(
+                f"http://127.0.0.1:{port}",
+                {},
+                {},
+                headers_heavy={"Authorization": "Bearer kh"},
+                headers_light={"Authorization": "Bearer kl"},
+            )
+        )
     finally:
         stop(proc)
     assert light_median_position(order) < 6, order

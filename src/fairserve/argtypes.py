@@ -1,4 +1,5 @@
 """Command-line value parsers shared by the `fairserve` subcommands."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,7 @@ import argparse
 
 def positive(kind: type, what: str):
     """An argparse type: a number of `kind` that must be > 0."""
+
     def parse(text: str):
         try:
             v = kind(text)
@@ -14,4 +16,5 @@ def positive(kind: type, what: str):
         if not v > 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return v
+
     return parse

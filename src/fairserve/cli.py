@@ -1,4 +1,5 @@
 """`fairserve` command line. Bad input gets one `fairserve: error: ...` line and exit status 2."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,37 +28,61 @@ SERVICES = ("emulate", "gateway", "serve", "bench")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fairserve", description="Fair sharing of an LLM server among many clients.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("simulate", help="run a workload on the simulated continuous-batching engine",
-                       description="Run a workload on the simulated engine and print per-client service, response "
-                                   "times and fairness.")
+    s = sub.add_parser(
+        "simulate",
+        help="run a workload on the simulated continuous-batching engine",
+        description="Run a workload on the simulated engine and print per-client service, response times and fairness.",
+    )
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
     src.add_argument("--trace", metavar="FILE", help="a request trace (CSV/JSONL; see docs/workloads.md)")
     s.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS)
-    s.add_argument("--policy", default="vtc", metavar="P[,P...]",
-                   help=f"policies to compare: {', '.join(POLICIES)} (rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)")
+    s.add_argument(
+        "--policy",
+        default="vtc",
+        metavar="P[,P...]",
+        help=f"policies to compare: {', '.join(POLICIES)} (rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)",
+    )
     s.add_argument("--weights", metavar="c=w,...", help="client weights for weighted VTC, e.g. client-0=1,client-1=2")
-    s.add_argument("--cost", default="linear", choices=["linear", "profiled"],
-                   help="service cost function (profiled: the paper's A10G/Llama-2-7b h(x, y))")
+    s.add_argument(
+        "--cost",
+        default="linear",
+        choices=["linear", "profiled"],
+        help="service cost function (profiled: the paper's A10G/Llama-2-7b h(x, y))",
+    )
     s.add_argument("--w-p", type=float, default=1.0, help="weight of a prompt token (linear cost)")
     s.add_argument("--w-q", type=float, default=2.0, help="weight of an output token (linear cost)")
     s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
     s.add_argument("--kv-tokens", type=positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
-    s.add_argument("--engine-mode", default="reserve", choices=["reserve", "paged"],
-                   help="reserve: the paper's conservative admission; paged: vLLM-like with preemption")
-    s.add_argument("--duration", type=positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds")
+    s.add_argument(
+        "--engine-mode",
+        default="reserve",
+        choices=["reserve", "paged"],
+        help="reserve: the paper's conservative admission; paged: vLLM-like with preemption",
+    )
+    s.add_argument(
+        "--duration", type=positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds"
+    )
     s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
 
-    r = sub.add_parser("reproduce", help="run the paper's evaluation and write figures and a report",
-                       description="Reproduce the experiments of 'Fairness in Serving Large Language Models' on the "
-                                   "simulated engine: one PNG per figure, report.md and report.html.")
+    r = sub.add_parser(
+        "reproduce",
+        help="run the paper's evaluation and write figures and a report",
+        description="Reproduce the experiments of 'Fairness in Serving Large Language Models' on the "
+        "simulated engine: one PNG per figure, report.md and report.html.",
+    )
     r.add_argument("--out", default="fairserve-results", metavar="DIR", help="output folder (default: %(default)s)")
     r.add_argument("--only", metavar="NAMES", help="comma-separated experiments (default: all)")
     r.add_argument("--quick", action="store_true", help="shorter workloads")
-    r.add_argument("--jobs", type=positive(int, "a whole number"), default=2, metavar="N",
-                   help="worker processes (default: %(default)s)")
+    r.add_argument(
+        "--jobs",
+        type=positive(int, "a whole number"),
+        default=2,
+        metavar="N",
+        help="worker processes (default: %(default)s)",
+    )
     r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     for name in SERVICES:
@@ -93,19 +118,32 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")
-    for spec in policies:          # validate everything before the first (slow) run
+    for spec in policies:  # validate everything before the first (slow) run
         make_policy(spec, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q)
     if args.profile:
         get_latency_model(args.profile)
-    print(f"workload {workload.name}: {len(workload.arrivals)} requests from "
-          f"{len({a.client for a in workload.arrivals})} clients over {workload.duration_s:g} s")
+    print(
+        f"workload {workload.name}: {len(workload.arrivals)} requests from "
+        f"{len({a.client for a in workload.arrivals})} clients over {workload.duration_s:g} s"
+    )
     for spec in policies:
-        result = simulate(workload, spec, latency=args.profile, kv_tokens=args.kv_tokens, mode=args.engine_mode,
-                          drain=args.drain, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q,
-                          seed=args.seed)
+        result = simulate(
+            workload,
+            spec,
+            latency=args.profile,
+            kv_tokens=args.kv_tokens,
+            mode=args.engine_mode,
+            drain=args.drain,
+            weights=weights,
+            cost=args.cost,
+            w_p=args.w_p,
+            w_q=args.w_q,
+            seed=args.seed,
+        )
         duration = result.end_s if args.drain else workload.duration_s
-        summary = summarize(result.records, duration, args.w_p, args.w_q, weights,
-                            cost=make_cost(args.cost, args.w_p, args.w_q))
+        summary = summarize(
+            result.records, duration, args.w_p, args.w_q, weights, cost=make_cost(args.cost, args.w_p, args.w_q)
+        )
         print()
         print(format_summary(result, summary))
         if args.json:
@@ -118,45 +156,63 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .reproduce import reproduce   # NOTE: imports matplotlib; `simulate` does not need it
+    from .reproduce import reproduce  # NOTE: imports matplotlib; `simulate` does not need it
 
     if args.trace and not Path(args.trace).is_file():
         raise CliError(f"trace file not found: {args.trace}")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    findings = reproduce(args.out, only=only, quick=args.quick, jobs=args.jobs, trace=args.trace,
-                         progress=not args.no_progress)
+    findings = reproduce(
+        args.out, only=only, quick=args.quick, jobs=args.jobs, trace=args.trace, progress=not args.no_progress
+    )
     width = max(len(f.experiment.name) for f in findings)
     for f in findings:
         print(f"{f.experiment.name:<{width}}  {f.verdict:<14}  {f.experiment.claim}")
     out = Path(args.out)
-    print(f"\nreport: {out / 'report.html'} (also {out / 'report.md'}, and {sum(len(f.figures) for f in findings)} "
-          f"figures in {out}/)")
+    print(
+        f"\nreport: {out / 'report.html'} (also {out / 'report.md'}, and {sum(len(f.figures) for f in findings)} "
+        f"figures in {out}/)"
+    )
     return 0
 
 
 def format_summary(result: SimResult, s: Summary) -> str:
     cfg = result.config
-    lines = [f"policy {result.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
-             f"simulated {s.duration_s:.0f} s)",
-             f"{'client':<12}{'reqs':>6}{'done':>6}{'rej':>6}{'service':>11}{'svc/s':>9}"
-             f"{'resp mean':>11}{'p50':>8}{'p90':>8}"]
+    lines = [
+        f"policy {result.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
+        f"simulated {s.duration_s:.0f} s)",
+        f"{'client':<12}{'reqs':>6}{'done':>6}{'rej':>6}{'service':>11}{'svc/s':>9}"
+        f"{'resp mean':>11}{'p50':>8}{'p90':>8}",
+    ]
     for c in s.clients.values():
-        rt = (f"{c.response_mean_s:>10.2f}s{c.response_p50_s:>7.2f}s{c.response_p90_s:>7.2f}s"
-              if c.response_mean_s is not None else f"{'-':>11}{'-':>8}{'-':>8}")
-        lines.append(f"{c.client:<12}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.service:>11,.0f}"
-                     f"{c.service_rate:>9.1f}{rt}")
+        rt = (
+            f"{c.response_mean_s:>10.2f}s{c.response_p50_s:>7.2f}s{c.response_p90_s:>7.2f}s"
+            if c.response_mean_s is not None
+            else f"{'-':>11}{'-':>8}{'-':>8}"
+        )
+        lines.append(
+            f"{c.client:<12}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.service:>11,.0f}{c.service_rate:>9.1f}{rt}"
+        )
     jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-              f"max service difference between backlogged clients: {describe_difference(s)}",
-              f"Jain's index (60 s windows, clients backlogged in them): {jain}"]
+    lines += [
+        f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
+        f"max service difference between backlogged clients: {describe_difference(s)}",
+        f"Jain's index (60 s windows, clients backlogged in them): {jain}",
+    ]
     return "\n".join(lines)
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
-    doc = {"summary": {"policy": result.policy.name, "engine_mode": result.config.mode,
-                       "kv_tokens": result.config.kv_tokens, "decode_steps": result.decode_steps,
-                       "preemptions": result.preemptions, **summary.to_dict()},
-           "requests": [r.to_dict() for r in result.records]}
+    doc = {
+        "summary": {
+            "policy": result.policy.name,
+            "engine_mode": result.config.mode,
+            "kv_tokens": result.config.kv_tokens,
+            "decode_steps": result.decode_steps,
+            "preemptions": result.preemptions,
+            **summary.to_dict(),
+        },
+        "requests": [r.to_dict() for r in result.records],
+    }
     path.write_text(json.dumps(doc, indent=1))
 
 

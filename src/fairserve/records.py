@@ -1,4 +1,5 @@
 """The per-request outcome record shared by the simulator, the load generator and the metrics."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -11,14 +12,14 @@ class RequestRecord:
     id: object
     client: str
     arrival_s: float
-    admit_s: float | None          # first admission (start of its prefill)
-    first_token_s: float | None    # response time = first_token_s - arrival_s
+    admit_s: float | None  # first admission (start of its prefill)
+    first_token_s: float | None  # response time = first_token_s - arrival_s
     finish_s: float | None
-    last_token_s: float | None     # time of its latest output token (= finish_s once finished)
+    last_token_s: float | None  # time of its latest output token (= finish_s once finished)
     prompt_tokens: int
-    output_tokens: int             # output tokens generated (all of them once finished)
-    max_tokens: int                # output tokens requested
-    status: str                    # "finished" | "rejected" | "unfinished"
+    output_tokens: int  # output tokens generated (all of them once finished)
+    max_tokens: int  # output tokens requested
+    status: str  # "finished" | "rejected" | "unfinished"
 
     @property
     def response_time_s(self) -> float | None:

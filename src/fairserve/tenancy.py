@@ -5,6 +5,7 @@ collector.
 The admin API and the collector read the ledger's `view()` and change it through `set_weight` / `reset`, whatever
 owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -115,8 +116,15 @@ def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
 
 
 # flag dest -> config key, for the flags of add_server_arguments
-SERVER_SCALARS = {"w_p": "w_p", "w_q": "w_q", "admin_key": "admin_key", "max_body_bytes": "max_body_bytes",
-                  "client_timeout": "client_timeout_s", "drain_timeout": "drain_timeout_s", "metrics_key": "metrics_key"}
+SERVER_SCALARS = {
+    "w_p": "w_p",
+    "w_q": "w_q",
+    "admin_key": "admin_key",
+    "max_body_bytes": "max_body_bytes",
+    "client_timeout": "client_timeout_s",
+    "drain_timeout": "drain_timeout_s",
+    "metrics_key": "metrics_key",
+}
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,10 +135,18 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
     p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
-    p.add_argument("--client-timeout", type=float, metavar="S",
-                   help="a client's request headers, and its body, must each arrive within this (30)")
-    p.add_argument("--drain-timeout", type=float, metavar="S",
-                   help="on SIGTERM, in-flight requests get this long, then end with an error (30)")
+    p.add_argument(
+        "--client-timeout",
+        type=float,
+        metavar="S",
+        help="a client's request headers, and its body, must each arrive within this (30)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, in-flight requests get this long, then end with an error (30)",
+    )
     p.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
 
 
@@ -145,8 +161,12 @@ def metrics_denied(request: Request, metrics_key: str | None) -> Response | None
     """The 401 for `/metrics` when `metrics_key` is set and the request does not carry it as Bearer, else None."""
     if metrics_key is None or bearer(request) == metrics_key:
         return None
-    return error_response(401, "/metrics needs 'Authorization: Bearer METRICS_KEY'", code="invalid_key",
-                          headers={"WWW-Authenticate": "Bearer"})
+    return error_response(
+        401,
+        "/metrics needs 'Authorization: Bearer METRICS_KEY'",
+        code="invalid_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 # ---- the admin API ----------------------------------------------------------------------------------------------------
@@ -160,14 +180,21 @@ class Accounts(Protocol):
     def reset(self) -> None: ...
 
 
-MAX_OWNER_KEYS = 1000      # keys one `POST /admin/owners` may ask about
+MAX_OWNER_KEYS = 1000  # keys one `POST /admin/owners` may ask about
 
 # NOTE: the page is static and loads nothing but its own two files; the data comes by fetch() with the admin key
-_PAGE_HEADERS = {"content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                 "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-                 "x-content-type-options": "nosniff", "cache-control": "no-cache", "referrer-policy": "no-referrer"}
-_ASSETS = {"": ("index.html", "text/html; charset=utf-8"), "/dashboard.js": ("dashboard.js", "text/javascript"),
-           "/dashboard.css": ("dashboard.css", "text/css")}
+_PAGE_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-cache",
+    "referrer-policy": "no-referrer",
+}
+_ASSETS = {
+    "": ("index.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript"),
+    "/dashboard.css": ("dashboard.css", "text/css"),
+}
 
 
 def admin_denied(request: Request, admin_key: str | None, tenant_keys: dict[str, str]) -> Response | None:
@@ -182,8 +209,13 @@ def admin_denied(request: Request, admin_key: str | None, tenant_keys: dict[str,
     return None
 
 
-def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
-                 tenant_keys: dict[str, str], backends: BackendRows | None = None) -> APIRouter:
+def admin_router(
+    accounts: Accounts,
+    tenants: list[str],
+    admin_key: str | None,
+    tenant_keys: dict[str, str],
+    backends: BackendRows | None = None,
+) -> APIRouter:
     """GET /admin/tenants, PUT /admin/tenants/{name}/weight, POST /admin/reset, POST /admin/owners (which tenant owns
     each of some API keys) and GET /admin/dashboard (the dashboard's data): only the admin key (as Bearer) gets in.
     Rows for the configured `tenants` only (bounded, and no tenant appears that nobody configured). Also the
@@ -214,8 +246,12 @@ def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
         except (ValueError, TypeError, KeyError, RecursionError):
-            return error_response(400, f'expected a JSON body {{"weight": W}} with W from {MIN_WEIGHT:g} to '
-                                  f'{MAX_WEIGHT:g}', code="invalid_weight", param="weight")
+            return error_response(
+                400,
+                f'expected a JSON body {{"weight": W}} with W from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}',
+                code="invalid_weight",
+                param="weight",
+            )
         try:
             accounts.set_weight(name, weight)
         except Unsupported as e:
@@ -241,16 +277,21 @@ def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
             if not isinstance(keys, list) or len(keys) > MAX_OWNER_KEYS or not all(isinstance(k, str) for k in keys):
                 raise TypeError
         except (ValueError, TypeError, KeyError, RecursionError):
-            return error_response(400, f'expected a JSON body {{"keys": [KEY, ...]}} with at most {MAX_OWNER_KEYS} '
-                                  "keys", code="invalid_keys", param="keys")
+            return error_response(
+                400,
+                f'expected a JSON body {{"keys": [KEY, ...]}} with at most {MAX_OWNER_KEYS} keys',
+                code="invalid_keys",
+                param="keys",
+            )
         return JSONResponse({"owners": {k: tenant_keys.get(k) for k in keys}})
 
     @router.get("/dashboard")
     async def dashboard_data(request: Request) -> Response:
         if (bad := denied(request)) is not None:
             return bad
-        return JSONResponse(snapshot(accounts.view(), tenants, history, backends),
-                            headers={"cache-control": "no-store"})
+        return JSONResponse(
+            snapshot(accounts.view(), tenants, history, backends), headers={"cache-control": "no-store"}
+        )
 
     page = APIRouter()
     for suffix, (name, media_type) in _ASSETS.items():
@@ -260,9 +301,10 @@ def admin_router(accounts: Accounts, tenants: list[str], admin_key: str | None,
     return page
 
 
-def _static(body: bytes, media_type: str):   # noqa: ANN202
+def _static(body: bytes, media_type: str):  # noqa: ANN202
     async def get() -> Response:
         return Response(body, media_type=media_type, headers=_PAGE_HEADERS)
+
     return get
 
 
@@ -280,10 +322,14 @@ class TenantCollector:
     def collect(self) -> Iterator[Metric]:
         view, p = self.accounts.view(), self.prefix
         families = {
-            "service": CounterMetricFamily(p + "service", "Service charged by the policy: w_p*prompt + w_q*output "
-                                           "(live; reconciliation may correct it slightly)", labels=["tenant"]),
-            "counter": GaugeMetricFamily(p + "counter", "The policy's virtual counter (service / weight, lifted)",
-                                         labels=["tenant"]),
+            "service": CounterMetricFamily(
+                p + "service",
+                "Service charged by the policy: w_p*prompt + w_q*output (live; reconciliation may correct it slightly)",
+                labels=["tenant"],
+            ),
+            "counter": GaugeMetricFamily(
+                p + "counter", "The policy's virtual counter (service / weight, lifted)", labels=["tenant"]
+            ),
             "queued": GaugeMetricFamily(p + "queue_length", "Queued requests", labels=["tenant"]),
             "running": GaugeMetricFamily(p + "tenant_inflight_requests", "Requests being served", labels=["tenant"]),
             "weight": GaugeMetricFamily(p + "tenant_weight", "Tenant weight", labels=["tenant"]),
@@ -293,7 +339,9 @@ class TenantCollector:
             for field, family in families.items():
                 family.add_metric([t], float(getattr(row, field)) if row is not None else 0.0)
         yield from families.values()
-        yield GaugeMetricFamily(p + "backlogged_counter_spread", "Max minus min counter among backlogged tenants",
-                                value=view.counter_spread)
-        yield GaugeMetricFamily(p + "jain_index", "Jain's index of weighted service among backlogged tenants",
-                                value=view.jain)
+        yield GaugeMetricFamily(
+            p + "backlogged_counter_spread", "Max minus min counter among backlogged tenants", value=view.counter_spread
+        )
+        yield GaugeMetricFamily(
+            p + "jain_index", "Jain's index of weighted service among backlogged tenants", value=view.jain
+        )

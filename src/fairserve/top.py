@@ -1,6 +1,7 @@
 """`fairserve top`: the dashboard in a terminal. Polls `GET /admin/dashboard` of a gateway or `fairserve serve` and
 shows per-tenant service rates, counters, queues and in-flight requests, refreshed in place (`--once`: one snapshot,
 printed)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,21 @@ PATH = "/admin/dashboard"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "top", help="per-tenant rates, counters and queues of a gateway or serve, live in the terminal",
+        "top",
+        help="per-tenant rates, counters and queues of a gateway or serve, live in the terminal",
         description="Show what a fairserve gateway or `fairserve serve` gives each tenant: service rate, virtual "
-                    "counter, queue, in-flight requests, weights, Jain's index and (gateway) backends, refreshed in "
-                    "place. Reads the admin API, so it needs the admin key.")
+        "counter, queue, in-flight requests, weights, Jain's index and (gateway) backends, refreshed in "
+        "place. Reads the admin API, so it needs the admin key.",
+    )
     p.add_argument("--target", required=True, metavar="URL", help="the server, e.g. http://127.0.0.1:8080")
     p.add_argument("--admin-key", required=True, metavar="KEY", help="the server's admin key")
-    p.add_argument("--interval", type=positive(float, "a number"), default=1.0, metavar="S",
-                   help="seconds between refreshes (default: %(default)g)")
+    p.add_argument(
+        "--interval",
+        type=positive(float, "a number"),
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default: %(default)g)",
+    )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     return p
 
@@ -70,31 +78,51 @@ def _num(x: float | None, digits: int = 1) -> str:
 
 def render(data: dict[str, Any], target: str) -> Group:
     """Tenants, fairness and (gateway) backends, as rich renderables."""
-    from rich.console import Group     # NOTE: imported here: every `fairserve` command builds this parser
+    from rich.console import Group  # NOTE: imported here: every `fairserve` command builds this parser
     from rich.table import Table
     from rich.text import Text
 
     has_rates = bool(data["history"]["t"])
     tenants = Table(title=f"{target}  policy {data['policy']}", title_justify="left", expand=False)
-    for name, justify in [("tenant", "left"), ("weight", "right"), ("service/s", "right"), ("service", "right"),
-                          ("counter", "right"), ("queued", "right"), ("in flight", "right")]:
-        tenants.add_column(name, justify=justify)    # type: ignore[arg-type]
+    for name, justify in [
+        ("tenant", "left"),
+        ("weight", "right"),
+        ("service/s", "right"),
+        ("service", "right"),
+        ("counter", "right"),
+        ("queued", "right"),
+        ("in flight", "right"),
+    ]:
+        tenants.add_column(name, justify=justify)  # type: ignore[arg-type]
     for t in data["tenants"]:
-        tenants.add_row(t["name"], f"{t['weight']:g}", _num(t["rate"]) if has_rates else "–", _num(t["service"], 0),
-                        _num(t["counter"]), str(t["queue_length"]), str(t["in_flight"]))
+        tenants.add_row(
+            t["name"],
+            f"{t['weight']:g}",
+            _num(t["rate"]) if has_rates else "–",
+            _num(t["service"], 0),
+            _num(t["counter"]),
+            str(t["queue_length"]),
+            str(t["in_flight"]),
+        )
     backlogged = data["backlogged"]
-    fair = (f"Jain's index {data['jain']:.3f}   counter spread {data['counter_spread']:,.1f}   "
-            f"backlogged: {', '.join(backlogged)}" if len(backlogged) >= 2
-            else f"backlogged: {', '.join(backlogged) or 'none'} (Jain's index and spread need two)")
-    parts: list[Any] = [tenants, Text(fair),
-                        Text(f"service/s over {data['history']['window_s']:g} s", style="dim")]
+    fair = (
+        f"Jain's index {data['jain']:.3f}   counter spread {data['counter_spread']:,.1f}   "
+        f"backlogged: {', '.join(backlogged)}"
+        if len(backlogged) >= 2
+        else f"backlogged: {', '.join(backlogged) or 'none'} (Jain's index and spread need two)"
+    )
+    parts: list[Any] = [tenants, Text(fair), Text(f"service/s over {data['history']['window_s']:g} s", style="dim")]
     if data.get("backends") is not None:
         backends = Table(title="backends", title_justify="left")
         for name in ("backend", "health", "in flight / limit", "tokens in flight"):
             backends.add_column(name, justify="left" if name in ("backend", "health") else "right")
         for b in data["backends"]:
-            backends.add_row(b["url"], "healthy" if b["healthy"] else "unreachable",
-                             f"{b['in_flight_requests']} / {b['limit_requests']}", str(b["in_flight_tokens"]))
+            backends.add_row(
+                b["url"],
+                "healthy" if b["healthy"] else "unreachable",
+                f"{b['in_flight_requests']} / {b['limit_requests']}",
+                str(b["in_flight_tokens"]),
+            )
         parts.append(backends)
     return Group(*parts)
 
@@ -108,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     with httpx.Client(timeout=10.0) as client:
         data = fetch(client, base, args.admin_key)
         if args.once:
-            if not data["history"]["t"]:      # the server had no history yet: a second look gives the rates
+            if not data["history"]["t"]:  # the server had no history yet: a second look gives the rates
                 time.sleep(args.interval)
                 data = fetch(client, base, args.admin_key)
             console.print(render(data, base))

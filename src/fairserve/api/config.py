@@ -3,6 +3,7 @@
 Every validation problem becomes one `ValueError` line that names the offending key, e.g.
 `config key 'backends.0.max_inflight_requests': Input should be greater than or equal to 1`.
 """
+
 from __future__ import annotations
 
 import tomllib

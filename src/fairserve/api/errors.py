@@ -1,19 +1,30 @@
 """OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from starlette.responses import JSONResponse
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-         413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 502: "server_error",
-         503: "server_error", 504: "timeout_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None,
-                   param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None, param: str | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)

@@ -7,6 +7,7 @@ One parser, `parse_request`, with one set of field rules and messages and two mo
   lists of token ids, any `n` >= 1 is passed on, `model` is required; unknown fields pass through untouched.
 Integers (`max_tokens`, `max_completion_tokens`, `n`) are at most `MAX_INT` = 2**31 - 1 in both modes.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import orjson
 
 from .tokens import OUTPUT_PIECE, TokenCounter, estimate_tokens, messages_text
 
-DEFAULT_MAX_TOKENS = {False: 16, True: 256}     # completions, chat: OpenAI's / vLLM's defaults
+DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions, chat: OpenAI's / vLLM's defaults
 # NOTE: vLLM keeps token counts in 32-bit signed integers; no model's context comes near it.
 MAX_INT = 2**31 - 1
 DONE = b"data: [DONE]\n\n"
@@ -39,13 +40,13 @@ class ParsedRequest:
 
     chat: bool
     model: str | None
-    prompt_tokens: int                  # by the caller's counter, over every prompt (0 for an empty prompt)
-    max_tokens: int | None              # as the client set it: chat's max_completion_tokens, else max_tokens
+    prompt_tokens: int  # by the caller's counter, over every prompt (0 for an empty prompt)
+    max_tokens: int | None  # as the client set it: chat's max_completion_tokens, else max_tokens
     n: int
     stream: bool
-    include_usage: bool                 # the client asked for stream_options.include_usage
-    prompt: str = ""                    # completions, strict mode: the prompt text
-    messages: tuple = ()                # chat: the messages, as sent
+    include_usage: bool  # the client asked for stream_options.include_usage
+    prompt: str = ""  # completions, strict mode: the prompt text
+    messages: tuple = ()  # chat: the messages, as sent
     ignore_eos: bool = False
 
 
@@ -59,8 +60,8 @@ class Call:
     max_tokens: int
     stream: bool
     include_usage: bool
-    prompt: str = ""                    # completions: the prompt text
-    messages: tuple = ()                # chat: the messages, as sent
+    prompt: str = ""  # completions: the prompt text
+    messages: tuple = ()  # chat: the messages, as sent
     ignore_eos: bool = False
 
 
@@ -73,9 +74,8 @@ def parse_json(raw: bytes | str) -> Any:
         pass
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):    # ValueError: also an int of over 4300 digits
-        raise BadRequest("We could not parse the JSON body of your request. The body must be a JSON object.") \
-            from None
+    except (ValueError, UnicodeDecodeError, RecursionError):  # ValueError: also an int of over 4300 digits
+        raise BadRequest("We could not parse the JSON body of your request. The body must be a JSON object.") from None
 
 
 def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
@@ -91,8 +91,9 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
     options = body.get("stream_options")
     if options is not None:
         if not stream:
-            raise BadRequest("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                             "stream_options")
+            raise BadRequest(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options"
+            )
         if not isinstance(options, dict):
             raise BadRequest("'stream_options' must be an object.", "stream_options")
     ignore_eos = _flag(body, "ignore_eos")
@@ -113,18 +114,35 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
-    return ParsedRequest(chat=chat, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens, n=n or 1,
-                         stream=stream, include_usage=usage, prompt=prompt,
-                         messages=tuple(body["messages"]) if chat else (), ignore_eos=ignore_eos)
+    return ParsedRequest(
+        chat=chat,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        n=n or 1,
+        stream=stream,
+        include_usage=usage,
+        prompt=prompt,
+        messages=tuple(body["messages"]) if chat else (),
+        ignore_eos=ignore_eos,
+    )
 
 
 def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
     """A server's request (strict mode). Unknown fields (temperature, ...) are accepted and ignored. Without
     max_tokens: `default_max_tokens`, else OpenAI's defaults (16 for completions, 256 for chat)."""
     r = parse_request(body, chat, strict=True)
-    return Call(chat=chat, model=r.model, prompt_tokens=max(1, r.prompt_tokens),
-                max_tokens=r.max_tokens or default_max_tokens or DEFAULT_MAX_TOKENS[chat], stream=r.stream,
-                include_usage=r.include_usage, prompt=r.prompt, messages=r.messages, ignore_eos=r.ignore_eos)
+    return Call(
+        chat=chat,
+        model=r.model,
+        prompt_tokens=max(1, r.prompt_tokens),
+        max_tokens=r.max_tokens or default_max_tokens or DEFAULT_MAX_TOKENS[chat],
+        stream=r.stream,
+        include_usage=r.include_usage,
+        prompt=r.prompt,
+        messages=r.messages,
+        ignore_eos=r.ignore_eos,
+    )
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -153,7 +171,7 @@ def _short(value: Any) -> str:
     """A field's value for an error message, cut to 40 characters (a 400-digit integer is not repeated)."""
     try:
         text = json.dumps(value)
-    except (ValueError, TypeError):     # an int past Python's 4300-digit str() limit
+    except (ValueError, TypeError):  # an int past Python's 4300-digit str() limit
         text = "a number"
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -170,12 +188,17 @@ def _prompts(body: dict, strict: bool) -> list:
             return prompt
         raise BadRequest("'prompt' must be a string or a list with one string.", "prompt")
     prompts = prompt if isinstance(prompt, list) else [prompt]
-    if isinstance(prompt, str) or isinstance(prompt, list) and all(
-            isinstance(p, str) or _token_id(p) or isinstance(p, list) and all(_token_id(t) for t in p)
-            for p in prompts):
+    if (
+        isinstance(prompt, str)
+        or isinstance(prompt, list)
+        and all(
+            isinstance(p, str) or _token_id(p) or isinstance(p, list) and all(_token_id(t) for t in p) for p in prompts
+        )
+    ):
         return prompts
-    raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids or a list of such lists.",
-                     "prompt")
+    raise BadRequest(
+        "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt"
+    )
 
 
 def _token_id(value: Any) -> bool:
@@ -193,19 +216,22 @@ def _messages(body: dict) -> list:
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise BadRequest(f"messages[{i}].content must be a string or an array of parts.",
-                             f"messages[{i}].content")
+            raise BadRequest(f"messages[{i}].content must be a string or an array of parts.", f"messages[{i}].content")
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
-                raise BadRequest(f"messages[{i}].content[{j}] must be an object whose 'text', if any, is a string.",
-                                 f"messages[{i}].content")
+                raise BadRequest(
+                    f"messages[{i}].content[{j}] must be an object whose 'text', if any, is a string.",
+                    f"messages[{i}].content",
+                )
     return messages
 
 
 def models_list(*names: str) -> dict[str, Any]:
     """The body of GET /v1/models for a server of these models."""
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "fairserve"}
-                                       for n in names]}
+    return {
+        "object": "list",
+        "data": [{"id": n, "object": "model", "created": 0, "owned_by": "fairserve"} for n in names],
+    }
 
 
 def sse(obj: Any) -> bytes:
@@ -233,8 +259,11 @@ class Reply:
             self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -259,6 +288,8 @@ class Reply:
     def body(self, completion_tokens: int, text: str | None = None, finish_reason: str = "length") -> dict[str, Any]:
         text = OUTPUT_PIECE * completion_tokens if text is None else text
         content = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        return {**self._head(False), "choices": [{"index": 0, **content, "logprobs": None,
-                                                  "finish_reason": finish_reason}],
-                "usage": self.usage(completion_tokens)}
+        return {
+            **self._head(False),
+            "choices": [{"index": 0, **content, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": self.usage(completion_tokens),
+        }

@@ -1,5 +1,6 @@
 """Running an ASGI app with uvicorn: the settings every fairserve server shares (a timeout on request headers, a
 bounded drain on shutdown), and a loopback server in a background thread (tests, benchmarks, in-process use)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-HEADER_TIMEOUT_S = 30.0     # a client's request line and headers must arrive within this
-DRAIN_TIMEOUT_S = 30.0      # on SIGTERM, in-flight requests get this long; the rest are cancelled
+HEADER_TIMEOUT_S = 30.0  # a client's request line and headers must arrive within this
+DRAIN_TIMEOUT_S = 30.0  # on SIGTERM, in-flight requests get this long; the rest are cancelled
 
 
 def header_timeout_protocol(timeout_s: float) -> type:
@@ -31,7 +32,7 @@ def header_timeout_protocol(timeout_s: float) -> type:
         for conn in list(open_):
             cycle = getattr(conn, "cycle", None)
             if cycle is not None and not cycle.response_complete:
-                conn.waiting_since = None                # a request is being served: not stalled
+                conn.waiting_since = None  # a request is being served: not stalled
             elif conn.waiting_since is None or conn.waiting_cycle is not cycle:
                 conn.waiting_since, conn.waiting_cycle = now, cycle
             elif now - conn.waiting_since >= timeout_s and not conn.transport.is_closing():
@@ -57,8 +58,9 @@ def header_timeout_protocol(timeout_s: float) -> type:
     return HeaderTimeout
 
 
-def server_options(header_timeout_s: float = HEADER_TIMEOUT_S,
-                   drain_timeout_s: float = DRAIN_TIMEOUT_S) -> dict[str, Any]:
+def server_options(
+    header_timeout_s: float = HEADER_TIMEOUT_S, drain_timeout_s: float = DRAIN_TIMEOUT_S
+) -> dict[str, Any]:
     """uvicorn's settings for a fairserve server (`uvicorn.run(app, **server_options(...))`): request headers timed
     out after `header_timeout_s`; on shutdown (SIGTERM, SIGINT) in-flight requests get `drain_timeout_s` to finish,
     then are cancelled."""
@@ -72,8 +74,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def running_server(app, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 10.0,
-                   **kw: Any) -> Iterator[str]:
+def running_server(
+    app, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 10.0, **kw: Any
+) -> Iterator[str]:
     """Serve `app` until the block exits; yields its base URL (e.g. http://127.0.0.1:54321). `kw`: `server_config`'s
     (header_timeout_s, drain_timeout_s)."""
     with running(app, host, port, timeout_s, **kw) as (url, _):
@@ -81,13 +84,15 @@ def running_server(app, host: str = "127.0.0.1", port: int | None = None, timeou
 
 
 @contextlib.contextmanager
-def running(app, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 10.0,
-            **kw: Any) -> Iterator[tuple[str, uvicorn.Server]]:
+def running(
+    app, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 10.0, **kw: Any
+) -> Iterator[tuple[str, uvicorn.Server]]:
     """`running_server`, yielding the uvicorn server too (`server.should_exit = True` starts its shutdown, as a
     SIGTERM does)."""
     port = port or free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                           **server_options(**kw)))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **server_options(**kw))
+    )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,5 @@
 """Server-sent events that stop as soon as the client disconnects (the emulator's and `fairserve serve`'s)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,7 @@ class EventStream(StreamingResponse):
             pump.cancel()
             watch.cancel()
             await asyncio.gather(pump, watch, return_exceptions=True)
-            await self.events.aclose()      # type: ignore[attr-defined]
+            await self.events.aclose()  # type: ignore[attr-defined]
         if cut:
             await shutting_down(self.started, scope, receive, send)
 
@@ -46,7 +47,7 @@ class EventStream(StreamingResponse):
         self.started = True
         async for data in self.events:
             if data is None:
-                return      # the server closes the connection: the app never finished the body
+                return  # the server closes the connection: the app never finished the body
             await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -58,10 +59,11 @@ async def _disconnected(receive: Receive) -> None:
 
 async def shutting_down(started: bool, scope: Scope, receive: Receive, send: Send, server: str = "server") -> None:
     """End a request the server's drain cut off: an error event if its stream has started, else a 503."""
-    with contextlib.suppress(Exception):     # NOTE: the client may be gone too; nothing is left to tell it
+    with contextlib.suppress(Exception):  # NOTE: the client may be gone too; nothing is left to tell it
         if started:
             body = sse(error_body(503, f"the {server} is shutting down; the response is incomplete", code="shutdown"))
             await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
-            await error_response(503, f"the {server} is shutting down", code="shutdown",
-                                 headers={"Retry-After": "1"})(scope, receive, send)
+            await error_response(503, f"the {server} is shutting down", code="shutdown", headers={"Retry-After": "1"})(
+                scope, receive, send
+            )

@@ -5,6 +5,7 @@ OpenAI's rule of thumb: one token is about four characters of English text. fair
 token and the load generator builds prompts of 4·N characters, so the three agree exactly on synthetic traffic;
 against a real model the gateway corrects its estimate from the backend's `usage`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 CHARS_PER_TOKEN = 4
-OUTPUT_PIECE = " tok"          # what the emulator emits per output token (4 characters)
+OUTPUT_PIECE = " tok"  # what the emulator emits per output token (4 characters)
 
 
 def estimate_tokens(text: str) -> int:
@@ -49,9 +50,11 @@ TIKTOKEN_BLOB = "https://openaipublic.blob.core.windows.net/encodings/"
 # are copied here (tests/test_gateway_tokenizer.py checks them against the installed tiktoken). Special tokens are
 # left out: a prompt is counted with `encode_ordinary`, which reads "<|endoftext|>" in user text as plain text.
 _R50K_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-_CL100K_PAT = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"""
-               r"""|\s*[\r\n]|\s+(?!\S)|\s""")
-_O200K_PAT = (   # tiktoken joins these parts with "|"
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+_O200K_PAT = (  # tiktoken joins these parts with "|"
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"""
     r"""\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -61,11 +64,14 @@ _P50K = (_R50K_PAT, "p50k_base.tiktoken", "94b5ca7dff4d00767bc256fdd1b27e5b17361
 _CL100K = (_CL100K_PAT, "cl100k_base.tiktoken", "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7")
 _O200K = (_O200K_PAT, "o200k_base.tiktoken", "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d")
 TIKTOKEN_ENCODINGS: dict[str, tuple[str, str, str]] = {
-    "r50k_base": _R50K, "p50k_base": _P50K, "p50k_edit": _P50K,      # p50k_edit differs only in special tokens
-    "cl100k_base": _CL100K, "o200k_base": _O200K, "o200k_harmony": _O200K,
+    "r50k_base": _R50K,
+    "p50k_base": _P50K,
+    "p50k_edit": _P50K,  # p50k_edit differs only in special tokens
+    "cl100k_base": _CL100K,
+    "o200k_base": _O200K,
+    "o200k_harmony": _O200K,
 }
-TIKTOKEN_HELP = ('use "tiktoken:ENCODING@PATH" with a local copy of the ranks file '
-                 f"({TIKTOKEN_BLOB}ENCODING.tiktoken)")
+TIKTOKEN_HELP = f'use "tiktoken:ENCODING@PATH" with a local copy of the ranks file ({TIKTOKEN_BLOB}ENCODING.tiktoken)'
 
 
 def tiktoken_cached_file(encoding: str) -> Path | None:
@@ -117,7 +123,7 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
 
 
 def tiktoken_counter(spec: str) -> TokenCounter:
-    """"ENCODING@PATH": `encoding`'s split pattern with the ranks in the local file PATH. "ENCODING": the ranks file in
+    """ "ENCODING@PATH": `encoding`'s split pattern with the ranks in the local file PATH. "ENCODING": the ranks file in
     tiktoken's cache, if it is there. Nothing is ever downloaded."""
     name, at, file = spec.partition("@")
     if name not in TIKTOKEN_ENCODINGS:
@@ -125,8 +131,9 @@ def tiktoken_counter(spec: str) -> TokenCounter:
     try:
         import tiktoken
     except ImportError:
-        raise ValueError("tokenizer 'tiktoken:…' needs the `tiktoken` package: pip install 'fairserve[tiktoken]'") \
-            from None
+        raise ValueError(
+            "tokenizer 'tiktoken:…' needs the `tiktoken` package: pip install 'fairserve[tiktoken]'"
+        ) from None
     pat_str, _, sha256 = TIKTOKEN_ENCODINGS[name]
     if at:
         path = Path(file).expanduser()
@@ -145,12 +152,12 @@ def tiktoken_counter(spec: str) -> TokenCounter:
             raise ValueError(f"tiktoken's cached {name} file {cached} is corrupt (sha256 mismatch): {TIKTOKEN_HELP}")
         path = cached
     ranks = read_tiktoken_ranks(path)
-    enc = tiktoken.Encoding(name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens={})   # ranks checked above
+    enc = tiktoken.Encoding(name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens={})  # ranks checked above
     return lambda text: len(enc.encode_ordinary(text)) if text else 0
 
 
 def token_counter(spec: str) -> TokenCounter:
-    """"" or "estimate": `estimate_tokens`. "hf:PATH": a Hugging Face `tokenizer.json` on local disk, read with the
+    """ "" or "estimate": `estimate_tokens`. "hf:PATH": a Hugging Face `tokenizer.json` on local disk, read with the
     `tokenizers` package (optional extra `fairserve[tokenizers]`). "tiktoken:ENCODING@PATH": an OpenAI tiktoken
     encoding (cl100k_base, o200k_base, p50k_base, r50k_base, ...) with its `.tiktoken` ranks file on local disk;
     "tiktoken:ENCODING": the same, the file taken from tiktoken's cache (optional extra `fairserve[tiktoken]`).
@@ -158,20 +165,22 @@ def token_counter(spec: str) -> TokenCounter:
     if spec in ("", "estimate"):
         return estimate_tokens
     if spec.startswith("tiktoken:"):
-        return tiktoken_counter(spec[len("tiktoken:"):])
+        return tiktoken_counter(spec[len("tiktoken:") :])
     if spec.startswith("hf:"):
         path = Path(spec[3:])
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise ValueError("tokenizer 'hf:…' needs the `tokenizers` package: pip install 'fairserve[tokenizers]'") \
-                from None
+            raise ValueError(
+                "tokenizer 'hf:…' needs the `tokenizers` package: pip install 'fairserve[tokenizers]'"
+            ) from None
         if not path.is_file():
             raise ValueError(f"tokenizer file not found: {path}")
         try:
             tok = Tokenizer.from_file(str(path))
-        except Exception as e:   # the library raises its own exception types for a bad file
+        except Exception as e:  # the library raises its own exception types for a bad file
             raise ValueError(f"cannot read tokenizer {path}: {e}") from None
         return lambda text: len(tok.encode(text, add_special_tokens=False).ids) if text else 0
-    raise ValueError(f'unknown tokenizer {spec!r}: use "estimate", "hf:PATH/tokenizer.json" or '
-                     '"tiktoken:ENCODING@PATH.tiktoken"')
+    raise ValueError(
+        f'unknown tokenizer {spec!r}: use "estimate", "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken"'
+    )

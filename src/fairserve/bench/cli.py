@@ -3,6 +3,7 @@
 `add_parser(subparsers)` registers the subcommand; `run(args)` runs it and returns 0. Bad input raises ValueError
 with a one-line message (the main CLI prints it as `fairserve: error: ...`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,13 +15,24 @@ from ..argtypes import positive
 from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
 from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
-from .runner import (DEFAULT_MODEL, DEFAULT_TIMEOUT_S, ENDPOINTS, PLACEMENTS, XARGS_CLIENT_KEY, BenchRecord, place,
-                     resolve_keys, run_bench)
+from .runner import (
+    DEFAULT_MODEL,
+    DEFAULT_TIMEOUT_S,
+    ENDPOINTS,
+    PLACEMENTS,
+    XARGS_CLIENT_KEY,
+    BenchRecord,
+    place,
+    resolve_keys,
+    run_bench,
+)
 from .weights import server_weights
 
-TTFT_NOTE = ("Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
-             "only once the backend has streamed output, so that a backend failing before any output can still be "
-             "retried elsewhere. Time to headers equals time to first token, by design.")
+TTFT_NOTE = (
+    "Through the fairserve gateway a response's headers arrive with its first token: the gateway sends them "
+    "only once the backend has streamed output, so that a backend failing before any output can still be "
+    "retried elsewhere. Time to headers equals time to first token, by design."
+)
 
 
 def parse_keys(text: str) -> dict[str, str]:
@@ -42,42 +54,80 @@ def parse_keys(text: str) -> dict[str, str]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="replay a workload against an OpenAI-compatible endpoint and measure fairness",
+        "bench",
+        help="replay a workload against an OpenAI-compatible endpoint and measure fairness",
         description="Send a workload's requests, on time, to an OpenAI-compatible streaming endpoint (the fairserve "
-                    "gateway or emulator, vLLM, ...) with one API key per client; print per-client service, response "
-                    "time and latency, fairness and throughput. Times are reported in workload seconds.",
-        epilog=TTFT_NOTE)
-    p.add_argument("--target", required=True, metavar="URL[,URL...]",
-                   help="base URL, e.g. http://127.0.0.1:8000 (or .../v1); several, comma-separated, for gateway "
-                        "replicas (see --placement)")
-    p.add_argument("--placement", default="round-robin", choices=PLACEMENTS,
-                   help="with several targets: round-robin over requests, or by-client (each client pinned to one "
-                        "target, the adversarial case for fairness across replicas)")
+        "gateway or emulator, vLLM, ...) with one API key per client; print per-client service, response "
+        "time and latency, fairness and throughput. Times are reported in workload seconds.",
+        epilog=TTFT_NOTE,
+    )
+    p.add_argument(
+        "--target",
+        required=True,
+        metavar="URL[,URL...]",
+        help="base URL, e.g. http://127.0.0.1:8000 (or .../v1); several, comma-separated, for gateway "
+        "replicas (see --placement)",
+    )
+    p.add_argument(
+        "--placement",
+        default="round-robin",
+        choices=PLACEMENTS,
+        help="with several targets: round-robin over requests, or by-client (each client pinned to one "
+        "target, the adversarial case for fairness across replicas)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", metavar="NAME", help=f"one of: {', '.join(ALL_WORKLOADS)}")
     src.add_argument("--trace", metavar="FILE", help="a request trace (CSV/JSONL; see docs/workloads.md)")
     p.add_argument("--trace-format", default="auto", choices=TRACE_FORMATS)
-    p.add_argument("--keys", required=True, metavar="c=KEY,...",
-                   help="API key per client; *=KEY is the default for clients not listed")
+    p.add_argument(
+        "--keys",
+        required=True,
+        metavar="c=KEY,...",
+        help="API key per client; *=KEY is the default for clients not listed",
+    )
     weights = p.add_mutually_exclusive_group()
-    weights.add_argument("--weights", metavar="c=w,...", help="client weights for the fairness metrics "
-                                                              "(default: the workload's)")
-    weights.add_argument("--admin-key", metavar="KEY",
-                         help="score fairness with the weights the gateway (or fairserve serve) gives: read from its "
-                              "admin API, each client weighted as the tenant that owns its --keys key")
-    p.add_argument("--time-scale", type=positive(float, "a number"), default=1.0, metavar="X",
-                   help="replay X times faster than the workload (default: 1)")
-    p.add_argument("--duration", type=positive(float, "a number"), metavar="S",
-                   help="keep only the first S workload seconds")
+    weights.add_argument(
+        "--weights", metavar="c=w,...", help="client weights for the fairness metrics (default: the workload's)"
+    )
+    weights.add_argument(
+        "--admin-key",
+        metavar="KEY",
+        help="score fairness with the weights the gateway (or fairserve serve) gives: read from its "
+        "admin API, each client weighted as the tenant that owns its --keys key",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=positive(float, "a number"),
+        default=1.0,
+        metavar="X",
+        help="replay X times faster than the workload (default: 1)",
+    )
+    p.add_argument(
+        "--duration", type=positive(float, "a number"), metavar="S", help="keep only the first S workload seconds"
+    )
     p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name to send (default: %(default)s)")
-    p.add_argument("--timeout", type=positive(float, "a number"), default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help="give up on a request after S wall seconds (default: %(default)g)")
-    p.add_argument("--max-inflight", type=positive(int, "a whole number"), metavar="N",
-                   help="at most N requests open at once (later ones wait in the client)")
-    p.add_argument("--client-xargs", nargs="?", const=XARGS_CLIENT_KEY, metavar="KEY",
-                   help="also name the client in each request body as \"vllm_xargs\": {KEY: CLIENT} (KEY defaults "
-                        f"to {XARGS_CLIENT_KEY}), for vLLM with fairserve's scheduler, which sees no API keys")
+    p.add_argument(
+        "--timeout",
+        type=positive(float, "a number"),
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="give up on a request after S wall seconds (default: %(default)g)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=positive(int, "a whole number"),
+        metavar="N",
+        help="at most N requests open at once (later ones wait in the client)",
+    )
+    p.add_argument(
+        "--client-xargs",
+        nargs="?",
+        const=XARGS_CLIENT_KEY,
+        metavar="KEY",
+        help='also name the client in each request body as "vllm_xargs": {KEY: CLIENT} (KEY defaults '
+        f"to {XARGS_CLIENT_KEY}), for vLLM with fairserve's scheduler, which sees no API keys",
+    )
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
     p.add_argument("--seed", type=int, default=0)
@@ -91,8 +141,12 @@ def load_workload(args: argparse.Namespace) -> Workload:
             raise ValueError(f"trace file not found: {args.trace}")
         w = load_trace(args.trace, args.trace_format, seed=args.seed)
         if args.duration is not None:
-            w = Workload(name=w.name, arrivals=[a for a in w.arrivals if a.arrival_s < args.duration],
-                         duration_s=args.duration, weights=w.weights)
+            w = Workload(
+                name=w.name,
+                arrivals=[a for a in w.arrivals if a.arrival_s < args.duration],
+                duration_s=args.duration,
+                weights=w.weights,
+            )
     else:
         w = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
     if not w.arrivals:
@@ -116,23 +170,39 @@ def run(args: argparse.Namespace) -> int:
         weights = parse_weights(args.weights) or workload.weights
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
-    print(f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
-          f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
-          flush=True)
+    print(
+        f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
+        f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
+        flush=True,
+    )
     with _Bar(len(workload.arrivals), args.no_progress) as bar:
-        records = run_bench(args.target, workload.arrivals, keys, time_scale=args.time_scale,
-                            endpoint=args.endpoint, model=args.model, timeout_s=args.timeout,
-                            max_inflight=args.max_inflight,
-                            xargs_key=args.client_xargs, progress=bar.record,
-                            placement=args.placement)
+        records = run_bench(
+            args.target,
+            workload.arrivals,
+            keys,
+            time_scale=args.time_scale,
+            endpoint=args.endpoint,
+            model=args.model,
+            timeout_s=args.timeout,
+            max_inflight=args.max_inflight,
+            xargs_key=args.client_xargs,
+            progress=bar.record,
+            placement=args.placement,
+        )
     duration = bench_duration(records, workload.duration_s)
     summary = summarize_bench(records, duration, weights)
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"
     print()
     print(format_table(summary, records, title))
     if args.json:
-        meta = {"target": args.target, "endpoint": args.endpoint, "model": args.model, "workload": workload.name,
-                "time_scale": args.time_scale, "weights": weights}
+        meta = {
+            "target": args.target,
+            "endpoint": args.endpoint,
+            "model": args.model,
+            "workload": workload.name,
+            "time_scale": args.time_scale,
+            "weights": weights,
+        }
         print(f"wrote {write_json(args.json, summary, records, meta)}")
     if args.plots:
         label = urlsplit(args.target).netloc or args.target
@@ -148,8 +218,9 @@ class _Bar:
         from tqdm import tqdm
 
         self.failed = 0
-        self.bar = tqdm(total=total, unit="req", desc="requests", file=sys.stderr, disable=off, mininterval=1.0,
-                        dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total, unit="req", desc="requests", file=sys.stderr, disable=off, mininterval=1.0, dynamic_ncols=True
+        )
 
     def record(self, r: BenchRecord) -> None:
         if r.status != "finished":

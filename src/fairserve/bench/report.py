@@ -1,4 +1,5 @@
 """Summaries, the printed table, the JSON document and the plots of a bench run (all times in workload seconds)."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import (Summary, by_client, describe_difference, response_times, service_curves, service_rates,
-                       summarize, time_grid)
+from ..metrics import (
+    Summary,
+    by_client,
+    describe_difference,
+    response_times,
+    service_curves,
+    service_rates,
+    summarize,
+    time_grid,
+)
 from ..records import RequestRecord
 
-RATE_WINDOW_S = 60.0          # the paper's ±30 s window, shrunk for short runs
+RATE_WINDOW_S = 60.0  # the paper's ±30 s window, shrunk for short runs
 
 
 def bench_duration(records: Sequence[RequestRecord], workload_duration_s: float) -> float:
@@ -21,10 +30,16 @@ def bench_duration(records: Sequence[RequestRecord], workload_duration_s: float)
     return max([workload_duration_s, *ends])
 
 
-def summarize_bench(records: Sequence[RequestRecord], duration_s: float,
-                    weights: Mapping[str, float] | None = None) -> Summary:
-    return summarize(records, duration_s, weights=dict(weights) if weights else None,
-                     step_s=_step(duration_s), window_s=_window(duration_s))
+def summarize_bench(
+    records: Sequence[RequestRecord], duration_s: float, weights: Mapping[str, float] | None = None
+) -> Summary:
+    return summarize(
+        records,
+        duration_s,
+        weights=dict(weights) if weights else None,
+        step_s=_step(duration_s),
+        window_s=_window(duration_s),
+    )
 
 
 def _step(duration_s: float) -> float:
@@ -50,46 +65,57 @@ def _s(v: float | None, width: int) -> str:
 
 def format_table(summary: Summary, records: Sequence[RequestRecord], title: str) -> str:
     e2e = e2e_latency_mean(records)
-    header = (f"{'client':<14}{'reqs':>6}{'done':>6}{'rej':>6}{'unf':>6}{'service':>11}{'svc/s':>9}"
-              f"{'resp mean':>11}{'p90':>9}{'e2e mean':>10}")
+    header = (
+        f"{'client':<14}{'reqs':>6}{'done':>6}{'rej':>6}{'unf':>6}{'service':>11}{'svc/s':>9}"
+        f"{'resp mean':>11}{'p90':>9}{'e2e mean':>10}"
+    )
     lines = [title, header]
     for c in summary.clients.values():
-        lines.append(f"{c.client:<14}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.unfinished:>6}"
-                     f"{c.service:>11,.0f}{c.service_rate:>9.1f}{_s(c.response_mean_s, 11)}"
-                     f"{_s(c.response_p90_s, 9)}{_s(e2e.get(c.client), 10)}")
+        lines.append(
+            f"{c.client:<14}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.unfinished:>6}"
+            f"{c.service:>11,.0f}{c.service_rate:>9.1f}{_s(c.response_mean_s, 11)}"
+            f"{_s(c.response_p90_s, 9)}{_s(e2e.get(c.client), 10)}"
+        )
     s = summary
     jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    lines += [f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-              f"max service difference between backlogged clients: {describe_difference(s)}",
-              f"Jain's index ({_window(s.duration_s):.3g} s windows, clients backlogged in them): {jain}"]
+    lines += [
+        f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
+        f"max service difference between backlogged clients: {describe_difference(s)}",
+        f"Jain's index ({_window(s.duration_s):.3g} s windows, clients backlogged in them): {jain}",
+    ]
     errors = sorted({r.error for r in records if getattr(r, "error", None)})
     if errors:
         lines.append(f"{len(errors)} distinct error(s), e.g.: {errors[0]}")
     return "\n".join(lines)
 
 
-def bench_document(summary: Summary, records: Sequence[RequestRecord],
-                   meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def bench_document(
+    summary: Summary, records: Sequence[RequestRecord], meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """`{"summary": {...meta, ...Summary}, "requests": [record.to_dict(), ...]}`, as `simulate --json` writes."""
     return {"summary": {**(meta or {}), **summary.to_dict()}, "requests": [r.to_dict() for r in records]}
 
 
-def write_json(path: str | Path, summary: Summary, records: Sequence[RequestRecord],
-               meta: Mapping[str, Any] | None = None) -> Path:
+def write_json(
+    path: str | Path, summary: Summary, records: Sequence[RequestRecord], meta: Mapping[str, Any] | None = None
+) -> Path:
     out = Path(path)
     out.write_text(json.dumps(bench_document(summary, records, meta), indent=1))
     return out
 
 
-def write_plots(folder: str | Path, records: Sequence[RequestRecord], duration_s: float, label: str,
-                title: str) -> list[Path]:
+def write_plots(
+    folder: str | Path, records: Sequence[RequestRecord], duration_s: float, label: str, title: str
+) -> list[Path]:
     """service_rate.png and response_time.png in `folder` (created), one subplot titled `label`."""
-    from ..reproduce import figures     # matplotlib is only needed here
+    from ..reproduce import figures  # matplotlib is only needed here
 
     out = Path(folder)
     times = time_grid(duration_s, _step(duration_s))
     window = _window(duration_s)
     rates = service_rates(service_curves(records, times), times, window)
     rts = response_times(records, times, window)
-    return [figures.service_rate(out / "service_rate.png", times, {label: rates}, f"{title}: service rate"),
-            figures.response_time(out / "response_time.png", times, {label: rts}, f"{title}: response time")]
+    return [
+        figures.service_rate(out / "service_rate.png", times, {label: rates}, f"{title}: service rate"),
+        figures.response_time(out / "response_time.png", times, {label: rts}, f"{title}: response time"),
+    ]

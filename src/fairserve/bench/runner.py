@@ -11,6 +11,7 @@ Status: "finished" (saw `[DONE]`, or a finish_reason before a clean end); "rejec
 any streaming, or no connection at all: the request was never accepted); "unfinished" (the stream was cut, ended
 early, reported an error event, or ran past `timeout_s` wall seconds).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,7 @@ ENDPOINTS = ("completions", "chat")
 DEFAULT_MODEL = "fairserve-emulated"
 DEFAULT_TIMEOUT_S = 600.0
 CLIENT_HEADER = "X-Fairserve-Client"
-XARGS_CLIENT_KEY = "fairserve_client"   # what fairserve.engines.vllm_scheduler reads by default
+XARGS_CLIENT_KEY = "fairserve_client"  # what fairserve.engines.vllm_scheduler reads by default
 _MAX_CONNECTIONS = 4096
 
 
@@ -37,8 +38,8 @@ _MAX_CONNECTIONS = 4096
 class BenchRecord(RequestRecord):
     """A RequestRecord plus what only a benchmark sees; `to_dict()` includes both extra fields."""
 
-    http_status: int | None = None      # None: no HTTP answer (connection failed)
-    error: str | None = None            # one line, for anything but a clean finish
+    http_status: int | None = None  # None: no HTTP answer (connection failed)
+    error: str | None = None  # one line, for anything but a clean finish
 
 
 class _StreamError(Exception):
@@ -71,8 +72,13 @@ def endpoint_url(target: str, endpoint: str) -> str:
 def request_body(a: Arrival, endpoint: str, model: str, xargs_key: str | None = None) -> dict:
     """The streaming request for `a`. With `xargs_key`, the client also goes in the body as
     `"vllm_xargs": {xargs_key: client}`: vLLM passes that to its scheduler, and it sees no API key."""
-    body: dict = {"model": model, "max_tokens": a.output_tokens, "ignore_eos": True, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {
+        "model": model,
+        "max_tokens": a.output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if xargs_key:
         body["vllm_xargs"] = {xargs_key: a.client}
     if endpoint == "chat":
@@ -87,6 +93,7 @@ def default_connections(n_requests: int) -> int:
     cap = _MAX_CONNECTIONS
     with contextlib.suppress(ImportError, ValueError, OSError):
         import resource
+
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft != resource.RLIM_INFINITY:
             cap = min(cap, max(16, soft - 64))
@@ -97,7 +104,7 @@ class _Progress:
     """What one stream has shown so far, in workload seconds."""
 
     def __init__(self) -> None:
-        self.first: float | None = None      # first content chunk
+        self.first: float | None = None  # first content chunk
         self.first_any: float | None = None  # first chunk with choices, even without text
         self.last: float | None = None
         self.chunks = 0
@@ -108,7 +115,7 @@ class _Progress:
     def feed(self, line: str, now: float) -> None:
         """One SSE line; sets `done` on `data: [DONE]`."""
         if not line.startswith("data:"):
-            return                               # blank separators, comments, `event:` lines
+            return  # blank separators, comments, `event:` lines
         data = line[5:].strip()
         if data == "[DONE]":
             self.done = True
@@ -138,7 +145,7 @@ class _Progress:
 
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _error_message(body: bytes) -> str:
@@ -149,9 +156,19 @@ def _error_message(body: bytes) -> str:
         return _one_line(body.decode("utf-8", "replace")) or "(empty body)"
 
 
-async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: str, endpoint: str, model: str,
-                clock: Callable[[], float], timeout_s: float, gate: asyncio.Semaphore | None,
-                xargs_key: str | None = None) -> BenchRecord:
+async def _send(
+    client: httpx.AsyncClient,
+    url: str,
+    idx: int,
+    a: Arrival,
+    key: str,
+    endpoint: str,
+    model: str,
+    clock: Callable[[], float],
+    timeout_s: float,
+    gate: asyncio.Semaphore | None,
+    xargs_key: str | None = None,
+) -> BenchRecord:
     p = _Progress()
     status = "unfinished"
     http_status: int | None = None
@@ -161,8 +178,9 @@ async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: 
     async with gate or contextlib.nullcontext():
         try:
             async with asyncio.timeout(timeout_s):
-                async with client.stream("POST", url, json=request_body(a, endpoint, model, xargs_key),
-                                         headers=headers) as r:
+                async with client.stream(
+                    "POST", url, json=request_body(a, endpoint, model, xargs_key), headers=headers
+                ) as r:
                     http_status = r.status_code
                     if r.status_code >= 400:
                         status, error = "rejected", f"HTTP {r.status_code}: {_error_message(await r.aread())}"
@@ -189,13 +207,24 @@ async def _send(client: httpx.AsyncClient, url: str, idx: int, a: Arrival, key: 
     prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else a.prompt_tokens
     finish = end if status == "finished" else None
     first = p.first
-    if first is None and finish is not None:     # finished without text: take the first chunk as its first token
+    if first is None and finish is not None:  # finished without text: take the first chunk as its first token
         first = p.first_any if p.first_any is not None else finish
     last = finish if finish is not None else p.last
     return BenchRecord(
-        id=idx, client=a.client, arrival_s=a.arrival_s, admit_s=first, first_token_s=first, finish_s=finish,
-        last_token_s=last if first is not None else None, prompt_tokens=prompt, output_tokens=out,
-        max_tokens=a.output_tokens, status=status, http_status=http_status, error=error)
+        id=idx,
+        client=a.client,
+        arrival_s=a.arrival_s,
+        admit_s=first,
+        first_token_s=first,
+        finish_s=finish,
+        last_token_s=last if first is not None else None,
+        prompt_tokens=prompt,
+        output_tokens=out,
+        max_tokens=a.output_tokens,
+        status=status,
+        http_status=http_status,
+        error=error,
+    )
 
 
 def _check(arrivals: Sequence[Arrival], time_scale: float, timeout_s: float, max_inflight: int | None) -> None:
@@ -231,11 +260,20 @@ def place(targets: str, arrivals: Sequence[Arrival], endpoint: str, placement: s
     return out
 
 
-async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *,
-                          time_scale: float = 1.0, endpoint: str = "completions", model: str = DEFAULT_MODEL,
-                          timeout_s: float = DEFAULT_TIMEOUT_S, max_inflight: int | None = None,
-                          xargs_key: str | None = None, placement: str = "round-robin",
-                          progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
+async def run_bench_async(
+    target: str,
+    arrivals: Sequence[Arrival],
+    keys: Mapping[str, str],
+    *,
+    time_scale: float = 1.0,
+    endpoint: str = "completions",
+    model: str = DEFAULT_MODEL,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_inflight: int | None = None,
+    xargs_key: str | None = None,
+    placement: str = "round-robin",
+    progress: Callable[[BenchRecord], None] | None = None,
+) -> list[BenchRecord]:
     """Send every arrival on time and wait for all of them; records come back in the order of `arrivals`
     (`id` = index). `max_inflight` caps concurrent requests: later ones wait in the client, which counts in their
     response time. `xargs_key` also names the client in each body's `vllm_xargs`. `progress` is called with each
@@ -245,7 +283,7 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
     url_of = place(target, arrivals, endpoint, placement)
     conns = default_connections(max_inflight or len(arrivals))
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
-    timeouts = httpx.Timeout(30.0, read=None, pool=None)     # the whole request is bounded by timeout_s instead
+    timeouts = httpx.Timeout(30.0, read=None, pool=None)  # the whole request is bounded by timeout_s instead
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].arrival_s)
     gate = asyncio.Semaphore(max_inflight) if max_inflight else None
     async with httpx.AsyncClient(limits=limits, timeout=timeouts) as client:
@@ -256,25 +294,47 @@ async def run_bench_async(target: str, arrivals: Sequence[Arrival], keys: Mappin
             return (loop.time() - start) * time_scale
 
         tasks: dict[int, asyncio.Task[BenchRecord]] = {}
-        async with asyncio.TaskGroup() as tg:    # on error or cancellation, every request task is cancelled
+        async with asyncio.TaskGroup() as tg:  # on error or cancellation, every request task is cancelled
             for i in order:
                 a = arrivals[i]
                 delay = start + a.arrival_s / time_scale - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks[i] = tg.create_task(_send(client, url_of[i], i, a, key_of[a.client], endpoint, model, clock,
-                                                timeout_s, gate, xargs_key))
+                tasks[i] = tg.create_task(
+                    _send(client, url_of[i], i, a, key_of[a.client], endpoint, model, clock, timeout_s, gate, xargs_key)
+                )
                 if progress is not None:
                     tasks[i].add_done_callback(lambda t: t.cancelled() or t.exception() or progress(t.result()))
     return [tasks[i].result() for i in range(len(arrivals))]
 
 
-def run_bench(target: str, arrivals: Sequence[Arrival], keys: Mapping[str, str], *, time_scale: float = 1.0,
-              endpoint: str = "completions", model: str = DEFAULT_MODEL, timeout_s: float = DEFAULT_TIMEOUT_S,
-              max_inflight: int | None = None, xargs_key: str | None = None,
-              placement: str = "round-robin",
-              progress: Callable[[BenchRecord], None] | None = None) -> list[BenchRecord]:
+def run_bench(
+    target: str,
+    arrivals: Sequence[Arrival],
+    keys: Mapping[str, str],
+    *,
+    time_scale: float = 1.0,
+    endpoint: str = "completions",
+    model: str = DEFAULT_MODEL,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_inflight: int | None = None,
+    xargs_key: str | None = None,
+    placement: str = "round-robin",
+    progress: Callable[[BenchRecord], None] | None = None,
+) -> list[BenchRecord]:
     """Synchronous `run_bench_async` (its own event loop; not for use inside a running loop)."""
-    return asyncio.run(run_bench_async(target, arrivals, keys, time_scale=time_scale, endpoint=endpoint,
-                                       model=model, timeout_s=timeout_s, max_inflight=max_inflight,
-                                       xargs_key=xargs_key, placement=placement, progress=progress))
+    return asyncio.run(
+        run_bench_async(
+            target,
+            arrivals,
+            keys,
+            time_scale=time_scale,
+            endpoint=endpoint,
+            model=model,
+            timeout_s=timeout_s,
+            max_inflight=max_inflight,
+            xargs_key=xargs_key,
+            placement=placement,
+            progress=progress,
+        )
+    )

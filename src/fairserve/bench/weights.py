@@ -1,5 +1,6 @@
 """The weights a fairserve gateway (or `fairserve serve`) gives each tenant, read from its admin API, as weights of
 the bench's clients: a client's tenant is the owner of its API key (`POST /admin/owners`)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -10,8 +11,8 @@ import httpx
 
 @dataclass(frozen=True, slots=True)
 class ServerWeights:
-    weights: dict[str, float]      # client -> its tenant's weight
-    tenant_of: dict[str, str]      # client -> tenant
+    weights: dict[str, float]  # client -> its tenant's weight
+    tenant_of: dict[str, str]  # client -> tenant
 
     def describe(self) -> str:
         return ", ".join(f"{c}={w:g} ({self.tenant_of[c]})" for c, w in sorted(self.weights.items()))

@@ -2,6 +2,7 @@
 
 The paper charges h(x, 0) at admission and h(x, y) - h(x, y-1) for the y-th output token; any monotone h works.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -61,8 +62,9 @@ COSTS: dict[str, Callable[[], CostFunction]] = {
 }
 
 
-def make_cost(spec: str | CostFunction | Callable[[int, int], float] | None = None,
-              w_p: float = 1.0, w_q: float = 2.0) -> CostFunction:
+def make_cost(
+    spec: str | CostFunction | Callable[[int, int], float] | None = None, w_p: float = 1.0, w_q: float = 2.0
+) -> CostFunction:
     """`None`/"linear" -> LinearCost(w_p, w_q); "profiled" -> the A10G profile; a callable h(x, y) -> CostFunction."""
     if spec is None or spec == "linear":
         if w_p < 0 or w_q < 0:

@@ -7,6 +7,7 @@ on and the next client receives one quantum. A client whose queue empties leaves
 positive credit it left with is dropped (idle clients hoard nothing) but its debt is kept, as in the artifact's
 `mdrr` queue, whose quantum is the KV pool / 20 = 500 tokens. As the quantum shrinks this approaches VTC.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -34,13 +35,13 @@ class DRR(Policy):
         self._queues: dict[str, deque[Request]] = {}
         self._base: dict[str, float] = {}
         self._paid: dict[str, int] = {}
-        self._ring_pos: dict[str, int] = {}      # ring position of clients in the ring (absent: not backlogged)
+        self._ring_pos: dict[str, int] = {}  # ring position of clients in the ring (absent: not backlogged)
         self._next_seq = 0
-        self._round, self._at = 0, 0        # the pointer: (round, ring position)
+        self._round, self._at = 0, 0  # the pointer: (round, ring position)
         self._at_client: str | None = None  # the client the pointer stopped at
-        self._heap: list[tuple[int, int, str, int]] = []   # (round, seq, client, version): first credit
+        self._heap: list[tuple[int, int, str, int]] = []  # (round, seq, client, version): first credit
         self._version: dict[str, int] = {}  # a client's one live heap entry
-        super().__init__(**kwargs)          # NOTE: last: weights given here open accounts, which need the above
+        super().__init__(**kwargs)  # NOTE: last: weights given here open accounts, which need the above
         self.name = f"drr{quantum:g}"
 
     # ---- lazy deficits ------------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ class DRR(Policy):
             _, seq, client, version = heap[0]
             if self._ring_pos.get(client) == seq and self._version[client] == version:
                 return heap[0]
-            heapq.heappop(heap)          # stale: the client left the ring or was charged since
+            heapq.heappop(heap)  # stale: the client left the ring or was charged since
         return None
 
     # ---- Policy hooks -------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ class DRR(Policy):
     def _enqueue(self, req: Request, front: bool) -> None:
         client = req.client
         q = self._queues[client]
-        if not q:               # joins the ring at the tail: visited later in this round
+        if not q:  # joins the ring at the tail: visited later in this round
             d = min(self._settle(client), 0.0)
             self._next_seq += 1
             self._ring_pos[client] = self._next_seq
@@ -107,7 +108,7 @@ class DRR(Policy):
 
     def _dequeue(self, req: Request) -> None:
         if not self._stays():
-            self._round, self._at, self._at_client, _ = self._credit_visit()   # passed clients got quanta, lazily
+            self._round, self._at, self._at_client, _ = self._credit_visit()  # passed clients got quanta, lazily
         self._drop(req)
 
     def _remove(self, req: Request) -> None:
@@ -117,7 +118,7 @@ class DRR(Policy):
         client = req.client
         q = self._queues[client]
         q.remove(req) if q[0] is not req else q.popleft()
-        if not q:               # leaves the ring
+        if not q:  # leaves the ring
             self._settle(client)
             del self._ring_pos[client]
 

@@ -1,4 +1,5 @@
 """Policies by name: `make_policy("vtc")`, `make_policy("rpm:5")`, `make_policy("vtc-predict:oracle±50")`."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,26 +17,34 @@ from .vtc import VTC
 class SchedulingPolicy(str, Enum):
     FCFS = "fcfs"
     VTC = "vtc"
-    WEIGHTED_VTC = "weighted-vtc"   # vtc with weights; accepted for readability
-    VTC_PREDICT = "vtc-predict"     # argument: predictor (oracle, oracle±X, moving-average); default moving-average
+    WEIGHTED_VTC = "weighted-vtc"  # vtc with weights; accepted for readability
+    VTC_PREDICT = "vtc-predict"  # argument: predictor (oracle, oracle±X, moving-average); default moving-average
     LCF = "lcf"
-    RPM = "rpm"                     # argument: requests per minute per client; default 20
-    DRR = "drr"                     # argument: quantum in cost units; default 500 (the artifact: KV pool / 20)
+    RPM = "rpm"  # argument: requests per minute per client; default 20
+    DRR = "drr"  # argument: quantum in cost units; default 500 (the artifact: KV pool / 20)
 
 
 POLICIES = tuple(p.value for p in SchedulingPolicy)
 
 
-def make_policy(spec: str, *, weights: dict[str, float] | None = None,
-                cost: str | CostFunction | Callable[[int, int], float] | None = None,
-                w_p: float = 1.0, w_q: float = 2.0, seed: int = 0) -> Policy:
+def make_policy(
+    spec: str,
+    *,
+    weights: dict[str, float] | None = None,
+    cost: str | CostFunction | Callable[[int, int], float] | None = None,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    seed: int = 0,
+) -> Policy:
     """Build a policy from `name[:argument]`. Raises ValueError with the valid names on a bad spec."""
     name, _, arg = spec.strip().partition(":")
     try:
         kind = SchedulingPolicy(name.lower())
     except ValueError:
-        raise ValueError(f"unknown policy {spec!r}; choose one of: {', '.join(POLICIES)} "
-                         "(with an argument: rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)") from None
+        raise ValueError(
+            f"unknown policy {spec!r}; choose one of: {', '.join(POLICIES)} "
+            "(with an argument: rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)"
+        ) from None
     common = dict(cost=make_cost(cost, w_p, w_q), weights=weights)
     if arg and kind not in (SchedulingPolicy.RPM, SchedulingPolicy.DRR, SchedulingPolicy.VTC_PREDICT):
         raise ValueError(f"policy {name!r} takes no argument (got {spec!r})")
@@ -63,8 +72,9 @@ def parse_weights(text: str | None, source: str = "--weights") -> dict[str, floa
         try:
             out[client] = check_weight(client, float(value))
         except ValueError:
-            raise ValueError(f"bad {source} entry {part!r}: expected CLIENT=WEIGHT with WEIGHT from {MIN_WEIGHT:g} "
-                             f"to {MAX_WEIGHT:g}") from None
+            raise ValueError(
+                f"bad {source} entry {part!r}: expected CLIENT=WEIGHT with WEIGHT from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
+            ) from None
         if not client:
             raise ValueError(f"bad {source} entry {part!r}: expected CLIENT=WEIGHT")
     return out

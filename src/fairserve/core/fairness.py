@@ -1,4 +1,5 @@
 """Two of the paper's fairness quantities that every driver and report shares."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

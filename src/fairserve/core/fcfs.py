@@ -1,4 +1,5 @@
 """Baselines without counters: first-come-first-served, and FCFS behind a per-client requests-per-minute limit."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -31,7 +32,7 @@ class FCFS(Policy):
         self._queue.popleft()
 
     def _remove(self, req: Request) -> None:
-        pass   # the entry itself is skipped by peek() once its state changes
+        pass  # the entry itself is skipped by peek() once its state changes
 
 
 class RPM(FCFS):

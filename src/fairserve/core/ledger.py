@@ -12,6 +12,7 @@ way a request ends (exactly once; a refund is `settle(..., prompt=0, output=0, c
 (`set_weight`, `reset`, `apply_remote`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot the
 admin API, the Prometheus collectors and the tests read.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .policy import Policy
 
 QUEUED, RUNNING = RequestState.QUEUED, RequestState.RUNNING
-DEFAULT_TENANT = "anonymous"    # whose requests name no tenant (a server without keys, an engine request without one)
+DEFAULT_TENANT = "anonymous"  # whose requests name no tenant (a server without keys, an engine request without one)
 
 # NOTE: weights outside this range overflow the accounting (a counter is service / weight: 1e-300 makes it +inf)
 MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
@@ -36,11 +37,10 @@ def check_weight(tenant: str, weight: Any) -> float:
     """The weight as a float, or ValueError with one line saying what is accepted."""
     try:
         ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
-    except OverflowError:       # an integer past any float
+    except OverflowError:  # an integer past any float
         ok = False
     if not ok or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-        raise ValueError(f"weight of {tenant!r} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, "
-                         f"got {weight!r}")
+        raise ValueError(f"weight of {tenant!r} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {weight!r}")
     return float(weight)
 
 
@@ -54,12 +54,12 @@ class Account:
     derive theirs (`Policy.counter_of`)."""
 
     tenant: str
-    rank: int                 # first-seen order: the deterministic tie-break
+    rank: int  # first-seen order: the deterministic tie-break
     weight: float = 1.0
-    service: float = 0.0      # cost charged, not divided by the weight
+    service: float = 0.0  # cost charged, not divided by the weight
     counter: float = 0.0
-    queued: int = 0           # requests waiting for admission: > 0 is the paper's "backlogged"
-    running: int = 0          # admitted and not yet ended
+    queued: int = 0  # requests waiting for admission: > 0 is the paper's "backlogged"
+    running: int = 0  # admitted and not yet ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +73,14 @@ class TenantView:
 
     def row(self) -> dict[str, Any]:
         """The admin API's JSON row."""
-        return {"name": self.tenant, "weight": self.weight, "counter": self.counter, "service": self.service,
-                "queue_length": self.queued, "in_flight": self.running}
+        return {
+            "name": self.tenant,
+            "weight": self.weight,
+            "counter": self.counter,
+            "service": self.service,
+            "queue_length": self.queued,
+            "in_flight": self.running,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +113,26 @@ class Ledger:
     def __init__(self, policy: Policy, tenants: Iterable[str] = ()) -> None:
         self.policy = policy
         self.accounts = policy.accounts
-        for t in tenants:       # configured tenants show up from the start (admin API, /metrics)
+        for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
             policy.account(t)
         self._requests: dict[object, Request] = {}
 
     # ---- the life cycle -----------------------------------------------------------------------------------------
-    def arrive(self, request_id: object, client: str, prompt_tokens: int, max_tokens: int | None = None,
-               now: float = 0.0, item: Any = None) -> Request | None:
+    def arrive(
+        self,
+        request_id: object,
+        client: str,
+        prompt_tokens: int,
+        max_tokens: int | None = None,
+        now: float = 0.0,
+        item: Any = None,
+    ) -> Request | None:
         """A new request, queued; None if the policy rejected it (rate limits): it was never in the ledger."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the ledger")
-        req = Request(id=request_id, client=client, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                      arrival_s=now, item=item)
+        req = Request(
+            id=request_id, client=client, prompt_tokens=prompt_tokens, max_tokens=max_tokens, arrival_s=now, item=item
+        )
         if not self.policy.add(req, now):
             return None
         self._requests[request_id] = req
@@ -156,12 +170,13 @@ class Ledger:
         if req.state is not RUNNING:
             return False
         put_back(req)
-        if item is not None:        # NOTE: engines may hand back a new object for the same request
+        if item is not None:  # NOTE: engines may hand back a new object for the same request
             req.item = item
         return True
 
-    def settle(self, req: Request, *, prompt: int | None = None, output: int | None = None,
-               cancelled: bool = False) -> bool:
+    def settle(
+        self, req: Request, *, prompt: int | None = None, output: int | None = None, cancelled: bool = False
+    ) -> bool:
         """End `req`, exactly once: False (and nothing done) if it was settled already.
 
         A running request that was not cancelled is reconciled to `prompt` / `output` when given (the backend's
@@ -217,6 +232,10 @@ class Ledger:
     def view(self) -> LedgerView:
         """Every tenant's numbers, read consistently (O(tenants))."""
         p = self.policy
-        return LedgerView(p.name, {a.tenant: TenantView(a.tenant, a.weight, p.counter_of(a.tenant), a.service,
-                                                        a.queued, a.running)
-                                   for a in self.accounts.values()})
+        return LedgerView(
+            p.name,
+            {
+                a.tenant: TenantView(a.tenant, a.weight, p.counter_of(a.tenant), a.service, a.queued, a.running)
+                for a in self.accounts.values()
+            },
+        )

@@ -8,6 +8,7 @@ accounts (`core.ledger.Account`: the one place per-tenant state lives). Capacity
                         ^                          │
                         └────────requeue()─────────┘   (preempted: keeps its charges, no lift)
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -30,12 +31,16 @@ class Policy(ABC):
     `peek`, `_dequeue`, `_remove`) and may react to charges (`_on_charge`) to keep virtual counters."""
 
     name = "policy"
-    orders_by_counter = True   # False: admission order ignores charges, so drivers need not report them eagerly
-    uses_weights = True        # False: weights are shown but do not change the order (FCFS, RPM)
-    retry_after_s = 1.0        # what a client refused by `add()` is told to wait (rate limits: their window)
+    orders_by_counter = True  # False: admission order ignores charges, so drivers need not report them eagerly
+    uses_weights = True  # False: weights are shown but do not change the order (FCFS, RPM)
+    retry_after_s = 1.0  # what a client refused by `add()` is told to wait (rate limits: their window)
 
-    def __init__(self, cost: CostFunction | None = None, weights: dict[str, float] | None = None,
-                 predictor: Predictor | None = None) -> None:
+    def __init__(
+        self,
+        cost: CostFunction | None = None,
+        weights: dict[str, float] | None = None,
+        predictor: Predictor | None = None,
+    ) -> None:
         self.cost = cost if cost is not None else LinearCost()
         # NOTE: the linear cost's per-token price, so the hottest call skips a method call
         self._w_q = self.cost.w_q if type(self.cost) is LinearCost else None
@@ -63,7 +68,7 @@ class Policy(ABC):
             return False
         self._seq += 1
         req.seq = self._seq
-        self._enqueue(req, front=False)     # NOTE: before the count changes: the lift looks at who else is queued
+        self._enqueue(req, front=False)  # NOTE: before the count changes: the lift looks at who else is queued
         req.state = QUEUED
         acct.queued += 1
         self.num_queued += 1
@@ -86,7 +91,7 @@ class Policy(ABC):
         acct.running += 1
         req.state = RUNNING
         req.admission = 0.0
-        if not req.admitted:     # NOTE: a preempted request re-prefills, but it was charged already
+        if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
             amount = self.cost.prompt(req.prompt_tokens)
             if self.predictor is not None:
@@ -125,10 +130,13 @@ class Policy(ABC):
         y0 = req.output_done
         y1 = req.output_done = y0 + tokens
         p = req.predicted
-        if y1 > p:   # NOTE: `_charge` inlined: this is the simulator's hottest call
+        if y1 > p:  # NOTE: `_charge` inlined: this is the simulator's hottest call
             w_q = self._w_q
-            amount = (w_q * (y1 - (y0 if y0 > p else p)) if w_q is not None
-                      else self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1))
+            amount = (
+                w_q * (y1 - (y0 if y0 > p else p))
+                if w_q is not None
+                else self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1)
+            )
             req.charged += amount
             acct = req.account
             acct.service += amount

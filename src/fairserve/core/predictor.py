@@ -1,4 +1,5 @@
 """Output-length predictors for VTC with length prediction (the paper's appendix)."""
+
 from __future__ import annotations
 
 import re
@@ -68,15 +69,16 @@ class MovingAveragePredictor(Predictor):
 
     def observe(self, req: Request, output_tokens: int) -> None:
         old = self.average.get(req.client)
-        self.average[req.client] = output_tokens if old is None else \
-            (old * (self.window - 1) + output_tokens) / self.window
+        self.average[req.client] = (
+            output_tokens if old is None else (old * (self.window - 1) + output_tokens) / self.window
+        )
 
 
 _NOISY = re.compile(r"^oracle(?:\+-|±|-+|\+)(\d+(?:\.\d+)?)%?$")
 
 
 def make_predictor(spec: str | Predictor, seed: int = 0) -> Predictor:
-    """"oracle", "oracle±50" (also "oracle+-50%"), "moving-average"/"ma" (window 5)."""
+    """ "oracle", "oracle±50" (also "oracle+-50%"), "moving-average"/"ma" (window 5)."""
     if isinstance(spec, Predictor):
         return spec
     if spec == "oracle":

@@ -1,4 +1,5 @@
 """A request as the scheduling core sees it: who sent it, how big it is, and what has been charged for it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,11 +11,11 @@ if TYPE_CHECKING:
 
 
 class RequestState(str, Enum):
-    QUEUED = "queued"        # waiting for admission (this is what makes a client "backlogged")
-    RUNNING = "running"      # admitted by the policy, being served by the engine
+    QUEUED = "queued"  # waiting for admission (this is what makes a client "backlogged")
+    RUNNING = "running"  # admitted by the policy, being served by the engine
     FINISHED = "finished"
-    ABORTED = "aborted"      # cancelled by the client or the driver
-    REJECTED = "rejected"    # refused at arrival (e.g. an RPM limit)
+    ABORTED = "aborted"  # cancelled by the client or the driver
+    REJECTED = "rejected"  # refused at arrival (e.g. an RPM limit)
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -28,19 +29,19 @@ class Request:
     client: str
     prompt_tokens: int
     max_tokens: int | None = None
-    predicted_output: int | None = None   # the driver's hint (the simulator passes the true length: the oracle)
+    predicted_output: int | None = None  # the driver's hint (the simulator passes the true length: the oracle)
     arrival_s: float = 0.0
-    item: Any = field(default=None, repr=False)   # the driver's own object (a gateway ticket, an engine's request)
+    item: Any = field(default=None, repr=False)  # the driver's own object (a gateway ticket, an engine's request)
 
     # accounting, written only by the policy
-    account: Account | None = field(default=None, repr=False)   # the client's account, set at arrival
+    account: Account | None = field(default=None, repr=False)  # the client's account, set at arrival
     state: RequestState = RequestState.QUEUED
-    admitted: bool = False      # admitted at least once (a preempted, re-queued request keeps this)
-    output_done: int = 0        # output tokens reported so far
-    predicted: int = 0          # output tokens charged ahead at admission (vtc-predict)
-    charged: float = 0.0        # total cost charged to the client for this request so far
-    admission: float = 0.0      # what its latest pop() charged (0 when it was re-admitted after a preemption)
-    seq: int = 0                # arrival order, for deterministic ties
+    admitted: bool = False  # admitted at least once (a preempted, re-queued request keeps this)
+    output_done: int = 0  # output tokens reported so far
+    predicted: int = 0  # output tokens charged ahead at admission (vtc-predict)
+    charged: float = 0.0  # total cost charged to the client for this request so far
+    admission: float = 0.0  # what its latest pop() charged (0 when it was re-admitted after a preemption)
+    seq: int = 0  # arrival order, for deterministic ties
 
     @property
     def done(self) -> bool:

@@ -11,6 +11,7 @@ Several processes can share the counters (gateway/shared_state.py): `lift_floor(
 the floor to lift to, given the smallest counter among the other locally queued clients (the global minimum over
 clients backlogged in any process), and `set_counter` applies a counter computed elsewhere.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -31,7 +32,7 @@ class VTC(Policy):
 
     def __init__(self, lift: bool = True, **kwargs) -> None:
         self._queues: dict[str, deque[Request]] = {}
-        self._live: dict[str, int] = {}           # client -> version of its one live heap entry
+        self._live: dict[str, int] = {}  # client -> version of its one live heap entry
         self._heap: list[tuple[float, int, int, str]] = []
         self._version = 0
         super().__init__(**kwargs)
@@ -58,7 +59,7 @@ class VTC(Policy):
                 heapq.heappop(heap)
                 continue
             actual = accounts[client].counter
-            if key != actual:   # its counter grew since the entry was pushed
+            if key != actual:  # its counter grew since the entry was pushed
                 self._version += 1
                 self._live[client] = self._version
                 heapq.heapreplace(heap, (actual, rank, self._version, client))
@@ -75,7 +76,7 @@ class VTC(Policy):
         acct = req.account
         q = self._queues[acct.tenant]
         if not q:
-            if self.lift and not front:     # NOTE: a preempted request coming back is not a new arrival
+            if self.lift and not front:  # NOTE: a preempted request coming back is not a new arrival
                 other = self._min_client()
                 floor = self.accounts[other].counter if other is not None else None
                 if self.lift_floor is not None:
@@ -94,12 +95,12 @@ class VTC(Policy):
         self._queues[req.client].popleft()
 
     def _remove(self, req: Request) -> None:
-        self._queues[req.client].remove(req)   # O(length of that client's queue); emptied queues drop lazily
+        self._queues[req.client].remove(req)  # O(length of that client's queue); emptied queues drop lazily
 
     def _on_charge(self, acct: Account, amount: float) -> None:
         acct.counter += amount / acct.weight
         if amount < 0 and self._queues[acct.tenant]:
-            self._push(acct)   # the live entry's key is now above the counter: replace it
+            self._push(acct)  # the live entry's key is now above the counter: replace it
 
     # ---- counters -----------------------------------------------------------------------------------------------
     def counter_of(self, client: str) -> float:
@@ -115,7 +116,7 @@ class VTC(Policy):
         lower = counter < acct.counter
         acct.counter = counter
         if lower and self._queues[client]:
-            self._push(acct)   # the live entry's key is now above the counter: replace it
+            self._push(acct)  # the live entry's key is now above the counter: replace it
 
     def reset_counters(self) -> None:
         for acct in self.accounts.values():

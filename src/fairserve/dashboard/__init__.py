@@ -4,6 +4,7 @@ only), mounted by `tenancy.admin_router` on every server in front of a ledger (t
 Service rates need history: `History` keeps a bounded ring of `view()` snapshots, sampled when the JSON is asked for
 (at most every `MIN_INTERVAL_S`), so nothing runs while nobody watches.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,11 +16,11 @@ from typing import Any
 
 from ..core import LedgerView
 
-HISTORY_S = 300.0         # the chart's span: the last five minutes
-MIN_INTERVAL_S = 0.5      # snapshots closer than this are not kept (several viewers poll the same history)
-RATE_WINDOW_S = 5.0       # a service rate is the service received over the preceding few seconds
+HISTORY_S = 300.0  # the chart's span: the last five minutes
+MIN_INTERVAL_S = 0.5  # snapshots closer than this are not kept (several viewers poll the same history)
+RATE_WINDOW_S = 5.0  # a service rate is the service received over the preceding few seconds
 MAX_SAMPLES = int(HISTORY_S / MIN_INTERVAL_S) + 1
-MAX_POINTS = 150          # points per tenant sent to the chart (every k-th sample, the latest always)
+MAX_POINTS = 150  # points per tenant sent to the chart (every k-th sample, the latest always)
 
 BackendRows = Callable[[], list[dict[str, Any]]]
 """What a server with backends (the gateway) passes: one JSON row per backend (url, healthy, in-flight, limit)."""
@@ -27,9 +28,9 @@ BackendRows = Callable[[], list[dict[str, Any]]]
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    t: float                           # monotonic seconds
-    service: dict[str, float]          # tenant -> service received so far
-    rate: dict[str, float] | None      # tenant -> service per second over the window before t (None: no sample in it)
+    t: float  # monotonic seconds
+    service: dict[str, float]  # tenant -> service received so far
+    rate: dict[str, float] | None  # tenant -> service per second over the window before t (None: no sample in it)
 
 
 class History:
@@ -46,7 +47,7 @@ class History:
         if self.samples and now - self.samples[-1].t < MIN_INTERVAL_S:
             return
         service = {t: view.tenants[t].service for t in tenants if t in view.tenants}
-        first = None          # the earliest sample within the window before now
+        first = None  # the earliest sample within the window before now
         for s in reversed(self.samples):
             if now - s.t > RATE_WINDOW_S:
                 break
@@ -69,9 +70,11 @@ class History:
             stride = max(1, -(-len(samples) // MAX_POINTS))
             samples = samples[::-1][::stride][::-1]
             last = self.samples[-1].t if self.samples else 0.0
-            tenants = sorted(self.samples[-1].service) if self.samples else []    # the configured tenants
-            self._rates = ([round(s.t - last, 3) for s in samples],
-                           {t: [_round(s.rate.get(t)) for s in samples] for t in tenants})   # type: ignore[union-attr]
+            tenants = sorted(self.samples[-1].service) if self.samples else []  # the configured tenants
+            self._rates = (
+                [round(s.t - last, 3) for s in samples],
+                {t: [_round(s.rate.get(t)) for s in samples] for t in tenants},
+            )  # type: ignore[union-attr]
         return self._rates
 
 
@@ -79,8 +82,9 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def snapshot(view: LedgerView, tenants: Sequence[str], history: History,
-             backends: BackendRows | None = None) -> dict[str, Any]:
+def snapshot(
+    view: LedgerView, tenants: Sequence[str], history: History, backends: BackendRows | None = None
+) -> dict[str, Any]:
     """The dashboard's JSON: every configured tenant's row and current rate, the fairness numbers, the rate history
     and (on the gateway) the backends."""
     history.sample(view, tenants)
@@ -90,11 +94,15 @@ def snapshot(view: LedgerView, tenants: Sequence[str], history: History,
         if t in view.tenants:
             series = rates.get(t) or [None]
             rows.append({**view.tenants[t].row(), "rate": series[-1] or 0.0})
-    return {"policy": view.policy, "tenants": rows,
-            "backlogged": [t.tenant for t in view.backlogged if t.tenant in known],
-            "counter_spread": view.counter_spread, "jain": view.jain,
-            "history": {"span_s": HISTORY_S, "window_s": RATE_WINDOW_S, "t": times, "rates": rates},
-            "backends": backends() if backends is not None else None}
+    return {
+        "policy": view.policy,
+        "tenants": rows,
+        "backlogged": [t.tenant for t in view.backlogged if t.tenant in known],
+        "counter_spread": view.counter_spread,
+        "jain": view.jain,
+        "history": {"span_s": HISTORY_S, "window_s": RATE_WINDOW_S, "t": times, "rates": rates},
+        "backends": backends() if backends is not None else None,
+    }
 
 
 def asset(name: str) -> bytes:

@@ -22,6 +22,7 @@ Semantics worth knowing:
   cancelled there.
 - A client that disconnects has its request cancelled in the engine (streams at once; non-streams within 50 ms).
 """
+
 from .app import create_app
 from .config import EmulatorConfig, Fault
 from .driver import OUTCOMES, Emulator, Job

@@ -1,4 +1,5 @@
 """The emulator's FastAPI app: OpenAI endpoints served by the real-time driver, /v1/models, /healthz, /metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,7 @@ from .prometheus import make_registry
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 
 CLIENT_HEADER = "X-Fairserve-Client"
-POLL_S = 0.05       # how often a non-streaming or hung request checks that its client is still there
+POLL_S = 0.05  # how often a non-streaming or hung request checks that its client is still there
 
 
 def create_app(config: EmulatorConfig | None = None) -> FastAPI:
@@ -60,8 +61,12 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
     @app.get("/healthz")
     @app.get("/health")
     async def healthz() -> dict:
-        return {"status": "ok", "model": config.model, "running": len(emulator.engine.running),
-                "waiting": emulator.engine.policy.num_queued}
+        return {
+            "status": "ok",
+            "model": config.model,
+            "running": len(emulator.engine.running),
+            "waiting": emulator.engine.policy.num_queued,
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -79,14 +84,18 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
     fault = em.draw_fault()
     if fault is Fault.ERROR:
         em.count("error")
-        return error_response(500, "The emulated server had an error processing your request (injected fault).",
-                              code="emulated_error")
+        return error_response(
+            500, "The emulated server had an error processing your request (injected fault).", code="emulated_error"
+        )
     if em.config.extra_latency_s:
         await asyncio.sleep(em.config.extra_latency_s)
-    reply = Reply(chat=chat, model=call.model or em.config.model, prompt_tokens=call.prompt_tokens,
-                  include_usage=call.include_usage)
-    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or "anonymous", call.prompt_tokens,
-                    call.max_tokens)
+    reply = Reply(
+        chat=chat,
+        model=call.model or em.config.model,
+        prompt_tokens=call.prompt_tokens,
+        include_usage=call.include_usage,
+    )
+    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or "anonymous", call.prompt_tokens, call.max_tokens)
     if job.req.state is RequestState.REJECTED:
         em.close(job, "rejected")
         return error_response(429, f"Rejected by the engine's policy {em.config.policy!r}.", code="rate_limited")
@@ -96,7 +105,7 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
                 await asyncio.sleep(POLL_S)
         finally:
             em.close(job, "hung")
-        return Response(status_code=499)       # nobody reads it
+        return Response(status_code=499)  # nobody reads it
     drop_after = call.max_tokens // 2 if fault is Fault.DROP else None
     if call.stream:
         return EventStream(_events(em, job, reply, call, drop_after))
@@ -110,7 +119,7 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
         em.close(job, "finished")
         return JSONResponse(reply.body(job.delivered))
     finally:
-        em.close(job, "cancelled")          # a no-op unless the handler itself was cancelled
+        em.close(job, "cancelled")  # a no-op unless the handler itself was cancelled
 
 
 async def _wait_tokens(job: Job, request: Request, target: int) -> bool:
@@ -127,8 +136,9 @@ async def _wait_tokens(job: Job, request: Request, target: int) -> bool:
     return True
 
 
-async def _events(em: Emulator, job: Job, reply: Reply, call: Call,
-                  drop_after: int | None) -> AsyncIterator[bytes | None]:
+async def _events(
+    em: Emulator, job: Job, reply: Reply, call: Call, drop_after: int | None
+) -> AsyncIterator[bytes | None]:
     """One SSE chunk per token as the driver delivers them; None asks EventStream to drop the connection."""
     try:
         if reply.chat:
@@ -151,7 +161,7 @@ async def _events(em: Emulator, job: Job, reply: Reply, call: Call,
             yield sse(reply.usage_chunk(sent))
         yield DONE
     finally:
-        em.close(job, "cancelled")          # the client went away (a no-op after finished / dropped)
+        em.close(job, "cancelled")  # the client went away (a no-op after finished / dropped)
 
 
 class DroppedResponse(Response):
@@ -175,8 +185,9 @@ async def _invalid(request: Request, exc: Exception) -> Response:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    return error_response(400, f"Invalid request: {first.get('msg', 'bad input')}" + (f" ({where})" if where else ""),
-                          param=where or None)
+    return error_response(
+        400, f"Invalid request: {first.get('msg', 'bad input')}" + (f" ({where})" if where else ""), param=where or None
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -1,4 +1,5 @@
 """`fairserve emulate` subcommand: `add_parser(subparsers)` registers it, `run(args)` serves."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,32 +14,61 @@ LISTEN = "127.0.0.1:8001"
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "emulate", help="serve an OpenAI-compatible API backed by the simulated engine, in real time",
+        "emulate",
+        help="serve an OpenAI-compatible API backed by the simulated engine, in real time",
         description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics) "
-                    "that is the simulated continuous-batching engine running in (scaled) real time. It always "
-                    "generates max_tokens tokens. Fault injection makes it a test bed for gateways.")
-    p.add_argument("--listen", metavar="HOST:PORT", default=LISTEN,
-                   help=f"address to serve on (default {LISTEN})")
+        "that is the simulated continuous-batching engine running in (scaled) real time. It always "
+        "generates max_tokens tokens. Fault injection makes it a test bed for gateways.",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", default=LISTEN, help=f"address to serve on (default {LISTEN})")
     p.add_argument("--host", help="the HOST of --listen alone (kept for older scripts)")
     p.add_argument("--port", type=int, help="the PORT of --listen alone (kept for older scripts)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                   help="simulated seconds per wall second (10 = ten times faster than the profiled GPU)")
-    p.add_argument("--profile", default=DEFAULT_LATENCY_MODEL, metavar="NAME",
-                   help="latency profile: a10g-llama2-7b, constant, or MODEL@GPU (see `fairserve simulate`)")
-    p.add_argument("--kv-tokens", type=int, default=None, metavar="N",
-                   help="KV-cache pool in tokens (default: the profile's, 10000 for a10g-llama2-7b)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="simulated seconds per wall second (10 = ten times faster than the profiled GPU)",
+    )
+    p.add_argument(
+        "--profile",
+        default=DEFAULT_LATENCY_MODEL,
+        metavar="NAME",
+        help="latency profile: a10g-llama2-7b, constant, or MODEL@GPU (see `fairserve simulate`)",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV-cache pool in tokens (default: the profile's, 10000 for a10g-llama2-7b)",
+    )
     p.add_argument("--engine-mode", default="reserve", metavar="MODE", help=f"one of: {', '.join(ENGINE_MODES)}")
-    p.add_argument("--policy", default="fcfs", metavar="P",
-                   help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): "
-                        f"{', '.join(POLICIES)}")
+    p.add_argument(
+        "--policy",
+        default="fcfs",
+        metavar="P",
+        help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {', '.join(POLICIES)}",
+    )
     p.add_argument("--model", default=EmulatorConfig.model, help="the model name /v1/models lists")
     p.add_argument("--error-rate", type=float, default=0.0, metavar="P", help="fraction answered 500 at once")
-    p.add_argument("--extra-latency", type=float, default=0.0, metavar="S",
-                   help="wall seconds every request waits before it reaches the engine")
-    p.add_argument("--drop-rate", type=float, default=0.0, metavar="P",
-                   help="fraction whose connection is closed after half their tokens")
-    p.add_argument("--hang-rate", type=float, default=0.0, metavar="P",
-                   help="fraction never answered until the client disconnects")
+    p.add_argument(
+        "--extra-latency",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wall seconds every request waits before it reaches the engine",
+    )
+    p.add_argument(
+        "--drop-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="fraction whose connection is closed after half their tokens",
+    )
+    p.add_argument(
+        "--hang-rate", type=float, default=0.0, metavar="P", help="fraction never answered until the client disconnects"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the fault draw")
     return p
 
@@ -46,10 +76,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     """Raises ValueError with a clear message on a bad value."""
     kv_tokens = args.kv_tokens if args.kv_tokens is not None else default_kv_tokens(args.profile)
-    return EmulatorConfig(model=args.model, time_scale=args.time_scale, profile=args.profile, kv_tokens=kv_tokens,
-                          engine_mode=args.engine_mode, policy=args.policy, error_rate=args.error_rate,
-                          extra_latency_s=args.extra_latency, drop_rate=args.drop_rate, hang_rate=args.hang_rate,
-                          seed=args.seed)
+    return EmulatorConfig(
+        model=args.model,
+        time_scale=args.time_scale,
+        profile=args.profile,
+        kv_tokens=kv_tokens,
+        engine_mode=args.engine_mode,
+        policy=args.policy,
+        error_rate=args.error_rate,
+        extra_latency_s=args.extra_latency,
+        drop_rate=args.drop_rate,
+        hang_rate=args.hang_rate,
+        seed=args.seed,
+    )
 
 
 def address(args: argparse.Namespace) -> tuple[str, int]:
@@ -70,5 +109,6 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+
     uvicorn.run(create_app(config), host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
     return 0

@@ -1,4 +1,5 @@
 """The emulator's settings, and the per-request fault draw."""
+
 from __future__ import annotations
 
 import math
@@ -15,17 +16,17 @@ ENGINE_MODES = ("reserve", "paged")
 
 @dataclass(frozen=True)
 class EmulatorConfig:
-    model: str = "fairserve-emulated"       # the name /v1/models lists
-    time_scale: float = 1.0                 # simulated seconds per wall second (10 = ten times faster)
-    profile: str = DEFAULT_LATENCY_MODEL    # latency profile, as `fairserve.sim.get_latency_model` names it
-    kv_tokens: int = DEFAULT_KV_TOKENS      # KV-cache pool of the simulated engine
-    engine_mode: str = "reserve"            # "reserve" | "paged"
-    policy: str = "fcfs"                    # the engine's own scheduler; fairness is the gateway's job
-    error_rate: float = 0.0                 # fraction of requests answered 500 before any work
-    extra_latency_s: float = 0.0            # wall seconds every request waits before it reaches the engine
-    drop_rate: float = 0.0                  # fraction whose connection is closed after half the tokens
-    hang_rate: float = 0.0                  # fraction never answered until the client disconnects
-    seed: int = 0                           # seeds the fault draw
+    model: str = "fairserve-emulated"  # the name /v1/models lists
+    time_scale: float = 1.0  # simulated seconds per wall second (10 = ten times faster)
+    profile: str = DEFAULT_LATENCY_MODEL  # latency profile, as `fairserve.sim.get_latency_model` names it
+    kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool of the simulated engine
+    engine_mode: str = "reserve"  # "reserve" | "paged"
+    policy: str = "fcfs"  # the engine's own scheduler; fairness is the gateway's job
+    error_rate: float = 0.0  # fraction of requests answered 500 before any work
+    extra_latency_s: float = 0.0  # wall seconds every request waits before it reaches the engine
+    drop_rate: float = 0.0  # fraction whose connection is closed after half the tokens
+    hang_rate: float = 0.0  # fraction never answered until the client disconnects
+    seed: int = 0  # seeds the fault draw
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -38,12 +39,12 @@ class EmulatorConfig:
             raise ValueError(f"engine mode must be one of {', '.join(ENGINE_MODES)}, got {self.engine_mode!r}")
         for name in ("error_rate", "drop_rate", "hang_rate"):
             rate = getattr(self, name)
-            if not 0.0 <= rate <= 1.0:      # also rejects NaN
+            if not 0.0 <= rate <= 1.0:  # also rejects NaN
                 raise ValueError(f"{name} must be a probability between 0 and 1, got {rate}")
         if not (math.isfinite(self.extra_latency_s) and self.extra_latency_s >= 0):
             raise ValueError(f"extra_latency_s must be a finite number >= 0, got {self.extra_latency_s}")
-        get_latency_model(self.profile)     # ValueError naming the known profiles
-        make_policy(self.policy)            # ValueError naming the known policies
+        get_latency_model(self.profile)  # ValueError naming the known profiles
+        make_policy(self.policy)  # ValueError naming the known policies
 
 
 class Fault(str, Enum):

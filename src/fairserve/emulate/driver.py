@@ -5,6 +5,7 @@ absolute start, so there is no drift) and then delivers the tokens the step prod
 are due at once (a large time_scale, or a slow event loop) it catches up without sleeping, yielding to the event loop
 every few milliseconds. Everything runs on the event loop's thread, so the engine needs no lock.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,9 @@ from .config import EmulatorConfig, FaultDraw
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("finished", "cancelled", "error", "dropped", "hung", "rejected")
-MIN_SLEEP_S = 0.002     # a step due sooner than this is not slept for: tokens may come up to 2 ms early
-YIELD_EVERY_S = 0.005   # while catching up, let the handlers run this often
-KEEP_JOBS = 10_000      # `jobs` keeps this many of the most recent requests
+MIN_SLEEP_S = 0.002  # a step due sooner than this is not slept for: tokens may come up to 2 ms early
+YIELD_EVERY_S = 0.005  # while catching up, let the handlers run this often
+KEEP_JOBS = 10_000  # `jobs` keeps this many of the most recent requests
 
 
 class TooLarge(ValueError):
@@ -34,10 +35,10 @@ class Job:
     """One request as the HTTP handlers see it. `delivered` only grows, in step with the simulated clock."""
 
     req: SimRequest
-    delivered: int = 0                  # output tokens handed to the handler so far
-    engine_done: bool = False           # the engine finished it (every token is delivered)
-    outcome: str | None = None          # one of OUTCOMES, set once when the handler is done with it
-    changed: asyncio.Event = field(default_factory=asyncio.Event)   # set on every delivery and on close
+    delivered: int = 0  # output tokens handed to the handler so far
+    engine_done: bool = False  # the engine finished it (every token is delivered)
+    outcome: str | None = None  # one of OUTCOMES, set once when the handler is done with it
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every delivery and on close
 
     @property
     def id(self) -> str:
@@ -54,16 +55,19 @@ class Emulator:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         # NOTE: the preset's whole server (its pool, longer tokenized prompts, per-client admission reserve)
-        self.engine = SimEngine(make_policy(config.policy), get_latency_model(config.profile),
-                                engine_config(config.profile, config.kv_tokens, config.engine_mode))
+        self.engine = SimEngine(
+            make_policy(config.policy),
+            get_latency_model(config.profile),
+            engine_config(config.profile, config.kv_tokens, config.engine_mode),
+        )
         self.draw_fault = FaultDraw(config)
-        self.jobs: dict[str, Job] = {}              # by request id, most recent KEEP_JOBS (finished ones too)
+        self.jobs: dict[str, Job] = {}  # by request id, most recent KEEP_JOBS (finished ones too)
         self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
-        self.cancelled = 0                          # requests cancelled in the engine (disconnect, drop, hang)
-        self.prompt_tokens_total = 0                # of prefilled requests (counted at their first token)
-        self.generation_tokens_total = 0            # output tokens delivered
-        self._live: dict[SimRequest, Job] = {}      # submitted, not yet finished or cancelled
-        self._wake: asyncio.Event | None = None      # made in start(), on the serving loop
+        self.cancelled = 0  # requests cancelled in the engine (disconnect, drop, hang)
+        self.prompt_tokens_total = 0  # of prefilled requests (counted at their first token)
+        self.generation_tokens_total = 0  # output tokens delivered
+        self._live: dict[SimRequest, Job] = {}  # submitted, not yet finished or cancelled
+        self._wake: asyncio.Event | None = None  # made in start(), on the serving loop
         self._start = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
@@ -97,8 +101,14 @@ class Emulator:
         self.check_fits(prompt_tokens, max_tokens)
         eng = self.engine
         eng.now = max(eng.now, self.sim_now())
-        req = SimRequest(id=id, client=client, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                         output_tokens=max_tokens, arrival_s=eng.now)
+        req = SimRequest(
+            id=id,
+            client=client,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            output_tokens=max_tokens,
+            arrival_s=eng.now,
+        )
         job = Job(req)
         self.jobs[job.id] = job
         if len(self.jobs) > KEEP_JOBS:

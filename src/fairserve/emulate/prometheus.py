@@ -1,5 +1,6 @@
 """/metrics: vLLM's gauge and counter names (labelled with model_name, as vLLM does) plus the emulator's outcomes.
 Values are read from the driver at scrape time, into a registry private to one app."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -31,18 +32,20 @@ class EmulatorCollector(Collector):
 
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(eng.running))
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.policy.num_queued)
-        yield gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (1 means 100 percent).",
-                    eng.kv_used / eng.config.kv_tokens)
+        yield gauge(
+            "vllm:gpu_cache_usage_perc", "KV-cache usage (1 means 100 percent).", eng.kv_used / eng.config.kv_tokens
+        )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", em.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", em.generation_tokens_total)
-        outcomes = CounterMetricFamily("fairserve_emulator_requests", "Requests by how they ended.",
-                                       labels=["outcome"])
+        outcomes = CounterMetricFamily("fairserve_emulator_requests", "Requests by how they ended.", labels=["outcome"])
         for outcome, n in sorted(em.outcomes.items()):
             outcomes.add_metric([outcome], n)
         yield outcomes
-        yield CounterMetricFamily("fairserve_emulator_cancelled",
-                                  "Requests cancelled in the engine (client disconnect, drop or hang).",
-                                  value=em.cancelled)
+        yield CounterMetricFamily(
+            "fairserve_emulator_cancelled",
+            "Requests cancelled in the engine (client disconnect, drop or hang).",
+            value=em.cancelled,
+        )
 
 
 def make_registry(emulator: Emulator) -> CollectorRegistry:

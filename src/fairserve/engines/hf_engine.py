@@ -7,6 +7,7 @@
 
 `policy=None` runs transformers' own FIFO scheduler (no accounts): the baseline of the benchmarks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,7 @@ from .queue import ClientAccount, EngineQueue, request_id_for
 log = logging.getLogger("fairserve.engine")
 
 START_TIMEOUT_S = 60.0
-LIVENESS_POLL_S = 1.0     # how often a waiting request checks that the generation thread is alive
+LIVENESS_POLL_S = 1.0  # how often a waiting request checks that the generation thread is alive
 
 
 class EngineError(RuntimeError):
@@ -83,8 +84,14 @@ class _Latest:
 
 
 class HFEngine:
-    def __init__(self, model, tokenizer, policy: Policy | None,  # noqa: ANN001
-                 sizing: EngineSizing | None = None, tenants: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        policy: Policy | None,  # noqa: ANN001
+        sizing: EngineSizing | None = None,
+        tenants: tuple[str, ...] = (),
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.sizing = (sizing or EngineSizing()).validate()
         self.queue: EngineQueue | None = EngineQueue(policy, tenants) if policy is not None else None
@@ -92,8 +99,10 @@ class HFEngine:
         self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
         # NOTE: every request passes its own max_new_tokens
         self.generation_config = GenerationConfig(
-            do_sample=False, eos_token_id=self.eos_token_id,
-            pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0)
+            do_sample=False,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0,
+        )
         self._scheduler_name: str | None = None
         self.manager = None
 
@@ -103,11 +112,17 @@ class HFEngine:
         if self.queue is not None:
             self._scheduler_name = register(self.queue)
         cb = ContinuousBatchingConfig(
-            scheduler_type=self._scheduler_name or "fifo", num_blocks=s.num_blocks, page_size=s.page_size,
-            max_batch_tokens=s.max_batch_tokens, max_requests_per_batch=s.max_requests_per_batch,
-            use_async_batching=False, cpu_offload_space=0.0)
-        self.manager = self.model.init_continuous_batching(generation_config=self.generation_config,
-                                                           continuous_batching_config=cb)
+            scheduler_type=self._scheduler_name or "fifo",
+            num_blocks=s.num_blocks,
+            page_size=s.page_size,
+            max_batch_tokens=s.max_batch_tokens,
+            max_requests_per_batch=s.max_requests_per_batch,
+            use_async_batching=False,
+            cpu_offload_space=0.0,
+        )
+        self.manager = self.model.init_continuous_batching(
+            generation_config=self.generation_config, continuous_batching_config=cb
+        )
         self.manager.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while self.manager.batch_processor is None and self.manager.is_running() and time.monotonic() < deadline:
@@ -119,8 +134,10 @@ class HFEngine:
             raise EngineError(f"the engine did not start: {why or 'timed out'}")
         if self.queue is not None and not isinstance(processor.scheduler, FairScheduler):
             self.stop()
-            raise EngineError(f"transformers runs {type(processor.scheduler).__name__}, not the fairserve scheduler "
-                              "(it falls back to FIFO on unknown names): this transformers version is not supported")
+            raise EngineError(
+                f"transformers runs {type(processor.scheduler).__name__}, not the fairserve scheduler "
+                "(it falls back to FIFO on unknown names): this transformers version is not supported"
+            )
 
     def stop(self) -> None:
         if self.manager is not None:
@@ -146,8 +163,9 @@ class HFEngine:
         return None if self.manager.is_running() else "the generation loop has stopped"
 
     # ---- requests -----------------------------------------------------------------------------------------------
-    async def generate(self, client: str, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
-                       stream: bool = True) -> AsyncIterator[GenerationOutput]:
+    async def generate(
+        self, client: str, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False, stream: bool = True
+    ) -> AsyncIterator[GenerationOutput]:
         """The request's latest output (its `generated_tokens` are cumulative) whenever the engine produced more,
         or only the final one with `stream=False`; the last one `is_finished()`. Closing the iterator early cancels
         the request in the engine. Raises EngineStopped if the engine did not take it, EngineError if it failed."""
@@ -160,9 +178,14 @@ class HFEngine:
         done = False
         try:
             # NOTE: called inline (the input queue is unbounded, so this never blocks) to keep arrival order
-            added = mgr.add_request(input_ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=stream,
-                                    eos_token_id=-1 if ignore_eos or self.eos_token_id is None else self.eos_token_id)
-            if added is None:       # stopping: wait for the reason (a crash records it just after failing requests)
+            added = mgr.add_request(
+                input_ids,
+                request_id=rid,
+                max_new_tokens=max_new_tokens,
+                streaming=stream,
+                eos_token_id=-1 if ignore_eos or self.eos_token_id is None else self.eos_token_id,
+            )
+            if added is None:  # stopping: wait for the reason (a crash records it just after failing requests)
                 raise EngineStopped(await self._reason_to_stop())
             while True:
                 out = await latest.get(LIVENESS_POLL_S)
@@ -179,7 +202,7 @@ class HFEngine:
                     return
         finally:
             if not done:
-                with mgr.output_router._lock:       # NOTE: transformers drops handlers only for finished requests
+                with mgr.output_router._lock:  # NOTE: transformers drops handlers only for finished requests
                     mgr.output_router.result_handlers.pop(rid, None)
                 mgr.cancel_request(rid)
 

@@ -1,5 +1,6 @@
 """Models for `fairserve serve --engine transformers`: randomly initialised Llamas built locally (no downloads) for
 tests, demos and CPU benchmarks, or a local Hugging Face model directory."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 SPECIALS = ("<s>", "</s>", "<pad>")
 # NOTE: role headers as plain text, so the byte-level tokenizer of the random models needs no extra tokens
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -50,23 +53,33 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def random_llama(preset: RandomPreset, vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=preset.hidden, intermediate_size=preset.intermediate,
-                         num_hidden_layers=preset.layers, num_attention_heads=preset.heads,
-                         num_key_value_heads=preset.kv_heads, max_position_embeddings=8192,
-                         bos_token_id=vocab_size - 3, eos_token_id=vocab_size - 2, pad_token_id=vocab_size - 1)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=preset.hidden,
+        intermediate_size=preset.intermediate,
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        num_key_value_heads=preset.kv_heads,
+        max_position_embeddings=8192,
+        bos_token_id=vocab_size - 3,
+        eos_token_id=vocab_size - 2,
+        pad_token_id=vocab_size - 1,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
 
-def load_model(spec: str, seed: int = 0, dtype: str = "auto"):   # noqa: ANN201 (model, tokenizer)
+def load_model(spec: str, seed: int = 0, dtype: str = "auto"):  # noqa: ANN201 (model, tokenizer)
     """`spec`: a preset name (see PRESETS) or a local model directory. Never downloads."""
     if spec in PRESETS:
         tokenizer = byte_tokenizer()
         return random_llama(PRESETS[spec], len(tokenizer), seed), tokenizer
     path = Path(spec).expanduser()
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise ModelError(f"--model {spec!r}: not a preset ({', '.join(PRESETS)}) nor a local model directory with a "
-                         "config.json (fairserve never downloads models)")
+        raise ModelError(
+            f"--model {spec!r}: not a preset ({', '.join(PRESETS)}) nor a local model directory with a "
+            "config.json (fairserve never downloads models)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)

@@ -20,6 +20,7 @@ into the running set, past the scheduler.
 Prefix caching: a prompt served partly from cached blocks is still charged in full (service is what the client
 asked for, not what the engine saved).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -56,9 +57,9 @@ def prompt_length(state: RequestState) -> int:
 
 
 class FairScheduler(hf_scheduler.FIFOScheduler):
-    queue: EngineQueue[RequestState]        # set by `register`
+    queue: EngineQueue[RequestState]  # set by `register`
 
-    def __init__(self, cache, safety_margin, max_requests_per_batch) -> None:   # noqa: ANN001 (transformers' types)
+    def __init__(self, cache, safety_margin, max_requests_per_batch) -> None:  # noqa: ANN001 (transformers' types)
         self._ending: dict[str, RequestState] = {}
         super().__init__(cache, safety_margin, max_requests_per_batch)
 
@@ -67,16 +68,19 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         # NOTE: raising here makes transformers fail this one request with our message
         rid = state.request_id
         if state.num_children or "__child#" in rid:
-            raise RuntimeError("parallel sampling (num_return_sequences > 1) is not supported by the fairserve "
-                               "scheduler: its forked requests would bypass the policy")
+            raise RuntimeError(
+                "parallel sampling (num_return_sequences > 1) is not supported by the fairserve "
+                "scheduler: its forked requests would bypass the policy"
+            )
         ended = self._ending.pop(rid, None)
         if ended is not None and (state._true_initial_tokens or state.is_cpu_offloaded):
-            self.queue.preempted(rid, state)        # evicted a moment ago (soft reset or offload): back, not anew
+            self.queue.preempted(rid, state)  # evicted a moment ago (soft reset or offload): back, not anew
         else:
-            if ended is not None:                   # a finished request whose id is reused
+            if ended is not None:  # a finished request whose id is reused
                 self.queue.finished(rid, generated(ended))
-            if not self.queue.arrive(rid, state, prompt_length(state), max_tokens=state.max_new_tokens,
-                                     now=time.monotonic()):
+            if not self.queue.arrive(
+                rid, state, prompt_length(state), max_tokens=state.max_new_tokens, now=time.monotonic()
+            ):
                 raise RuntimeError(f"the policy {self.queue.policy.name!r} rejected request {rid!r}")
         super().add_waiting_request(state)
 
@@ -112,15 +116,17 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         self._ending = {}
 
     # ---- scheduling ---------------------------------------------------------------------------------------------
-    def schedule_batch(self, token_budget: int, cache_budget: int
-                       ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+    def schedule_batch(
+        self, token_budget: int, cache_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
         self._settle()
         decoding = [s for s in self.active_requests.values() if s.status == RequestStatus.DECODING]
         prefilling = [s for s in self.active_requests.values() if s.status == RequestStatus.PREFILLING]
         left_waiting: set[str] = set()
         batch, failed, fast_path, num_q, max_kv = self._process_candidates(
-            decoding + prefilling, token_budget, cache_budget, left_waiting)
-        starved = self.starved_requests     # NOTE: each _process_candidates call resets it; keep the running ones'
+            decoding + prefilling, token_budget, cache_budget, left_waiting
+        )
+        starved = self.starved_requests  # NOTE: each _process_candidates call resets it; keep the running ones'
         token_budget, cache_budget = token_budget - num_q, cache_budget - max_kv
         if not self.block_new_requests:
             new, new_failed, new_fast, new_q, new_kv = self._admit(batch, token_budget, cache_budget, left_waiting)
@@ -137,8 +143,9 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
             return None, fast_path, 0, 0
         return batch, fast_path, num_q, max_kv
 
-    def _admit(self, batch: list[FutureRequestState], token_budget: int, cache_budget: int, left_waiting: set[str]
-               ) -> tuple[list[FutureRequestState], bool, bool, int, int]:
+    def _admit(
+        self, batch: list[FutureRequestState], token_budget: int, cache_budget: int, left_waiting: set[str]
+    ) -> tuple[list[FutureRequestState], bool, bool, int, int]:
         """Admit waiting requests in policy order until one does not fit (or a budget runs out)."""
         new: list[FutureRequestState] = []
         failed, fast_path, num_q, max_kv = False, True, 0, 0
@@ -146,19 +153,18 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         # NOTE: admitted requests must all fit one batch: transformers decodes at most max_requests_per_batch a step,
         # oldest first, so admitting more (cheap with prefix sharing) would hand the order to arrival time, not VTC
         while token_budget > 0 and len(self.active_requests) < self.max_requests_per_batch:
-            if (batch or new) and margin_ok is None:    # transformers' rule: under the safety margin, one new prefill
+            if (batch or new) and margin_ok is None:  # transformers' rule: under the safety margin, one new prefill
                 margin_ok = self._try_to_meet_safety_margin()
             if margin_ok is False:
                 break
-            with self.queue.lock:       # NOTE: a counter reset or weight change must not reorder peek → pop
+            with self.queue.lock:  # NOTE: a counter reset or weight change must not reorder peek → pop
                 state = self.queue.peek()
                 if state is None:
                     break
-                got, failed, fast, q, kv = self._process_candidates([state], token_budget, cache_budget,
-                                                                    left_waiting)
-                if state.request_id not in self.waiting_requests:   # scheduled, or made active by a prefix match
+                got, failed, fast, q, kv = self._process_candidates([state], token_budget, cache_budget, left_waiting)
+                if state.request_id not in self.waiting_requests:  # scheduled, or made active by a prefix match
                     self.queue.pop()
-            if not got:     # `failed` then says whether it failed for want of cache
+            if not got:  # `failed` then says whether it failed for want of cache
                 break
             new += got
             fast_path &= fast

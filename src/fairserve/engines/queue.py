@@ -15,6 +15,7 @@ Engines call it from their scheduling thread while HTTP handlers read accounts (
 from another: every method takes `lock`, a re-entrant lock, and a scheduler that must peek, try and then pop the
 same request holds it across the three (uncontended: ~0.1 µs).
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,9 +26,9 @@ from ..core import DEFAULT_TENANT, Ledger, LedgerView, Policy, Request, RequestS
 
 T = TypeVar("T")
 
-CLIENT_SEP = "::"                 # request id = "<client>::<unique part>"
-DEFAULT_CLIENT = DEFAULT_TENANT   # requests whose id names no client
-ClientAccount = TenantView        # what `accounts()` returns per client
+CLIENT_SEP = "::"  # request id = "<client>::<unique part>"
+DEFAULT_CLIENT = DEFAULT_TENANT  # requests whose id names no client
+ClientAccount = TenantView  # what `accounts()` returns per client
 
 
 def request_id_for(client: str, unique: str) -> str:
@@ -51,12 +52,23 @@ class EngineQueue(Generic[T]):
         self.lock = threading.RLock()
 
     # ---- arrivals and admission ---------------------------------------------------------------------------------
-    def arrive(self, request_id: str, item: T, prompt_tokens: int, client: str | None = None,
-               max_tokens: int | None = None, now: float = 0.0) -> bool:
+    def arrive(
+        self,
+        request_id: str,
+        item: T,
+        prompt_tokens: int,
+        client: str | None = None,
+        max_tokens: int | None = None,
+        now: float = 0.0,
+    ) -> bool:
         """A new request. False if the policy rejected it (rate limits): the engine should fail it."""
         with self.lock:
-            return self.ledger.arrive(request_id, client or client_of(request_id), prompt_tokens, max_tokens, now,
-                                      item=item) is not None
+            return (
+                self.ledger.arrive(
+                    request_id, client or client_of(request_id), prompt_tokens, max_tokens, now, item=item
+                )
+                is not None
+            )
 
     def peek(self) -> T | None:
         """The engine object of the request the policy admits next."""

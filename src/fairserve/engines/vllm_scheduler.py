@@ -37,6 +37,7 @@ vLLM 0.33 also keeps `kv_holding_waiting`, a queue of waiting requests that alre
 streaming-input sessions), drained before `waiting`. Everything in it was admitted (and charged) through `waiting`
 or arrived holding blocks, so it stays vLLM's own queue: to VTC those requests are running.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,8 @@ from .queue import ClientAccount, EngineQueue, client_of
 logger = logging.getLogger(__name__)
 
 CLIENT_ARG = "fairserve_client"
-SCHEDULER_PATH = "fairserve.engines.vllm_scheduler.VTCScheduler"   # the value of --scheduler-cls
-_CANCEL_STATUSES = frozenset({"FINISHED_ABORTED", "FINISHED_ERROR"})   # charged only for what was done
+SCHEDULER_PATH = "fairserve.engines.vllm_scheduler.VTCScheduler"  # the value of --scheduler-cls
+_CANCEL_STATUSES = frozenset({"FINISHED_ABORTED", "FINISHED_ERROR"})  # charged only for what was done
 
 
 # ---- configuration ----------------------------------------------------------------------------------------------
@@ -69,17 +70,22 @@ class VTCConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> VTCConfig:
         """Read the FAIRSERVE_* variables. ValueError names the bad one."""
         env = os.environ if env is None else env
-        return cls(policy=env.get("FAIRSERVE_POLICY", "").strip() or "vtc",
-                   weights=parse_weights(env.get("FAIRSERVE_WEIGHTS", "").strip(), "FAIRSERVE_WEIGHTS"),
-                   w_p=_number(env, "FAIRSERVE_WP", 1.0), w_q=_number(env, "FAIRSERVE_WQ", 2.0),
-                   cost=env.get("FAIRSERVE_COST", "").strip() or None,
-                   client_key=env.get("FAIRSERVE_CLIENT_KEY", "").strip() or CLIENT_ARG)
+        return cls(
+            policy=env.get("FAIRSERVE_POLICY", "").strip() or "vtc",
+            weights=parse_weights(env.get("FAIRSERVE_WEIGHTS", "").strip(), "FAIRSERVE_WEIGHTS"),
+            w_p=_number(env, "FAIRSERVE_WP", 1.0),
+            w_q=_number(env, "FAIRSERVE_WQ", 2.0),
+            cost=env.get("FAIRSERVE_COST", "").strip() or None,
+            client_key=env.get("FAIRSERVE_CLIENT_KEY", "").strip() or CLIENT_ARG,
+        )
 
     def make_policy(self) -> Policy:
         policy = make_policy(self.policy, weights=self.weights, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
         if isinstance(policy, RPM):
-            raise ValueError(f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
-                             "use a policy that only orders (vtc, weighted-vtc, lcf, fcfs, drr, vtc-predict)")
+            raise ValueError(
+                f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
+                "use a policy that only orders (vtc, weighted-vtc, lcf, fcfs, drr, vtc-predict)"
+            )
         return policy
 
 
@@ -146,8 +152,8 @@ class VTCRequestQueue:
 
     def __init__(self, engine_queue: EngineQueue, client_key: str = CLIENT_ARG) -> None:
         self.engine_queue = engine_queue
-        self._turns: dict[str, tuple[int, int]] = {}    # request id -> (outputs of earlier session turns, last count)
-        self._fresh: set[str] = set()     # popped for a first admission in this pass, not yet seen scheduled
+        self._turns: dict[str, tuple[int, int]] = {}  # request id -> (outputs of earlier session turns, last count)
+        self._fresh: set[str] = set()  # popped for a first admission in this pass, not yet seen scheduled
         self.client_key = client_key
 
     @classmethod
@@ -162,13 +168,17 @@ class VTCRequestQueue:
     def add_request(self, request: Any) -> None:
         rid = request.request_id
         if self.engine_queue.request(rid) is not None:
-            self._put_back(request)     # a streaming session's next turn, or any re-enqueue of a known request
+            self._put_back(request)  # a streaming session's next turn, or any re-enqueue of a known request
             return
-        accepted = self.engine_queue.arrive(rid, request, request.num_prompt_tokens,
-                                            client=client_of_request(request, self.client_key),
-                                            max_tokens=_max_tokens(request),
-                                            now=float(getattr(request, "arrival_time", 0.0) or 0.0))
-        if not accepted:    # VTCConfig refuses rejecting policies; a custom one must not reject either
+        accepted = self.engine_queue.arrive(
+            rid,
+            request,
+            request.num_prompt_tokens,
+            client=client_of_request(request, self.client_key),
+            max_tokens=_max_tokens(request),
+            now=float(getattr(request, "arrival_time", 0.0) or 0.0),
+        )
+        if not accepted:  # VTCConfig refuses rejecting policies; a custom one must not reject either
             raise RuntimeError(f"policy {self.policy.name!r} rejected request {rid!r}")
 
     def pop_request(self) -> Any:
@@ -234,7 +244,7 @@ class VTCRequestQueue:
             if req is None:
                 continue
             self._fresh.discard(request.request_id)
-            if request.num_prompt_tokens > req.prompt_tokens:     # a streaming session's next turn
+            if request.num_prompt_tokens > req.prompt_tokens:  # a streaming session's next turn
                 eq.prompt(request.request_id, request.num_prompt_tokens)
             new = self._outputs(request) - req.output_done
             if new > 0:
@@ -275,19 +285,24 @@ class VTCRequestQueue:
         eq = self.engine_queue
         with eq.lock:
             if unpop and rid in self._fresh and _never_ran(request):
-                self._fresh.discard(rid)    # popped in this pass and skipped: as if never popped
+                self._fresh.discard(rid)  # popped in this pass and skipped: as if never popped
                 eq.unpop(rid, request)
                 return
             if eq.preempted(rid, request) or rid in eq:
                 return
         # unknown here: it reached vLLM's queues without passing ours (e.g. a session that arrived holding blocks)
-        eq.arrive(rid, request, request.num_prompt_tokens, client=client_of_request(request, self.client_key),
-                  max_tokens=_max_tokens(request), now=float(getattr(request, "arrival_time", 0.0) or 0.0))
+        eq.arrive(
+            rid,
+            request,
+            request.num_prompt_tokens,
+            client=client_of_request(request, self.client_key),
+            max_tokens=_max_tokens(request),
+            now=float(getattr(request, "arrival_time", 0.0) or 0.0),
+        )
 
 
 # ---- the scheduler classes (need vLLM) ----------------------------------------------------------------------------
-def scheduler_classes(scheduler_base: type, async_base: type,
-                      log: logging.Logger = logger) -> tuple[type, type]:
+def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logger = logger) -> tuple[type, type]:
     """(VTCScheduler, VTCSyncScheduler) over the given vLLM bases. `VTCScheduler` subclasses the async scheduler
     (a custom class that subclasses the plain one loses async scheduling) and becomes a `VTCSyncScheduler` when
     the engine runs without async scheduling (`--no-async-scheduling`, pipeline parallelism, ...)."""
@@ -302,9 +317,13 @@ def scheduler_classes(scheduler_base: type, async_base: type,
                 raise RuntimeError("the waiting queue was not empty when fairserve replaced it")
             self.fairserve = VTCRequestQueue.from_config(config)
             self.waiting = self.fairserve
-            log.info("fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, client key %r)",
-                     self.fairserve.policy.name, self.fairserve.policy.cost.name, config.weights or "none",
-                     config.client_key)
+            log.info(
+                "fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, client key %r)",
+                self.fairserve.policy.name,
+                self.fairserve.policy.cost.name,
+                config.weights or "none",
+                config.client_key,
+            )
 
         def schedule(self, *args: Any, **kwargs: Any) -> Any:
             output = super().schedule(*args, **kwargs)
@@ -332,12 +351,12 @@ def scheduler_classes(scheduler_base: type, async_base: type,
     class VTCScheduler(_VTCMixin, async_base):  # type: ignore[misc, valid-type]
         """vLLM's async scheduler with the waiting queue in fairserve policy order."""
 
-        def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:   # vLLM passes vllm_config=...
+        def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:  # vLLM passes vllm_config=...
             if cls is VTCScheduler and not _async_scheduling(vllm_config):
-                return VTCSyncScheduler(vllm_config, *args, **kwargs)   # not a VTCScheduler: __init__ runs once
+                return VTCSyncScheduler(vllm_config, *args, **kwargs)  # not a VTCScheduler: __init__ runs once
             return super().__new__(cls)
 
-    for cls in (VTCSyncScheduler, VTCScheduler):   # picklable by name, as vLLM may pass the class to its workers
+    for cls in (VTCSyncScheduler, VTCScheduler):  # picklable by name, as vLLM may pass the class to its workers
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
     return VTCScheduler, VTCSyncScheduler
@@ -345,7 +364,7 @@ def scheduler_classes(scheduler_base: type, async_base: type,
 
 def _async_scheduling(vllm_config: Any) -> bool:
     value = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", None)
-    return value is None or bool(value)     # None: not resolved yet; vLLM then enables it where it can
+    return value is None or bool(value)  # None: not resolved yet; vLLM then enables it where it can
 
 
 def _load_vllm_classes() -> tuple[type, type]:

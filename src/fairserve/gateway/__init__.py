@@ -2,6 +2,7 @@
 
 `create_app` is imported lazily, so `fairserve.gateway.cli` (and the main CLI's parser) loads no web stack.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -17,5 +18,6 @@ __all__ = ["create_app", "GatewayConfig", "BackendConfig", "TenantConfig", "buil
 def __getattr__(name: str) -> Any:
     if name == "create_app":
         from .app import create_app
+
         return create_app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

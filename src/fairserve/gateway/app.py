@@ -1,4 +1,5 @@
 """The gateway's HTTP app: OpenAI-compatible routes, identity, health, metrics, admin, and error bodies."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,30 +47,49 @@ class Gateway:
         limit = sum(b.max_inflight_requests for b in cfg.backends) + 16
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(cfg.chunk_timeout_s, connect=cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
-        self.upstream = Upstream(connect_timeout=cfg.connect_timeout_s, read_timeout=cfg.chunk_timeout_s,
-                                 max_connections=limit, first_byte_timeout=cfg.request_timeout_s)
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        )
+        self.upstream = Upstream(
+            connect_timeout=cfg.connect_timeout_s,
+            read_timeout=cfg.chunk_timeout_s,
+            max_connections=limit,
+            first_byte_timeout=cfg.request_timeout_s,
+        )
         self.proxy = Proxy(self.sched, self.upstream)
-        self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)   # adaptive backends only
+        self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
 
     def backend_rows(self) -> list[dict[str, Any]]:
         """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""
-        return [{"url": b.name, "healthy": b.healthy, "in_flight_requests": b.requests, "in_flight_tokens": b.tokens,
-                 "limit_requests": b.limit, "adaptive": b.cfg.adaptive, **({"reason": b.reason} if b.reason else {})}
-                for b in self.sched.backends]
+        return [
+            {
+                "url": b.name,
+                "healthy": b.healthy,
+                "in_flight_requests": b.requests,
+                "in_flight_tokens": b.tokens,
+                "limit_requests": b.limit,
+                "adaptive": b.cfg.adaptive,
+                **({"reason": b.reason} if b.reason else {}),
+            }
+            for b in self.sched.backends
+        ]
 
     def health_report(self) -> tuple[int, dict[str, Any]]:
         """`/healthz`: 200 while some backend is up, else 503 with the reason."""
         backends = self.backend_rows()
         up = bool(self.sched.healthy)
-        doc: dict[str, Any] = {"status": "ok" if up else "unavailable", "policy": self.sched.policy.name,
-                               "queued": self.sched.policy.num_queued, "backends": backends}
-        if self.sched.shared is not None:    # NOTE: degraded shared state still serves: 200, said in the body
+        doc: dict[str, Any] = {
+            "status": "ok" if up else "unavailable",
+            "policy": self.sched.policy.name,
+            "queued": self.sched.policy.num_queued,
+            "backends": backends,
+        }
+        if self.sched.shared is not None:  # NOTE: degraded shared state still serves: 200, said in the body
             doc["shared_state"] = self.sched.shared.status()
         if not up:
-            doc["reason"] = "no backend is healthy: " + "; ".join(f"{b.name}: {b.reason or 'down'}"
-                                                                 for b in self.sched.backends)
+            doc["reason"] = "no backend is healthy: " + "; ".join(
+                f"{b.name}: {b.reason or 'down'}" for b in self.sched.backends
+            )
         return (200 if up else 503), doc
 
     def tenant(self, request: Request) -> str | None:
@@ -131,7 +151,7 @@ class _GatewayApp(FastAPI):
 
 
 def _started(scope: Scope) -> bool:
-    return bool(scope.get("fairserve.streaming"))    # set by the proxy before it starts a stream
+    return bool(scope.get("fairserve.streaming"))  # set by the proxy before it starts a stream
 
 
 class _Asgi(Response):
@@ -154,8 +174,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if gw.sched.shared is not None:
-            await gw.sched.shared.start()   # NOTE: syncs in a task of its own; the request path never waits on Redis
-        gw.capacity.start()          # NOTE: a task of its own, nothing on the request path
+            await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
+        gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
         yield
         # NOTE: requests cut off at the end of the drain are still sending their last event and settling
@@ -178,7 +198,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             return await _unauthorized()(scope, receive, send)
         try:
             await gw.proxy.handle(scope, receive, send, kind, tenant)
-        except Exception as exc:        # what the app's handler of unexpected errors would do
+        except Exception as exc:  # what the app's handler of unexpected errors would do
             log.error("unexpected error on %s %s: %r", scope["method"], scope["path"], exc)
             if not _started(scope):
                 await error_response(500, "internal gateway error", code="internal_error")(scope, receive, send)

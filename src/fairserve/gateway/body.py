@@ -1,4 +1,5 @@
 """What the gateway reads from OpenAI request and response bodies: validation, token estimates, usage."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ CHAT, COMPLETIONS = "chat", "completions"
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 
 
-BodyError = BadRequest         # a request body the gateway refuses (400); `param` names the offending field
+BodyError = BadRequest  # a request body the gateway refuses (400); `param` names the offending field
 
 
 def loads(data: bytes | str) -> Any:
@@ -29,11 +30,11 @@ def loads(data: bytes | str) -> Any:
 class Parsed:
     body: dict[str, Any]
     stream: bool
-    wants_usage: bool          # the client itself asked for stream_options.include_usage
-    prompt_tokens: int         # the gateway's estimate
-    max_tokens: int | None     # as the client set it (chat: max_completion_tokens, else max_tokens)
+    wants_usage: bool  # the client itself asked for stream_options.include_usage
+    prompt_tokens: int  # the gateway's estimate
+    max_tokens: int | None  # as the client set it (chat: max_completion_tokens, else max_tokens)
     n: int
-    raw: bytes = b""           # the body as the client sent it
+    raw: bytes = b""  # the body as the client sent it
 
 
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
@@ -42,12 +43,12 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     try:
         body, plain = orjson.loads(raw), True
     except orjson.JSONDecodeError:
-        body, plain = parse_json(raw), False     # not plain UTF-8 JSON: re-encoded before it goes upstream
+        body, plain = parse_json(raw), False  # not plain UTF-8 JSON: re-encoded before it goes upstream
     r = parse_request(body, kind == CHAT, strict=False, count=count)
     return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"")
 
 
-ENGINE_CLIENT_KEY = "fairserve_client"     # what fairserve's vLLM scheduler reads from `vllm_xargs`
+ENGINE_CLIENT_KEY = "fairserve_client"  # what fairserve's vLLM scheduler reads from `vllm_xargs`
 
 
 def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
@@ -60,17 +61,17 @@ def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
         body = {**body, "vllm_xargs": {**(xargs if isinstance(xargs, dict) else {}), ENGINE_CLIENT_KEY: engine_client}}
         parsed = replace(parsed, body=body, raw=b"")
     if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
-        return parsed.raw           # nothing to change: the client's bytes as they are
+        return parsed.raw  # nothing to change: the client's bytes as they are
     if "stream_options" not in body and parsed.raw:
         end = parsed.raw.rstrip().rfind(b"}")
-        if end > 0:                 # the one key added at the end of the client's object
+        if end > 0:  # the one key added at the end of the client's object
             return parsed.raw[:end] + b',"stream_options":{"include_usage":true}}'
     if parsed.stream and not parsed.wants_usage:
         body = dict(body)
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     try:
         return json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:      # lone surrogates (valid JSON escapes): keep them escaped
+    except UnicodeEncodeError:  # lone surrogates (valid JSON escapes): keep them escaped
         return json.dumps(body).encode()
 
 
@@ -108,6 +109,7 @@ def usage_of(doc: Any) -> tuple[int | None, int | None]:
         v = usage.get(name)
         # NOTE: bounded like a request's counts: a backend's 10**400 would overflow the accounting
         return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT else None
+
     return count("prompt_tokens"), count("completion_tokens")
 
 
@@ -115,6 +117,9 @@ def response_output_tokens(doc: Any, kind: str, count: TokenCounter = estimate_t
     """The estimate of a non-streamed response's output, for backends that report no usage."""
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         return 0
-    chunk = {"choices": [{"delta": c.get("message"), "text": c.get("text")} if isinstance(c, dict) else c
-                         for c in doc["choices"]]}
+    chunk = {
+        "choices": [
+            {"delta": c.get("message"), "text": c.get("text")} if isinstance(c, dict) else c for c in doc["choices"]
+        ]
+    }
     return delta_tokens(chunk, kind, count)

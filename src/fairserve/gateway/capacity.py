@@ -9,6 +9,7 @@ The rule (AIMD, once per scrape, between 1 and the configured `max_inflight_requ
 - not congested, the gateway has a queue and this backend is full at the limit: raise the limit by 1 (additive);
 - otherwise, keep it. No reading (scrape failed, unknown metrics): the static limit, as without `adaptive`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,13 +28,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fairserve.gateway")
 
-KV_HIGH = 0.95          # KV-cache usage at which a backend is about to queue or preempt
+KV_HIGH = 0.95  # KV-cache usage at which a backend is about to queue or preempt
 # server -> (waiting, running, KV usage 0..1 or None): the metric names each server exposes, first found wins
 SERVERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "vllm": (("vllm:num_requests_waiting",), ("vllm:num_requests_running",),
-             ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    "vllm": (
+        ("vllm:num_requests_waiting",),
+        ("vllm:num_requests_running",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    ),
     "sglang": (("sglang:num_queue_reqs",), ("sglang:num_running_reqs",), ("sglang:token_usage",)),
-    "llama.cpp": (("llamacpp:requests_deferred",), ("llamacpp:requests_processing",), ("llamacpp:kv_cache_usage_ratio",)),
+    "llama.cpp": (
+        ("llamacpp:requests_deferred",),
+        ("llamacpp:requests_processing",),
+        ("llamacpp:kv_cache_usage_ratio",),
+    ),
 }
 
 
@@ -91,7 +99,7 @@ class CapacityMonitor:
     def __init__(self, sched: Scheduler, client: httpx.AsyncClient, interval_s: float) -> None:
         self.sched, self.client, self.interval_s = sched, client, interval_s
         self.backends = [b for b in sched.backends if b.cfg.adaptive]
-        self._failing: set[str] = set()      # backends whose last scrape gave no reading (logged once)
+        self._failing: set[str] = set()  # backends whose last scrape gave no reading (logged once)
         self._task: asyncio.Task[None] | None = None
 
     async def _read(self, b: Backend) -> Reading | None:
@@ -103,10 +111,14 @@ class CapacityMonitor:
             why = f"HTTP {resp.status_code}" if resp.status_code != 200 else "no vLLM, SGLang or llama.cpp metrics"
         except httpx.HTTPError as e:
             reading, why = None, redact_text(f"{type(e).__name__}: {e}")
-        if reading is None and b.url not in self._failing:      # NOTE: once per failing streak, not per scrape
+        if reading is None and b.url not in self._failing:  # NOTE: once per failing streak, not per scrape
             self._failing.add(b.url)
-            log.warning("adaptive capacity: no reading from %s (%s); using the static limit %d",
-                        redact(url), why, b.cfg.max_inflight_requests)
+            log.warning(
+                "adaptive capacity: no reading from %s (%s); using the static limit %d",
+                redact(url),
+                why,
+                b.cfg.max_inflight_requests,
+            )
         elif reading is not None and b.url in self._failing:
             self._failing.discard(b.url)
             log.info("adaptive capacity: reading %s metrics from %s", reading.server, redact(url))

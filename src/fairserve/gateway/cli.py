@@ -2,6 +2,7 @@
 
 Flags override the file's keys; a repeated list flag (`--backend`, `--tenant`, `--model`) replaces the file's list.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,34 @@ from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import GatewayConfig, load_config
 
 # flag dest -> config key, for the scalar keys
-SCALARS = {**SERVER_SCALARS, "listen": "listen", "policy": "policy", "queue_limit": "queue_limit",
-           "queue_ttl": "queue_ttl_s", "trusted_proxy": "trusted_proxy", "tokenizer": "tokenizer",
-           "default_max_tokens": "default_max_tokens", "backend_cooldown": "backend_cooldown_s",
-           "request_timeout": "request_timeout_s", "access_log": "access_log", "metrics_interval": "metrics_interval_s",
-           "health_path": "health_path", "health_interval": "health_interval_s",
-           "connect_timeout": "connect_timeout_s", "chunk_timeout": "chunk_timeout_s",
-           "state": "state", "state_interval": "state_interval_s"}
-BACKEND_OPTIONS = {"max_requests": "max_inflight_requests", "max_tokens": "max_inflight_tokens", "api_key": "api_key",
-                   "adaptive": "adaptive", "metrics_url": "metrics_url", "engine_tenant": "engine_tenant"}
+SCALARS = {
+    **SERVER_SCALARS,
+    "listen": "listen",
+    "policy": "policy",
+    "queue_limit": "queue_limit",
+    "queue_ttl": "queue_ttl_s",
+    "trusted_proxy": "trusted_proxy",
+    "tokenizer": "tokenizer",
+    "default_max_tokens": "default_max_tokens",
+    "backend_cooldown": "backend_cooldown_s",
+    "request_timeout": "request_timeout_s",
+    "access_log": "access_log",
+    "metrics_interval": "metrics_interval_s",
+    "health_path": "health_path",
+    "health_interval": "health_interval_s",
+    "connect_timeout": "connect_timeout_s",
+    "chunk_timeout": "chunk_timeout_s",
+    "state": "state",
+    "state_interval": "state_interval_s",
+}
+BACKEND_OPTIONS = {
+    "max_requests": "max_inflight_requests",
+    "max_tokens": "max_inflight_tokens",
+    "api_key": "api_key",
+    "adaptive": "adaptive",
+    "metrics_url": "metrics_url",
+    "engine_tenant": "engine_tenant",
+}
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -32,8 +52,10 @@ def parse_backend(text: str) -> dict[str, Any]:
     for opt in options:
         name, sep, value = (x.strip() for x in opt.partition("="))
         if not sep or name not in BACKEND_OPTIONS:
-            raise ValueError(f"bad --backend option {opt!r} in {text!r}: expected one of "
-                             f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}")
+            raise ValueError(
+                f"bad --backend option {opt!r} in {text!r}: expected one of "
+                f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}"
+            )
         if name in ("api_key", "metrics_url"):
             out[name] = value
             continue
@@ -51,8 +73,9 @@ def parse_backend(text: str) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """Raises ValueError with one line on any problem."""
-    overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in SCALARS.items()
-                                 if getattr(args, dest, None) is not None}
+    overrides: dict[str, Any] = {
+        key: getattr(args, dest) for dest, key in SCALARS.items() if getattr(args, dest, None) is not None
+    }
     if args.backend:
         overrides["backends"] = [parse_backend(b) for b in args.backend]
     if args.tenant:
@@ -64,42 +87,71 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = subparsers.add_parser(
-        "gateway", help="serve a fair OpenAI-compatible gateway in front of OpenAI-compatible servers",
+        "gateway",
+        help="serve a fair OpenAI-compatible gateway in front of OpenAI-compatible servers",
         description="A fair OpenAI-compatible gateway: requests from tenants are queued and admitted to the "
-                    "backends in the order of a fairness policy (VTC by default). See docs/gateway.md.")
+        "backends in the order of a fairness policy (VTC by default). See docs/gateway.md.",
+    )
     g.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
     g.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:8080)")
-    g.add_argument("--backend", action="append",
-                   metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U,engine_tenant=1]",
-                   help="an OpenAI-compatible server; repeat for several. engine_tenant=1: name the tenant to the "
-                        "engine (vllm_xargs.fairserve_client, for vLLM with fairserve's VTCScheduler). "
-                        "adaptive=1: limit its in-flight requests "
-                        "from its /metrics (vLLM, SGLang, llama.cpp)")
+    g.add_argument(
+        "--backend",
+        action="append",
+        metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U,engine_tenant=1]",
+        help="an OpenAI-compatible server; repeat for several. engine_tenant=1: name the tenant to the "
+        "engine (vllm_xargs.fairserve_client, for vLLM with fairserve's VTCScheduler). "
+        "adaptive=1: limit its in-flight requests "
+        "from its /metrics (vLLM, SGLang, llama.cpp)",
+    )
     g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
     add_server_arguments(g)
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
     g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
-    g.add_argument("--trusted-proxy", action="store_true", default=None,
-                   help="honour X-Tenant-Id from holders of a valid key")
-    g.add_argument("--tokenizer", metavar="NAME", help='"estimate" (default), "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken" (local files)')
+    g.add_argument(
+        "--trusted-proxy", action="store_true", default=None, help="honour X-Tenant-Id from holders of a valid key"
+    )
+    g.add_argument(
+        "--tokenizer",
+        metavar="NAME",
+        help='"estimate" (default), "hf:PATH/tokenizer.json" or "tiktoken:ENCODING@PATH.tiktoken" (local files)',
+    )
     g.add_argument("--default-max-tokens", type=int, metavar="N", help="assumed max_tokens when unset (512)")
     g.add_argument("--model", action="append", metavar="NAME", help="model names for /v1/models if no backend answers")
-    g.add_argument("--backend-cooldown", type=float, metavar="S",
-                   help="without health checks: skip an unreachable backend this long (2)")
+    g.add_argument(
+        "--backend-cooldown",
+        type=float,
+        metavar="S",
+        help="without health checks: skip an unreachable backend this long (2)",
+    )
     g.add_argument("--health-path", metavar="PATH", help="each backend's health check path (/health)")
     g.add_argument("--health-interval", type=float, metavar="S", help="seconds between health checks; 0: none (5)")
     g.add_argument("--connect-timeout", type=float, metavar="S", help="connecting to a backend (5)")
-    g.add_argument("--request-timeout", type=float, metavar="S",
-                   help="a backend's first byte (a non-streamed answer: all of it), seconds (120)")
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="S",
+        help="a backend's first byte (a non-streamed answer: all of it), seconds (120)",
+    )
     g.add_argument("--chunk-timeout", type=float, metavar="S", help="between two pieces of a backend's answer (30)")
-    g.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
-                   help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)")
-    g.add_argument("--metrics-interval", type=float, metavar="S",
-                   help="seconds between reads of adaptive backends' /metrics (1)")
-    g.add_argument("--state", metavar="URL", help="share counters, backlog and backend capacity with other replicas "
-                   "through Redis: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)")
-    g.add_argument("--state-interval", type=float, metavar="S",
-                   help="seconds between flushes to the shared state (0.02)")
+    g.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        default=None,
+        help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)",
+    )
+    g.add_argument(
+        "--metrics-interval", type=float, metavar="S", help="seconds between reads of adaptive backends' /metrics (1)"
+    )
+    g.add_argument(
+        "--state",
+        metavar="URL",
+        help="share counters, backlog and backend capacity with other replicas "
+        "through Redis: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)",
+    )
+    g.add_argument(
+        "--state-interval", type=float, metavar="S", help="seconds between flushes to the shared state (0.02)"
+    )
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return g
 
@@ -116,15 +168,25 @@ def run(args: argparse.Namespace) -> int:
         import asyncio
 
         from .shared_state import SharedStateError, probe
+
         try:
             asyncio.run(probe(cfg.state))
         except SharedStateError as e:
             print(f"fairserve: error: {e}", file=sys.stderr)
             return 1
-    print(f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
-          f"listening on http://{cfg.listen}", file=sys.stderr)
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=args.log_level, access_log=cfg.access_log,
-                **server_options(cfg.client_timeout_s, cfg.drain_timeout_s))
+    print(
+        f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
+        f"listening on http://{cfg.listen}",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        create_app(cfg),
+        host=cfg.host,
+        port=cfg.port,
+        log_level=args.log_level,
+        access_log=cfg.access_log,
+        **server_options(cfg.client_timeout_s, cfg.drain_timeout_s),
+    )
     return 0
 
 

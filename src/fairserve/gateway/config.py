@@ -1,5 +1,6 @@
 """Gateway configuration: a TOML file and/or command-line flags, validated into one `GatewayConfig` (one error
 line naming the key, see `api.config`). Tenants, keys and weights are `tenancy`'s."""
+
 from __future__ import annotations
 
 import re
@@ -56,11 +57,11 @@ def has_credentials(url: str) -> bool:
 class BackendConfig(Strict):
     url: str
     max_inflight_requests: int = Field(32, ge=1)
-    max_inflight_tokens: int | None = Field(None, ge=1)   # prompt + max_tokens of the requests in flight
-    api_key: str | None = None                             # sent upstream as `Authorization: Bearer`
-    adaptive: bool = False                                 # limit in-flight requests from the backend's /metrics
-    metrics_url: str | None = None                         # default: URL/metrics (gateway/capacity.py)
-    engine_tenant: bool = False                            # name the tenant to the engine (vLLM with VTCScheduler)
+    max_inflight_tokens: int | None = Field(None, ge=1)  # prompt + max_tokens of the requests in flight
+    api_key: str | None = None  # sent upstream as `Authorization: Bearer`
+    adaptive: bool = False  # limit in-flight requests from the backend's /metrics
+    metrics_url: str | None = None  # default: URL/metrics (gateway/capacity.py)
+    engine_tenant: bool = False  # name the tenant to the engine (vLLM with VTCScheduler)
 
     @property
     def name(self) -> str:
@@ -70,8 +71,9 @@ class BackendConfig(Strict):
     @model_validator(mode="after")
     def _one_auth(self) -> BackendConfig:
         if self.api_key is not None and has_credentials(self.url):
-            raise ValueError(f"backend {self.name}: give either credentials in the URL (Basic auth) or api_key "
-                             "(Bearer), not both")
+            raise ValueError(
+                f"backend {self.name}: give either credentials in the URL (Basic auth) or api_key (Bearer), not both"
+            )
         return self
 
     @field_validator("url")
@@ -93,38 +95,38 @@ class GatewayConfig(TenantsMixin, Strict):
     policy: str = "vtc"
     w_p: float = Field(1.0, ge=0, le=MAX_COST)
     w_q: float = Field(2.0, ge=0, le=MAX_COST)
-    queue_limit: int = Field(256, ge=1)           # queued requests per tenant
-    queue_ttl_s: float = Field(300.0, gt=0)       # the longest a request may wait in the queue
+    queue_limit: int = Field(256, ge=1)  # queued requests per tenant
+    queue_ttl_s: float = Field(300.0, gt=0)  # the longest a request may wait in the queue
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     admin_key: str | None = None
-    trusted_proxy: bool = False                   # honour `X-Tenant-Id` from a holder of a valid key
-    tokenizer: str = ""                           # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
-    default_max_tokens: int = Field(512, ge=1, le=MAX_INT)    # assumed when a request sets no max_tokens
-    models: list[str] = Field(default_factory=list)   # /v1/models when no backend answers
+    trusted_proxy: bool = False  # honour `X-Tenant-Id` from a holder of a valid key
+    tokenizer: str = ""  # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
+    default_max_tokens: int = Field(512, ge=1, le=MAX_INT)  # assumed when a request sets no max_tokens
+    models: list[str] = Field(default_factory=list)  # /v1/models when no backend answers
     backend_cooldown_s: float = Field(2.0, ge=0)  # without health checks: an unreachable backend is skipped this long
     # health: each backend's `health_path` is read every `health_interval_s` (0: no active checks); a backend is
     # down from a failed check or an unreachable request until a check passes
     health_path: str = "/health"
     health_interval_s: float = Field(5.0, ge=0, le=3600)
     # timeouts (see docs/gateway.md, "Timeouts")
-    client_timeout_s: float = Field(30.0, gt=0, le=3600)      # a client's request headers and body, each
-    connect_timeout_s: float = Field(5.0, gt=0, le=3600)      # opening a connection to a backend
-    request_timeout_s: float = Field(120.0, gt=0)             # a backend's first byte (a whole non-streamed answer)
-    chunk_timeout_s: float = Field(30.0, gt=0)                # between two pieces of a backend's answer
-    drain_timeout_s: float = Field(30.0, ge=0, le=3600)       # SIGTERM: in-flight requests get this long to finish
-    metrics_key: str | None = None                # Bearer key required by /metrics (default: open)
-    access_log: bool = True                       # uvicorn's line per request (`--no-access-log`)
+    client_timeout_s: float = Field(30.0, gt=0, le=3600)  # a client's request headers and body, each
+    connect_timeout_s: float = Field(5.0, gt=0, le=3600)  # opening a connection to a backend
+    request_timeout_s: float = Field(120.0, gt=0)  # a backend's first byte (a whole non-streamed answer)
+    chunk_timeout_s: float = Field(30.0, gt=0)  # between two pieces of a backend's answer
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)  # SIGTERM: in-flight requests get this long to finish
+    metrics_key: str | None = None  # Bearer key required by /metrics (default: open)
+    access_log: bool = True  # uvicorn's line per request (`--no-access-log`)
     metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
-    state: str | None = None                      # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
-    state_interval_s: float = Field(0.02, gt=0, le=1.0)   # how often charges are flushed to the shared state
-    state_ttl_s: float = Field(3.0, gt=0, le=60.0)        # a dead replica's leases and backlog expire after this
+    state: str | None = None  # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
+    state_interval_s: float = Field(0.02, gt=0, le=1.0)  # how often charges are flushed to the shared state
+    state_ttl_s: float = Field(3.0, gt=0, le=60.0)  # a dead replica's leases and backlog expire after this
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        make_policy(v)   # raises ValueError naming the valid policies
+        make_policy(v)  # raises ValueError naming the valid policies
         return v
 
     @field_validator("health_path")
@@ -137,7 +139,7 @@ class GatewayConfig(TenantsMixin, Strict):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer(cls, v: str) -> str:
-        token_counter(v)          # loads it now, so a bad name or file stops the gateway at start
+        token_counter(v)  # loads it now, so a bad name or file stops the gateway at start
         return v
 
     @field_validator("state")
@@ -153,18 +155,21 @@ class GatewayConfig(TenantsMixin, Strict):
             raise ValueError("backend URLs must be unique")
         if len({b.name for b in self.backends}) != len(urls):
             raise ValueError("backend URLs must differ in more than their credentials")
-        if self.metrics_key is not None and (self.metrics_key == self.admin_key or
-                                             self.metrics_key in self.key_owners()):
+        if self.metrics_key is not None and (
+            self.metrics_key == self.admin_key or self.metrics_key in self.key_owners()
+        ):
             raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
         if self.state is not None:
             if self.policy.split(":")[0] not in ("vtc", "weighted-vtc", "vtc-predict", "lcf"):
-                raise ValueError(f"state: shared state needs a policy with virtual counters (vtc, vtc-predict, "
-                                 f"lcf), not {self.policy!r}")
+                raise ValueError(
+                    f"state: shared state needs a policy with virtual counters (vtc, vtc-predict, "
+                    f"lcf), not {self.policy!r}"
+                )
             if any(b.adaptive for b in self.backends):
-                raise ValueError("state: adaptive backends cannot be combined with shared state (leases use "
-                                 "max_inflight_requests)")
+                raise ValueError(
+                    "state: adaptive backends cannot be combined with shared state (leases use max_inflight_requests)"
+                )
         return self
-
 
 
 def build_config(data: dict[str, Any]) -> GatewayConfig:

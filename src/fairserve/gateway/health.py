@@ -4,6 +4,7 @@ no answer within the timeout means down. A backend marked down by a failed reque
 
 No client request is spent finding out that a backend is down or back: while none is up, requests wait in the queue
 (`Scheduler.healthy`, `/healthz`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -58,9 +59,9 @@ class HealthMonitor:
             self._now.clear()
             try:
                 await asyncio.gather(*(self.check(b) for b in backends))
-            except Exception as e:     # NOTE: a bug here must not end the checks for good
+            except Exception as e:  # NOTE: a bug here must not end the checks for good
                 log.error("health check: %r", e)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._now.wait(), self.interval_s)
-            if self._now.is_set():     # a request found a backend down: check again soon, but not in a busy loop
+            if self._now.is_set():  # a request found a backend down: check again soon, but not in a busy loop
                 await asyncio.sleep(min(0.2, self.interval_s))

@@ -1,5 +1,6 @@
 """The OpenAPI description of the gateway's endpoints, served at `/openapi.json`: what each accepts and every status
 it may answer with (the schemathesis run in tests/test_openapi.py holds the gateway to it)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,103 +17,219 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    what = {400: "invalid request", 401: "missing or unknown key", 403: "not allowed with this key",
-            404: "unknown tenant", 408: "the request body did not arrive in time", 409: "not supported by the policy",
-            413: "body too large", 429: "queue full or rate limited", 502: "no backend could serve it",
-            503: "waited queue_ttl_s without a free backend, or shutting down",
-            504: "no backend answered in time"}
+    what = {
+        400: "invalid request",
+        401: "missing or unknown key",
+        403: "not allowed with this key",
+        404: "unknown tenant",
+        408: "the request body did not arrive in time",
+        409: "not supported by the policy",
+        413: "body too large",
+        429: "queue full or rate limited",
+        502: "no backend could serve it",
+        503: "waited queue_ttl_s without a free backend, or shutting down",
+        504: "no backend answered in time",
+    }
     return {str(s): _json(_ERROR, what[s]) for s in statuses}
 
 
 def _completion(chat: bool) -> dict[str, Any]:
     integer = {"type": "integer", "minimum": 1, "maximum": MAX_INT}
-    props: dict[str, Any] = {"model": {"type": "string", "minLength": 1}, "max_tokens": integer,
-                             "n": {"type": "integer", "minimum": 1, "maximum": MAX_INT}, "stream": {"type": "boolean"}}
+    props: dict[str, Any] = {
+        "model": {"type": "string", "minLength": 1},
+        "max_tokens": integer,
+        "n": {"type": "integer", "minimum": 1, "maximum": MAX_INT},
+        "stream": {"type": "boolean"},
+    }
     if chat:
-        props["messages"] = {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role", "content"],
-            "properties": {"role": {"type": "string", "enum": ["system", "user", "assistant"]},
-                           "content": {"type": "string"}}}}
+        props["messages"] = {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+                    "content": {"type": "string"},
+                },
+            },
+        }
         props["max_completion_tokens"] = integer
         required = ["model", "messages"]
     else:
-        props["prompt"] = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "maxItems": 4,
-                                                          "items": {"type": "string"}}]}
+        props["prompt"] = {
+            "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "maxItems": 4, "items": {"type": "string"}}]
+        }
         required = ["model", "prompt"]
     answer = {"type": "object", "required": ["choices"], "properties": {"choices": {"type": "array"}}}
     return {
         "summary": "Chat completion" if chat else "Completion",
         "security": [{"bearer": []}],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "required": required, "properties": props}}}},
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object", "required": required, "properties": props}}},
+        },
         "responses": {
-            "200": {"description": "the backend's answer (a stream of server-sent events with stream: true)",
-                    "content": {"application/json": {"schema": answer},
-                                "text/event-stream": {"schema": {
-                                    "type": "object", "properties": {"data": {"type": "string"}}}}}},
+            "200": {
+                "description": "the backend's answer (a stream of server-sent events with stream: true)",
+                "content": {
+                    "application/json": {"schema": answer},
+                    "text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}},
+                },
+            },
             **_errors(400, 401, 408, 413, 429, 502, 503, 504),
         },
     }
 
 
 def openapi(cfg: GatewayConfig) -> dict[str, Any]:
-    row = {"type": "object", "required": ["name", "weight", "counter", "service", "queue_length", "in_flight"],
-           "properties": {"name": {"type": "string"}, "weight": {"type": "number"}, "counter": {"type": "number"},
-                          "service": {"type": "number"}, "queue_length": {"type": "integer"},
-                          "in_flight": {"type": "integer"}}}
-    health = {"type": "object", "required": ["status", "policy", "queued", "backends"],
-              "properties": {"status": {"type": "string", "enum": ["ok", "unavailable"]},
-                             "reason": {"type": "string"}, "policy": {"type": "string"},
-                             "queued": {"type": "integer"}, "backends": {"type": "array", "items": {
-                                 "type": "object", "required": ["url", "healthy"],
-                                 "properties": {"url": {"type": "string"}, "healthy": {"type": "boolean"}}}}}}
-    health_op = {"summary": "Health for load balancers: 503 while no backend is healthy",
-                 "responses": {"200": _json(health, "some backend is healthy"),
-                               "503": _json(health, "no backend is healthy (`reason` says why)")}}
+    row = {
+        "type": "object",
+        "required": ["name", "weight", "counter", "service", "queue_length", "in_flight"],
+        "properties": {
+            "name": {"type": "string"},
+            "weight": {"type": "number"},
+            "counter": {"type": "number"},
+            "service": {"type": "number"},
+            "queue_length": {"type": "integer"},
+            "in_flight": {"type": "integer"},
+        },
+    }
+    health = {
+        "type": "object",
+        "required": ["status", "policy", "queued", "backends"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "reason": {"type": "string"},
+            "policy": {"type": "string"},
+            "queued": {"type": "integer"},
+            "backends": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["url", "healthy"],
+                    "properties": {"url": {"type": "string"}, "healthy": {"type": "boolean"}},
+                },
+            },
+        },
+    }
+    health_op = {
+        "summary": "Health for load balancers: 503 while no backend is healthy",
+        "responses": {
+            "200": _json(health, "some backend is healthy"),
+            "503": _json(health, "no backend is healthy (`reason` says why)"),
+        },
+    }
     admin = [{"bearer": []}]
-    metrics_responses: dict[str, Any] = {"200": {"description": "Prometheus text format",
-                                                 "content": {"text/plain": {"schema": {"type": "string"}}}}}
+    metrics_responses: dict[str, Any] = {
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    }
     if cfg.metrics_key is not None:
         metrics_responses.update(_errors(401))
     return {
         "openapi": "3.0.3",
-        "info": {"title": "fairserve gateway", "version": "1",
-                 "description": "A fair OpenAI-compatible gateway (see docs/gateway.md)."},
+        "info": {
+            "title": "fairserve gateway",
+            "version": "1",
+            "description": "A fair OpenAI-compatible gateway (see docs/gateway.md).",
+        },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["message", "type"],
-                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                               "param": {"type": "string", "nullable": True},
-                               "code": {"type": "string", "nullable": True}}}}}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["message", "type"],
+                            "properties": {
+                                "message": {"type": "string"},
+                                "type": {"type": "string"},
+                                "param": {"type": "string", "nullable": True},
+                                "code": {"type": "string", "nullable": True},
+                            },
+                        }
+                    },
+                }
+            },
         },
         "paths": {
             "/v1/chat/completions": {"post": _completion(True)},
             "/v1/completions": {"post": _completion(False)},
-            "/v1/models": {"get": {"summary": "Models", "security": [{"bearer": []}], "responses": {
-                "200": _json({"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
-                             "the first healthy backend's list, else the configured `models`"),
-                **_errors(401)}}},
+            "/v1/models": {
+                "get": {
+                    "summary": "Models",
+                    "security": [{"bearer": []}],
+                    "responses": {
+                        "200": _json(
+                            {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
+                            "the first healthy backend's list, else the configured `models`",
+                        ),
+                        **_errors(401),
+                    },
+                }
+            },
             "/healthz": {"get": health_op},
             "/health": {"get": health_op},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics_responses}},
-            "/admin/tenants": {"get": {"summary": "Every tenant's account", "security": admin, "responses": {
-                "200": _json({"type": "object", "required": ["policy", "tenants"],
-                              "properties": {"policy": {"type": "string"},
-                                             "tenants": {"type": "array", "items": row}}}, "the accounts"),
-                **_errors(401, 403)}}},
-            "/admin/tenants/{name}/weight": {"put": {
-                "summary": "Change a tenant's weight", "security": admin,
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["weight"],
-                    "properties": {"weight": {"type": "number", "minimum": MIN_WEIGHT, "maximum": MAX_WEIGHT}}}}}},
-                "responses": {"200": _json(row, "the tenant's account"), **_errors(400, 401, 403, 404, 409)}}},
-            "/admin/reset": {"post": {"summary": "Every counter back to 0", "security": admin, "responses": {
-                "200": _json({"type": "object", "required": ["reset"], "properties": {"reset": {"type": "boolean"}}},
-                             "reset"),
-                **_errors(401, 403, 409)}}},
-            "/openapi.json": {"get": {"summary": "This description", "responses": {
-                "200": _json({"type": "object"}, "OpenAPI 3")}}},
+            "/admin/tenants": {
+                "get": {
+                    "summary": "Every tenant's account",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["policy", "tenants"],
+                                "properties": {
+                                    "policy": {"type": "string"},
+                                    "tenants": {"type": "array", "items": row},
+                                },
+                            },
+                            "the accounts",
+                        ),
+                        **_errors(401, 403),
+                    },
+                }
+            },
+            "/admin/tenants/{name}/weight": {
+                "put": {
+                    "summary": "Change a tenant's weight",
+                    "security": admin,
+                    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["weight"],
+                                    "properties": {
+                                        "weight": {"type": "number", "minimum": MIN_WEIGHT, "maximum": MAX_WEIGHT}
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {"200": _json(row, "the tenant's account"), **_errors(400, 401, 403, 404, 409)},
+                }
+            },
+            "/admin/reset": {
+                "post": {
+                    "summary": "Every counter back to 0",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(
+                            {"type": "object", "required": ["reset"], "properties": {"reset": {"type": "boolean"}}},
+                            "reset",
+                        ),
+                        **_errors(401, 403, 409),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {"summary": "This description", "responses": {"200": _json({"type": "object"}, "OpenAPI 3")}}
+            },
         },
     }

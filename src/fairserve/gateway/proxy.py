@@ -2,6 +2,7 @@
 retry elsewhere if that backend fails before any output, and relay the answer while charging it.
 
 This is the hot path, so it speaks ASGI directly (no Request/Response objects on the way of a streamed answer)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,9 +19,9 @@ from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket
 
-RETRYABLE = {408, 429}           # and every 5xx: another backend may do better
-WATCH_AFTER_S = 0.02             # when a request starts watching for its client's disconnect
-DISCONNECTED = 499               # nginx's "client closed request"; nobody is left to read it
+RETRYABLE = {408, 429}  # and every 5xx: another backend may do better
+WATCH_AFTER_S = 0.02  # when a request starts watching for its client's disconnect
+DISCONNECTED = 499  # nginx's "client closed request"; nobody is left to read it
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -35,9 +36,12 @@ class Failed(Exception):
     @classmethod
     def of(cls, backend: Backend, kind: str, detail: str = "") -> Failed:
         """The failure of an upstream hop that broke (`UpstreamError.kind`)."""
-        return cls(redact_text(f"{backend.name}: {detail or kind}"),
-                   unreachable=kind in ("ConnectError", "ConnectTimeout"),
-                   lost=kind in ("ReadError", "RemoteProtocolError"), timeout=kind == "ReadTimeout")
+        return cls(
+            redact_text(f"{backend.name}: {detail or kind}"),
+            unreachable=kind in ("ConnectError", "ConnectTimeout"),
+            lost=kind in ("ReadError", "RemoteProtocolError"),
+            timeout=kind == "ReadTimeout",
+        )
 
 
 class _Gone(Exception):
@@ -86,13 +90,17 @@ class Proxy:
             return await Response(status_code=DISCONNECTED)(scope, receive, send)
         except TimeoutError:
             metrics.requests.labels(tenant, "client_timeout").inc()
-            return await error_response(408, f"the request body did not arrive within {self.cfg.client_timeout_s:g} s",
-                                        code="request_timeout",
-                                        headers={"Connection": "close"})(scope, receive, send)
+            return await error_response(
+                408,
+                f"the request body did not arrive within {self.cfg.client_timeout_s:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            )(scope, receive, send)
         if raw is None:
             metrics.requests.labels(tenant, "invalid").inc()
-            return await error_response(413, f"the request body is larger than {self.cfg.max_body_bytes} bytes",
-                                        code="body_too_large")(scope, receive, send)
+            return await error_response(
+                413, f"the request body is larger than {self.cfg.max_body_bytes} bytes", code="body_too_large"
+            )(scope, receive, send)
         try:
             parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
@@ -101,13 +109,20 @@ class Proxy:
         ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n)
         refused = sched.submit(ticket)
         if refused == "queue_full":
-            return await error_response(429, f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
-                                        code="queue_full", headers={"Retry-After": "1"})(scope, receive, send)
+            return await error_response(
+                429,
+                f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )(scope, receive, send)
         if refused is not None:
             window = round(sched.policy.retry_after_s)
-            return await error_response(429, f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
-                                        code="rate_limited",
-                                        headers={"Retry-After": str(window)})(scope, receive, send)
+            return await error_response(
+                429,
+                f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
+                code="rate_limited",
+                headers={"Retry-After": str(window)},
+            )(scope, receive, send)
 
         # NOTE: one watcher for the whole request: when the client goes away it cancels this task, whether the
         # request is queued, waiting for the backend, or streaming; the cancellation is then absorbed here. It
@@ -128,6 +143,7 @@ class Proxy:
         def start_watching() -> None:
             nonlocal watcher
             watcher = loop.create_task(watch())
+
         timer = loop.call_later(WATCH_AFTER_S, start_watching)
         default = "internal_error"
         try:
@@ -150,16 +166,19 @@ class Proxy:
             # before its last bytes, as the client may hang up the moment it reads them), else how it was cut off
             sched.settle(ticket, ticket.ending or Ending(default))
 
-    async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive,
-                     send: Send) -> None:
+    async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
         body = upstream_body(parsed)
         while True:
             backend = await self.sched.wait(t)
             if backend is None:
                 t.ending = Ending("timeout", refund=True)
-                response = error_response(503, f"the request waited {self.cfg.queue_ttl_s:g} s in the queue "
-                                          "without a free backend", code="queue_timeout", headers={"Retry-After": "1"})
+                response = error_response(
+                    503,
+                    f"the request waited {self.cfg.queue_ttl_s:g} s in the queue without a free backend",
+                    code="queue_timeout",
+                    headers={"Retry-After": "1"},
+                )
                 return await response(scope, receive, send)
             try:
                 sent = upstream_body(parsed, t.tenant) if backend.cfg.engine_tenant else body
@@ -168,22 +187,37 @@ class Proxy:
                 if not self.sched.backend_failed(t, e.unreachable, e.lost, str(e)):
                     t.ending = Ending("backend_error", refund=True)
                     if e.timeout:
-                        response = error_response(504, f"no backend answered in time; last error: {e}",
-                                                  code="backend_timeout")
+                        response = error_response(
+                            504, f"no backend answered in time; last error: {e}", code="backend_timeout"
+                        )
                     else:
-                        response = error_response(502, f"no backend could serve the request; last error: {e}",
-                                                  code="backend_error")
+                        response = error_response(
+                            502, f"no backend could serve the request; last error: {e}", code="backend_error"
+                        )
                     return await response(scope, receive, send)
 
     def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
-        h = [("content-type", "application/json"), ("accept", "text/event-stream" if stream else "application/json"),
-             ("accept-encoding", "identity"), ("user-agent", "fairserve-gateway")]
+        h = [
+            ("content-type", "application/json"),
+            ("accept", "text/event-stream" if stream else "application/json"),
+            ("accept-encoding", "identity"),
+            ("user-agent", "fairserve-gateway"),
+        ]
         if backend.cfg.api_key:
             h.append(("authorization", f"Bearer {backend.cfg.api_key}"))
         return h
 
-    async def _attempt(self, t: Ticket, backend: Backend, parsed: Parsed, kind: str, body: bytes, scope: Scope,
-                       receive: Receive, send: Send) -> None:
+    async def _attempt(
+        self,
+        t: Ticket,
+        backend: Backend,
+        parsed: Parsed,
+        kind: str,
+        body: bytes,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
         try:
             resp = await self.upstream.post(backend.url, PATHS[kind], body, self._headers(backend, parsed.stream))
         except UpstreamError as e:
@@ -237,5 +271,8 @@ class Proxy:
 
 def _passthrough(resp: UpstreamResponse, content: bytes) -> Response:
     media = resp.header(b"content-type")
-    return Response(content, status_code=resp.status_code,
-                    media_type=media.decode("latin-1") if media is not None else "application/json")
+    return Response(
+        content,
+        status_code=resp.status_code,
+        media_type=media.decode("latin-1") if media is not None else "application/json",
+    )

@@ -11,6 +11,7 @@ the backend for `include_usage`; the usage chunk settles the account and is stri
 unless the client asked for it. `prefetch()` reads up to the first event with output, so a backend that fails before
 producing anything can still be retried elsewhere, and the client never sees it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,7 @@ def _kind(e: BaseException, answered: bool) -> str:
         return "ConnectTimeout"
     if isinstance(e, aiohttp.ClientConnectorError | aiohttp.ClientSSLError):
         return "ConnectError"
-    if isinstance(e, TimeoutError):                 # aiohttp.SocketTimeoutError, or the relay's shortened read
+    if isinstance(e, TimeoutError):  # aiohttp.SocketTimeoutError, or the relay's shortened read
         return "ReadTimeout"
     if isinstance(e, aiohttp.ServerDisconnectedError) and not answered:
         return "RemoteProtocolError"
@@ -68,8 +69,8 @@ class UpstreamResponse:
         self.resp = resp
         self.status_code = resp.status
         self.headers = resp.raw_headers
-        self.first_byte_at = first_byte_at          # (loop time) the body's first piece is due by then
-        self.read_timeout = read_timeout            # between pieces; the relay shortens it to drain after [DONE]
+        self.first_byte_at = first_byte_at  # (loop time) the body's first piece is due by then
+        self.read_timeout = read_timeout  # between pieces; the relay shortens it to drain after [DONE]
         self._started = False
         self._content = resp.content
         self.closed = False
@@ -114,17 +115,23 @@ class Upstream:
     """The gateway's client for the backends (aiohttp, keep-alive pool): `await post(url, path, body, headers)`.
     A backend behind an HTTP(S) proxy named in the environment (HTTP(S)_PROXY, NO_PROXY) is reached through it."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, max_connections: int = 0,
-                 first_byte_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        read_timeout: float,
+        max_connections: int = 0,
+        first_byte_timeout: float | None = None,
+    ) -> None:
         """Timeouts: `connect_timeout` to open a connection, `first_byte_timeout` (default: `read_timeout`) from
         sending until the status line, headers and the body's first piece are in (a non-streamed answer comes whole),
         `read_timeout` between pieces."""
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.first_byte_timeout = read_timeout if first_byte_timeout is None else first_byte_timeout
-        self.max_connections = max_connections       # 0: no limit
+        self.max_connections = max_connections  # 0: no limit
         self._session: aiohttp.ClientSession | None = None
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
-                                              sock_read=None)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
+        )
         self._proxies: dict[str, tuple[yarl.URL | None, aiohttp.BasicAuth | None]] = {}
 
     def session(self) -> aiohttp.ClientSession:
@@ -132,11 +139,13 @@ class Upstream:
         if self._session is None:
             # NOTE: httpx's TLS context, so backends are verified as /v1/models (httpx) verifies them (certifi,
             # SSL_CERT_FILE/DIR)
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                             ssl=httpx.create_ssl_context())
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=0, ssl=httpx.create_ssl_context()
+            )
             # NOTE: no cookie jar: a backend's cookies must not travel to other tenants' requests
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False,
-                                                  cookie_jar=aiohttp.DummyCookieJar())
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+            )
         return self._session
 
     def proxy(self, url: str) -> tuple[yarl.URL | None, aiohttp.BasicAuth | None]:
@@ -166,8 +175,9 @@ class Upstream:
         while True:
             try:
                 async with asyncio.timeout(self.first_byte_timeout):
-                    resp = await session.post(url + path, data=body, headers=headers, proxy=proxy,
-                                              proxy_auth=proxy_auth)
+                    resp = await session.post(
+                        url + path, data=body, headers=headers, proxy=proxy, proxy_auth=proxy_auth
+                    )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError) as e:
                 if retried or isinstance(e, aiohttp.ClientConnectorError):
                     raise UpstreamError(_kind(e, False), str(e)) from None
@@ -184,15 +194,16 @@ class Upstream:
 
 # ---- relaying a streamed answer --------------------------------------------------------------------------------------
 class Relay:
-    def __init__(self, sched: Scheduler, ticket: Ticket, upstream: UpstreamResponse, kind: str,
-                 wants_usage: bool) -> None:
+    def __init__(
+        self, sched: Scheduler, ticket: Ticket, upstream: UpstreamResponse, kind: str, wants_usage: bool
+    ) -> None:
         self.sched, self.ticket, self.upstream = sched, ticket, upstream
         self.kind, self.wants_usage = kind, wants_usage
-        self._pending = b""            # bytes of an event not complete yet
+        self._pending = b""  # bytes of an event not complete yet
         self._eof = False
         self._buffer: list[bytes] = []  # what prefetch read, for the client
         self._usage: tuple[int | None, int | None] = (None, None)
-        self._done = False              # saw the backend's [DONE]
+        self._done = False  # saw the backend's [DONE]
 
     async def _events(self) -> list[bytes] | None:
         """The complete events that have arrived (at least one), without their blank line; None at the end."""
@@ -202,7 +213,7 @@ class Relay:
                 self._eof = True
                 break
             buf = self._pending + data if self._pending else data
-            if b"\r" in buf:            # SSE allows CRLF and CR line ends: make them LF (keep a CR that may pair)
+            if b"\r" in buf:  # SSE allows CRLF and CR line ends: make them LF (keep a CR that may pair)
                 tail = b"\r" if buf.endswith(b"\r") else b""
                 buf = (buf[:-1] if tail else buf).replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
             if b"\n\n" not in buf:
@@ -262,7 +273,7 @@ class Relay:
                         break
                     raw, tokens, failed = self._process(event)
                     if failed:
-                        if produced:      # the error comes after output: the client sees it
+                        if produced:  # the error comes after output: the client sees it
                             self._buffer.append(raw)  # type: ignore[arg-type]
                             self._failed = True
                             return
@@ -326,19 +337,29 @@ class Relay:
         except UpstreamError as e:
             self._broke()
             if e.kind == "ReadTimeout":
-                event = error_body(504, f"the backend sent nothing for {self.upstream.read_timeout:g} s mid-stream; "
-                                   "the response is incomplete", code="backend_timeout")
+                event = error_body(
+                    504,
+                    f"the backend sent nothing for {self.upstream.read_timeout:g} s mid-stream; "
+                    "the response is incomplete",
+                    code="backend_timeout",
+                )
             else:
-                event = error_body(502, f"the backend failed mid-stream ({e.kind}); the response is incomplete",
-                                   code="backend_error")
+                event = error_body(
+                    502, f"the backend failed mid-stream ({e.kind}); the response is incomplete", code="backend_error"
+                )
             out.append(sse(event))
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
             return
         if not self._done:
             if self._usage == (None, None):
                 self._broke()
-                out.append(sse(error_body(502, "the backend stream ended early; the response is incomplete",
-                                          code="backend_error")))
+                out.append(
+                    sse(
+                        error_body(
+                            502, "the backend stream ended early; the response is incomplete", code="backend_error"
+                        )
+                    )
+                )
             else:
                 self._finish()
         await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})

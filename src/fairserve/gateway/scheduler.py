@@ -10,6 +10,7 @@ passes (or, without active checks, for `backend_cooldown_s`). A request whose ba
 connection before any output goes back to the queue without counting that backend as tried, so while no backend is
 up requests wait (up to `queue_ttl_s` from their arrival) instead of failing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,19 +29,21 @@ from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
 
 log = logging.getLogger("fairserve.gateway")
-MAX_LOST = 3        # connections lost before any output, per request, before it fails with 502
+MAX_LOST = 3  # connections lost before any output, per request, before it fails with 502
 
 
 @dataclass(eq=False)
 class Backend:
     cfg: BackendConfig
-    requests: int = 0          # in flight
-    tokens: int = 0            # prompt + max_tokens of those in flight
-    healthy: bool = True       # the last health check or attempt reached it
-    down_until: float = 0.0    # down: skipped until then (inf: until a health check passes)
-    reason: str = ""           # why it is down
-    limit: int = 0             # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
-    token_limit: int | None = None   # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
+    requests: int = 0  # in flight
+    tokens: int = 0  # prompt + max_tokens of those in flight
+    healthy: bool = True  # the last health check or attempt reached it
+    down_until: float = 0.0  # down: skipped until then (inf: until a health check passes)
+    reason: str = ""  # why it is down
+    limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
+    token_limit: int | None = (
+        None  # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
+    )
 
     def __post_init__(self) -> None:
         self.limit = self.cfg.max_inflight_requests
@@ -60,8 +63,12 @@ class Backend:
             return False
         limit = self.token_limit
         # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
-        return (limit is None or self.tokens + tokens <= limit
-                or self.requests == 0 and limit == self.cfg.max_inflight_tokens)
+        return (
+            limit is None
+            or self.tokens + tokens <= limit
+            or self.requests == 0
+            and limit == self.cfg.max_inflight_tokens
+        )
 
     def load(self) -> tuple[float, float]:
         limit = self.token_limit
@@ -72,10 +79,10 @@ class Backend:
 class Ending:
     """How an accepted request ended, as the proxy learned it; `Scheduler.settle` books it."""
 
-    outcome: str                    # ok, timeout, client_disconnected, backend_error, backend_rejected, ...
-    prompt: int | None = None       # the backend's `usage`, when it reported one
+    outcome: str  # ok, timeout, client_disconnected, backend_error, backend_rejected, ...
+    prompt: int | None = None  # the backend's `usage`, when it reported one
     output: int | None = None
-    refund: bool = False            # charge nothing: the backends failed it before it produced anything
+    refund: bool = False  # charge nothing: the backends failed it before it produced anything
 
 
 @dataclass(eq=False)
@@ -85,16 +92,16 @@ class Ticket:
     tenant: str
     prompt_tokens: int
     max_tokens: int
-    tokens: int                                   # capacity it reserves on a backend
+    tokens: int  # capacity it reserves on a backend
     queued_at: float
     admitted: asyncio.Future[Backend]
-    req: Request | None = None                    # set when the ledger accepts it
+    req: Request | None = None  # set when the ledger accepts it
     backend: Backend | None = None
     tried: set[str] = field(default_factory=set)  # backends that failed it
-    deadline: float = math.inf                    # it leaves the queue (503) if still queued then
-    lost: int = 0                                 # connections lost before any output (MAX_LOST)
-    ending: Ending | None = None                  # recorded by the proxy, booked once by `Scheduler.settle`
-    outcome: str | None = None                    # the outcome booked
+    deadline: float = math.inf  # it leaves the queue (503) if still queued then
+    lost: int = 0  # connections lost before any output (MAX_LOST)
+    ending: Ending | None = None  # recorded by the proxy, booked once by `Scheduler.settle`
+    outcome: str | None = None  # the outcome booked
 
 
 class Scheduler:
@@ -109,11 +116,19 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self.probe: Callable[[Backend], None] | None = None     # ask for a health check now (gateway/health.py)
+        self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/health.py)
         # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
-        self.shared = (SharedState(StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s), self.ledger,
-                                   self.backends, tokens_of=lambda r: r.item.tokens, on_change=self.dispatch)
-                       if cfg.state is not None else None)
+        self.shared = (
+            SharedState(
+                StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s),
+                self.ledger,
+                self.backends,
+                tokens_of=lambda r: r.item.tokens,
+                on_change=self.dispatch,
+            )
+            if cfg.state is not None
+            else None
+        )
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
@@ -127,8 +142,15 @@ class Scheduler:
     def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
         now = time.monotonic()
-        return Ticket(tenant, prompt_tokens, out, prompt_tokens + out * n, now,
-                      asyncio.get_running_loop().create_future(), deadline=now + self.cfg.queue_ttl_s)
+        return Ticket(
+            tenant,
+            prompt_tokens,
+            out,
+            prompt_tokens + out * n,
+            now,
+            asyncio.get_running_loop().create_future(),
+            deadline=now + self.cfg.queue_ttl_s,
+        )
 
     def submit(self, t: Ticket) -> str | None:
         """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected"): it never entered the
@@ -138,8 +160,9 @@ class Scheduler:
         else:
             if self.shared is not None:
                 self.shared.note_tokens(t.tokens)
-            t.req = self.ledger.arrive(f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens,
-                                       t.queued_at, item=t)
+            t.req = self.ledger.arrive(
+                f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens, t.queued_at, item=t
+            )
             if t.req is not None:
                 self.dispatch()
                 return None
@@ -188,6 +211,7 @@ class Scheduler:
         def wake() -> None:
             self._wakeup = None
             self.dispatch()
+
         self._wakeup = asyncio.get_running_loop().call_at(at, wake)
 
     @property
@@ -199,7 +223,7 @@ class Scheduler:
     async def wait(self, t: Ticket, timeout_s: float | None = None) -> Backend | None:
         """The backend the ticket was admitted to, or None when it waited `timeout_s` (default: until its deadline,
         `queue_ttl_s` after its arrival) in vain."""
-        if t.admitted.done():         # admitted at once: no timer
+        if t.admitted.done():  # admitted at once: no timer
             return t.admitted.result()
         if timeout_s is None:
             timeout_s = max(0.0, t.deadline - time.monotonic())
@@ -274,9 +298,12 @@ class Scheduler:
         it produced, or nothing with `refund`), its backend slot freed, its outcome counted. Exactly once: False if
         it was settled already."""
         req = t.req
-        if req is None or not self.ledger.settle(req, prompt=0 if ending.refund else ending.prompt,
-                                                 output=0 if ending.refund else ending.output,
-                                                 cancelled=ending.outcome != "ok" or ending.refund):
+        if req is None or not self.ledger.settle(
+            req,
+            prompt=0 if ending.refund else ending.prompt,
+            output=0 if ending.refund else ending.output,
+            cancelled=ending.outcome != "ok" or ending.refund,
+        ):
             return False
         t.outcome = ending.outcome
         if req.admitted:

@@ -35,6 +35,7 @@ reports itself degraded, retries every 0.1 s, and on reconnection adds everythin
 (a new epoch) holds every lease at what its replica has in flight for `hold_s`, until the other replicas have
 reported theirs, and takes each tenant's counter, service and weight from the first replica that writes it back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,10 +53,10 @@ from .redis_scripts import LEAVE_LUA, SYNC_LUA
 
 log = logging.getLogger("fairserve.gateway.state")
 
-DEFAULT_INTERVAL_S = 0.02    # how often charges are flushed and global counters pulled
-DEFAULT_TTL_S = 3.0          # a silent replica's leases and backlog stop counting after this long
-DEFAULT_SPARE = 1            # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
-DEFAULT_HOLD_S = 0.5         # after Redis lost its data: no lease grows until every live replica had time to report
+DEFAULT_INTERVAL_S = 0.02  # how often charges are flushed and global counters pulled
+DEFAULT_TTL_S = 3.0  # a silent replica's leases and backlog stop counting after this long
+DEFAULT_SPARE = 1  # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
+DEFAULT_HOLD_S = 0.5  # after Redis lost its data: no lease grows until every live replica had time to report
 
 
 class SharedStateError(Exception):
@@ -65,7 +66,7 @@ class SharedStateError(Exception):
 class BackendSlot(Protocol):
     """What shared state reads and sets on a backend (gateway.scheduler.Backend)."""
 
-    cfg: Any            # .url, .max_inflight_requests, .max_inflight_tokens
+    cfg: Any  # .url, .max_inflight_requests, .max_inflight_tokens
     requests: int
     tokens: int
     limit: int
@@ -74,12 +75,12 @@ class BackendSlot(Protocol):
 
 @dataclass(frozen=True)
 class StateSettings:
-    url: str                                  # redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS
+    url: str  # redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS
     interval_s: float = DEFAULT_INTERVAL_S
     ttl_s: float = DEFAULT_TTL_S
-    prefix: str = "fairserve"                 # key prefix: one Redis can hold several independent gateway groups
+    prefix: str = "fairserve"  # key prefix: one Redis can hold several independent gateway groups
     spare: int = DEFAULT_SPARE
-    hold_s: float = DEFAULT_HOLD_S            # several times a degraded replica's retry period (0.1 s) and interval_s
+    hold_s: float = DEFAULT_HOLD_S  # several times a degraded replica's retry period (0.1 s) and interval_s
 
 
 class SharedState:
@@ -87,34 +88,41 @@ class SharedState:
     starts the sync task; `stop()` leaves. The scheduler calls `may_admit` (synchronous, no I/O), `poke` when a
     queued request waits for a lease, `set_weight` and `reset` (admin); everything else happens in `sync()`."""
 
-    def __init__(self, settings: StateSettings, ledger: Ledger, backends: Sequence[BackendSlot],
-                 tokens_of: Callable[[Request], int], on_change: Callable[[], None] = lambda: None,
-                 replica: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: StateSettings,
+        ledger: Ledger,
+        backends: Sequence[BackendSlot],
+        tokens_of: Callable[[Request], int],
+        on_change: Callable[[], None] = lambda: None,
+        replica: str | None = None,
+    ) -> None:
         if not isinstance(ledger.policy, VTC):
-            raise ValueError(f"shared state needs a policy with virtual counters (vtc, vtc-predict, lcf), "
-                             f"not {ledger.policy.name!r}")
+            raise ValueError(
+                f"shared state needs a policy with virtual counters (vtc, vtc-predict, lcf), not {ledger.policy.name!r}"
+            )
         self.settings = settings
         self.ledger = ledger
         self.policy: VTC = ledger.policy
         self.backends = list(backends)
-        self.tokens_of = tokens_of       # the capacity tokens a queued request will take on a backend
-        self.on_change = on_change       # called after a sync changed leases or counters (the scheduler dispatches)
+        self.tokens_of = tokens_of  # the capacity tokens a queued request will take on a backend
+        self.on_change = on_change  # called after a sync changed leases or counters (the scheduler dispatches)
         self.replica = replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.up = False                  # the last sync reached Redis
-        self.round_trips = 0             # syncs sent (each one round trip)
-        self.last_sync = 0.0             # time.monotonic() of the last successful sync
-        self.lease_until = 0.0           # time.monotonic() until which the leases of the last sync surely count
-        self.replicas = 1                # live replicas at the last sync
-        self._elsewhere: frozenset[str] = frozenset()   # tenants backlogged on another live replica
-        self._base_service: dict[str, float] = {}      # each tenant's global service at the last sync
-        self._epoch, self._seq = "", 0                 # what the last answer was up to (only later changes are sent)
-        self._restore = False                          # send every tenant next time: Redis lost its data
-        self._lift: dict[str, float] = {}              # lifts since the last sync, net of the charges before them
-        self._weights: dict[str, float] = {}           # admin changes not yet sent
-        self._seed = dict(ledger.policy.weights)       # configured weights: set in Redis if not set there
+        self.up = False  # the last sync reached Redis
+        self.round_trips = 0  # syncs sent (each one round trip)
+        self.last_sync = 0.0  # time.monotonic() of the last successful sync
+        self.lease_until = 0.0  # time.monotonic() until which the leases of the last sync surely count
+        self.replicas = 1  # live replicas at the last sync
+        self._elsewhere: frozenset[str] = frozenset()  # tenants backlogged on another live replica
+        self._base_service: dict[str, float] = {}  # each tenant's global service at the last sync
+        self._epoch, self._seq = "", 0  # what the last answer was up to (only later changes are sent)
+        self._restore = False  # send every tenant next time: Redis lost its data
+        self._lift: dict[str, float] = {}  # lifts since the last sync, net of the charges before them
+        self._weights: dict[str, float] = {}  # admin changes not yet sent
+        self._seed = dict(ledger.policy.weights)  # configured weights: set in Redis if not set there
         self._reset = False
-        self._mean_tokens = 0.0                        # of requests seen, for the token lease's headroom
-        self._others_wait: dict[str, tuple[bool, bool]] = {}   # per backend: other replicas wait for capacity
+        self._mean_tokens = 0.0  # of requests seen, for the token lease's headroom
+        self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
         self._client: Any = None
         self._sync_script: Any = None
         self._leave_script: Any = None
@@ -132,8 +140,9 @@ class SharedState:
 
         timeout = max(0.5, 10 * self.settings.interval_s)
         try:
-            self._client = aioredis.from_url(self.settings.url, socket_timeout=timeout,
-                                             socket_connect_timeout=timeout, health_check_interval=0)
+            self._client = aioredis.from_url(
+                self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0
+            )
         except ValueError as e:
             raise SharedStateError(f"bad shared state URL {redact(self.settings.url)!r}: {e}") from None
         self._sync_script = self._client.register_script(SYNC_LUA)
@@ -159,9 +168,8 @@ class SharedState:
             self._task = None
         if self._client is not None:
             try:
-                await self._leave_script(args=[self.settings.prefix, self.replica,
-                                               *(b.cfg.url for b in self.backends)])
-            except Exception:     # NOTE: leaving is best effort: the TTL ends whatever is left
+                await self._leave_script(args=[self.settings.prefix, self.replica, *(b.cfg.url for b in self.backends)])
+            except Exception:  # NOTE: leaving is best effort: the TTL ends whatever is left
                 pass
             await self._client.aclose()
             self._client = None
@@ -170,8 +178,9 @@ class SharedState:
     async def _run(self) -> None:
         while not self._stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.settings.interval_s if self.up else
-                                       max(self.settings.interval_s, 0.1))
+                await asyncio.wait_for(
+                    self._wake.wait(), self.settings.interval_s if self.up else max(self.settings.interval_s, 0.1)
+                )
             except TimeoutError:
                 pass
             self._wake.clear()
@@ -217,9 +226,14 @@ class SharedState:
         if not self.up or self._wake.is_set():
             return
         head = self.policy.peek()
-        if head is not None and self.may_admit(head) and any(
+        if (
+            head is not None
+            and self.may_admit(head)
+            and any(
                 b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
-                for b in self.backends):
+                for b in self.backends
+            )
+        ):
             self._wake.set()
 
     def note_tokens(self, tokens: int) -> None:
@@ -249,8 +263,14 @@ class SharedState:
             if not ds and lift is None and base is not None and not self._restore:
                 continue
             dc = ds / acct.weight
-            charges += [tenant, repr(ds), repr(dc), "" if lift is None else repr(lift), repr(acct.counter - dc),
-                        repr(acct.service - ds)]
+            charges += [
+                tenant,
+                repr(ds),
+                repr(dc),
+                "" if lift is None else repr(lift),
+                repr(acct.counter - dc),
+                repr(acct.service - ds),
+            ]
             n += 1
         weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
         seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
@@ -270,17 +290,31 @@ class SharedState:
             keep_r = min(b.limit, need_r + (0 if wait_r else spare_r))
             keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
             keeps.append((keep_r, keep_t))
-            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r,
-                         keep_t or 0]
-        args = [s.prefix, self.replica, int(s.ttl_s * 1000), "1" if self._reset else "0", int(s.hold_s * 1000),
-                self._epoch, self._seq,
-                n, *charges, len(self._weights), *weights, len(self._seed), *seed, len(queued), *queued,
-                len(self.backends), *backends]
+            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
+        args = [
+            s.prefix,
+            self.replica,
+            int(s.ttl_s * 1000),
+            "1" if self._reset else "0",
+            int(s.hold_s * 1000),
+            self._epoch,
+            self._seq,
+            n,
+            *charges,
+            len(self._weights),
+            *weights,
+            len(self._seed),
+            *seed,
+            len(queued),
+            *queued,
+            len(self.backends),
+            *backends,
+        ]
         return args, snap, keeps
 
     async def sync(self) -> bool:
         """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer."""
-        async with self._sync_lock:     # NOTE: one at a time, or an older answer could overwrite a newer lease
+        async with self._sync_lock:  # NOTE: one at a time, or an older answer could overwrite a newer lease
             return await self._sync()
 
     async def _sync(self) -> bool:
@@ -295,7 +329,7 @@ class SharedState:
         try:
             self.round_trips += 1
             reply = await self._sync_script(args=args)
-        except Exception as e:      # NOTE: any failure of Redis degrades to local state; nothing on the request path
+        except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
             # the charges stay unflushed (the base did not move); lifts, weights and resets are sent again
             for t, v in lifts.items():
                 self._lift[t] = max(v, self._lift.get(t, v))
@@ -316,11 +350,16 @@ class SharedState:
     def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
         changed, elsewhere, leases, replicas, epoch, seq = reply
         # NOTE: only the tenants changed since the last answer: the others' local values are the global ones already
-        rows = [(_text(t), _num(c), _num(s), _num(w))
-                for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)]
+        rows = [
+            (_text(t), _num(c), _num(s), _num(w)) for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)
+        ]
         for tenant, _, _, w in rows:
-            if w is not None and tenant in self.ledger.accounts and tenant not in self._weights \
-                    and w != self.policy.weight(tenant):
+            if (
+                w is not None
+                and tenant in self.ledger.accounts
+                and tenant not in self._weights
+                and w != self.policy.weight(tenant)
+            ):
                 self.policy.set_weight(tenant, w)
         for tenant, c, s, _ in rows:
             acct = self.ledger.accounts.get(tenant)
@@ -336,12 +375,12 @@ class SharedState:
         # no other replica has yet), with the charges not yet sent on top
         self._restore = bool(self._epoch) and epoch != self._epoch
         if self._restore:
-            self._seed = dict(self.policy.weights)      # set where unset, as at start
+            self._seed = dict(self.policy.weights)  # set where unset, as at start
         self._epoch, self._seq = epoch, int(seq)
         self._elsewhere = frozenset(_text(t) for t in elsewhere)
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
-            gr, wr, gt, wt = leases[4 * k:4 * k + 4]
+            gr, wr, gt, wt = leases[4 * k : 4 * k + 4]
             b.limit = int(gr)
             b.token_limit = int(gt) if b.cfg.max_inflight_tokens else None
             self._others_wait[b.cfg.url] = (bool(int(wr)), bool(int(wt)))
@@ -356,14 +395,20 @@ class SharedState:
             n = max(self.replicas, 1)
             for b in self.backends:
                 b.limit = max(1, b.cfg.max_inflight_requests // n)
-                b.token_limit = (max(1, b.cfg.max_inflight_tokens // n) if b.cfg.max_inflight_tokens else None)
+                b.token_limit = max(1, b.cfg.max_inflight_tokens // n) if b.cfg.max_inflight_tokens else None
         self.on_change()
 
     def status(self) -> dict[str, Any]:
         """For /healthz."""
-        return {"url": redact(self.settings.url), "up": self.up, "degraded": not self.up, "replica": self.replica,
-                "replicas": self.replicas, "round_trips": self.round_trips,
-                "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None}
+        return {
+            "url": redact(self.settings.url),
+            "up": self.up,
+            "degraded": not self.up,
+            "replica": self.replica,
+            "replicas": self.replicas,
+            "round_trips": self.round_trips,
+            "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None,
+        }
 
 
 async def probe(url: str, timeout_s: float = 2.0) -> None:

@@ -11,16 +11,57 @@ and the largest backlogged difference is found by a bounded exact search (`large
 dense clients x times functions (`service_curves`, `backlogged`, `backlogged_difference`, `windowed_jain`) serve
 figures and are the test oracles.
 """
-from .curves import (ServiceCurve, backlog_runs, backlogged, by_client, prepare_curves, response_times,
-                     service_curves, service_rates, time_grid)
-from .difference import (MIN_WORK, WORK_PER_EVENT, BackloggedDifference, backlogged_difference,
-                         largest_backlogged_difference)
-from .summary import (ClientStats, Summary, backlogged_jain, client_stats, describe_difference, jain, summarize,
-                      windowed_jain)
+
+from .curves import (
+    ServiceCurve,
+    backlog_runs,
+    backlogged,
+    by_client,
+    prepare_curves,
+    response_times,
+    service_curves,
+    service_rates,
+    time_grid,
+)
+from .difference import (
+    MIN_WORK,
+    WORK_PER_EVENT,
+    BackloggedDifference,
+    backlogged_difference,
+    largest_backlogged_difference,
+)
+from .summary import (
+    ClientStats,
+    Summary,
+    backlogged_jain,
+    client_stats,
+    describe_difference,
+    jain,
+    summarize,
+    windowed_jain,
+)
 
 __all__ = [
-    "ServiceCurve", "backlog_runs", "backlogged", "by_client", "prepare_curves", "response_times", "service_curves",
-    "service_rates", "time_grid", "MIN_WORK", "WORK_PER_EVENT", "BackloggedDifference", "backlogged_difference",
-    "largest_backlogged_difference", "ClientStats", "Summary", "backlogged_jain", "client_stats",
-    "describe_difference", "jain", "summarize", "windowed_jain",
+    "ServiceCurve",
+    "backlog_runs",
+    "backlogged",
+    "by_client",
+    "prepare_curves",
+    "response_times",
+    "service_curves",
+    "service_rates",
+    "time_grid",
+    "MIN_WORK",
+    "WORK_PER_EVENT",
+    "BackloggedDifference",
+    "backlogged_difference",
+    "largest_backlogged_difference",
+    "ClientStats",
+    "Summary",
+    "backlogged_jain",
+    "client_stats",
+    "describe_difference",
+    "jain",
+    "summarize",
+    "windowed_jain",
 ]

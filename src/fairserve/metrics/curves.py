@@ -1,4 +1,5 @@
 """Service curves, service rates, response times and backlog, from request records (see the package's docstring)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -42,7 +43,7 @@ class ServiceCurve:
             self.monotone = bool(np.all(self._steps.amount >= 0) and np.all(ramp >= 0))
         else:
             self._served, self._first, self._last, self._h = served, first, last, h
-            self.monotone = True        # NOTE: the cost contract (core/cost.py): h is monotone in y
+            self.monotone = True  # NOTE: the cost contract (core/cost.py): h is monotone in y
         # grid points at and after which the curve may change: the first token's step to the latest token
         self.changes = (np.searchsorted(times, first, side="left"), np.searchsorted(times, last, side="right"))
         # linear cost: grid points where the sampled curve may bend (it is linear in between), else None
@@ -102,16 +103,28 @@ class _Edge:
         return times * self.cs[k] - self.cse[k]
 
 
-def prepare_curves(records: Sequence[RequestRecord], times: np.ndarray, w_p: float = 1.0, w_q: float = 2.0,
-                   cost: CostFunction | None = None) -> dict[str, ServiceCurve]:
+def prepare_curves(
+    records: Sequence[RequestRecord],
+    times: np.ndarray,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    cost: CostFunction | None = None,
+) -> dict[str, ServiceCurve]:
     """Every client's `ServiceCurve` on the grid `times` (clients in order of first appearance)."""
     h = cost or LinearCost(w_p, w_q)
-    return {client: ServiceCurve([r for r in rs if r.first_token_s is not None and r.output_tokens > 0], times, h)
-            for client, rs in by_client(records).items()}
+    return {
+        client: ServiceCurve([r for r in rs if r.first_token_s is not None and r.output_tokens > 0], times, h)
+        for client, rs in by_client(records).items()
+    }
 
 
-def service_curves(records: Sequence[RequestRecord], times: np.ndarray, w_p: float = 1.0,
-                   w_q: float = 2.0, cost: CostFunction | None = None) -> dict[str, np.ndarray]:
+def service_curves(
+    records: Sequence[RequestRecord],
+    times: np.ndarray,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    cost: CostFunction | None = None,
+) -> dict[str, np.ndarray]:
     """Accumulated service of each client at each time in `times` (sorted). `cost` (any h(x, y)) replaces the
     linear w_p/w_q; output tokens are taken to appear evenly in time, so a request's service at time t is
     h(x, y(t)), which for a non-linear h is not a straight line. Dense: clients x times."""
@@ -129,8 +142,9 @@ def service_rates(curves: dict[str, np.ndarray], times: np.ndarray, window_s: fl
     return out
 
 
-def response_times(records: Sequence[RequestRecord], times: np.ndarray,
-                   window_s: float = 60.0) -> dict[str, np.ndarray]:
+def response_times(
+    records: Sequence[RequestRecord], times: np.ndarray, window_s: float = 60.0
+) -> dict[str, np.ndarray]:
     """Mean time to first token of each client's requests whose first token came in a window centred on each
     time (the paper's ±30 s); NaN where there was none."""
     out = {}
@@ -157,8 +171,9 @@ def backlog_runs(records: Sequence[RequestRecord], times: np.ndarray) -> dict[st
         admitted = np.sort(np.searchsorted(times, [r.admit_s for r in waiting if r.admit_s is not None], side="left"))
         edges = np.unique(np.concatenate((arrived, admitted)))
         edges = edges[edges < len(times)]
-        waiting_after = (np.searchsorted(arrived, edges, side="right")
-                         - np.searchsorted(admitted, edges, side="right")) > 0
+        waiting_after = (
+            np.searchsorted(arrived, edges, side="right") - np.searchsorted(admitted, edges, side="right")
+        ) > 0
         rise = waiting_after & ~np.concatenate(([False], waiting_after[:-1]))
         fall = ~waiting_after & np.concatenate(([False], waiting_after[:-1]))
         starts = edges[rise]

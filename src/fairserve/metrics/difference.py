@@ -1,5 +1,6 @@
 """The largest service difference between two clients while both are backlogged (the quantity Theorem 4.4
 bounds): the bounded exact search, and the pairwise computation that is its test oracle."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,8 +10,9 @@ import numpy as np
 from .curves import ServiceCurve
 
 
-def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndarray],
-                          weights: dict[str, float] | None = None) -> tuple[np.ndarray, float, tuple[str, str] | None]:
+def backlogged_difference(
+    curves: dict[str, np.ndarray], busy: dict[str, np.ndarray], weights: dict[str, float] | None = None
+) -> tuple[np.ndarray, float, tuple[str, str] | None]:
     """For every pair of clients and every stretch of time in which both were backlogged, the service difference
     accumulated since the stretch began (weights applied). Returns the per-time maximum over pairs, the overall
     maximum range (the quantity Theorem 4.4 bounds by 2U), and the pair that reached it. O(clients² × times):
@@ -21,7 +23,7 @@ def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndar
     n_t = len(next(iter(curves.values()))) if curves else 0
     series, best, pair = np.zeros(n_t), 0.0, None
     for i, f in enumerate(names):
-        for g in names[i + 1:]:
+        for g in names[i + 1 :]:
             joint = busy[f] & busy[g]
             if not joint.any():
                 continue
@@ -43,23 +45,26 @@ def backlogged_difference(curves: dict[str, np.ndarray], busy: dict[str, np.ndar
     return series, best, pair
 
 
-WORK_PER_EVENT = 40.0      # the exact search's default budget: points read per event (runs, grid points, bends)
-MIN_WORK = 1e6             # ... and at least this many (a fraction of a second), so small cases are always exact
+WORK_PER_EVENT = 40.0  # the exact search's default budget: points read per event (runs, grid points, bends)
+MIN_WORK = 1e6  # ... and at least this many (a fraction of a second), so small cases are always exact
 
 
 @dataclass(frozen=True)
 class BackloggedDifference:
     """The largest service difference between two clients over a stretch in which both were backlogged."""
 
-    value: float                        # the largest difference found; the exact maximum when `exact`
-    pair: tuple[str, str] | None        # the pair that reached `value` (names sorted), None when it is 0
-    upper: float                        # a proven upper bound on the maximum (== value when exact)
+    value: float  # the largest difference found; the exact maximum when `exact`
+    pair: tuple[str, str] | None  # the pair that reached `value` (names sorted), None when it is 0
+    upper: float  # a proven upper bound on the maximum (== value when exact)
     exact: bool
 
 
-def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray],
-                                  weights: dict[str, float] | None = None,
-                                  work_limit: float | None = None) -> BackloggedDifference:
+def largest_backlogged_difference(
+    curves: dict[str, ServiceCurve],
+    runs: dict[str, np.ndarray],
+    weights: dict[str, float] | None = None,
+    work_limit: float | None = None,
+) -> BackloggedDifference:
     """The overall maximum of `backlogged_difference` (same value, same pair) without visiting every pair.
 
     Write u = W/weight. For a pair (f, g) and a stretch J in which both were backlogged, the range of
@@ -131,7 +136,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
             at += 1
     keys = np.concatenate([i * (n_t + 1) + pts for i, pts in enumerate(bends)])
     bent = np.concatenate(bent)
-    slack = 1e-8 * (scale + 1.0)       # NOTE: float rounding of the bounds, far above their few ulps
+    slack = 1e-8 * (scale + 1.0)  # NOTE: float rounding of the bounds, far above their few ulps
     # the largest fall of a run of another client: the top fall, or the runner-up from a different client
     order_fall = np.argsort(-fall, kind="stable")
     top = order_fall[0]
@@ -157,7 +162,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
         cand, lo, hi = cand[keep], lo[keep], hi[keep]
         work += n_cand / 16 + len(cand)
         ends = curves[names[f]].at(np.concatenate((lo, hi))) / wt[f]
-        bound = np.minimum(ends[len(lo):] - ends[:len(lo)], rise[r] + fall[cand])
+        bound = np.minimum(ends[len(lo) :] - ends[: len(lo)], rise[r] + fall[cand])
         maybe = bound + slack >= best
         if not maybe.any():
             continue
@@ -165,7 +170,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
         approx = _gains_where_bent(f, client[cand], lo, hi, keys, bent, n_t)
         work += len(cand) + approx.work
         mine = None
-        for p in np.argsort(-approx.gain, kind="stable").tolist():     # the likeliest first: best rises at once
+        for p in np.argsort(-approx.gain, kind="stable").tolist():  # the likeliest first: best rises at once
             if approx.gain[p] + slack < best:
                 break
             a, b, g = int(lo[p]), int(hi[p]), int(client[cand[p]])
@@ -173,7 +178,7 @@ def largest_backlogged_difference(curves: dict[str, ServiceCurve], runs: dict[st
             if mine is None:
                 mine = curves[names[f]].at(np.arange(s, e + 1)) / wt[f]
                 work += e - s + 1
-            d = mine[a - s:b - s + 1] - curves[names[g]].at(np.arange(a, b + 1)) / wt[g]
+            d = mine[a - s : b - s + 1] - curves[names[g]].at(np.arange(a, b + 1)) / wt[g]
             gain = float(np.max(d - np.minimum.accumulate(d)))
             work += b - a + 1
             key = tuple(sorted((names[f], names[g])))
@@ -195,8 +200,9 @@ def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     return np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - lens - starts, lens)
 
 
-def _gains_where_bent(f: int, partners: np.ndarray, lo: np.ndarray, hi: np.ndarray, keys: np.ndarray,
-                      values: np.ndarray, n_t: int) -> _Gains:
+def _gains_where_bent(
+    f: int, partners: np.ndarray, lo: np.ndarray, hi: np.ndarray, keys: np.ndarray, values: np.ndarray, n_t: int
+) -> _Gains:
     """For each partner stretch [lo, hi]: max over t1 <= t2 of d(t2) - d(t1), d = u_f - u_partner, read only at the
     stretch's ends and the grid points where f or the partner bend (d is linear in between, so its extremes are
     there). `keys` = client * (n_t + 1) + grid point, sorted, with the curves' `values` there; a curve between

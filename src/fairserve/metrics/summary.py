@@ -1,5 +1,6 @@
 """Per-client statistics and the run summary that `simulate`, `bench` and `reproduce` print; Jain's index over
 backlogged windows."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,11 +22,11 @@ class ClientStats:
     finished: int
     rejected: int
     unfinished: int
-    prompt_tokens: int          # of admitted requests
-    output_tokens: int          # generated
-    service: float              # weighted tokens received
-    service_rate: float         # service per second over the run
-    response_mean_s: float | None   # time to first token
+    prompt_tokens: int  # of admitted requests
+    output_tokens: int  # generated
+    service: float  # weighted tokens received
+    service_rate: float  # service per second over the run
+    response_mean_s: float | None  # time to first token
     response_p50_s: float | None
     response_p90_s: float | None
 
@@ -36,13 +37,13 @@ class Summary:
     clients: dict[str, ClientStats]
     output_tokens_per_s: float
     service_per_s: float
-    max_backlogged_diff: float              # largest |ΔW_f - ΔW_g| over an interval both were backlogged
+    max_backlogged_diff: float  # largest |ΔW_f - ΔW_g| over an interval both were backlogged
     max_backlogged_diff_pair: tuple[str, str] | None
-    jain_index: float | None                # mean over windows, among clients backlogged >= 90% of the window
+    jain_index: float | None  # mean over windows, among clients backlogged >= 90% of the window
     w_p: float
     w_q: float
     max_backlogged_diff_upper: float | None = None  # proven upper bound; equals max_backlogged_diff when exact
-    max_backlogged_diff_exact: bool = True          # False: the search hit its work limit, the value is a bracket
+    max_backlogged_diff_exact: bool = True  # False: the search hit its work limit, the value is a bracket
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,17 +56,19 @@ def describe_difference(s: Summary) -> str:
     pair = f" ({' vs '.join(s.max_backlogged_diff_pair)})" if s.max_backlogged_diff_pair else ""
     if s.max_backlogged_diff_exact:
         return f"{s.max_backlogged_diff:,.0f}{pair}"
-    return (f"between {s.max_backlogged_diff:,.0f}{pair} and {s.max_backlogged_diff_upper:,.0f} "
-            f"(estimate: the exact search stopped at its work limit)")
+    return (
+        f"between {s.max_backlogged_diff:,.0f}{pair} and {s.max_backlogged_diff_upper:,.0f} "
+        f"(estimate: the exact search stopped at its work limit)"
+    )
 
 
-jain = jain_index     # the one Jain's index of fairserve (core/fairness.py): summaries, servers, bench
+jain = jain_index  # the one Jain's index of fairserve (core/fairness.py): summaries, servers, bench
 
 
 def _jain(total, total_sq, n):
     """`jain_index` over arrays of window sums (Σx, Σx², n), element-wise."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total_sq == 0, 1.0, total ** 2 / (n * total_sq))
+        return np.where(total_sq == 0, 1.0, total**2 / (n * total_sq))
 
 
 def _window_size(times: np.ndarray, window_s: float) -> int:
@@ -73,8 +76,13 @@ def _window_size(times: np.ndarray, window_s: float) -> int:
     return max(1, int(round(window_s / step)))
 
 
-def windowed_jain(curves: dict[str, np.ndarray], busy: dict[str, np.ndarray], times: np.ndarray,
-                  window_s: float = 60.0, weights: dict[str, float] | None = None) -> np.ndarray:
+def windowed_jain(
+    curves: dict[str, np.ndarray],
+    busy: dict[str, np.ndarray],
+    times: np.ndarray,
+    window_s: float = 60.0,
+    weights: dict[str, float] | None = None,
+) -> np.ndarray:
     """Jain's index over the weighted service in consecutive windows, among clients backlogged for at least 90% of
     the window; NaN for windows with fewer than two such clients. Dense (clients x times); `backlogged_jain` is
     the same from runs, in time linear in events."""
@@ -82,14 +90,22 @@ def windowed_jain(curves: dict[str, np.ndarray], busy: dict[str, np.ndarray], ti
     k = _window_size(times, window_s)
     out = []
     for a in range(0, len(times) - k, k):
-        xs = [(curves[c][a + k] - curves[c][a]) / weights.get(c, 1.0)
-              for c in curves if busy[c][a:a + k + 1].mean() >= 0.9]
+        xs = [
+            (curves[c][a + k] - curves[c][a]) / weights.get(c, 1.0)
+            for c in curves
+            if busy[c][a : a + k + 1].mean() >= 0.9
+        ]
         out.append(jain(xs) if len(xs) >= 2 else np.nan)
     return np.array(out)
 
 
-def backlogged_jain(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray], times: np.ndarray,
-                    window_s: float = 60.0, weights: dict[str, float] | None = None) -> np.ndarray:
+def backlogged_jain(
+    curves: dict[str, ServiceCurve],
+    runs: dict[str, np.ndarray],
+    times: np.ndarray,
+    window_s: float = 60.0,
+    weights: dict[str, float] | None = None,
+) -> np.ndarray:
     """`windowed_jain` without the clients x times arrays. A client counts in a window when its runs cover 90% of
     the window's grid points: whole windows inside a run are counted with a difference array, the few windows a
     run only touches one by one. Service is read only in windows where a client's curve changes (from its first
@@ -99,8 +115,8 @@ def backlogged_jain(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray]
     n_windows = len(range(0, len(times) - k, k))
     if n_windows == 0:
         return np.array([])
-    inside = np.zeros(n_windows + 1, dtype=np.int64)      # difference array: clients backlogged all window long
-    touched: dict[int, int] = {}                          # window -> clients backlogged >= 90% of it, partly
+    inside = np.zeros(n_windows + 1, dtype=np.int64)  # difference array: clients backlogged all window long
+    touched: dict[int, int] = {}  # window -> clients backlogged >= 90% of it, partly
     at_w, xs = [], []
     for c, curve in curves.items():
         rs = runs[c]
@@ -110,8 +126,9 @@ def backlogged_jain(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray]
         np.add.at(inside, full_lo[full], 1)
         np.add.at(inside, full_hi[full] + 1, -1)
         partial: dict[int, int] = {}
-        for s, e, flo, fhi, f in zip(rs[:, 0].tolist(), rs[:, 1].tolist(), full_lo.tolist(), full_hi.tolist(),
-                                     full.tolist()):
+        for s, e, flo, fhi, f in zip(
+            rs[:, 0].tolist(), rs[:, 1].tolist(), full_lo.tolist(), full_hi.tolist(), full.tolist()
+        ):
             for w in range(max(0, -(-(s - k) // k)), min(n_windows - 1, e // k) + 1):
                 if not (f and flo <= w <= fhi):
                     partial[w] = partial.get(w, 0) + min(e, w * k + k) - max(s, w * k) + 1
@@ -132,9 +149,9 @@ def backlogged_jain(curves: dict[str, ServiceCurve], runs: dict[str, np.ndarray]
         ws = ws[whole | np.isin(ws, list(counted))]
         v = curve.at(np.concatenate((ws * k + k, ws * k)))
         at_w.append(ws)
-        x = v[:len(ws)] - v[len(ws):]
+        x = v[: len(ws)] - v[len(ws) :]
         # NOTE: a curve's ramp formula leaves float noise (~1e-16 of its size) where no service happened: not service
-        x[np.abs(x) <= 1e-9 * np.abs(v[:len(ws)])] = 0.0
+        x[np.abs(x) <= 1e-9 * np.abs(v[: len(ws)])] = 0.0
         xs.append(x / weights.get(c, 1.0))
     n = np.cumsum(inside[:-1])
     for w, m in touched.items():
@@ -150,8 +167,13 @@ def _pct(x: np.ndarray, q: float) -> float | None:
     return float(np.percentile(x, q)) if len(x) else None
 
 
-def client_stats(records: Sequence[RequestRecord], duration_s: float, w_p: float = 1.0,
-                 w_q: float = 2.0, cost: CostFunction | None = None) -> dict[str, ClientStats]:
+def client_stats(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    cost: CostFunction | None = None,
+) -> dict[str, ClientStats]:
     h = cost or LinearCost(w_p, w_q)
     out = {}
     for client, rs in sorted(by_client(records).items()):
@@ -161,18 +183,33 @@ def client_stats(records: Sequence[RequestRecord], duration_s: float, w_p: float
         output = sum(r.output_tokens for r in rs)
         service = sum(h.total(r.prompt_tokens, r.output_tokens) for r in served)
         out[client] = ClientStats(
-            client=client, requests=len(rs), finished=sum(r.status == "finished" for r in rs),
-            rejected=sum(r.status == "rejected" for r in rs), unfinished=sum(r.status == "unfinished" for r in rs),
-            prompt_tokens=prompt, output_tokens=output, service=service,
+            client=client,
+            requests=len(rs),
+            finished=sum(r.status == "finished" for r in rs),
+            rejected=sum(r.status == "rejected" for r in rs),
+            unfinished=sum(r.status == "unfinished" for r in rs),
+            prompt_tokens=prompt,
+            output_tokens=output,
+            service=service,
             service_rate=service / duration_s if duration_s > 0 else 0.0,
-            response_mean_s=float(rt.mean()) if len(rt) else None, response_p50_s=_pct(rt, 50),
-            response_p90_s=_pct(rt, 90))
+            response_mean_s=float(rt.mean()) if len(rt) else None,
+            response_p50_s=_pct(rt, 50),
+            response_p90_s=_pct(rt, 90),
+        )
     return out
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float, w_p: float = 1.0, w_q: float = 2.0,
-              weights: dict[str, float] | None = None, step_s: float = 1.0, window_s: float = 60.0,
-              cost: CostFunction | None = None, work_limit: float | None = None) -> Summary:
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    weights: dict[str, float] | None = None,
+    step_s: float = 1.0,
+    window_s: float = 60.0,
+    cost: CostFunction | None = None,
+    work_limit: float | None = None,
+) -> Summary:
     """Per-client statistics, throughput, the largest backlogged difference and the mean windowed Jain's index, in
     time O(events log events) and memory linear in events (see `largest_backlogged_difference` for its bound)."""
     stats = client_stats(records, duration_s, w_p, w_q, cost)
@@ -185,7 +222,16 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, w_p: float = 
     total_out = sum(s.output_tokens for s in stats.values())
     total_service = sum(s.service for s in stats.values())
     per_s = (lambda v: v / duration_s) if duration_s > 0 else (lambda v: 0.0)
-    return Summary(duration_s=duration_s, clients=stats, output_tokens_per_s=per_s(total_out),
-                   service_per_s=per_s(total_service), max_backlogged_diff=diff.value,
-                   max_backlogged_diff_pair=diff.pair, jain_index=float(jains.mean()) if len(jains) else None,
-                   w_p=w_p, w_q=w_q, max_backlogged_diff_upper=diff.upper, max_backlogged_diff_exact=diff.exact)
+    return Summary(
+        duration_s=duration_s,
+        clients=stats,
+        output_tokens_per_s=per_s(total_out),
+        service_per_s=per_s(total_service),
+        max_backlogged_diff=diff.value,
+        max_backlogged_diff_pair=diff.pair,
+        jain_index=float(jains.mean()) if len(jains) else None,
+        w_p=w_p,
+        w_q=w_q,
+        max_backlogged_diff_upper=diff.upper,
+        max_backlogged_diff_exact=diff.exact,
+    )

@@ -1,4 +1,5 @@
 """Numbers the verdicts are computed from: shares while backlogged, demands, fair shares, phases."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,11 @@ def demand_rate(out: RunOutput, client: str, start_s: float = 0.0, end_s: float 
     """Service per second the client asked for: the cost of the requests it sent in [start_s, end_s)."""
     end_s = out.duration_s if end_s is None else end_s
     h = out.cost
-    asked = sum(h.total(r.prompt_tokens, r.max_tokens) for r in out.records
-                if r.client == client and start_s <= r.arrival_s < end_s)
+    asked = sum(
+        h.total(r.prompt_tokens, r.max_tokens)
+        for r in out.records
+        if r.client == client and start_s <= r.arrival_s < end_s
+    )
     return asked / max(end_s - start_s, 1e-9)
 
 
@@ -53,13 +57,17 @@ def fair_level(demands: dict[str, float], capacity: float) -> float:
 
 def mean_response(out: RunOutput, client: str, start_s: float = 0.0, end_s: float | None = None) -> float | None:
     end_s = out.duration_s if end_s is None else end_s
-    rts = [r.first_token_s - r.arrival_s for r in out.records
-           if r.client == client and r.first_token_s is not None and start_s <= r.arrival_s < end_s]
+    rts = [
+        r.first_token_s - r.arrival_s
+        for r in out.records
+        if r.client == client and r.first_token_s is not None and start_s <= r.arrival_s < end_s
+    ]
     return float(np.mean(rts)) if rts else None
 
 
 def difference_series(out: RunOutput) -> np.ndarray:
     from ..metrics import backlogged_difference
+
     return backlogged_difference(out.curves, out.busy, out.weights)[0]
 
 

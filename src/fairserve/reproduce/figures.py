@@ -5,6 +5,7 @@ Clients keep one colour across the subplots of a figure (assigned from the sorte
 has more than `MAX_CLIENTS` clients, the `TOP_CLIENTS` with the most total value (over all subplots) are drawn in
 colour and the rest as thin grey lines under one legend entry. Legends sit below the plots so they hide no data.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,14 +36,15 @@ def _save(fig: Figure, path: PathLike) -> Path:
     try:
         FigureCanvasAgg(fig).print_png(out)
     finally:
-        fig.clear()     # no pyplot manager holds it; dropping the references frees it
+        fig.clear()  # no pyplot manager holds it; dropping the references frees it
     return out
 
 
 def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5), fontsize="small",
-                   frameon=False)
+        fig.legend(
+            handles, labels, loc="outside lower center", ncols=min(len(labels), 5), fontsize="small", frameon=False
+        )
 
 
 def _check_series(times: np.ndarray, data: Mapping[str, Mapping[str, np.ndarray]], what: str) -> np.ndarray:
@@ -70,8 +72,14 @@ def _client_styles(data: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, st
     return {c: (_PALETTE[top.index(c)] if c in top else None) for c in clients}
 
 
-def _per_policy_lines(times: np.ndarray, data: Mapping[str, Mapping[str, np.ndarray]], title: str, ylabel: str,
-                      what: str, markers: bool = False) -> Figure:
+def _per_policy_lines(
+    times: np.ndarray,
+    data: Mapping[str, Mapping[str, np.ndarray]],
+    title: str,
+    ylabel: str,
+    what: str,
+    markers: bool = False,
+) -> Figure:
     t = _check_series(times, data, what)
     styles = _client_styles(data)
     n = len(data)
@@ -83,7 +91,7 @@ def _per_policy_lines(times: np.ndarray, data: Mapping[str, Mapping[str, np.ndar
     others = sum(s is None for s in styles.values())
     kw: dict[str, Any] = {"marker": ".", "markersize": 3} if markers else {}
     for ax, (policy, clients) in zip(axes, data.items()):
-        for client in sorted(clients, key=lambda c: styles[c] is not None):    # grey first, under the colours
+        for client in sorted(clients, key=lambda c: styles[c] is not None):  # grey first, under the colours
             ys = np.asarray(clients[client], dtype=float)
             colour = styles[client]
             if colour is None:
@@ -117,8 +125,9 @@ def response_time(path: PathLike, times: np.ndarray, rts: dict[str, dict[str, np
     return _save(fig, path)
 
 
-def _accumulated_figure(times: np.ndarray, diffs: dict[str, np.ndarray], title: str, bound: float | None,
-                        ylabel: str) -> Figure:
+def _accumulated_figure(
+    times: np.ndarray, diffs: dict[str, np.ndarray], title: str, bound: float | None, ylabel: str
+) -> Figure:
     t = _check_series(times, {"diffs": diffs} if diffs else {}, "accumulated_difference")
     fig = Figure(figsize=(WIDTH_IN, 5.0), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
@@ -132,14 +141,26 @@ def _accumulated_figure(times: np.ndarray, diffs: dict[str, np.ndarray], title: 
     return fig
 
 
-def accumulated_difference(path: PathLike, times: np.ndarray, diffs: dict[str, np.ndarray], title: str,
-                           bound: float | None = None, ylabel: str = "service difference (weighted tokens)") -> Path:
+def accumulated_difference(
+    path: PathLike,
+    times: np.ndarray,
+    diffs: dict[str, np.ndarray],
+    title: str,
+    bound: float | None = None,
+    ylabel: str = "service difference (weighted tokens)",
+) -> Path:
     """One line per policy (or variant label); a dashed line 'bound 2U = …' when `bound` is given."""
     return _save(_accumulated_figure(times, diffs, title, bound, ylabel), path)
 
 
-def _bars_figure(categories: Sequence[str], series: dict[str, list[float]], title: str, ylabel: str,
-                 reference: float | None, reference_label: str | None) -> Figure:
+def _bars_figure(
+    categories: Sequence[str],
+    series: dict[str, list[float]],
+    title: str,
+    ylabel: str,
+    reference: float | None,
+    reference_label: str | None,
+) -> Figure:
     if not series:
         raise ValueError("bars: no series to plot (empty dict)")
     if not categories:
@@ -154,13 +175,24 @@ def _bars_figure(categories: Sequence[str], series: dict[str, list[float]], titl
     small = len(categories) * len(series) > 24
     for i, (name, values) in enumerate(series.items()):
         bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name, color=_PALETTE[i % 10])
-        ax.bar_label(bars, labels=[_fmt(float(v)) for v in values], fontsize=6 if small else 8, padding=2,
-                     rotation=90 if small else 0)
+        ax.bar_label(
+            bars,
+            labels=[_fmt(float(v)) for v in values],
+            fontsize=6 if small else 8,
+            padding=2,
+            rotation=90 if small else 0,
+        )
     if reference is not None:
-        ax.axhline(reference, color="black", linestyle="--", linewidth=1.2,
-                   label=reference_label or f"reference = {_fmt(reference)}")
-    ax.set_xticks(x, list(categories), rotation=45 if len(categories) > 8 else 0,
-                  ha="right" if len(categories) > 8 else "center")
+        ax.axhline(
+            reference,
+            color="black",
+            linestyle="--",
+            linewidth=1.2,
+            label=reference_label or f"reference = {_fmt(reference)}",
+        )
+    ax.set_xticks(
+        x, list(categories), rotation=45 if len(categories) > 8 else 0, ha="right" if len(categories) > 8 else "center"
+    )
     ax.margins(y=0.15)
     ax.set(title=title, ylabel=ylabel)
     ax.grid(True, axis="y", alpha=0.3)
@@ -168,8 +200,15 @@ def _bars_figure(categories: Sequence[str], series: dict[str, list[float]], titl
     return fig
 
 
-def bars(path: PathLike, categories: list[str], series: dict[str, list[float]], title: str, ylabel: str,
-         reference: float | None = None, reference_label: str | None = None) -> Path:
+def bars(
+    path: PathLike,
+    categories: list[str],
+    series: dict[str, list[float]],
+    title: str,
+    ylabel: str,
+    reference: float | None = None,
+    reference_label: str | None = None,
+) -> Path:
     """Grouped bars: one group per category, one bar per series, value labels on top; optional dashed reference."""
     return _save(_bars_figure(categories, series, title, ylabel, reference, reference_label), path)
 

@@ -1,4 +1,5 @@
 """The figures of one experiment, by kind, from its runs (the drawing itself is in figures.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,49 +38,78 @@ def _title(exp: Experiment, workload: str, what: str) -> str:
 
 def _service_rate(path, exp, runs: dict[str, RunOutput], workload):
     first = next(iter(runs.values()))
-    figures.service_rate(path, first.times, {n: o.rates for n, o in runs.items()},
-                         _title(exp, workload, "service rate per client (60 s window)"))
+    figures.service_rate(
+        path,
+        first.times,
+        {n: o.rates for n, o in runs.items()},
+        _title(exp, workload, "service rate per client (60 s window)"),
+    )
     return f"Service rate per client over time on `{workload}`, one panel per policy."
 
 
 def _response_time(path, exp, runs, workload):
     first = next(iter(runs.values()))
-    figures.response_time(path, first.times, {n: o.response for n, o in runs.items()},
-                          _title(exp, workload, "response time (time to first token, 60 s window)"))
+    figures.response_time(
+        path,
+        first.times,
+        {n: o.response for n, o in runs.items()},
+        _title(exp, workload, "response time (time to first token, 60 s window)"),
+    )
     return f"Mean response time (time to first token) per client over time on `{workload}`."
 
 
 def _difference(path, exp, runs, workload):
     first = next(iter(runs.values()))
-    figures.accumulated_difference(path, first.times, {n: difference_series(o) for n, o in runs.items()},
-                                   _title(exp, workload, "service difference between backlogged clients"),
-                                   bound=first.bound)
-    return (f"Largest service difference accumulated by two clients while both were backlogged, on `{workload}`; "
-            f"dashed: the bound 2U.")
+    figures.accumulated_difference(
+        path,
+        first.times,
+        {n: difference_series(o) for n, o in runs.items()},
+        _title(exp, workload, "service difference between backlogged clients"),
+        bound=first.bound,
+    )
+    return (
+        f"Largest service difference accumulated by two clients while both were backlogged, on `{workload}`; "
+        f"dashed: the bound 2U."
+    )
 
 
 def _difference_by_workload(path, exp, runs, workload):
     by_w = {o.spec.workload: o for o in runs.values()}
     first = next(iter(by_w.values()))
-    figures.accumulated_difference(path, first.times, {w: difference_series(o) for w, o in by_w.items()},
-                                   _title(exp, ", ".join(by_w), "VTC service difference by workload"))
+    figures.accumulated_difference(
+        path,
+        first.times,
+        {w: difference_series(o) for w, o in by_w.items()},
+        _title(exp, ", ".join(by_w), "VTC service difference by workload"),
+    )
     bounds = ", ".join(f"{w}: {o.bound:,.0f}" for w, o in by_w.items())
     return f"VTC's service difference between backlogged clients on each workload (bounds 2U — {bounds})."
 
 
 def _client_service(path, exp, runs, workload):
     clients = sorted(next(iter(runs.values())).summary.clients)
-    figures.bars(path, clients, {n: [o.summary.clients[c].service for c in clients] for n, o in runs.items()},
-                 _title(exp, workload, "service per client"), "service (weighted tokens)")
+    figures.bars(
+        path,
+        clients,
+        {n: [o.summary.clients[c].service for c in clients] for n, o in runs.items()},
+        _title(exp, workload, "service per client"),
+        "service (weighted tokens)",
+    )
     return f"Total service per client on `{workload}`."
 
 
 def _throughput(path, exp, runs, workload):
     names = list(runs)
     vtc = runs.get("vtc")
-    figures.bars(path, names, {"output tokens/s": [runs[n].summary.output_tokens_per_s for n in names]},
-                 _title(exp, workload, "throughput"), "output tokens/s",
-                 reference=vtc.summary.output_tokens_per_s if vtc else None, reference_label="VTC")
+    figures.bars(
+        path,
+        names,
+        {"output tokens/s": [runs[n].summary.output_tokens_per_s for n in names]},
+        _title(exp, workload, "throughput"),
+        "output tokens/s",
+        reference=vtc.summary.output_tokens_per_s if vtc else None,
+        reference_label="VTC",
+    )
     return f"Throughput (output tokens/s) per policy on `{workload}`."
 
 
@@ -89,20 +119,33 @@ def _mean_response(path, exp, runs, workload):
     for n in names:
         rts = [r.first_token_s - r.arrival_s for r in runs[n].records if r.first_token_s is not None]
         means.append(float(np.mean(rts)) if rts else 0.0)
-    figures.bars(path, names, {"mean response time (s)": means}, _title(exp, workload, "mean response time"),
-                 "response time (s)")
+    figures.bars(
+        path, names, {"mean response time (s)": means}, _title(exp, workload, "mean response time"), "response time (s)"
+    )
     return f"Mean response time of the requests that were served, per policy, on `{workload}` (rejected excluded)."
 
 
 def _bound(path, exp, runs, workload):
     outs = list(runs.values())
-    figures.bound_chart(path, [o.spec.workload for o in outs], [o.summary.max_backlogged_diff for o in outs],
-                        [o.bound for o in outs], "Theorem 4.4: VTC's largest backlogged difference vs 2U")
+    figures.bound_chart(
+        path,
+        [o.spec.workload for o in outs],
+        [o.summary.max_backlogged_diff for o in outs],
+        [o.bound for o in outs],
+        "Theorem 4.4: VTC's largest backlogged difference vs 2U",
+    )
     return "Measured largest service difference between backlogged clients under VTC, next to its bound 2U."
 
 
-_DRAW = {"service_rate": _service_rate, "response_time": _response_time, "difference": _difference,
-         "difference_by_workload": _difference_by_workload, "client_service": _client_service,
-         "throughput": _throughput, "mean_response": _mean_response, "difference_by_policy": _difference,
-         "bound": _bound}
+_DRAW = {
+    "service_rate": _service_rate,
+    "response_time": _response_time,
+    "difference": _difference,
+    "difference_by_workload": _difference_by_workload,
+    "client_service": _client_service,
+    "throughput": _throughput,
+    "mean_response": _mean_response,
+    "difference_by_policy": _difference,
+    "bound": _bound,
+}
 _PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy"}

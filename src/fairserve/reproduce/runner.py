@@ -1,4 +1,5 @@
 """Run the selected experiments' simulations (deduplicated, optionally in processes), judge, draw, report."""
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,14 @@ def _map(pool: Executor | None, fn: Callable, items: list, desc: str, progress: 
     return list(tqdm(it, total=len(items), desc=desc, unit="", disable=not progress, leave=False))
 
 
-def reproduce(out_dir: str | Path = "fairserve-results", only: list[str] | None = None, quick: bool = False,
-              jobs: int = 1, trace: str | None = None, progress: bool = True) -> list[report.Finding]:
+def reproduce(
+    out_dir: str | Path = "fairserve-results",
+    only: list[str] | None = None,
+    quick: bool = False,
+    jobs: int = 1,
+    trace: str | None = None,
+    progress: bool = True,
+) -> list[report.Finding]:
     """Run the experiments and write their figures, report.md and report.html into `out_dir`."""
     start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -52,8 +59,10 @@ def reproduce(out_dir: str | Path = "fairserve-results", only: list[str] | None 
         outs = _map(pool, _simulate, [(s, quick, trace) for s in specs], "simulating", progress)
         res = Results({(s.workload, s.name): o for s, o in zip(specs, outs)})
         ran = [e for e in experiments if e.runs and all((r.workload, r.name) in res for r in e.runs)]
-        subsets = [(e.name, Results({k: v for k, v in res.items() if k in {(r.workload, r.name) for r in e.runs}}),
-                    out_dir) for e in ran]
+        subsets = [
+            (e.name, Results({k: v for k, v in res.items() if k in {(r.workload, r.name) for r in e.runs}}), out_dir)
+            for e in ran
+        ]
         drawn = dict(zip((e.name for e in ran), _map(pool, _draw, subsets, "drawing", progress)))
     finally:
         if pool:
@@ -61,15 +70,23 @@ def reproduce(out_dir: str | Path = "fairserve-results", only: list[str] | None 
     findings = []
     for exp in experiments:
         if exp.runs and exp.name not in drawn:
-            findings.append(report.Finding(exp, None, "skipped: the Chatbot Arena trace was not found "
-                                                      "(set FAIRSERVE_ARENA_TRACE or pass --trace FILE)"))
+            findings.append(
+                report.Finding(
+                    exp,
+                    None,
+                    "skipped: the Chatbot Arena trace was not found (set FAIRSERVE_ARENA_TRACE or pass --trace FILE)",
+                )
+            )
             continue
         holds, evidence, ours = report.judge(exp, res)
         runs = [res[r.workload, r.name] for r in exp.runs]
         findings.append(report.Finding(exp, holds, evidence, drawn.get(exp.name, []), runs, ours))
-    meta = {"engine": "Llama-2-7b on an A10G (latency profiled by the paper), KV pool 10,000 tokens, S-LoRA's "
-                      "conservative admission; ablation: Llama-2-13b on an A100-80GB (roofline), pools 35,000/65,000",
-            "mode": "quick (shortened workloads)" if quick else "full", "runs": len(specs),
-            "wall_s": time.perf_counter() - start}
+    meta = {
+        "engine": "Llama-2-7b on an A10G (latency profiled by the paper), KV pool 10,000 tokens, S-LoRA's "
+        "conservative admission; ablation: Llama-2-13b on an A100-80GB (roofline), pools 35,000/65,000",
+        "mode": "quick (shortened workloads)" if quick else "full",
+        "runs": len(specs),
+        "wall_s": time.perf_counter() - start,
+    }
     report.write(findings, out_dir, meta)
     return findings

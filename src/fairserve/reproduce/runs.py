@@ -1,4 +1,5 @@
 """One simulation of the reproduction suite: what to run, and what comes back (picklable, for worker processes)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,9 +24,9 @@ QUICK_DURATION_S = {"increase": 600.0, "dist-shift": 600.0, REAL: 600.0}
 class RunSpec:
     workload: str
     policy: str
-    cost: str = "linear"                  # "linear" or "profiled"
-    weighted: bool = True                 # use the workload's weights (False: plain VTC on a weighted workload)
-    label: str = ""                       # shown in figures and tables; default: the policy
+    cost: str = "linear"  # "linear" or "profiled"
+    weighted: bool = True  # use the workload's weights (False: plain VTC on a weighted workload)
+    label: str = ""  # shown in figures and tables; default: the policy
 
     @property
     def name(self) -> str:
@@ -70,8 +71,9 @@ class RunOutput:
 
     @property
     def summary(self):
-        return self._memo("summary", lambda: summarize(self.records, self.duration_s, weights=self.weights,
-                                                       cost=self.cost))
+        return self._memo(
+            "summary", lambda: summarize(self.records, self.duration_s, weights=self.weights, cost=self.cost)
+        )
 
     @property
     def bound(self) -> float:
@@ -85,7 +87,7 @@ class RunOutput:
 
 
 def split_name(name: str) -> tuple[str, float | None]:
-    """"overload@600s" -> ("overload", 600.0): a named workload run for a duration other than its default."""
+    """ "overload@600s" -> ("overload", 600.0): a named workload run for a duration other than its default."""
     base, at, dur = name.partition("@")
     return (base, float(dur.removesuffix("s"))) if at else (base, None)
 
@@ -112,12 +114,19 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
     result = simulate(workload, spec.policy, cost=spec.cost, weights=weights)
-    return RunOutput(spec=spec, records=result.records, duration_s=workload.duration_s,
-                     kv_tokens=result.config.kv_tokens, busy_s=result.busy_s, weights=weights or None,
-                     max_prompt=max(a.prompt_tokens for a in workload.arrivals),
-                     wall_s=time.perf_counter() - start)
+    return RunOutput(
+        spec=spec,
+        records=result.records,
+        duration_s=workload.duration_s,
+        kv_tokens=result.config.kv_tokens,
+        busy_s=result.busy_s,
+        weights=weights or None,
+        max_prompt=max(a.prompt_tokens for a in workload.arrivals),
+        wall_s=time.perf_counter() - start,
+    )
 
 
 def trace_available(trace: str | None) -> bool:
     from ..workloads import find_arena_trace
+
     return bool(trace and Path(trace).is_file()) or find_arena_trace() is not None

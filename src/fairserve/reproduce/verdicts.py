@@ -1,5 +1,6 @@
 """The rules that compute each experiment's verdict from its runs' numbers, each on the scope its experiment states
 (`experiments.py` holds the claims, scopes and runs)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -51,12 +52,19 @@ def _overload(res: Results) -> Verdict:
     series = difference_series(fcfs)
     half, end = series[len(series) // 2], series[-1]
     ok = abs(r_vtc - 1) <= 0.05 and d_vtc <= vtc.bound and d_fcfs > vtc.bound and end >= 1.8 * half
-    return ok, (f"while both were backlogged the fast sender got {r_vtc:.2f}× the slow one's service under VTC and "
-                f"{r_fcfs:.2f}× under FCFS; the largest VTC difference was {d_vtc:,.0f} (bound {vtc.bound:,.0f}), "
-                f"FCFS's difference grew from {half:,.0f} at mid-run to {end:,.0f}; service "
-                f"{vtc.summary.service_per_s:,.0f}/s (VTC) and {fcfs.summary.service_per_s:,.0f}/s (FCFS)"), \
-        (f"fast:slow {r_vtc:.2f} (VTC) vs {r_fcfs:.2f} (FCFS); service {vtc.summary.service_per_s:,.0f} / "
-         f"{fcfs.summary.service_per_s:,.0f} /s")
+    return (
+        ok,
+        (
+            f"while both were backlogged the fast sender got {r_vtc:.2f}× the slow one's service under VTC and "
+            f"{r_fcfs:.2f}× under FCFS; the largest VTC difference was {d_vtc:,.0f} (bound {vtc.bound:,.0f}), "
+            f"FCFS's difference grew from {half:,.0f} at mid-run to {end:,.0f}; service "
+            f"{vtc.summary.service_per_s:,.0f}/s (VTC) and {fcfs.summary.service_per_s:,.0f}/s (FCFS)"
+        ),
+        (
+            f"fast:slow {r_vtc:.2f} (VTC) vs {r_fcfs:.2f} (FCFS); service {vtc.summary.service_per_s:,.0f} / "
+            f"{fcfs.summary.service_per_s:,.0f} /s"
+        ),
+    )
 
 
 def _light_clients_served(workload: str, light: list[str], heavy: str) -> Callable[[Results], Verdict]:
@@ -74,6 +82,7 @@ def _light_clients_served(workload: str, light: list[str], heavy: str) -> Callab
         ok &= rates[heavy] > fair
         parts.append(f"{heavy} received {rates[heavy]:,.0f}/s, above an equal split of {fair:,.0f}/s")
         return ok, "under VTC " + "; ".join(parts), "; ".join(short)
+
     return judge
 
 
@@ -82,8 +91,15 @@ def _equal_when_backlogged(workload: str) -> Callable[[Results], Verdict]:
         r_vtc = share_ratio(res[workload, "vtc"], "client-0", "client-1")
         r_fcfs = share_ratio(res[workload, "fcfs"], "client-0", "client-1")
         ok = r_vtc is not None and abs(r_vtc - 1) <= 0.1 and r_fcfs is not None and abs(r_fcfs - 1) > 0.1
-        return ok, (f"while both were backlogged client-0 got {r_vtc:.2f}× client-1's service under VTC and "
-                    f"{r_fcfs:.2f}× under FCFS"), f"{r_vtc:.2f} (VTC) vs {r_fcfs:.2f} (FCFS)"
+        return (
+            ok,
+            (
+                f"while both were backlogged client-0 got {r_vtc:.2f}× client-1's service under VTC and "
+                f"{r_fcfs:.2f}× under FCFS"
+            ),
+            f"{r_vtc:.2f} (VTC) vs {r_fcfs:.2f} (FCFS)",
+        )
+
     return judge
 
 
@@ -92,23 +108,34 @@ def _bounded(workload: str) -> Callable[[Results], Verdict]:
         vtc, fcfs = res[workload, "vtc"], res[workload, "fcfs"]
         d_v, d_f = vtc.summary.max_backlogged_diff, fcfs.summary.max_backlogged_diff
         ok = d_v <= vtc.bound < d_f
-        return ok, (f"largest difference {d_v:,.0f} under VTC, {d_f:,.0f} under FCFS; the bound 2U is "
-                    f"{vtc.bound:,.0f}; service {vtc.summary.service_per_s:,.0f}/s (VTC) and "
-                    f"{fcfs.summary.service_per_s:,.0f}/s (FCFS)"), \
-            f"VTC {d_v:,.0f}, FCFS {d_f:,.0f} (2U {vtc.bound:,.0f})"
+        return (
+            ok,
+            (
+                f"largest difference {d_v:,.0f} under VTC, {d_f:,.0f} under FCFS; the bound 2U is "
+                f"{vtc.bound:,.0f}; service {vtc.summary.service_per_s:,.0f}/s (VTC) and "
+                f"{fcfs.summary.service_per_s:,.0f}/s (FCFS)"
+            ),
+            f"VTC {d_v:,.0f}, FCFS {d_f:,.0f} (2U {vtc.bound:,.0f})",
+        )
+
     return judge
 
 
 def _increase(res: Results) -> Verdict:
     vtc, fcfs = res["increase", "vtc"], res["increase", "fcfs"]
-    start = vtc.duration_s * 2 / 3           # the last third: the other client asks for more than the server has
+    start = vtc.duration_s * 2 / 3  # the last third: the other client asks for more than the server has
     got = served(vtc, "client-0", start, vtc.duration_s) / (vtc.duration_s - start)
     asked = demand_rate(vtc, "client-0", start)
     rt_v, rt_f = mean_response(vtc, "client-0", start), mean_response(fcfs, "client-0", start)
     ok = got >= 0.85 * asked and rt_v <= rt_f / 2
-    return ok, (f"in the last third client-0 received {got:,.0f}/s of the {asked:,.0f}/s it asked under VTC, with mean "
-                f"response {rt_v:.1f} s against {rt_f:.1f} s under FCFS"), \
-        f"{got:,.0f} of {asked:,.0f}/s; {rt_v:.1f} s vs {rt_f:.1f} s (FCFS)"
+    return (
+        ok,
+        (
+            f"in the last third client-0 received {got:,.0f}/s of the {asked:,.0f}/s it asked under VTC, with mean "
+            f"response {rt_v:.1f} s against {rt_f:.1f} s under FCFS"
+        ),
+        f"{got:,.0f} of {asked:,.0f}/s; {rt_v:.1f} s vs {rt_f:.1f} s (FCFS)",
+    )
 
 
 def _dist_shift(res: Results) -> Verdict:
@@ -117,16 +144,29 @@ def _dist_shift(res: Results) -> Verdict:
     for name in ("vtc", "lcf"):
         run = res["dist-shift", name]
         a, b = served(run, "client-0", t0, t1), served(run, "client-1", t0, t1)
-        got[name] = dict(share=a / (a + b), asked=a / (t1 - t0) / demand_rate(run, "client-0", t0, t1), other=b,
-                         rt=mean_response(run, "client-0", t0, t1))
+        got[name] = dict(
+            share=a / (a + b),
+            asked=a / (t1 - t0) / demand_rate(run, "client-0", t0, t1),
+            other=b,
+            rt=mean_response(run, "client-0", t0, t1),
+        )
     v, lcf = got["vtc"], got["lcf"]
-    ok = (abs(v["share"] - 0.5) <= 0.05 and lcf["asked"] >= 0.95 and lcf["rt"] <= v["rt"] / 2
-          and lcf["other"] < v["other"])
-    return ok, (f"in the phase after the shift (from 300 s) LCF served client-0, which had built up credit while "
-                f"idle, {_pct(lcf['asked'])} of what it asked, first (mean response {lcf['rt']:.1f} s), and client-1 "
-                f"only the rest ({_pct(1 - lcf['share'])} of the service); VTC split it {_pct(v['share'])} / "
-                f"{_pct(1 - v['share'])} (client-0 mean response {v['rt']:.1f} s)"), \
-        f"LCF: client-1 gets {_pct(1 - lcf['share'])}; VTC {_pct(v['share'])} / {_pct(1 - v['share'])}"
+    ok = (
+        abs(v["share"] - 0.5) <= 0.05
+        and lcf["asked"] >= 0.95
+        and lcf["rt"] <= v["rt"] / 2
+        and lcf["other"] < v["other"]
+    )
+    return (
+        ok,
+        (
+            f"in the phase after the shift (from 300 s) LCF served client-0, which had built up credit while "
+            f"idle, {_pct(lcf['asked'])} of what it asked, first (mean response {lcf['rt']:.1f} s), and client-1 "
+            f"only the rest ({_pct(1 - lcf['share'])} of the service); VTC split it {_pct(v['share'])} / "
+            f"{_pct(1 - v['share'])} (client-0 mean response {v['rt']:.1f} s)"
+        ),
+        f"LCF: client-1 gets {_pct(1 - lcf['share'])}; VTC {_pct(v['share'])} / {_pct(1 - v['share'])}",
+    )
 
 
 def _real(res: Results) -> Verdict:
@@ -146,12 +186,19 @@ def _real(res: Results) -> Verdict:
     above = [w for w in drastic if w[3] > w[4]]
     ok = med_f >= 3 * med_v and len(raised) == len(within) and len(above) == len(drastic)
     cells = ", ".join(f"{c} at {t0:.0f} s ({r:.0f} s; asked {d:,.0f}/s vs {lvl:,.0f})" for c, t0, r, d, lvl in drastic)
-    return ok, (f"median client response {med_v:.1f} s under VTC and {med_f:.1f} s under FCFS; FCFS raised the mean "
-                f"response of {len(raised)} of the {len(within)} clients asking at most their fair share over the run; "
-                f"under VTC {len(drastic)} client-minutes reached the FCFS median ({cells or 'none'}), "
-                f"{len(above)} of them from clients asking above their share at that time"), \
-        (f"median {med_v:.1f} s (VTC) vs {med_f:.1f} s (FCFS); {len(above)}/{len(drastic)} drastic client-minutes "
-         f"above share")
+    return (
+        ok,
+        (
+            f"median client response {med_v:.1f} s under VTC and {med_f:.1f} s under FCFS; FCFS raised the mean "
+            f"response of {len(raised)} of the {len(within)} clients asking at most their fair share over the run; "
+            f"under VTC {len(drastic)} client-minutes reached the FCFS median ({cells or 'none'}), "
+            f"{len(above)} of them from clients asking above their share at that time"
+        ),
+        (
+            f"median {med_v:.1f} s (VTC) vs {med_f:.1f} s (FCFS); {len(above)}/{len(drastic)} drastic client-minutes "
+            f"above share"
+        ),
+    )
 
 
 RPM_LIMITS = (5, 10, 15, 20, 30)
@@ -168,13 +215,22 @@ def _rpm(res: Results) -> Verdict:
     tput = [res[REAL, f"rpm:{n}"].summary.output_tokens_per_s for n in RPM_LIMITS]
     rts = [_mean_rt(res[REAL, f"rpm:{n}"]) for n in RPM_LIMITS]
     rt_f = _mean_rt(res[REAL, "fcfs"])
-    ok = (tput[0] <= 0.6 * vtc and all(a <= b for a, b in zip(tput, tput[1:])) and tput[-1] >= 0.85 * fcfs
-          and rts[-1] > rts[0])
-    return ok, (f"RPM {RPM_LIMITS[0]} reached {tput[0]:.0f} output tokens/s, {_pct(tput[0] / vtc)} of VTC's {vtc:.0f}; "
-                f"limits {', '.join(map(str, RPM_LIMITS))} gave {', '.join(f'{t:.0f}' for t in tput)} tokens/s, "
-                f"approaching FCFS's {fcfs:.0f}, with mean response {', '.join(f'{t:.1f}' for t in rts)} s "
-                f"(FCFS {rt_f:.1f} s)"), \
-        f"RPM 5: {tput[0]:.0f} vs {vtc:.0f} tokens/s ({_pct(tput[0] / vtc)}); RPM 30: {tput[-1]:.0f}"
+    ok = (
+        tput[0] <= 0.6 * vtc
+        and all(a <= b for a, b in zip(tput, tput[1:]))
+        and tput[-1] >= 0.85 * fcfs
+        and rts[-1] > rts[0]
+    )
+    return (
+        ok,
+        (
+            f"RPM {RPM_LIMITS[0]} reached {tput[0]:.0f} output tokens/s, {_pct(tput[0] / vtc)} of VTC's {vtc:.0f}; "
+            f"limits {', '.join(map(str, RPM_LIMITS))} gave {', '.join(f'{t:.0f}' for t in tput)} tokens/s, "
+            f"approaching FCFS's {fcfs:.0f}, with mean response {', '.join(f'{t:.1f}' for t in rts)} s "
+            f"(FCFS {rt_f:.1f} s)"
+        ),
+        f"RPM 5: {tput[0]:.0f} vs {vtc:.0f} tokens/s ({_pct(tput[0] / vtc)}); RPM 30: {tput[-1]:.0f}",
+    )
 
 
 LENGTHS = ("overload-s4-256", "overload-s4-512", "overload-s4-768")
@@ -185,19 +241,29 @@ def _ablation_length(res: Results) -> Verdict:
     runs = [res[w, "vtc"] for w in LENGTHS]
     d = [r.summary.max_backlogged_diff for r in runs]
     ok = all(x <= r.bound for x, r in zip(d, runs)) and d[0] < min(d[1:]) and abs(d[2] / d[1] - 1) <= 0.15
-    return ok, ("largest backlogged difference with 35,000-token pool, by request length: " + ", ".join(
-        f"{w.removeprefix('overload-s4-')}·2: {x:,.0f}" for w, x in zip(LENGTHS, d))
-        + f" (bound {runs[0].bound:,.0f}); 768·2 is {d[2] / d[1]:.2f}× 512·2"), \
-        " / ".join(f"{x:,.0f}" for x in d) + " (256·2 / 512·2 / 768·2)"
+    return (
+        ok,
+        (
+            "largest backlogged difference with 35,000-token pool, by request length: "
+            + ", ".join(f"{w.removeprefix('overload-s4-')}·2: {x:,.0f}" for w, x in zip(LENGTHS, d))
+            + f" (bound {runs[0].bound:,.0f}); 768·2 is {d[2] / d[1]:.2f}× 512·2"
+        ),
+        " / ".join(f"{x:,.0f}" for x in d) + " (256·2 / 512·2 / 768·2)",
+    )
 
 
 def _ablation_pool(res: Results) -> Verdict:
     small, large = (res[w, "vtc"] for w in POOL)
     d_s, d_l = small.summary.max_backlogged_diff, large.summary.max_backlogged_diff
     ok = d_l > d_s and d_s <= small.bound and d_l <= large.bound
-    return ok, (f"512·2 requests: largest backlogged difference {d_s:,.0f} with a 35,000-token pool (bound "
-                f"{small.bound:,.0f}), {d_l:,.0f} with 65,000 (bound {large.bound:,.0f})"), \
-        f"{d_s:,.0f} (35,000) vs {d_l:,.0f} (65,000)"
+    return (
+        ok,
+        (
+            f"512·2 requests: largest backlogged difference {d_s:,.0f} with a 35,000-token pool (bound "
+            f"{small.bound:,.0f}), {d_l:,.0f} with 65,000 (bound {large.bound:,.0f})"
+        ),
+        f"{d_s:,.0f} (35,000) vs {d_l:,.0f} (65,000)",
+    )
 
 
 WEIGHTED_W = "overload-weighted@600s"
@@ -217,11 +283,16 @@ def _weighted(res: Results) -> Verdict:
 def _profile_shape(res: Results) -> Verdict:
     ratios = {n: profile_decode_to_prefill(n) for n in (64, 128, 196, 256)}
     ok = all(1.5 <= r <= 5.5 for r in ratios.values())
-    return ok, ("per-request decode time of n output tokens over prefill time of n input tokens, each in the largest "
-                "batch a 10,000-token pool holds, on the profiled A10G forward model: "
-                + ", ".join(f"n = {n}: {r:.1f}×" for n, r in ratios.items())
-                + " (n = 64 decodes at batch 138, which the model under-estimates by 27%)"), \
-        f"{min(ratios.values()):.1f}–{max(ratios.values()):.1f}× (n = 64–256)"
+    return (
+        ok,
+        (
+            "per-request decode time of n output tokens over prefill time of n input tokens, each in the largest "
+            "batch a 10,000-token pool holds, on the profiled A10G forward model: "
+            + ", ".join(f"n = {n}: {r:.1f}×" for n, r in ratios.items())
+            + " (n = 64 decodes at batch 138, which the model under-estimates by 27%)"
+        ),
+        f"{min(ratios.values()):.1f}–{max(ratios.values()):.1f}× (n = 64–256)",
+    )
 
 
 PROFILED_REAL = ("vtc (profiled cost)", "lcf (profiled cost)", "fcfs (profiled cost)")
@@ -249,16 +320,24 @@ def _profiled_real(res: Results) -> Verdict:
     hi_v, hi_l = (med(o, steady) if steady else float("nan") for o in (vtc, lcf))
     ok = low_v <= low_f / 3 and low_l <= low_f / 3 and bool(steady) and hi_l >= 2 * hi_v
     bursty = [c for c in clients if c not in low and c not in steady]
-    return ok, (f"median over the {len(low)} low-rate clients of their mean response: {low_v:.1f} s (VTC), "
-                f"{low_l:.1f} s (LCF), {low_f:.1f} s (FCFS); over the consistently high-rate clients "
-                f"({', '.join(steady) or 'none'}): {hi_v:.1f} s (VTC), {hi_l:.1f} s (LCF); high-rate but bursty "
-                f"(not judged): " + (", ".join(f"{c} ({mean_response(vtc, c):.1f} s VTC, {mean_response(lcf, c):.1f} "
-                                               f"s LCF)" for c in bursty) or "none")), \
-        f"low-rate {low_v:.1f} s (VTC) vs {low_f:.1f} s (FCFS); steady heavy {hi_l:.1f} s (LCF) vs {hi_v:.1f} s (VTC)"
+    return (
+        ok,
+        (
+            f"median over the {len(low)} low-rate clients of their mean response: {low_v:.1f} s (VTC), "
+            f"{low_l:.1f} s (LCF), {low_f:.1f} s (FCFS); over the consistently high-rate clients "
+            f"({', '.join(steady) or 'none'}): {hi_v:.1f} s (VTC), {hi_l:.1f} s (LCF); high-rate but bursty "
+            f"(not judged): "
+            + (
+                ", ".join(f"{c} ({mean_response(vtc, c):.1f} s VTC, {mean_response(lcf, c):.1f} s LCF)" for c in bursty)
+                or "none"
+            )
+        ),
+        f"low-rate {low_v:.1f} s (VTC) vs {low_f:.1f} s (FCFS); steady heavy {hi_l:.1f} s (LCF) vs {hi_v:.1f} s (VTC)",
+    )
 
 
 PREDICTORS = ("vtc-predict:oracle", "vtc-predict:oracle±50", "vtc-predict:moving-average")
-BACKLOGGED = ("overload@600s", "overload-multi@600s")     # two and eight backlogged clients, 256/256, 10 minutes
+BACKLOGGED = ("overload@600s", "overload-multi@600s")  # two and eight backlogged clients, 256/256, 10 minutes
 
 
 def _prediction_on(workloads: tuple[str, ...]) -> Callable[[Results], Verdict]:
@@ -269,17 +348,22 @@ def _prediction_on(workloads: tuple[str, ...]) -> Callable[[Results], Verdict]:
             d = {p: res[w, p].summary.max_backlogged_diff for p in PREDICTORS if (w, p) in res}
             ok &= d[PREDICTORS[0]] < base and d[PREDICTORS[1]] < base
             n = len(res[w, "vtc"].summary.clients)
-            parts.append(f"{w} ({n} clients): VTC {base:,.0f}, "
-                         + ", ".join(f"{p.split(':')[1]} {v:,.0f}" for p, v in d.items()))
+            parts.append(
+                f"{w} ({n} clients): VTC {base:,.0f}, " + ", ".join(f"{p.split(':')[1]} {v:,.0f}" for p, v in d.items())
+            )
             short.append(f"{n} clients: {base:,.0f} → {d[PREDICTORS[0]]:,.0f} / {d[PREDICTORS[1]]:,.0f}")
-        return ok, "largest backlogged difference — " + "; ".join(parts), \
-            "; ".join(short) + " (VTC → oracle / ±50%)"
+        return ok, "largest backlogged difference — " + "; ".join(parts), "; ".join(short) + " (VTC → oracle / ±50%)"
+
     return judge
 
 
 WEIGHTED = RunSpec(WEIGHTED_W, "vtc", label="weighted vtc")
-BOUND_RUNS = (*_runs(["overload", "on-off-overload", "poisson-short-long", "poisson-short-long-2", "overload-multi"],
-                     "vtc"), WEIGHTED, *_runs([*LENGTHS, POOL[1]], "vtc"), RunSpec(REAL, "vtc"))
+BOUND_RUNS = (
+    *_runs(["overload", "on-off-overload", "poisson-short-long", "poisson-short-long-2", "overload-multi"], "vtc"),
+    WEIGHTED,
+    *_runs([*LENGTHS, POOL[1]], "vtc"),
+    RunSpec(REAL, "vtc"),
+)
 
 
 def _bound(res: Results) -> Verdict:
@@ -287,12 +371,19 @@ def _bound(res: Results) -> Verdict:
     worst = max(rows, key=lambda r: r[1].summary.max_backlogged_diff / r[1].bound)
     ok = all(r.summary.max_backlogged_diff <= r.bound for _, r in rows)
     ratio = worst[1].summary.max_backlogged_diff / worst[1].bound
-    return ok, f"{len(rows)} workloads; the closest to its bound was {worst[0]} at {_pct(ratio)} of 2U", \
-        f"≤ {_pct(ratio)} of 2U on {len(rows)} workloads"
+    return (
+        ok,
+        f"{len(rows)} workloads; the closest to its bound was {worst[0]} at {_pct(ratio)} of 2U",
+        f"≤ {_pct(ratio)} of 2U on {len(rows)} workloads",
+    )
 
 
-BELOW_SHARE = (("proportional", "client-0"), ("proportional", "client-1"), ("on-off-less", "client-0"),
-               ("poisson-on-off-overload", "client-0"))
+BELOW_SHARE = (
+    ("proportional", "client-0"),
+    ("proportional", "client-1"),
+    ("on-off-less", "client-0"),
+    ("poisson-on-off-overload", "client-0"),
+)
 
 
 def _non_backlogged(res: Results) -> Verdict:
@@ -320,24 +411,42 @@ def _drr(res: Results) -> Verdict:
     gap = max(abs(d.clients[c].service / v.clients[c].service - 1) for c in v.clients)
     # not identical: ties between equal counters and the order of a round are broken differently
     ok = gap <= 0.05 and d.max_backlogged_diff <= res[w, "vtc"].bound
-    return ok, (f"on {w} (8 clients) DRR with quantum 1 gave every client within {100 * gap:.1f}% of its service "
-                f"under VTC; largest backlogged difference {d.max_backlogged_diff:,.0f} vs {v.max_backlogged_diff:,.0f}"), \
-        f"per-client service within {100 * gap:.1f}% of VTC's"
+    return (
+        ok,
+        (
+            f"on {w} (8 clients) DRR with quantum 1 gave every client within {100 * gap:.1f}% of its service "
+            f"under VTC; largest backlogged difference {d.max_backlogged_diff:,.0f} vs {v.max_backlogged_diff:,.0f}"
+        ),
+        f"per-client service within {100 * gap:.1f}% of VTC's",
+    )
 
 
 def _alternatives(res: Results) -> Verdict:
     """§5: every alternative fails in at least one workload, each on the experiment whose claim says it fails."""
-    shown = {"FCFS on overload": _overload(res)[0], "LCF on dist-shift": _dist_shift(res)[0],
-             "RPM on real": _rpm(res)[0]}
+    shown = {
+        "FCFS on overload": _overload(res)[0],
+        "LCF on dist-shift": _dist_shift(res)[0],
+        "RPM on real": _rpm(res)[0],
+    }
     ok = all(shown.values())
-    return ok, "; ".join(f"{k}: {'fails, while VTC holds' if v else 'not shown'}" for k, v in shown.items()), \
-        ", ".join(k.split()[0] for k, v in shown.items() if v) + " each fail on one workload"
+    return (
+        ok,
+        "; ".join(f"{k}: {'fails, while VTC holds' if v else 'not shown'}" for k, v in shown.items()),
+        ", ".join(k.split()[0] for k, v in shown.items() if v) + " each fail on one workload",
+    )
 
 
 def _profiled_synthetic(res: Results) -> Verdict:
-    s = {n: [c.service for c in res["overload-multi", n].summary.clients.values()]
-         for n in ("vtc (profiled cost)", "fcfs (profiled cost)")}
+    s = {
+        n: [c.service for c in res["overload-multi", n].summary.clients.values()]
+        for n in ("vtc (profiled cost)", "fcfs (profiled cost)")
+    }
     v, f = (max(x) / min(x) for x in s.values())
-    return v <= 1.2 and f >= 1.3, (f"on overload-multi the best-served client got {v:.2f}× the worst's service under "
-                                   f"VTC and {f:.2f}× under FCFS (cost measured by h)"), \
-        f"best/worst {v:.2f} (VTC) vs {f:.2f} (FCFS)"
+    return (
+        v <= 1.2 and f >= 1.3,
+        (
+            f"on overload-multi the best-served client got {v:.2f}× the worst's service under "
+            f"VTC and {f:.2f}× under FCFS (cost measured by h)"
+        ),
+        f"best/worst {v:.2f} (VTC) vs {f:.2f} (FCFS)",
+    )

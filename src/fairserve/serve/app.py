@@ -1,6 +1,7 @@
 """`fairserve serve`: an OpenAI-compatible server whose engine (transformers continuous batching) schedules by a
 fairserve policy. Tenants come from API keys exactly as in the gateway; admission order, counters and charges live
 inside the engine (`engines.hf_scheduler.FairScheduler`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,17 +23,20 @@ from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied
 from .config import ANONYMOUS, ServeConfig
 
 log = logging.getLogger("fairserve.serve")
-POLL_S = 0.1        # how often a non-streaming request checks that its client is still there
+POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
 
 
 def build_engine(cfg: ServeConfig) -> HFEngine:
     from ..engines.hf_models import load_model
 
     model, tokenizer = load_model(cfg.model, seed=cfg.seed)
-    policy = None if cfg.policy == "fifo" else make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p,
-                                                             w_q=cfg.w_q)
-    sizing = EngineSizing(num_blocks=cfg.num_blocks, page_size=cfg.page_size, max_batch_tokens=cfg.max_batch_tokens,
-                          max_requests_per_batch=cfg.max_requests_per_batch)
+    policy = None if cfg.policy == "fifo" else make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
+    sizing = EngineSizing(
+        num_blocks=cfg.num_blocks,
+        page_size=cfg.page_size,
+        max_batch_tokens=cfg.max_batch_tokens,
+        max_requests_per_batch=cfg.max_requests_per_batch,
+    )
     return HFEngine(model, tokenizer, policy, sizing, tenants=tuple(tenant_names(cfg)))
 
 
@@ -44,18 +48,18 @@ class Detokenizer:
     """Text deltas of a growing token list, decoding only a short window (not the whole list each step); holds back
     an incomplete UTF-8 character until the next token completes it."""
 
-    def __init__(self, tokenizer) -> None:   # noqa: ANN001
+    def __init__(self, tokenizer) -> None:  # noqa: ANN001
         self.tokenizer = tokenizer
-        self.prefix = self.read = 0     # tokens[prefix:read] were already turned into text
+        self.prefix = self.read = 0  # tokens[prefix:read] were already turned into text
 
     def delta(self, tokens: list[int], final: bool) -> str:
         decode = self.tokenizer.decode
-        done = decode(tokens[self.prefix:self.read], skip_special_tokens=True)
-        text = decode(tokens[self.prefix:], skip_special_tokens=True)
+        done = decode(tokens[self.prefix : self.read], skip_special_tokens=True)
+        text = decode(tokens[self.prefix :], skip_special_tokens=True)
         if len(text) <= len(done) or (text.endswith("\ufffd") and not final):
             return ""
         self.prefix, self.read = self.read, len(tokens)
-        return text[len(done):]
+        return text[len(done) :]
 
 
 def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
@@ -69,7 +73,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await asyncio.to_thread(engine.stop)     # NOTE: the generation thread would keep the process alive
+            await asyncio.to_thread(engine.stop)  # NOTE: the generation thread would keep the process alive
 
     app = FastAPI(title="fairserve serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
@@ -86,7 +90,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         if call.chat:
             try:
                 text = tokenizer.apply_chat_template(list(call.messages), add_generation_prompt=True, tokenize=False)
-            except Exception as e:   # NOTE: a model's template raises its own errors (e.g. roles must alternate)
+            except Exception as e:  # NOTE: a model's template raises its own errors (e.g. roles must alternate)
                 raise BadRequest(f"The model's chat template rejected these messages: {e}", "messages") from None
             return list(tokenizer(text, add_special_tokens=False).input_ids)
         return list(tokenizer(call.prompt).input_ids)
@@ -94,29 +98,37 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     async def serve(request: Request, chat: bool) -> Response:
         tenant = tenant_of(request)
         if tenant is None:
-            return error_response(401, "missing or unknown API key: send 'Authorization: Bearer KEY'",
-                                  code="invalid_api_key")
+            return error_response(
+                401, "missing or unknown API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+            )
         try:
             async with asyncio.timeout(cfg.client_timeout_s):
                 raw = await request.body()
         except TimeoutError:
-            return error_response(408, f"the request body did not arrive within {cfg.client_timeout_s:g} s",
-                                  code="request_timeout", headers={"Connection": "close"})
+            return error_response(
+                408,
+                f"the request body did not arrive within {cfg.client_timeout_s:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            )
         if len(raw) > cfg.max_body_bytes:
-            return error_response(413, f"the request body is larger than {cfg.max_body_bytes} bytes",
-                                  code="body_too_large")
+            return error_response(
+                413, f"the request body is larger than {cfg.max_body_bytes} bytes", code="body_too_large"
+            )
         call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
         input_ids = encode(call)
         if not input_ids:
             raise BadRequest("The prompt is empty.", "messages" if chat else "prompt")
         need, pool = len(input_ids) + call.max_tokens, engine.sizing.kv_tokens
         if need > pool:
-            raise BadRequest(f"This request needs {need} tokens of KV cache ({len(input_ids)} in the prompt + "
-                             f"{call.max_tokens} max_tokens), but the engine's pool holds {pool}.", "max_tokens")
+            raise BadRequest(
+                f"This request needs {need} tokens of KV cache ({len(input_ids)} in the prompt + "
+                f"{call.max_tokens} max_tokens), but the engine's pool holds {pool}.",
+                "max_tokens",
+            )
         if (why := engine.failure()) is not None:
             return error_response(503, f"the engine is not serving: {why}", code="engine_unavailable")
-        reply = Reply(chat=chat, model=cfg.model_name, prompt_tokens=len(input_ids),
-                      include_usage=call.include_usage)
+        reply = Reply(chat=chat, model=cfg.model_name, prompt_tokens=len(input_ids), include_usage=call.include_usage)
         outputs = engine.generate(tenant, input_ids, call.max_tokens, call.ignore_eos, stream=call.stream)
         if call.stream:
             return EventStream(events(outputs, reply, call))
@@ -140,7 +152,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
             log.error("request %s failed: %s", reply.id, e)
             yield sse(error_body(500, str(e), code="engine_error"))
         finally:
-            await outputs.aclose()     # type: ignore[attr-defined]
+            await outputs.aclose()  # type: ignore[attr-defined]
 
     async def complete(request: Request, outputs: AsyncIterator, reply: Reply, call: Call) -> Response:
         async def collect() -> list[int]:
@@ -153,10 +165,10 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         try:
             while not (await asyncio.wait({task}, timeout=POLL_S))[0]:
                 if await request.is_disconnected():
-                    task.cancel()       # NOTE: cancels the request in the engine (the generator's finally)
+                    task.cancel()  # NOTE: cancels the request in the engine (the generator's finally)
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-                    return Response(status_code=499)      # nobody reads it
+                    return Response(status_code=499)  # nobody reads it
             tokens = task.result()
         except asyncio.CancelledError:
             # NOTE: not the client: the server's drain ran out (SIGTERM + drain_timeout_s)
@@ -170,8 +182,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
             return error_response(500, str(e), code="engine_error")
         finally:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)     # NOTE: the generator must stop before aclose
-            await outputs.aclose()     # type: ignore[attr-defined]
+            await asyncio.gather(task, return_exceptions=True)  # NOTE: the generator must stop before aclose
+            await outputs.aclose()  # type: ignore[attr-defined]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         return JSONResponse(reply.body(len(tokens), text, finish_reason(tokens, call, engine.eos_token_id)))
 
@@ -191,8 +203,14 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     @app.get("/health")
     async def healthz() -> Response:
         why = engine.failure()
-        body = {"status": "ok" if why is None else "failed", "engine": cfg.engine, "model": cfg.model_name,
-                "policy": cfg.policy, "kv_tokens": engine.sizing.kv_tokens, "error": why}
+        body = {
+            "status": "ok" if why is None else "failed",
+            "engine": cfg.engine,
+            "model": cfg.model_name,
+            "policy": cfg.policy,
+            "kv_tokens": engine.sizing.kv_tokens,
+            "error": why,
+        }
         return JSONResponse(body, status_code=200 if why is None else 503)
 
     @app.get("/metrics")
@@ -208,14 +226,13 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc)
-        return error_response(500, f"internal error ({type(exc).__name__}); see the server log",
-                              code="internal_error")
+        return error_response(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error")
 
     return app
 
 
 def finish_reason(tokens: list[int], call: Call, eos: int | None = None) -> str:
-    """"stop" when the model ended (its last token is EOS) or stopped early, "length" when max_tokens cut it."""
+    """ "stop" when the model ended (its last token is EOS) or stopped early, "length" when max_tokens cut it."""
     if eos is not None and not call.ignore_eos and tokens and tokens[-1] == eos:
         return "stop"
     return "length" if len(tokens) >= call.max_tokens else "stop"

@@ -1,4 +1,5 @@
 """`fairserve serve`: flags and/or a TOML file → ServeConfig → the engine → uvicorn."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,27 +10,52 @@ from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import ENGINES, ServeConfig, load_config
 
 # flag dest -> config key, for the scalar keys
-SCALARS = {**SERVER_SCALARS, **{k: k for k in ("listen", "engine", "model", "served_model_name", "policy",
-                                               "default_max_tokens", "num_blocks", "page_size", "max_batch_tokens",
-                                               "max_requests_per_batch", "seed")}}
+SCALARS = {
+    **SERVER_SCALARS,
+    **{
+        k: k
+        for k in (
+            "listen",
+            "engine",
+            "model",
+            "served_model_name",
+            "policy",
+            "default_max_tokens",
+            "num_blocks",
+            "page_size",
+            "max_batch_tokens",
+            "max_requests_per_batch",
+            "seed",
+        )
+    },
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "serve", help="serve an OpenAI-compatible API from a real engine scheduled by VTC",
+        "serve",
+        help="serve an OpenAI-compatible API from a real engine scheduled by VTC",
         description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics, "
-                    "/admin) backed by Hugging Face transformers' continuous batching, whose scheduler is fairserve's "
-                    "policy (VTC by default). Tenants, keys and weights as in `fairserve gateway`. See docs/engines.md.")
+        "/admin) backed by Hugging Face transformers' continuous batching, whose scheduler is fairserve's "
+        "policy (VTC by default). Tenants, keys and weights as in `fairserve gateway`. See docs/engines.md.",
+    )
     p.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
     p.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:8000)")
     p.add_argument("--engine", choices=ENGINES, help="the inference engine (default transformers)")
-    p.add_argument("--model", metavar="NAME_OR_DIR",
-                   help="tiny-random (default) or small-random: a random Llama built locally; or a local Hugging "
-                        "Face model directory (never downloaded)")
+    p.add_argument(
+        "--model",
+        metavar="NAME_OR_DIR",
+        help="tiny-random (default) or small-random: a random Llama built locally; or a local Hugging "
+        "Face model directory (never downloaded)",
+    )
     p.add_argument("--served-model-name", metavar="NAME", help="the model name /v1/models lists (default: --model)")
-    p.add_argument("--policy", metavar="P", help="vtc (default), weighted-vtc, lcf, vtc-predict, fcfs, drr:Q; or "
-                                                 "fifo for transformers' own scheduler (no accounts)")
-    add_server_arguments(p)       # without --tenant: no keys, one tenant "anonymous"
+    p.add_argument(
+        "--policy",
+        metavar="P",
+        help="vtc (default), weighted-vtc, lcf, vtc-predict, fcfs, drr:Q; or "
+        "fifo for transformers' own scheduler (no accounts)",
+    )
+    add_server_arguments(p)  # without --tenant: no keys, one tenant "anonymous"
     p.add_argument("--default-max-tokens", type=int, metavar="N", help="max_tokens when a request sets none (256)")
     p.add_argument("--num-blocks", type=int, metavar="N", help="KV-cache blocks (default 512)")
     p.add_argument("--page-size", type=int, metavar="N", help="tokens per block (default 32; pool = blocks × size)")
@@ -42,8 +68,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Raises ValueError with one line on any problem."""
-    overrides: dict[str, Any] = {key: getattr(args, dest) for dest, key in SCALARS.items()
-                                 if getattr(args, dest, None) is not None}
+    overrides: dict[str, Any] = {
+        key: getattr(args, dest) for dest, key in SCALARS.items() if getattr(args, dest, None) is not None
+    }
     if args.tenant:
         overrides["tenants"] = tenants_from_flags(args.tenant)
     return load_config(args.config, overrides)
@@ -54,20 +81,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         from .app import create_app
     except ImportError as e:
-        raise ValueError(f"`fairserve serve --engine transformers` needs torch and transformers: "
-                         f"pip install 'fairserve[transformers]' ({e})") from None
+        raise ValueError(
+            f"`fairserve serve --engine transformers` needs torch and transformers: "
+            f"pip install 'fairserve[transformers]' ({e})"
+        ) from None
     from ..engines.hf_models import ModelError
 
     import uvicorn
 
     from ..api.server import server_options
+
     try:
         app = create_app(cfg)
     except ModelError as e:
         raise ValueError(str(e)) from None
     tenants = f"{len(cfg.tenants)} tenants" if cfg.tenants else "no API keys (one tenant 'anonymous')"
-    print(f"fairserve serve: {cfg.engine} engine, model {cfg.model}, policy {cfg.policy}, {tenants}, "
-          f"KV pool {cfg.num_blocks * cfg.page_size} tokens, listening on http://{cfg.listen}", file=sys.stderr)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
-                **server_options(cfg.client_timeout_s, cfg.drain_timeout_s))
+    print(
+        f"fairserve serve: {cfg.engine} engine, model {cfg.model}, policy {cfg.policy}, {tenants}, "
+        f"KV pool {cfg.num_blocks * cfg.page_size} tokens, listening on http://{cfg.listen}",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=args.log_level,
+        **server_options(cfg.client_timeout_s, cfg.drain_timeout_s),
+    )
     return 0

@@ -1,4 +1,5 @@
 """The simulated continuous-batching engine and its latency models."""
+
 from __future__ import annotations
 
 from ..core import Policy, make_policy
@@ -13,24 +14,48 @@ from .latency import (
     server_tokens,
 )
 
-__all__ = ["EngineConfig", "SimEngine", "SimRequest", "SimResult", "LatencyModel", "LATENCY_MODELS",
-           "get_latency_model", "engine_config", "simulate"]
+__all__ = [
+    "EngineConfig",
+    "SimEngine",
+    "SimRequest",
+    "SimResult",
+    "LatencyModel",
+    "LATENCY_MODELS",
+    "get_latency_model",
+    "engine_config",
+    "simulate",
+]
 
 
-def engine_config(profile: str = DEFAULT_LATENCY_MODEL, kv_tokens: int | None = None,
-                  mode: Mode = "reserve") -> EngineConfig:
+def engine_config(
+    profile: str = DEFAULT_LATENCY_MODEL, kv_tokens: int | None = None, mode: Mode = "reserve"
+) -> EngineConfig:
     """The engine of a named preset: its pool (unless `kv_tokens` is given) and its server's token-level effects
     (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve)."""
     server = server_tokens(profile)
-    return EngineConfig(kv_tokens=kv_tokens if kv_tokens is not None else default_kv_tokens(profile), mode=mode,
-                        prompt_extra_tokens=server.prompt_extra_tokens,
-                        reserve_per_client_tokens=server.reserve_per_client_tokens)
+    return EngineConfig(
+        kv_tokens=kv_tokens if kv_tokens is not None else default_kv_tokens(profile),
+        mode=mode,
+        prompt_extra_tokens=server.prompt_extra_tokens,
+        reserve_per_client_tokens=server.reserve_per_client_tokens,
+    )
 
 
-def simulate(workload: Workload, policy: str | Policy = "vtc", *, latency: str | LatencyModel | None = None,
-             kv_tokens: int | None = None, mode: Mode = "reserve", until_s: float | None = None, drain: bool = False,
-             weights: dict[str, float] | None = None, cost=None, w_p: float = 1.0, w_q: float = 2.0,
-             seed: int = 0) -> SimResult:
+def simulate(
+    workload: Workload,
+    policy: str | Policy = "vtc",
+    *,
+    latency: str | LatencyModel | None = None,
+    kv_tokens: int | None = None,
+    mode: Mode = "reserve",
+    until_s: float | None = None,
+    drain: bool = False,
+    weights: dict[str, float] | None = None,
+    cost=None,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    seed: int = 0,
+) -> SimResult:
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
     profile, its weights) and stop at its duration; `drain=True` runs until every request is done. A preset name
     brings its server's token-level effects; a `LatencyModel` object runs with none."""
@@ -42,8 +67,9 @@ def simulate(workload: Workload, policy: str | Policy = "vtc", *, latency: str |
     else:
         config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
     if isinstance(policy, str):
-        policy = make_policy(policy, weights=weights if weights is not None else workload.weights,
-                             cost=cost, w_p=w_p, w_q=w_q, seed=seed)
+        policy = make_policy(
+            policy, weights=weights if weights is not None else workload.weights, cost=cost, w_p=w_p, w_q=w_q, seed=seed
+        )
     engine = SimEngine(policy, model, config)
     horizon = None if drain else (until_s if until_s is not None else workload.duration_s)
     return engine.run(workload.arrivals, until_s=horizon)

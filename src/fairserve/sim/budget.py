@@ -6,6 +6,7 @@ fits now; the engine preempts when the pool runs out. Both count a request's pro
 (`extra` tokens more than the client's); `reserve` also holds back `per_client` pool tokens for each distinct client
 in the batch it admits into (S-LoRA's 4 * rank per adapter, one adapter per client).
 """
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -35,20 +36,20 @@ class ReserveIndex:
     only needs a bisect for its position."""
 
     def __init__(self, running: list[tuple[int, int]]) -> None:
-        self.ends = sorted(running, key=lambda e: -e[0])     # most tokens still to generate first
+        self.ends = sorted(running, key=lambda e: -e[0])  # most tokens still to generate first
         self.neg_e = [-e for e, _ in self.ends]
-        self.cum = [0]       # C_i = sum_{k<=i} (T_k - e_k)
-        self.prefix = [0]    # max_{k<=i} (e_k - 1) * k + C_k
+        self.cum = [0]  # C_i = sum_{k<=i} (T_k - e_k)
+        self.prefix = [0]  # max_{k<=i} (e_k - 1) * k + C_k
         for i, (e, t) in enumerate(self.ends, 1):
             self.cum.append(self.cum[-1] + t - e)
             self.prefix.append(max(self.prefix[-1], (e - 1) * i + self.cum[i]))
         n = len(self.ends)
-        self.suffix = [float("-inf")] * (n + 2)   # max_{k>=i} (e_k - 1) * (k + 1) + C_k
+        self.suffix = [float("-inf")] * (n + 2)  # max_{k>=i} (e_k - 1) * (k + 1) + C_k
         for i in range(n, 0, -1):
             self.suffix[i] = max(self.suffix[i + 1], (self.ends[i - 1][0] - 1) * (i + 1) + self.cum[i])
 
     def peak_with(self, held: int, left: int, step: int) -> float:
-        pos = bisect_right(self.neg_e, -(left + step + 1))   # running requests with at least `left` to go
+        pos = bisect_right(self.neg_e, -(left + step + 1))  # running requests with at least `left` to go
         own = left * (pos + 1) + self.cum[pos] + pos * step + held
         return max(self.prefix[pos], own, self.suffix[pos + 1] - step + held)
 
@@ -58,8 +59,17 @@ class ReserveIndex:
 
 
 class ReserveBudget:
-    def __init__(self, index: ReserveIndex, step: int, kv_tokens: int, prefill_tokens: int,
-                 running_max: int, extra: int = 0, per_client: int = 0, clients: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        index: ReserveIndex,
+        step: int,
+        kv_tokens: int,
+        prefill_tokens: int,
+        running_max: int,
+        extra: int = 0,
+        per_client: int = 0,
+        clients: set[str] | None = None,
+    ) -> None:
         self.index = index
         self.step = step
         self.kv_tokens = kv_tokens
@@ -67,13 +77,13 @@ class ReserveBudget:
         self.running_max = running_max
         self.extra = extra
         self.per_client = per_client
-        self.clients = set(clients or ())      # distinct clients in the running batch plus those admitted so far
+        self.clients = set(clients or ())  # distinct clients in the running batch plus those admitted so far
 
     def try_add(self, req: SimRequest) -> bool:
         need_prefill = req.prompt_tokens + self.extra + req.generated
         if need_prefill > self.prefill_left or len(self.index.ends) + 1 > self.running_max:
             return False
-        held, left = need_prefill + 1, req.output_tokens - req.generated - 1   # as LightLLM: (input + 1, max - 1)
+        held, left = need_prefill + 1, req.output_tokens - req.generated - 1  # as LightLLM: (input + 1, max - 1)
         adapters = len(self.clients) + (req.client not in self.clients)
         if self.index.peak_with(held, left, self.step) >= self.kv_tokens - self.per_client * adapters:
             return False
@@ -84,15 +94,16 @@ class ReserveBudget:
 
 
 class PagedBudget:
-    def __init__(self, kv_used: int, n_running: int, kv_tokens: int, prefill_tokens: int, running_max: int,
-                 extra: int = 0) -> None:
+    def __init__(
+        self, kv_used: int, n_running: int, kv_tokens: int, prefill_tokens: int, running_max: int, extra: int = 0
+    ) -> None:
         self.free = kv_tokens - kv_used
         self.prefill_left = prefill_tokens
         self.slots = running_max - n_running
         self.extra = extra
 
     def try_add(self, req: SimRequest) -> bool:
-        need = req.prompt_tokens + self.extra + req.generated   # a preempted request recomputes what it had generated
+        need = req.prompt_tokens + self.extra + req.generated  # a preempted request recomputes what it had generated
         if need > self.prefill_left or need + 1 > self.free or self.slots < 1:
             return False
         self.free -= need + 1

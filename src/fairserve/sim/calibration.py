@@ -6,6 +6,7 @@ paper's plots count it: each request's service w_p·prompt + w_q·output spread 
 the part overlapping the window [0, window_s] counted, so a request still running at the window's end counts in
 part. That needs each request's finish time, so a calibration run simulates past the window (`TAIL_S`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ class MeasuredRun:
     workload: str
     policy: str
     window_s: float
-    service_per_s: float        # prompt + 2 · output tokens per second over the window
+    service_per_s: float  # prompt + 2 · output tokens per second over the window
     output_tokens_per_s: float
 
 
@@ -36,8 +37,9 @@ CALIBRATION_RUNS: tuple[MeasuredRun, ...] = (
 )
 
 
-def window_service(records: Sequence[RequestRecord], window_s: float, w_p: float = 1.0,
-                   w_q: float = 2.0) -> tuple[float, float]:
+def window_service(
+    records: Sequence[RequestRecord], window_s: float, w_p: float = 1.0, w_q: float = 2.0
+) -> tuple[float, float]:
     """(service, output tokens) inside [0, window_s], each request's share spread evenly over [first token, end]."""
     service = output = 0.0
     for r in records:

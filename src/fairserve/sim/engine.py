@@ -5,6 +5,7 @@ to `max_wait_steps` steps, then try to admit a mini-batch (prefill and merge it)
 Time advances by the latency model's prefill and decode-step durations; arrivals join the policy at step boundaries
 (with their true arrival time).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -24,13 +25,13 @@ Mode = Literal["reserve", "paged"]
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kv_tokens: int = DEFAULT_KV_TOKENS      # KV-cache pool (A10G + Llama-2-7b in the paper)
-    batch_max_tokens: int | None = None     # prefill budget per round; None = max(kv_tokens // 6, 3072)
-    max_wait_steps: int | None = None       # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
+    kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool (A10G + Llama-2-7b in the paper)
+    batch_max_tokens: int | None = None  # prefill budget per round; None = max(kv_tokens // 6, 3072)
+    max_wait_steps: int | None = None  # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
     mode: Mode = "reserve"
     running_max: int = 1000
-    prompt_extra_tokens: int = 0            # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
-    reserve_per_client_tokens: int = 0      # reserve admission: pool held back per distinct client in the batch
+    prompt_extra_tokens: int = 0  # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
+    reserve_per_client_tokens: int = 0  # reserve admission: pool held back per distinct client in the batch
 
     def __post_init__(self) -> None:
         if self.mode not in ("reserve", "paged"):
@@ -53,10 +54,10 @@ class EngineConfig:
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class SimRequest(Request):
-    output_tokens: int           # the true length; the client sends max_tokens = output_tokens (ignore_eos)
-    generated: int = 0           # output tokens produced before the current run (non-zero after a preemption)
-    step_base: int = 0           # decode-step counter when the current run's prefill finished
-    end_step: int = 0            # decode step at which the current run has produced every token
+    output_tokens: int  # the true length; the client sends max_tokens = output_tokens (ignore_eos)
+    generated: int = 0  # output tokens produced before the current run (non-zero after a preemption)
+    step_base: int = 0  # decode-step counter when the current run's prefill finished
+    end_step: int = 0  # decode step at which the current run has produced every token
     admit_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -75,31 +76,36 @@ class SimResult:
     decode_steps: int
     prefills: int
     preemptions: int
-    busy_s: float                # time spent prefilling or decoding (the rest the engine was idle)
+    busy_s: float  # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
 
 
 class SimEngine:
     """Drives `policy` with the arrivals of a workload. One instance runs one simulation."""
 
-    def __init__(self, policy: Policy, latency: LatencyModel, config: EngineConfig | None = None,
-                 observer: Callable[[SimEngine], None] | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        latency: LatencyModel,
+        config: EngineConfig | None = None,
+        observer: Callable[[SimEngine], None] | None = None,
+    ) -> None:
         self.policy = policy
         self.latency = latency
         self.config = config or EngineConfig()
-        self.observer = observer            # called after every prefill and decode step (tests, tracing)
+        self.observer = observer  # called after every prefill and decode step (tests, tracing)
         self.now = 0.0
-        self.step = 0                       # decode steps so far
-        self.kv_used = 0                    # = sum over running requests of server prompt + generated tokens
+        self.step = 0  # decode steps so far
+        self.kv_used = 0  # = sum over running requests of server prompt + generated tokens
         self._extra = self.config.prompt_extra_tokens
-        self.running: dict[SimRequest, None] = {}   # admission order (paged mode evicts the newest)
-        self._ends: list[tuple[int, int, SimRequest]] = []   # (step at which it has all its tokens, seq, req)
-        self._index: ReserveIndex | None = None                # cached per running set (reserve mode)
+        self.running: dict[SimRequest, None] = {}  # admission order (paged mode evicts the newest)
+        self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
+        self._index: ReserveIndex | None = None  # cached per running set (reserve mode)
         self.prefills = self.preemptions = 0
         self.busy_s = 0.0
-        self._eager = policy.orders_by_counter   # charge before every decision, or only when requests end
-        self._waited = 0                        # decode steps since the last admission
-        self.just_finished: list[SimRequest] = []   # requests that finished in the last `advance()`
+        self._eager = policy.orders_by_counter  # charge before every decision, or only when requests end
+        self._waited = 0  # decode steps since the last admission
+        self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()`
 
     @property
     def kv_free(self) -> int:
@@ -107,9 +113,18 @@ class SimEngine:
 
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         """Simulate until every request is done, or until `until_s` (the rest is reported `unfinished`)."""
-        reqs = [SimRequest(id=i, client=a.client, prompt_tokens=a.prompt_tokens, max_tokens=a.output_tokens,
-                           predicted_output=a.output_tokens, arrival_s=a.arrival_s, output_tokens=a.output_tokens)
-                for i, a in enumerate(arrivals)]
+        reqs = [
+            SimRequest(
+                id=i,
+                client=a.client,
+                prompt_tokens=a.prompt_tokens,
+                max_tokens=a.output_tokens,
+                predicted_output=a.output_tokens,
+                arrival_s=a.arrival_s,
+                output_tokens=a.output_tokens,
+            )
+            for i, a in enumerate(arrivals)
+        ]
         reqs.sort(key=lambda r: r.arrival_s)
         n, i = len(reqs), 0
         horizon = float("inf") if until_s is None else until_s
@@ -122,10 +137,18 @@ class SimEngine:
             if not self.advance():
                 if i == n:
                     break
-                self.now = min(max(self.now, reqs[i].arrival_s), horizon)   # idle until the next arrival
+                self.now = min(max(self.now, reqs[i].arrival_s), horizon)  # idle until the next arrival
         self._sync()
-        return SimResult([_record(r, self.step, self.now) for r in reqs], self.policy, self.now, self.step,
-                         self.prefills, self.preemptions, self.busy_s, self.config)
+        return SimResult(
+            [_record(r, self.step, self.now) for r in reqs],
+            self.policy,
+            self.now,
+            self.step,
+            self.prefills,
+            self.preemptions,
+            self.busy_s,
+            self.config,
+        )
 
     def advance(self) -> bool:
         """One iteration of the router loop: admit and prefill a (mini-)batch, or one decode step. Returns False when
@@ -136,7 +159,7 @@ class SimEngine:
                 return False
             self._waited = 0
             if not self._admit():
-                raise RuntimeError("nothing fits an empty engine")   # oversized requests are rejected earlier
+                raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
             return True
         if self._waited >= self.config.wait_steps and self.policy.num_queued and self._admit():
             self._waited = 0
@@ -162,9 +185,11 @@ class SimEngine:
         prompt = prompt_tokens + self._extra
         pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
         if prompt + output_tokens >= pool:
-            return (f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
-                    f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
-                    "Reduce the prompt or max_tokens.")
+            return (
+                f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
+                f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
+                "Reduce the prompt or max_tokens."
+            )
         if prompt > cfg.prefill_tokens:
             return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
         return None
@@ -172,10 +197,10 @@ class SimEngine:
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         if self.too_large(req.prompt_tokens, req.output_tokens) is not None:
-            req.state = RequestState.REJECTED      # it could never be admitted
+            req.state = RequestState.REJECTED  # it could never be admitted
             return
         if self._eager and self.running:
-            self._sync()     # the counter lift compares against up-to-date counters
+            self._sync()  # the counter lift compares against up-to-date counters
         self.policy.add(req, now=req.arrival_s)
 
     def _admit(self) -> bool:
@@ -184,13 +209,23 @@ class SimEngine:
             self._sync()
         if cfg.mode == "reserve":
             if self._index is None:
-                self._index = ReserveIndex([(r.end_step, r.prompt_tokens + self._extra + r.output_tokens)
-                                            for r in running])
-            budget = ReserveBudget(self._index, self.step, cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max,
-                                   self._extra, cfg.reserve_per_client_tokens, {r.client for r in running})
+                self._index = ReserveIndex(
+                    [(r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in running]
+                )
+            budget = ReserveBudget(
+                self._index,
+                self.step,
+                cfg.kv_tokens,
+                cfg.prefill_tokens,
+                cfg.running_max,
+                self._extra,
+                cfg.reserve_per_client_tokens,
+                {r.client for r in running},
+            )
         else:
-            budget = PagedBudget(self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max,
-                                 self._extra)
+            budget = PagedBudget(
+                self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
+            )
         batch = self.policy.admit(budget.try_add)
         if batch:
             self._prefill(batch)
@@ -208,7 +243,7 @@ class SimEngine:
                 r.admit_s = start
             if r.first_token_s is None:
                 r.first_token_s = self.now
-            r.generated += 1               # the prefill produces one token
+            r.generated += 1  # the prefill produces one token
             r.step_base = step
             self.kv_used += r.prompt_tokens + self._extra + r.generated
             self.running[r] = None
@@ -276,8 +311,16 @@ def _record(r: SimRequest, step: int, end_s: float) -> RequestRecord:
     status = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}.get(r.state, "unfinished")
     if r.state is RequestState.RUNNING:
         r.last_token_s = end_s
-    return RequestRecord(id=r.id, client=r.client, arrival_s=r.arrival_s, admit_s=r.admit_s,
-                         first_token_s=r.first_token_s, finish_s=r.finish_s,
-                         last_token_s=r.last_token_s, prompt_tokens=r.prompt_tokens,
-                         output_tokens=r.generated_at(step) if r.admit_s is not None else 0,
-                         max_tokens=r.output_tokens, status=status)
+    return RequestRecord(
+        id=r.id,
+        client=r.client,
+        arrival_s=r.arrival_s,
+        admit_s=r.admit_s,
+        first_token_s=r.first_token_s,
+        finish_s=r.finish_s,
+        last_token_s=r.last_token_s,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=r.generated_at(step) if r.admit_s is not None else 0,
+        max_tokens=r.output_tokens,
+        status=status,
+    )

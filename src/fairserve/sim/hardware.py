@@ -3,6 +3,7 @@
 Every number below names its source; docs/latency.md has the same table with notes. All weights and KV entries are
 fp16/bf16 (2 bytes). "approx." marks a figure with no official datasheet behind it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,6 +16,7 @@ Presets (`get_latency_model`, names in `LATENCY_MODELS`); formulas and sources a
 - "MODEL@GPU", e.g. "llama-2-13b@a100-80gb": `RooflineLatency` from `hardware.MODELS` x `hardware.GPUS`.
 - "constant": `ConstantLatency()`, for hand-checkable tests.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,9 +30,29 @@ from ..workloads.base import DEFAULT_KV_TOKENS
 from .hardware import GPUS, MODELS, GpuSpec, ModelSpec
 
 __all__ = [
-    "LatencyModel", "StepOverhead", "ServerTokens", "SERVER_TOKENS", "server_tokens", "ConstantLatency", "LinearLatency", "RooflineLatency", "ModelSpec", "GpuSpec", "MODELS", "GPUS",
-    "A10G_LLAMA2_7B", "DEFAULT_LATENCY_MODEL", "LATENCY_MODELS", "get_latency_model", "default_kv_tokens",
-    "PROFILE_FILENAME", "ProfileRow", "profile_rows", "load_profile", "fit_linear_latency", "fit_errors",
+    "LatencyModel",
+    "StepOverhead",
+    "ServerTokens",
+    "SERVER_TOKENS",
+    "server_tokens",
+    "ConstantLatency",
+    "LinearLatency",
+    "RooflineLatency",
+    "ModelSpec",
+    "GpuSpec",
+    "MODELS",
+    "GPUS",
+    "A10G_LLAMA2_7B",
+    "DEFAULT_LATENCY_MODEL",
+    "LATENCY_MODELS",
+    "get_latency_model",
+    "default_kv_tokens",
+    "PROFILE_FILENAME",
+    "ProfileRow",
+    "profile_rows",
+    "load_profile",
+    "fit_linear_latency",
+    "fit_errors",
 ]
 
 
@@ -130,9 +151,18 @@ class LinearLatency:
     _dec0: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check_non_negative(self, ("prefill_fixed_s", "prefill_per_token_s", "prefill_per_sq_token_s",
-                                   "decode_fixed_s", "decode_per_seq_s", "decode_per_context_token_s",
-                                   "large_batch_s"))
+        _check_non_negative(
+            self,
+            (
+                "prefill_fixed_s",
+                "prefill_per_token_s",
+                "prefill_per_sq_token_s",
+                "decode_fixed_s",
+                "decode_per_seq_s",
+                "decode_per_context_token_s",
+                "large_batch_s",
+            ),
+        )
         object.__setattr__(self, "_pre0", self.prefill_fixed_s + self.overhead.prefill_s)
         object.__setattr__(self, "_dec0", self.decode_fixed_s + self.overhead.decode_s)
 
@@ -233,13 +263,16 @@ PAPER_KV_TOKENS = DEFAULT_KV_TOKENS  # the paper's (S-LoRA's) KV pool on the A10
 DEFAULT_LATENCY_MODEL = "a10g-llama2-7b"
 # S-LoRA as the paper ran it: "Hello " * p tokenizes to p + 2 (BOS and a trailing piece); admission reserves
 # 4 * rank (8) = 32 pool tokens per distinct adapter, one adapter per client (docs/latency.md).
-SERVER_TOKENS: dict[str, ServerTokens] = {DEFAULT_LATENCY_MODEL: ServerTokens(prompt_extra_tokens=2,
-                                                                              reserve_per_client_tokens=32)}
+SERVER_TOKENS: dict[str, ServerTokens] = {
+    DEFAULT_LATENCY_MODEL: ServerTokens(prompt_extra_tokens=2, reserve_per_client_tokens=32)
+}
 
 
 def server_tokens(name: str = DEFAULT_LATENCY_MODEL) -> ServerTokens:
     """The preset's token-level server effects (none for presets without a measured server)."""
     return SERVER_TOKENS.get(name.strip().lower(), ServerTokens())
+
+
 KV_MEMORY_FRACTION = 0.9  # of GPU memory usable for weights + KV (rest: CUDA context, activations, fragmentation)
 
 
@@ -260,8 +293,11 @@ def _roofline_pair(name: str) -> tuple[ModelSpec, GpuSpec]:
     if model not in MODELS or gpu not in GPUS:
         raise _unknown(name)
     if name not in _ROOFLINE_NAMES:
-        raise _unknown(name, f"{model} weights ({MODELS[model].weight_bytes / 1e9:.1f} GB fp16) leave no room for a "
-                             f"KV cache in {KV_MEMORY_FRACTION:.0%} of {gpu} memory:")
+        raise _unknown(
+            name,
+            f"{model} weights ({MODELS[model].weight_bytes / 1e9:.1f} GB fp16) leave no room for a "
+            f"KV cache in {KV_MEMORY_FRACTION:.0%} of {gpu} memory:",
+        )
     return MODELS[model], GPUS[gpu]
 
 
@@ -353,20 +389,25 @@ def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[fl
     return [float(v) for v in best]
 
 
-def fit_linear_latency(rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL,
-                       large_batch_from: int = OPERATING_MAX_BATCH) -> LinearLatency:
+def fit_linear_latency(
+    rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL, large_batch_from: int = OPERATING_MAX_BATCH
+) -> LinearLatency:
     """Prefill: every row. Decode: rows with output_len > 1 and batch <= large_batch_from (the operating range),
     context = batch * (prompt + output/2); large_batch_s = the median excess of the larger-batch decode rows over
     that plane (0 if there are none). The result is forward-only (no StepOverhead), as the profile timed it."""
     import statistics
 
-    pre = _nnls_relative([[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows],
-                         [r.prefill_s for r in rows])
+    pre = _nnls_relative(
+        [[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows], [r.prefill_s for r in rows]
+    )
     dec_rows = [r for r in rows if r.decode_fitted and r.batch_size <= large_batch_from]
     dec = _nnls_relative([[1.0, r.batch_size, r.context_tokens] for r in dec_rows], [r.decode_step_s for r in dec_rows])
     plane = LinearLatency(name, *pre, *dec, large_batch_from=large_batch_from)
-    excess = [r.decode_step_s - plane.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
-              for r in rows if r.decode_fitted and r.batch_size > large_batch_from]
+    excess = [
+        r.decode_step_s - plane.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
+        for r in rows
+        if r.decode_fitted and r.batch_size > large_batch_from
+    ]
     return replace(plane, large_batch_s=max(0.0, statistics.median(excess)) if excess else 0.0)
 
 
@@ -378,8 +419,18 @@ def fit_errors(model: LatencyModel, rows: Sequence[ProfileRow]) -> list[dict[str
     for r in rows:
         pre = model.prefill_s([r.prompt_len] * r.batch_size)
         dec = model.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
-        out.append(dict(prompt_len=r.prompt_len, output_len=r.output_len, batch_size=r.batch_size,
-                        prefill_s=r.prefill_s, prefill_model_s=pre, prefill_err=pre / r.prefill_s - 1,
-                        decode_step_s=r.decode_step_s, decode_model_s=dec, decode_err=dec / r.decode_step_s - 1,
-                        decode_fitted=r.decode_fitted))
+        out.append(
+            dict(
+                prompt_len=r.prompt_len,
+                output_len=r.output_len,
+                batch_size=r.batch_size,
+                prefill_s=r.prefill_s,
+                prefill_model_s=pre,
+                prefill_err=pre / r.prefill_s - 1,
+                decode_step_s=r.decode_step_s,
+                decode_model_s=dec,
+                decode_err=dec / r.decode_step_s - 1,
+                decode_fitted=r.decode_fitted,
+            )
+        )
     return out

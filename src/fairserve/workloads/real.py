@@ -3,6 +3,7 @@
 The trace ships with fairserve (`workloads/data/`; from the paper's artifact, Apache-2.0: see NOTICE).
 `$FAIRSERVE_ARENA_TRACE` points at another copy instead; a path that does not exist is an error, not a fallback.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,10 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
     path = find_arena_trace()
     if path is None:
         where = os.environ.get("FAIRSERVE_ARENA_TRACE") or str(PACKAGED_ARENA_TRACE)
-        raise WorkloadError(f"the 'real' workload needs the Chatbot Arena trace ({ARENA_TRACE}); not found at {where} "
-                            "(FAIRSERVE_ARENA_TRACE=PATH or --trace FILE names another copy)")
+        raise WorkloadError(
+            f"the 'real' workload needs the Chatbot Arena trace ({ARENA_TRACE}); not found at {where} "
+            "(FAIRSERVE_ARENA_TRACE=PATH or --trace FILE names another copy)"
+        )
     w = load_trace(path)
     w = Workload(name=REAL, arrivals=w.arrivals, duration_s=600.0)
     if duration_s is not None:

@@ -48,16 +48,17 @@ _SPECS: dict[str, _Spec] = {
     "proportional": _simple((0.25, 0.5, 1.5), 600),
     "on-off-less": _simple((0.5, 2.0), 600, on_off_until_s=_INF),
     "on-off-overload": _simple((2.0, 3.0), 600, on_off_until_s=_INF),
-    "poisson-on-off-overload": _simple(
-        (0.5, 2.0), 600, (16, 512), arrivals="poisson", on_off_until_s=_INF
-    ),
+    "poisson-on-off-overload": _simple((0.5, 2.0), 600, (16, 512), arrivals="poisson", on_off_until_s=_INF),
     "poisson-short-long": _Spec(((0.0, (8.0, 1.5)),), 600, (64, 256), (64, 256), "poisson"),
     "poisson-short-long-2": _Spec(((0.0, (8.0, 1.5)),), 600, (512, 32), (32, 512), "poisson"),
     # Client 1's rate rises linearly from phases[0] to phases[1] over the nominal duration.
     "increase": _Spec(((0.0, (0.5, 0.2)), (600.0, (0.5, 2.0))), 600, (256, 256), (256, 256), "increase"),
     "dist-shift": _Spec(
         ((0.0, (0.5, 2.0)), (300.0, (1.0, 1.0)), (600.0, (0.5, 1.5))),
-        900, (256, 256), (256, 256), on_off_until_s=300.0,
+        900,
+        (256, 256),
+        (256, 256),
+        on_off_until_s=300.0,
     ),
     **{
         f"overload-s4-{n}": _simple(rates, 600, n, kv_tokens=35_000, latency_profile=_S4_PROFILE)

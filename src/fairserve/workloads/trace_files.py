@@ -168,7 +168,9 @@ def datetime_seconds(path: Path, line: int, what: str, value: Any) -> tuple[int,
             raise ValueError
         seconds = datetime.date.fromisoformat(date).toordinal() * 86400 + int(hh) * 3600 + int(mm) * 60 + int(ss)
     except ValueError:
-        raise WorkloadError(f"{path}:{line}: {what} is not a date-time like 2023-11-16 18:15:46.68: {value!r}") from None
+        raise WorkloadError(
+            f"{path}:{line}: {what} is not a date-time like 2023-11-16 18:15:46.68: {value!r}"
+        ) from None
     if tz and tz != "Z":
         offset = tz[1:].replace(":", "")
         seconds -= (1 if tz[0] == "+" else -1) * (int(offset[:2]) * 3600 + int(offset[2:]) * 60)
