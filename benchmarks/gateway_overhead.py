@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_end_to_end import serve  # noqa: E402  (the loopback subprocess helper the tests use)
+from support.processes import serve  # noqa: E402  (the loopback subprocess helper the tests use)
 
 from fairserve.api.tokens import prompt_of  # noqa: E402
 

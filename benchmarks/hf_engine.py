@@ -64,7 +64,7 @@ def one_run(model, tokenizer, policy: str, args: argparse.Namespace) -> dict[str
 
         async def request(i: int, client: str) -> int:
             out = None
-            async for out in engine.generate(
+            async for out in engine.generate(  # noqa: B007  # the last item is the result
                 client, [3 + (i * 7 + j) % 250 for j in range(args.prompt)], args.output, ignore_eos=True
             ):
                 pass
@@ -128,7 +128,7 @@ def main() -> None:
             f"{100 * m['sched_share']:.2f}% | {m['sched_ms_per_step']:.3f} |"
         )
     ratio = med[args.policy]["tokens_per_s"] / med["fifo"]["tokens_per_s"]
-    per_round = [v["tokens_per_s"] / f["tokens_per_s"] for v, f in zip(runs[args.policy], runs["fifo"])]
+    per_round = [v["tokens_per_s"] / f["tokens_per_s"] for v, f in zip(runs[args.policy], runs["fifo"], strict=False)]
     cpu_ratio = med[args.policy]["tokens_per_cpu_s"] / med["fifo"]["tokens_per_cpu_s"]
     print(
         f"\n{args.policy} ÷ FIFO tokens/s: {ratio:.3f} (per round: {', '.join(f'{r:.3f}' for r in per_round)}); "

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_load import check_nothing_lost, run_load  # noqa: E402  (the in-suite load test, at full size)
+from support.load import check_nothing_lost, run_load  # noqa: E402  (the in-suite load test, at full size)
 
 
 def main() -> int:

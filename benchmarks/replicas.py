@@ -21,8 +21,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import load_args, measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
-from redis_server import RedisServer  # noqa: E402
-from test_end_to_end import serve  # noqa: E402
+from support.processes import serve  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
 from fairserve.core import Ledger, make_policy  # noqa: E402

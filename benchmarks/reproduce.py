@@ -14,7 +14,6 @@ import statistics
 import sys
 import tempfile
 import time
-
 from pathlib import Path
 
 from fairserve.reproduce import reproduce

@@ -48,7 +48,9 @@ def write_trace(path: Path, requests: int, clients: int, seed: int = 0) -> Path:
     client = rng.integers(0, clients, requests)
     with path.open("w") as f:
         f.write("arrival_time_s,client,prompt_tokens,output_tokens\n")
-        f.writelines(f"{a:.6f},client-{c},{p},{o}\n" for a, c, p, o in zip(arrival, client, prompt, output))
+        f.writelines(
+            f"{a:.6f},client-{c},{p},{o}\n" for a, c, p, o in zip(arrival, client, prompt, output, strict=False)
+        )
     return path
 
 
@@ -105,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             alone = {p: time_simulate(workload, p) for p in policies}
             del workload
             cmd = {p: run_command(trace, p) for p in policies}
-            cell = lambda p: f"{cmd[p]['s']:.1f} s, {cmd[p]['mib']:,.0f} MiB" if p in cmd else "—"
+
+            def cell(p, cmd=cmd):
+                return f"{cmd[p]['s']:.1f} s, {cmd[p]['mib']:,.0f} MiB" if p in cmd else "—"
+
             print(
                 f"| {requests:,} | {clients:,} | {' / '.join(f'{alone[p]:.1f} s' for p in policies)}"
                 f"{' (VTC only)' if len(policies) == 1 else ''} | {cell('fcfs')} | {cell('vtc')} "

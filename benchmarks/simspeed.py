@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from fairserve.core import make_policy
+from fairserve.core import check_policy
 from fairserve.sim import simulate
 from fairserve.workloads import ALL_WORKLOADS, Workload, WorkloadError, get_workload
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown workload {name!r}; choose from: {', '.join(ALL_WORKLOADS)}")
     for p in policies:
         try:
-            make_policy(p)
+            check_policy(p)
         except ValueError as e:
             ap.error(str(e))
 

@@ -146,7 +146,7 @@ def main() -> None:
             proc.join(60)
 
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in results.items()}
-    ratios = [v["tokens_per_s"] / d["tokens_per_s"] for v, d in zip(results["vtc"], results["default"])]
+    ratios = [v["tokens_per_s"] / d["tokens_per_s"] for v, d in zip(results["vtc"], results["default"], strict=False)]
     print(
         f"vLLM {vllm.__version__} (CPU), {args.requests} requests ({args.requests - max(1, args.requests // 4)} "
         f"heavy + {max(1, args.requests // 4)} light) of {args.prompt}+{args.output} tokens, max_num_seqs "
@@ -162,7 +162,7 @@ def main() -> None:
         )
     ratio = statistics.median(ratios)
     cpu_ratio = statistics.median(
-        v["tokens_per_cpu_s"] / d["tokens_per_cpu_s"] for v, d in zip(results["vtc"], results["default"])
+        v["tokens_per_cpu_s"] / d["tokens_per_cpu_s"] for v, d in zip(results["vtc"], results["default"], strict=False)
     )
     print(
         f"VTC / default tokens/s: median of per-round ratios {ratio:.3f} (rounds: "

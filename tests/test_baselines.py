@@ -4,26 +4,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairserve.core import POLICIES, Request, RequestState, make_policy
+from fairserve.core import Ledger, Request, RequestState, make_policy, policy_names
 from fairserve.core.policy import PolicyError
 
 
 def req(i, client, prompt=10, arrival=0.0):
-    return Request(id=i, client=client, prompt_tokens=prompt, max_tokens=5, arrival_s=arrival)
+    return Request(id=i, tenant=client, prompt_tokens=prompt, max_tokens=5, arrival_s=arrival)
 
 
 def test_fcfs_is_arrival_order_and_skips_aborted():
-    p = make_policy("fcfs")
+    p = Ledger(make_policy("fcfs"))
     rs = [req(i, c) for i, c in enumerate("abab")]
     for r in rs:
         p.add(r)
-    p.abort(rs[1])
+    p.settle(rs[1], cancelled=True)
     assert [p.pop() for _ in range(3)] == [rs[0], rs[2], rs[3]]
     assert p.peek() is None and p.num_queued == 0
 
 
 def test_fcfs_requeue_goes_first():
-    p = make_policy("fcfs")
+    p = Ledger(make_policy("fcfs"))
     r1, r2 = req(1, "a"), req(2, "b")
     p.add(r1), p.add(r2)
     p.pop()
@@ -32,52 +32,52 @@ def test_fcfs_requeue_goes_first():
 
 
 def test_rpm_rejects_beyond_limit_in_previous_60s():
-    p = make_policy("rpm:2")
+    p = Ledger(make_policy("rpm:2"))
     times = [0.0, 10.0, 20.0, 59.9, 60.0, 61.0, 70.0]
     got = [p.add(req(i, "a", arrival=t)) for i, t in enumerate(times)]
     # accepted at 0 and 10; at 60.0 the one from 0.0 has left the window; at 70.0 the one from 10.0 has
     assert got == [True, True, False, False, True, False, True]
     assert p.add(req(99, "b", arrival=20.0))  # limits are per client
-    rejected = Request(id=100, client="a", prompt_tokens=1, arrival_s=71.0)
+    rejected = Request(id=100, tenant="a", prompt_tokens=1, arrival_s=71.0)
     assert not p.add(rejected) and rejected.state is RequestState.REJECTED
 
 
 def test_rpm_serves_accepted_fcfs():
-    p = make_policy("rpm:1")
+    p = Ledger(make_policy("rpm:1"))
     a, b, a2 = req(1, "a", arrival=0), req(2, "b", arrival=1), req(3, "a", arrival=2)
     assert p.add(a) and p.add(b) and not p.add(a2)
     assert [p.pop(), p.pop()] == [a, b]
 
 
 def test_drr_alternates_with_equal_requests_and_keeps_debt():
-    p = make_policy("drr:100")
+    p = Ledger(make_policy("drr:100"))
     for i in range(6):
         p.add(req(i, "ab"[i % 2], prompt=100))
-    order = [p.pop().client for _ in range(6)]
+    order = [p.pop().tenant for _ in range(6)]
     assert order == ["a", "b", "a", "b", "a", "b"]
 
 
 def test_drr_heavy_prompt_client_waits_for_quanta():
-    p = make_policy("drr:50")
+    p = Ledger(make_policy("drr:50"))
     big = [req(i, "big", prompt=400) for i in range(3)]
     small = [req(10 + i, "small", prompt=50) for i in range(10)]
     for r in big + small:
         p.add(r)
-    order = [p.pop().client for _ in range(8)]
+    order = [p.pop().tenant for _ in range(8)]
     # big's 400-token prompt costs 8 quanta of debt; small pays 1 quantum per request
     assert order[0] == "big"
     assert order[1:8] == ["small"] * 7
 
 
 def test_drr_peek_is_pure():
-    p = make_policy("drr:10")
+    p = Ledger(make_policy("drr:10"))
     for i in range(4):
         p.add(req(i, "ab"[i % 2], prompt=35))
     p.pop()
-    before = dict(p.deficit)
+    before = p.counters
     first = p.peek()
     assert all(p.peek() is first for _ in range(5))
-    assert p.deficit == before
+    assert p.counters == before
     assert p.pop() is first
 
 
@@ -88,7 +88,7 @@ def test_drr_tiny_quantum_behaves_like_vtc():
     prompts = [rng.randint(1, 300) for _ in range(300)]
     orders = {}
     for spec in ("vtc", "drr:0.01", "drr:1000"):
-        p = make_policy(spec)
+        p = Ledger(make_policy(spec))
         for i, x in enumerate(prompts):
             p.add(req(i, f"c{i % 3}", prompt=x))
         orders[spec] = [p.pop().id for _ in range(len(prompts))]
@@ -97,7 +97,7 @@ def test_drr_tiny_quantum_behaves_like_vtc():
 
 
 def test_factory_names_and_errors():
-    for name in POLICIES:
+    for name in policy_names():
         assert make_policy(name).peek() is None
     assert make_policy("rpm:7").limit == 7
     assert make_policy("drr:64").quantum == 64
@@ -112,14 +112,17 @@ def test_factory_names_and_errors():
         with pytest.raises(ValueError, match=msg):
             make_policy(bad)
     with pytest.raises(ValueError, match="weight"):
-        make_policy("vtc", weights={"a": 0})
+        Ledger(make_policy("vtc"), weights={"a": 0})
 
 
 def test_protocol_errors():
-    p = make_policy("vtc")
+    p = Ledger(make_policy("vtc"))
     r = req(1, "a")
-    with pytest.raises(PolicyError):
-        p.finish(r)  # never admitted
+    assert not p.settle(r)  # never in the ledger: nothing to end
+    p.add(r)
+    with pytest.raises(ValueError, match="already"):
+        p.add(r)
+    assert p.pop() is r
     with pytest.raises(PolicyError):
         p.pop()  # nothing queued
 
@@ -132,11 +135,11 @@ class RingDRR:
         self.q, self.pos, self.d, self.queues, self.at, self.joined = q, {}, {}, {}, 0, 0
 
     def add(self, r):
-        q = self.queues.setdefault(r.client, [])
+        q = self.queues.setdefault(r.tenant, [])
         if not q:
-            self.d[r.client] = min(self.d.get(r.client, 0.0), 0.0)  # no credit kept from before
+            self.d[r.tenant] = min(self.d.get(r.tenant, 0.0), 0.0)  # no credit kept from before
             self.joined += 1
-            self.pos[r.client] = self.joined
+            self.pos[r.tenant] = self.joined
         q.append(r)
 
     def pop(self):
@@ -164,7 +167,7 @@ ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(ops, st.sampled_from([1.0, 37.0, 500.0]))
 def test_drr_heap_matches_the_ring_walk(seq, quantum):
-    fast, ref = make_policy(f"drr:{quantum}"), RingDRR(quantum)
+    fast, ref = Ledger(make_policy(f"drr:{quantum}")), RingDRR(quantum)
     running, n = [], 0
     for op, c, x in seq:
         if op == "add":
@@ -173,11 +176,11 @@ def test_drr_heap_matches_the_ring_walk(seq, quantum):
             ref.add(req(n, f"c{c}", prompt=x))
         elif op == "pop" and fast.num_queued:
             a, b = fast.pop(), ref.pop()
-            assert (a.id, a.client) == (b.id, b.client)
+            assert (a.id, a.tenant) == (b.id, b.tenant)
             running.append(a)
         elif op == "out" and running:
             r = running[x % len(running)]
-            fast.on_output(r, c + 1)
-            ref.charge(r.client, 2 * (c + 1))
-    for client, d in fast.deficit.items():
-        assert d == pytest.approx(ref.d[client])
+            fast.output(r, c + 1)
+            ref.charge(r.tenant, 2 * (c + 1))
+    for client, c in fast.counters.items():
+        assert -c == pytest.approx(ref.d[client])

@@ -117,7 +117,7 @@ def test_records_fields_statuses_and_request_shape(fake):
     recs = run_bench(url, arr, {"a": "ka", "*": "kdefault"}, timeout_s=5)
     assert [r.status for r in recs] == ["finished", "finished"]
     assert [r.id for r in recs] == [0, 1]
-    for r, a in zip(recs, arr):
+    for r, a in zip(recs, arr, strict=False):
         assert isinstance(r, BenchRecord) and FIELDS <= set(r.to_dict())
         assert r.client == a.client and r.arrival_s == a.arrival_s and r.max_tokens == a.output_tokens
         assert r.output_tokens == a.output_tokens and r.prompt_tokens == a.prompt_tokens + 1000  # from usage
@@ -150,7 +150,7 @@ def test_time_scale_maps_wall_to_workload_time(fake):
     recs = run_bench(url, arr, {"a": "k"}, time_scale=scale, timeout_s=5)
     sent = [s["t"] - t0 for s in f.seen[before:]]
     # NOTE: delays only ever add: never before its scaled time, and well before the unscaled 2 s and 4 s
-    assert all(t >= a.arrival_s / scale - 0.01 for t, a in zip(sent, arr)) and sent[-1] < 2.0, sent
+    assert all(t >= a.arrival_s / scale - 0.01 for t, a in zip(sent, arr, strict=False)) and sent[-1] < 2.0, sent
     for r in recs:  # 4 chunks × 20 ms wall ≥ 0.8 workload s (0.08 if unscaled)
         assert r.status == "finished"
         assert 0.7 < r.finish_s - r.arrival_s and r.first_token_s <= r.finish_s, r

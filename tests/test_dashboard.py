@@ -9,7 +9,7 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, serve
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, serve
 
 from fairserve.cli import main
 from fairserve.core import LedgerView, TenantView
@@ -46,7 +46,7 @@ def test_history_is_bounded_and_rates_are_exact_for_steady_service(steps, rates)
         h.sample(view({"a": rates[0] * elapsed, "b": rates[1] * elapsed}), tenants)
     assert len(h.samples) <= MAX_SAMPLES
     assert all(clock.now - s.t <= HISTORY_S for s in h.samples)
-    assert all(b.t - a.t >= MIN_INTERVAL_S for a, b in zip(h.samples, list(h.samples)[1:]))
+    assert all(b.t - a.t >= MIN_INTERVAL_S for a, b in zip(h.samples, list(h.samples)[1:], strict=False))
     times, series = h.rates()
     assert len(times) == len(series["a"]) == len(series["b"]) <= min(MAX_POINTS, len(h.samples) - 1)
     assert all(-HISTORY_S <= t <= 0 for t in times) and times == sorted(times)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from processes import serve
+from support.processes import serve
 
 from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app

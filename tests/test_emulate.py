@@ -80,7 +80,7 @@ def test_raw_streams_shapes_usage_and_done():
         chunks = [json.loads(d) for d in data[:-1]]
         assert len(chunks) == 12 and all(c["object"] == "text_completion" and "usage" not in c for c in chunks)
         assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 11 + ["length"]
-        assert em.jobs[chunks[0]["id"]].req.client == "alice"
+        assert em.jobs[chunks[0]["id"]].req.tenant == "alice"
         body = {
             "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": 3,
@@ -99,7 +99,7 @@ def test_raw_streams_shapes_usage_and_done():
             "completion_tokens": 3,
             "total_tokens": p + 3,
         }
-        assert em.jobs[chunks[0]["id"]].req.client == "anonymous"
+        assert em.jobs[chunks[0]["id"]].req.tenant == "anonymous"
         defaults = http.post("/v1/completions", json={"prompt": ""}).json()
         assert defaults["usage"]["completion_tokens"] == 16 and defaults["usage"]["prompt_tokens"] == 1
         chat = http.post(
@@ -154,7 +154,7 @@ def test_disconnect_cancels_in_the_engine():
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 500}, timeout=0.3)
         assert eventually(lambda: em.cancelled == 2) and em.outcomes["cancelled"] == 2
-        assert not em.engine.running and em.engine.policy.num_queued == 0
+        assert not em.engine.running and em.engine.ledger.num_queued == 0
 
 
 def test_fault_error_and_extra_latency():

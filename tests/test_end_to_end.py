@@ -3,11 +3,11 @@ real HTTP, streamed tokens and the one scheduling core."""
 
 import numpy as np
 import pytest
+from support.processes import serve
 
 from fairserve.bench import run_bench
 from fairserve.metrics import backlogged, service_curves, summarize, time_grid
 from fairserve.workloads import get_workload
-from processes import serve
 
 SCALE = 20.0  # simulated seconds per wall second
 # Theorem 4.4's bound, 2 max(w_p L_in, w_q M) = 40,000, is met by FCFS too in 40 s (~39,000 to 45,000 measured), so
@@ -72,7 +72,7 @@ def test_weighted_tenants_split_1_2_3_4(emulator):
     records = run_and_check(emulator, w, "vtc", w.weights)
     share = service_while_all_backlogged(records, max(r.finish_s or 0 for r in records), w.weights)
     base = share["client-0"]
-    for c, s in share.items():
+    for _c, s in share.items():
         assert s / base == pytest.approx(1.0, abs=0.35), share
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fairserve.core import make_policy
+from fairserve.core import Ledger, make_policy
 from fairserve.sim import EngineConfig, SimEngine
 from fairserve.sim.latency import ConstantLatency
 from fairserve.workloads import Arrival
@@ -11,7 +11,7 @@ LAT = ConstantLatency(prefill_s_fixed=0.1, decode_s=0.01)
 
 
 def run(arrivals, policy="fcfs", **cfg):
-    engine = SimEngine(make_policy(policy), LAT, EngineConfig(**cfg))
+    engine = SimEngine(Ledger(make_policy(policy)), LAT, EngineConfig(**cfg))
     return engine.run(arrivals), engine
 
 
@@ -61,7 +61,7 @@ def test_oversized_requests_are_rejected_not_deadlocked():
 
 def test_until_leaves_unfinished_requests():
     res, _ = run([Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)])
-    res2 = SimEngine(make_policy("fcfs"), LAT).run(
+    res2 = SimEngine(Ledger(make_policy("fcfs")), LAT).run(
         [Arrival(0.0, "a", 10, 1000), Arrival(50.0, "b", 10, 5)], until_s=1.0
     )
     a, b = res2.records
@@ -78,8 +78,8 @@ def test_paged_mode_preempts_newest_and_does_not_double_charge():
     assert all(r.status == "finished" for r in res.records)
     for c in ("c0", "c1"):
         expected = sum(r.prompt_tokens + 2 * r.output_tokens for r in res.records if r.client == c)
-        assert res.policy.service[c] == expected
-        assert res.policy.counters[c] == expected
+        assert res.ledger.service[c] == expected
+        assert res.ledger.counters[c] == expected
 
 
 def test_engine_config_errors():
@@ -93,10 +93,10 @@ def test_engine_config_errors():
 def test_online_submit_advance_and_cancel():
     from fairserve.sim import SimRequest
 
-    engine = SimEngine(make_policy("vtc"), LAT, EngineConfig(max_wait_steps=0))
-    a = SimRequest(id="a", client="x", prompt_tokens=10, max_tokens=50, output_tokens=50)
-    b = SimRequest(id="b", client="y", prompt_tokens=10, max_tokens=50, output_tokens=50)
-    q = SimRequest(id="q", client="y", prompt_tokens=10, max_tokens=5, output_tokens=5)
+    engine = SimEngine(Ledger(make_policy("vtc")), LAT, EngineConfig(max_wait_steps=0))
+    a = SimRequest(id="a", tenant="x", prompt_tokens=10, max_tokens=50, output_tokens=50)
+    b = SimRequest(id="b", tenant="y", prompt_tokens=10, max_tokens=50, output_tokens=50)
+    q = SimRequest(id="q", tenant="y", prompt_tokens=10, max_tokens=5, output_tokens=5)
     engine.submit(a)
     assert engine.advance() and a.first_token_s == pytest.approx(0.1)  # prefill
     engine.submit(b)
@@ -105,16 +105,16 @@ def test_online_submit_advance_and_cancel():
         engine.advance()
     engine.cancel(a)  # running: stops, pays what it produced
     assert a not in engine.running and a.state.value == "aborted"
-    assert engine.policy.service["x"] == 10 + 2 * a.generated
+    assert engine.ledger.service["x"] == 10 + 2 * a.generated
     assert engine.kv_used == b.prompt_tokens + b.generated_at(engine.step)
     engine.submit(q)
     engine.cancel(q)  # queued: dropped, never charged
-    assert engine.policy.num_queued == 0
+    assert engine.ledger.num_queued == 0
     while engine.running:
         engine.advance()
     assert b.state.value == "finished" and engine.just_finished == [b]
     assert not engine.advance()  # nothing left to do
-    assert engine.policy.service["y"] == 10 + 2 * 50
+    assert engine.ledger.service["y"] == 10 + 2 * 50
 
 
 def test_per_client_reserve_holds_back_pool_for_each_distinct_client():
@@ -134,7 +134,7 @@ def test_server_prompt_is_longer_than_the_clients():
     lat = ConstantLatency(prefill_s_per_token=0.001, decode_s=0.01)
     held = []
     engine = SimEngine(
-        make_policy("fcfs"),
+        Ledger(make_policy("fcfs")),
         lat,
         EngineConfig(kv_tokens=121, batch_max_tokens=1000, prompt_extra_tokens=1),
         observer=lambda e: held.append(e.kv_used),

@@ -17,9 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from raw_sockets import closed_within, connect
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, auth, chat_body, config, wait_until
-from test_gateway_upstream import chunk, raw_backend
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, auth, chat_body, config, wait_until
+from support.raw_sockets import chunk, closed_within, connect, raw_backend
 
 from fairserve.api.server import free_port, running, running_server
 from fairserve.gateway import create_app

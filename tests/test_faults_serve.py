@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from raw_sockets import closed_within, connect
+from support.raw_sockets import closed_within, connect
 
 pytest.importorskip("transformers")
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_gateway_support import ADMIN, HTTP, FakeBackend, admin_tenants, auth, chat_body, metric, serve
+from support.gateway import ADMIN, HTTP, FakeBackend, admin_tenants, auth, chat_body, metric, serve
 
 from fairserve.gateway import build_config, load_config
 from fairserve.gateway import cli as gateway_cli

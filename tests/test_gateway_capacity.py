@@ -11,8 +11,7 @@ import threading
 import httpx
 import pytest
 from fastapi.responses import PlainTextResponse
-from processes import serve as serve_process
-from test_gateway_support import (
+from support.gateway import (
     HTTP,
     FakeBackend,
     auth,
@@ -22,6 +21,7 @@ from test_gateway_support import (
     serve,
     wait_until,
 )
+from support.processes import serve as serve_process
 
 from fairserve.gateway.capacity import (
     CapacityMonitor,
@@ -65,7 +65,10 @@ UNKNOWN = "# TYPE process_cpu_seconds counter\nprocess_cpu_seconds_total 3.5\n"
 
 
 def vllm_text(running: int, waiting: int) -> str:
-    return f'vllm:num_requests_running{{model_name="m"}} {running}\nvllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+    return (
+        f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+    )
 
 
 # ---- reading each server ----------------------------------------------------------------------------------------
@@ -144,18 +147,18 @@ def test_scrapes_set_the_limit_and_a_raise_dispatches():
         for t in tickets:
             s.submit(t)
         b, seen = s.backends[0], []
-        assert b.limit == 8 and b.requests == 8 and s.policy.num_queued == 2
+        assert b.limit == 8 and b.requests == 8 and s.ledger.num_queued == 2
         m = monitor(s, [vllm_text(3, 5), vllm_text(3, 5), vllm_text(4, 0)], seen)
         await m.step()
         assert b.limit == 4 and seen == ["http://a/metrics"]  # max(running 3, 8 / 2)
         for t in tickets[:5]:
-            s.settle(t, Ending("ok"))
-        assert b.requests == 4 and s.policy.num_queued == 1  # one queued ticket took a freed slot, not two
+            s.close(t, Ending("ok"))
+        assert b.requests == 4 and s.ledger.num_queued == 1  # one queued ticket took a freed slot, not two
         await m.step()
         assert b.limit == 3  # still congested, 4 in flight: lower again
-        s.settle(tickets[5], Ending("ok"))
+        s.close(tickets[5], Ending("ok"))
         await m.step()  # calm, full at 3, 1 queued: raise, dispatch
-        assert b.limit == 4 and b.requests == 4 and s.policy.num_queued == 0
+        assert b.limit == 4 and b.requests == 4 and s.ledger.num_queued == 0
 
     asyncio.run(go())
 

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 from openai import APIError, OpenAI
-from test_gateway_support import HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, gateway, metric, wait_until
+from support.gateway import HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, gateway, metric, wait_until
 
 from fairserve.api.server import free_port, running_server
 from fairserve.api.tokens import estimate_tokens

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from test_gateway_support import FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
+from support.gateway import FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
 
 TARGET_TOKENS = 500  # the load runs until the tenants together received this many output tokens
 TIMEOUT_S = 60.0

@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, auth, serve
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, auth, serve
 
 FIELDS = [
     "model",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from openai import OpenAI
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, metric, serve
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, metric, serve
 
 
 @pytest.fixture(scope="module")

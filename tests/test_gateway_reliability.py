@@ -12,7 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_gateway_support import ADMIN, HTTP, FakeBackend, auth, chat_body, config, serve, wait_until
+from support.gateway import ADMIN, HTTP, FakeBackend, auth, chat_body, config, serve, wait_until
 
 from fairserve.api.protocol import MAX_INT
 from fairserve.api.server import free_port, running_server
@@ -148,7 +148,7 @@ def test_any_config_accepted_keeps_every_counter_finite(weight, w_p, w_q, prompt
     except (ValueError, OverflowError) as e:
         assert isinstance(e, ValueError) and "\n" not in str(e)
         return
-    ledger = Ledger(make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q), ["a", "b"])
+    ledger = Ledger(make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q), ["a", "b"], cfg.weights())
     for i in range(3):  # the largest counts a request can carry, thrice
         req = ledger.arrive(i, "a", prompt, MAX_INT)
         ledger.pop()
@@ -200,8 +200,9 @@ def test_huge_integers_and_tiny_weights_are_refused_where_they_enter():
         for weight in (b"5e-324", b"1e-300", b"1e308", b"1" + b"0" * 400):
             r = HTTP.put(base + "/admin/tenants/bob/weight", content=b'{"weight": ' + weight + b"}", headers=ADMIN_H)
             assert r.status_code == 400, weight
-    from fairserve.gateway.cli import add_parser, config_from_args
     import argparse
+
+    from fairserve.gateway.cli import add_parser, config_from_args
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))

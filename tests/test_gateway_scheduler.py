@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from test_gateway_support import config
+from support.gateway import config
 
 from fairserve.core import RequestState, jain_index
 from fairserve.gateway.prometheus import GatewayMetrics
@@ -25,13 +25,13 @@ def test_token_capacity_and_an_oversized_request_alone():
         for x in t:
             assert s.submit(x) is None
         assert [x.admitted.done() for x in t] == [True, True, False]
-        s.settle(t[0], Ending("ok", output=3))
+        s.close(t[0], Ending("ok", output=3))
         assert t[2].admitted.done() and s.backends[0].tokens == 100
         big = s.new_ticket("bob", 500, 500)
         s.submit(big)
         assert not big.admitted.done()
-        s.settle(t[1], Ending("ok"))
-        s.settle(t[2], Ending("ok"))
+        s.close(t[1], Ending("ok"))
+        s.close(t[2], Ending("ok"))
         assert big.admitted.done() and s.backends[0].requests == 1  # alone, though over the budget
 
     asyncio.run(go())
@@ -54,15 +54,15 @@ def test_requeue_keeps_charges_once_and_refunds_a_total_failure():
         s = scheduler({"url": "http://a"}, {"url": "http://b"})
         t = s.new_ticket("alice", 10, 5)
         s.submit(t)
-        assert t.backend.url == "http://a" and s.policy.service["alice"] == 10
+        assert t.backend.url == "http://a" and s.ledger.service["alice"] == 10
         assert s.backend_failed(t, unreachable=True)
-        assert t.backend.url == "http://b" and s.policy.service["alice"] == 10  # not charged again
+        assert t.backend.url == "http://b" and s.ledger.service["alice"] == 10  # not charged again
         assert s.backends[0].down_until > 0 and not s.backends[0].healthy
         assert not s.backend_failed(t, unreachable=False)  # no backend left
-        assert s.settle(t, Ending("backend_error", refund=True))
-        assert s.policy.service["alice"] == 0 and t.req.state is RequestState.ABORTED
+        assert s.close(t, Ending("backend_error", refund=True))
+        assert s.ledger.service["alice"] == 0 and t.req.state is RequestState.ABORTED
         assert s.view().tenants["alice"].running == 0 and all(b.requests == 0 for b in s.backends)
-        assert not s.settle(t, Ending("ok")) and t.outcome == "backend_error"  # one outcome only
+        assert not s.close(t, Ending("ok")) and t.outcome == "backend_error"  # one outcome only
 
     asyncio.run(go())
 
@@ -90,8 +90,8 @@ def test_queue_limit_and_ttl():
         assert s.submit(running) is None and s.submit(queued) is None
         assert s.submit(refused) == "queue_full" and s.view().tenants["alice"].queued == 1
         assert await s.wait(queued, 0.05) is None
-        s.settle(queued, Ending("timeout", refund=True))
-        assert s.view().tenants["alice"].queued == 0 and s.policy.num_queued == 0
+        s.close(queued, Ending("timeout", refund=True))
+        assert s.view().tenants["alice"].queued == 0 and s.ledger.num_queued == 0
 
     asyncio.run(go())
 

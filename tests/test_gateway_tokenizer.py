@@ -8,7 +8,7 @@ import hashlib
 import socket
 
 import pytest
-from test_gateway_support import HTTP, FakeBackend, admin_tenants, auth, serve
+from support.gateway import HTTP, FakeBackend, admin_tenants, auth, serve
 
 from fairserve.api import tokens
 from fairserve.api.tokens import estimate_tokens, token_counter
@@ -201,7 +201,7 @@ def test_bad_tiktoken_specs(tmp_path, bpe_file):
 
 
 def test_bad_tiktoken_spec_one_error_line_exit_2(tmp_path, bpe_file, capsys):
-    for spec, msg in bad_specs(tmp_path, bpe_file):
+    for spec, _msg in bad_specs(tmp_path, bpe_file):
         assert main(["gateway", "--tenant", "a:k", "--backend", "http://127.0.0.1:9", "--tokenizer", spec]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("fairserve: error:") and "tiktoken" in err[0], (spec, err)

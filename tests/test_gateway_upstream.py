@@ -5,98 +5,20 @@ the connection's end, read timeouts, no cookie jar, and backends behind an HTTP 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import threading
-from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from test_gateway_support import KEYS, FakeBackend, chat_body, gateway, serve
+from support.gateway import KEYS, FakeBackend, chat_body, gateway, serve
+from support.raw_sockets import chunk, raw_backend, sse_answer
 
 from fairserve.api.server import running_server
+from fairserve.gateway.config import BackendConfig
+from fairserve.gateway.proxy import Failed
 from fairserve.gateway.relay import Upstream, UpstreamError
+from fairserve.gateway.scheduler import Backend
 
 AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
-
-
-@contextlib.contextmanager
-def raw_backend(answer: Callable[[int, bytes], list[bytes] | None]) -> Iterator[tuple[str, list[int]]]:
-    """A TCP server on loopback: for the n-th request on any connection (n from 1), writes the pieces
-    `answer(n, request)` returns, 5 ms apart, then keeps the connection open (None: closes it without answering;
-    an empty piece: closes it there).
-    Yields its URL and the list of connection numbers each request came on."""
-    seen: list[int] = []
-    ready = threading.Event()
-    state: dict = {}
-
-    async def main() -> None:
-        count = {"conn": 0, "req": 0}
-
-        async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            count["conn"] += 1
-            number = count["conn"]
-            try:
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = next(
-                        int(line.split(b":")[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    )
-                    body = await reader.readexactly(length)
-                    count["req"] += 1
-                    seen.append(number)
-                    pieces = answer(count["req"], head + body)
-                    if pieces is None:
-                        writer.close()
-                        return
-                    for piece in pieces:
-                        if not piece:
-                            writer.close()
-                            return
-                        writer.write(piece)
-                        await writer.drain()
-                        await asyncio.sleep(0.005)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                writer.close()
-
-        server = await asyncio.start_server(conn, "127.0.0.1", 0)
-        state["port"] = server.sockets[0].getsockname()[1]
-        state["stop"] = asyncio.Event()
-        state["loop"] = asyncio.get_running_loop()
-        ready.set()
-        await state["stop"].wait()
-        server.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    ready.wait(5)
-    try:
-        yield f"http://127.0.0.1:{state['port']}", seen
-    finally:
-        state["loop"].call_soon_threadsafe(state["stop"].set)
-        thread.join(5)
-
-
-def sse_answer(events: list[bytes], split: int = 7, eol: bytes = b"\n") -> list[bytes]:
-    """A chunked text/event-stream answer carrying `events`, cut into pieces of `split` bytes."""
-    body = b"".join(e.replace(b"\n", eol) for e in events)
-    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    data = head + chunked
-    return [data[i : i + split] for i in range(0, len(data), split)]
-
-
-def chunk(text: str | None = None, usage: dict | None = None) -> bytes:
-    doc = {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "choices": [] if text is None else [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
-    }
-    if usage is not None:
-        doc["usage"] = usage
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
 EVENTS = [
@@ -132,7 +54,9 @@ def test_connection_is_kept_alive_across_requests():
 
 def test_a_kept_alive_connection_the_backend_closed_is_retried_on_a_new_one():
     # request 2 arrives on the kept-alive connection, which the backend closes without an answer
-    answer = lambda n, body: None if n == 2 else sse_answer(EVENTS, split=4096)
+    def answer(n, body):
+        return None if n == 2 else sse_answer(EVENTS, split=4096)
+
     with raw_backend(answer) as (url, seen), gateway([url]) as base:
         assert stream_text(base)[0] == "Hello world"
         assert stream_text(base)[0] == "Hello world"
@@ -181,7 +105,10 @@ def test_unreachable_backend_is_a_connect_error():
         up = Upstream(connect_timeout=2, read_timeout=2)
         with pytest.raises(UpstreamError) as e:
             await up.post("http://127.0.0.1:9", "/v1/completions", b"{}", [])
-        assert e.value.unreachable
+        assert (
+            e.value.kind == "ConnectError"
+            and Failed.of(Backend(BackendConfig(url="http://x")), e.value.kind).unreachable
+        )
 
     asyncio.run(run())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
-from test_gateway_support import HTTP, FakeBackend, serve
+from support.gateway import HTTP, FakeBackend, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = json.loads((ROOT / "deploy" / "grafana" / "fairserve.json").read_text())

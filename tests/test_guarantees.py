@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairserve.core import make_policy, theorem_bound
+from fairserve.core import Ledger, make_policy, theorem_bound
 from fairserve.metrics import summarize
 from fairserve.sim import EngineConfig, SimEngine, simulate
 from fairserve.sim.latency import get_latency_model
@@ -14,12 +14,12 @@ from fairserve.workloads import WORKLOADS, Arrival, make_workload
 def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve"):
     """Largest |W_f(t1,t2) - W_g(t1,t2)| over intervals in which both clients stayed backlogged, with service read
     from the policy's exact charges after every engine step."""
-    policy = make_policy(policy_spec)
+    policy = Ledger(make_policy(policy_spec))
     samples = []
 
     def observe(engine):
         engine._sync()
-        queued = set(policy.queued_clients())
+        queued = set(policy.backlogged())
         samples.append((queued, policy.service.get("f", 0.0) - policy.service.get("g", 0.0)))
 
     SimEngine(policy, get_latency_model("a10g-llama2-7b"), EngineConfig(kv_tokens=kv, mode=mode), observer=observe).run(

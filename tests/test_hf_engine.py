@@ -10,9 +10,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from fairserve.core import make_policy, theorem_bound  # noqa: E402
-from fairserve.engines.hf_scheduler import FairScheduler  # noqa: E402
 from fairserve.engines.hf_engine import EngineError, EngineSizing, HFEngine  # noqa: E402
 from fairserve.engines.hf_models import load_model  # noqa: E402
+from fairserve.engines.hf_scheduler import FairScheduler  # noqa: E402
 
 PROMPT, OUTPUT = 30, 20  # tokens per request
 SMALL = 8, 8  # one 16-token page each
@@ -71,7 +71,7 @@ def run_clients(
 
     async def one(client: str, i: int) -> tuple[str, int, int]:
         out = None
-        async for out in engine.generate(
+        async for out in engine.generate(  # noqa: B007  # the last item is the result
             client, [3 + i % 200] * (prompt - 1) + [7], output, ignore_eos=True, stream=False
         ):
             pass
@@ -88,9 +88,9 @@ def run_clients(
     return asyncio.run(main())
 
 
-def started(tiny, policy, sizing: EngineSizing) -> HFEngine:
+def started(tiny, policy, sizing: EngineSizing, weights=None) -> HFEngine:
     model, tok = tiny
-    engine = HFEngine(model, tok, policy, sizing)
+    engine = HFEngine(model, tok, policy, sizing, weights=weights)
     engine.start()
     return engine
 
@@ -128,7 +128,7 @@ def test_heavy_client_three_times_more(tiny, policy):
 
 
 def test_weights_one_to_two(tiny):
-    engine = started(tiny, make_policy("vtc", weights={"one": 1, "two": 2}), SIZING)
+    engine = started(tiny, make_policy("vtc"), SIZING, weights={"one": 1, "two": 2})
     try:
         trace = Trace(engine)
         results = run_clients(engine, {"one": 24, "two": 24})
@@ -234,7 +234,7 @@ def test_admits_no_more_than_one_batch(tiny):
 
     async def one(i):
         out = None
-        async for out in engine.generate("ab"[i % 2], [5] * PROMPT, 60, ignore_eos=True, stream=False):
+        async for out in engine.generate("ab"[i % 2], [5] * PROMPT, 60, ignore_eos=True, stream=False):  # noqa: B007  # the last item is the result
             pass
         return len(out.generated_tokens)
 
@@ -261,14 +261,14 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
 
     def reset_from_another_thread():
         with q.lock:
-            q.policy.reset_counters()
+            q.reset()
 
     def recording_peek():
         peeked.append(peek())
         return peeked[-1]
 
     def racing_pop():
-        if len(q.policy.queued_clients()) == 2 and not fired:
+        if len(q.ledger.backlogged()) == 2 and not fired:
             fired.append(threading.Thread(target=reset_from_another_thread))
             fired[0].start()
             fired[0].join(0.1)  # runs now unless the scheduler holds the lock across peek → pop
@@ -279,7 +279,7 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
 
     async def one(client):
         out = None
-        async for out in engine.generate(client, [5] * PROMPT, 30, ignore_eos=True, stream=False):
+        async for out in engine.generate(client, [5] * PROMPT, 30, ignore_eos=True, stream=False):  # noqa: B007  # the last item is the result
             pass
         return len(out.generated_tokens)
 

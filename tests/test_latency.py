@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fairserve.sim.latency import (
     A10G_LLAMA2_7B,
-    DEFAULT_LATENCY_MODEL,
+    DEFAULT_LATENCY_PROFILE,
     GPUS,
     LATENCY_MODELS,
     MODELS,
@@ -221,7 +221,7 @@ def test_faster_gpus_are_faster() -> None:
     for model in MODELS:
         names = [f"{model}@{g}" for g in ("h100", "a100-80gb", "a10g") if f"{model}@{g}" in LATENCY_MODELS]
         ms = [get_latency_model(n) for n in names]
-        for a, b in zip(ms, ms[1:]):
+        for a, b in zip(ms, ms[1:], strict=False):
             for batch, ctx in ((1, 100), (32, 8000), (256, 60_000)):
                 assert a.decode_step_s(batch, ctx) < b.decode_step_s(batch, ctx)
             for lens in ([100], [512] * 20):
@@ -274,7 +274,7 @@ def test_default_kv_tokens() -> None:
 
 
 def test_every_preset_name_works() -> None:
-    assert LATENCY_MODELS[0] == DEFAULT_LATENCY_MODEL == "a10g-llama2-7b"
+    assert LATENCY_MODELS[0] == DEFAULT_LATENCY_PROFILE == "a10g-llama2-7b"
     assert {"constant", "llama-2-13b@a100-80gb", "llama-3-8b@h100"} <= set(LATENCY_MODELS)
     for name in LATENCY_MODELS:
         m = get_latency_model(name)

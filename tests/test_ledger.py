@@ -151,7 +151,7 @@ def test_jain_and_the_bound():
     assert theorem_bound(100, 10, w_p=1, w_q=3) == 200
 
 
-# ---- state in one place: the counts always equal what the requests say ------------------------------------------------
+# ---- state in one place: the counts always equal what the requests say -----------------------------------------------
 ops = st.lists(
     st.tuples(
         st.sampled_from(["arrive", "pop", "output", "settle", "cancel", "requeue", "prompt"]),
@@ -169,7 +169,7 @@ ops = st.lists(
     weights=st.dictionaries(st.sampled_from("abc"), st.floats(MIN_WEIGHT, MAX_WEIGHT)),
 )
 def test_counts_and_charges_stay_consistent(spec, script, weights):
-    led = Ledger(make_policy(spec, weights=weights), "abc")
+    led = Ledger(make_policy(spec), "abc", weights)
     live: list = []
     for n, (op, tenant, k) in enumerate(script):
         if op == "arrive":
@@ -190,14 +190,14 @@ def test_counts_and_charges_stay_consistent(spec, script, weights):
                 led.prompt(req, k + 1)
         view = led.view()
         for tenant in "abc":
-            mine = [r for r in live if r.client == tenant and not r.done]
+            mine = [r for r in live if r.tenant == tenant and not r.done]
             t = view.tenants[tenant]
             assert t.queued == sum(r.state is RequestState.QUEUED for r in mine)
             assert t.running == sum(r.state is RequestState.RUNNING for r in mine)
-            assert t.service == pytest.approx(sum(r.charged for r in live if r.client == tenant), abs=1e-6)
+            assert t.service == pytest.approx(sum(r.charged for r in live if r.tenant == tenant), abs=1e-6)
             assert math.isfinite(t.counter) and math.isfinite(t.service)
         assert len(led) == sum(not r.done for r in live)
-        assert led.policy.num_queued == sum(t.queued for t in view.tenants.values())
+        assert led.num_queued == sum(t.queued for t in view.tenants.values())
 
 
 def test_boundary_weights_are_accepted_and_errors_name_the_tenant():

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_gateway_support import ADMIN, FakeBackend, auth, chat_body, metric
-from test_gateway_support import serve as serve_gateway
+from support.gateway import ADMIN, FakeBackend, auth, chat_body, metric
+from support.gateway import serve as serve_gateway
 
 from fairserve.api.server import running_server
-from fairserve.core import Ledger, LedgerView, TenantView, make_policy
+from fairserve.core import LedgerView, TenantView, make_policy
 from fairserve.engines.queue import EngineQueue
 from fairserve.sim import simulate
 from fairserve.workloads import Arrival, Workload
@@ -53,7 +53,7 @@ def test_simulator():
     served: dict[str, float] = {}
     for r in result.records:
         served[r.client] = served.get(r.client, 0) + r.prompt_tokens + 2 * r.output_tokens
-    check_view(Ledger(result.policy).view(), served)
+    check_view(result.ledger.view(), served)
 
 
 def test_gateway():
@@ -80,7 +80,7 @@ def test_gateway():
 
 
 def test_engine_queue_as_the_vllm_plugin_drives_it():
-    q: EngineQueue[str] = EngineQueue(make_policy("vtc", weights=WEIGHTS), ("alice", "bob"))
+    q: EngineQueue[str] = EngineQueue(make_policy("vtc"), ("alice", "bob"), WEIGHTS)
     for i, (tenant, _) in enumerate(SENDS):
         assert q.arrive(f"{tenant}-{i}", f"item-{i}", prompt_tokens=20, client=tenant)
     while q.peek() is not None:

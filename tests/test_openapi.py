@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from test_gateway_support import ADMIN, HTTP, KEYS, FakeBackend, config
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, config
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app

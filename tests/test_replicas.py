@@ -14,9 +14,9 @@ import time
 
 import httpx
 import pytest
-from processes import fairserve_process
-from redis_server import redis_server
-from test_gateway_support import ADMIN, KEYS, FakeBackend, auth, chat_body, config, wait_until
+from support.gateway import ADMIN, KEYS, FakeBackend, auth, chat_body, config, wait_until
+from support.processes import fairserve_process
+from support.redis_server import redis_server
 
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app
@@ -168,7 +168,8 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     peaks_independent = [a.peak for a in apps]
     s1, s3, s0 = (share(g, "bob", *middle(g)) for g in (single, shared, independent))
     print(
-        f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; peaks {peaks_shared} {peaks_independent}"
+        f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; "
+        f"peaks {peaks_shared} {peaks_independent}"
     )
     assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
     assert abs(s3 - s1) <= 0.05, (s3, s1)  # shared state: as fair as one gateway

@@ -45,9 +45,9 @@ def test_profiled_cost_verdict_tells_vtc_from_lcf():
     exp = BY_NAME["profiled-cost"]
     v, lcf, f = (quick("real", p, cost="profiled") for p in ("vtc", "lcf", "fcfs"))
     names = ("vtc (profiled cost)", "lcf (profiled cost)", "fcfs (profiled cost)")
-    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (v, lcf, f))}))[0] is True
-    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (lcf, v, f))}))[0] is False
-    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (f, lcf, v))}))[0] is False
+    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (v, lcf, f), strict=False)}))[0] is True
+    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (lcf, v, f), strict=False)}))[0] is False
+    assert report.judge(exp, Results({("real", n): o for n, o in zip(names, (f, lcf, v), strict=False)}))[0] is False
 
 
 def test_a_duration_suffix_runs_the_named_workload_longer():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 pytest.importorskip("transformers")
 
 import openai  # noqa: E402
-from processes import fairserve_process  # noqa: E402
+from support.processes import fairserve_process  # noqa: E402
 
 from fairserve.api.server import running_server  # noqa: E402
 from fairserve.serve.app import Detokenizer, create_app  # noqa: E402
@@ -102,11 +102,14 @@ def test_openai_client_chat_and_completions(server):
 
 def test_errors_are_openai_shaped(server):
     url, _ = server
-    post = lambda body, key="ka", **kw: httpx.post(
-        url + "/v1/completions",
-        headers={"authorization": f"Bearer {key}"},
-        **({"json": body} if body is not None else kw),
-    )
+
+    def post(body, key="ka", **kw):
+        return httpx.post(
+            url + "/v1/completions",
+            headers={"authorization": f"Bearer {key}"},
+            **({"json": body} if body is not None else kw),
+        )
+
     r = post({"prompt": "x"}, key="nope")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     r = post(None, content=b"{not json")
@@ -202,7 +205,7 @@ def test_detokenizer_streams_multibyte_text_whole(server):
 def test_admin_weight_and_metrics(server):
     url, engine = server
     r = httpx.put(url + "/admin/tenants/bob/weight", headers=ADMIN, json={"weight": 3})
-    assert r.status_code == 200 and engine.queue.policy.weight("bob") == 3
+    assert r.status_code == 200 and engine.queue.ledger.weights["bob"] == 3
     assert (
         httpx.put(
             url + "/admin/tenants/bob/weight", headers={"authorization": "Bearer kb"}, json={"weight": 9}

@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.redis_server import redis_server
 
 from fairserve.core import Ledger, make_policy
 from fairserve.gateway.config import BackendConfig
-from fairserve.gateway.scheduler import Backend
+from fairserve.gateway.scheduler import Backend, claim
 from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings, _text
-
-from redis_server import redis_server
 
 _prefixes = itertools.count()
 
@@ -28,8 +28,22 @@ def redis():
         yield server
 
 
+class Clock:
+    """A clock the test steps (`advance`): the replicas' timers and the expiries in Redis both read it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class Replica:
-    """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP."""
+    """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP. Admission
+    uses the gateway's own capacity check (`scheduler.claim`)."""
 
     def __init__(
         self,
@@ -42,19 +56,20 @@ class Replica:
         tenants=("heavy", "light"),
         interval_s: float = 0.01,
         hold_s: float = 0.5,
+        clock: Clock | None = None,
     ) -> None:
-        self.ledger = Ledger(make_policy(policy), tenants)
         self.backends = [
             Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
             for i, (r, t) in enumerate(limits)
         ]
         self.state = SharedState(
             StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare, hold_s=hold_s),
-            self.ledger,
             self.backends,
             tokens_of=lambda r: r.prompt_tokens,
             on_change=self.admit,
+            clock=clock,
         )
+        self.ledger = Ledger(make_policy(policy), tenants, peers=self.state)
         self.ids = itertools.count()
         self.running = []
 
@@ -64,16 +79,8 @@ class Replica:
         self.admit()
 
     def _fits(self, req) -> bool:
-        if not self.state.may_admit(req):
-            return False
-        room = [b for b in self.backends if b.room_for(req.prompt_tokens)]
-        if not room:
-            return False
-        b = room[0]
-        b.requests += 1
-        b.tokens += req.prompt_tokens
-        req.item = b
-        return True
+        req.item = claim(self.backends, req, req.prompt_tokens, self.state)
+        return req.item is not None
 
     def admit(self) -> None:
         self.running += self.ledger.admit(self._fits)
@@ -97,7 +104,8 @@ def prefix() -> str:
 
 @contextlib.asynccontextmanager
 async def started(redis, n: int = 2, **kw) -> AsyncIterator[list[Replica]]:
-    """`n` replicas sharing a key prefix of their own, started; stopped on the way out, also when the test fails."""
+    """`n` replicas sharing a key prefix of their own (and a `Clock`, when given as `clock=`), started; stopped on the
+    way out, also when the test fails."""
     p = prefix()
     rs = [Replica(redis.url, p, **kw) for _ in range(n)]
     try:
@@ -126,7 +134,7 @@ def test_counters_service_and_weights_are_shared(redis):
             b.state.set_weight("light", 2.0)
             await b.state.sync()
             await a.state.sync()
-            assert a.ledger.policy.weight("light") == 2.0
+            assert a.ledger.weights["light"] == 2.0
             b.arrive("light", prompt=100)
             b.finish()
             await b.state.sync()
@@ -156,7 +164,7 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             a.ledger.set_weight("t9", 3.0)
             await a.state.sync()
             await b.state.sync()
-            assert pulled[-1] == {"t9"} and b.ledger.policy.weight("t9") == 3.0
+            assert pulled[-1] == {"t9"} and b.ledger.weights["t9"] == 3.0
             redis.stop()
             redis.start()  # empty: a new epoch; each replica writes back what it knows
             for r in (a, b):
@@ -167,7 +175,7 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             for r in (a, b, b, b):
                 await r.state.sync()
             assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
-            assert b.counter("t7") == 100 and b.ledger.policy.weight("t9") == 3.0
+            assert b.counter("t7") == 100 and b.ledger.weights["t9"] == 3.0
             key = a.state.settings.prefix  # Redis has the counter and the admin's weight back
             assert float(await a.state._client.hget(key + ":c", "t7")) == 100
             assert float(await a.state._client.hget(key + ":w", "t9")) == 3.0
@@ -235,7 +243,8 @@ def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
 
 def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(redis):
     async def main():
-        async with started(redis, ttl_s=0.5) as (a, b):
+        clock = Clock()
+        async with started(redis, ttl_s=0.5, clock=clock) as (a, b):
             a.arrive("heavy", n=20)
             await a.state.sync()  # b is idle: a may use everything but b's spare
             a.admit()
@@ -243,13 +252,13 @@ def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(
             await b.state.stop()  # b leaves: a reaches the full limit
             await a.state.sync()
             assert [x.limit for x in a.backends] == [4, 4] and [x.requests for x in a.backends] == [4, 4]
-            c = Replica(redis.url, a.state.settings.prefix, ttl_s=0.5)  # joins later
+            c = Replica(redis.url, a.state.settings.prefix, ttl_s=0.5, clock=clock)  # joins later
             await c.state.start()
             c.arrive("light", n=4)
             assert sum(x.requests for x in c.backends) == 0  # a holds the whole limit
             a.state._task.cancel()  # a dies without leaving (its task stops syncing)
             a.state._client = None
-            await asyncio.sleep(0.7)  # past the TTL
+            clock.advance(0.7)  # past the TTL
             await c.state.sync()
             assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
             await c.state.stop()
@@ -347,7 +356,8 @@ def test_password_is_not_shown_in_errors():
 
 def test_redis_lost_keeps_serving_locally_then_converges(redis, caplog):
     async def main():
-        async with started(redis, ttl_s=0.5) as (a, b):
+        clock = Clock()
+        async with started(redis, ttl_s=0.5, clock=clock) as (a, b):
             assert not any("is back" in m for m in caplog.messages)  # starting is not coming back
             a.arrive("heavy", prompt=100)
             a.finish()
@@ -357,7 +367,7 @@ def test_redis_lost_keeps_serving_locally_then_converges(redis, caplog):
             assert not await a.state.sync() and not await b.state.sync()
             assert not a.state.up and a.state.status()["degraded"]
             assert [x.limit for x in a.backends] == [1, 1]  # within the lease: what Redis may have granted
-            await asyncio.sleep(0.5)
+            clock.advance(0.5)
             assert not await a.state.sync()
             assert [x.limit for x in a.backends] == [2, 2]  # past it: limit // replicas last seen
             a.arrive("heavy", prompt=50, n=3)  # keeps admitting from local state
@@ -382,7 +392,8 @@ def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(r
     has in flight, so the first replica to reconnect cannot take capacity the others are still using."""
 
     async def main():
-        async with started(redis, limits=((2, None),), interval_s=600, hold_s=0.3) as (a, b):
+        clock = Clock()
+        async with started(redis, limits=((2, None),), interval_s=600, hold_s=0.3, clock=clock) as (a, b):
             a.arrive("heavy", n=3)  # one runs on a's spare, two wait
             b.arrive("light", n=3)  # one runs on b's spare, two wait
 
@@ -399,7 +410,7 @@ def test_after_redis_restarts_empty_no_lease_grows_until_the_replicas_reported(r
                 r.admit()
                 assert r.state.up and in_flight() <= 2, (len(a.running), len(b.running))
             a.finish()
-            await asyncio.sleep(0.3)
+            clock.advance(0.3)
             for r in (a, b, a, b):
                 await r.state.sync()
                 r.admit()
@@ -413,20 +424,24 @@ def test_background_sync_runs_every_interval_and_counts_round_trips(redis):
     async def main():
         async with started(redis) as (a, b):
             a.arrive("heavy", prompt=100)
-            await asyncio.sleep(0.2)
-            assert b.counter("heavy") == 100
-            assert 5 <= b.state.round_trips <= 25  # every 10 ms, give or take the machine
+            start, rounds = time.monotonic(), b.state.round_trips
+            while b.state.round_trips < rounds + 5 and time.monotonic() - start < 30:
+                await asyncio.sleep(0.005)
+            elapsed = time.monotonic() - start
+            assert b.counter("heavy") == 100  # a's charge reached b with no sync called by hand
+            # five syncs, paced by the interval (10 ms), not back to back: at least four intervals apart
+            assert b.state.round_trips >= rounds + 5 and elapsed >= 4 * 0.01
 
     run(main())
 
 
 def test_policies_without_counters_are_refused(redis):
-    with pytest.raises(ValueError, match="virtual counters"):
+    with pytest.raises(ValueError, match="shares its counters"):
         Replica(redis.url, prefix(), policy="fcfs")
 
 
 def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
-    import redis_server as rs
+    import support.redis_server as rs
 
     monkeypatch.setattr(rs.shutil, "which", lambda name: None)
     monkeypatch.setenv("CI", "true")
@@ -441,7 +456,7 @@ def test_missing_redis_server_fails_under_ci_and_skips_elsewhere(monkeypatch):
     ("extra", "message"),
     [
         ({"state": "http://127.0.0.1:6379"}, "must be a Redis URL"),
-        ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy with virtual counters"),
+        ({"state": "redis://127.0.0.1:6379/0", "policy": "fcfs"}, "needs a policy that shares its counters"),
         ({"state": "redis://127.0.0.1:6379/0", "state_interval_s": 5}, "state_interval_s"),
     ],
 )

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-from vllm_fakes import FakeRequest, Status, make_queue, service
+from support.vllm_fakes import FakeRequest, Status, make_queue, service
 
-from fairserve.core import VTC
-from fairserve.engines.queue import DEFAULT_CLIENT
+from fairserve.core import DEFAULT_TENANT, VTC
 from fairserve.engines.vllm_scheduler import VTCConfig, VTCRequestQueue, client_of_request, prefilled_tokens
 
 
@@ -21,7 +20,7 @@ def drain_order(q: VTCRequestQueue, n: int) -> list[str]:
         r._output_token_ids.extend(range(r.max_tokens))
         q.charge_outputs([r])
         r.status = Status.FINISHED_STOPPED
-        q.settle(r)
+        q.freed(r)
         order.append(r.request_id.split("-")[0])
     return order
 
@@ -63,8 +62,8 @@ def test_counter_lift_on_arrival():
     q.pop_request()
     q.pop_request()  # a's counter: 200, a still backlogged
     q.add_request(FakeRequest("b-0", "b", prompt=1))
-    assert q.policy.counters["b"] == pytest.approx(200.0)  # lifted to the backlogged minimum, not 0
-    assert q.policy.service["b"] == 0.0
+    assert q.ledger.counters["b"] == pytest.approx(200.0)  # lifted to the backlogged minimum, not 0
+    assert q.ledger.service["b"] == 0.0
 
 
 def test_prompt_charged_once_at_admission_not_at_arrival():
@@ -92,7 +91,7 @@ def test_output_tokens_charged_per_produced_token():
     q.charge_outputs([r])  # the same tokens are not charged twice
     assert service(q)["a"] == 10 + 2 * 4
     r.status = Status.FINISHED_STOPPED
-    q.settle(r)
+    q.freed(r)
     assert service(q)["a"] == 10 + 2 * 4
     assert q.accounts()["a"].running == 0
 
@@ -111,7 +110,7 @@ def test_preemption_is_not_recharged_nor_lifted_and_resumes_first():
     a0.status, a0.num_computed_tokens, a0.num_preemptions = Status.PREEMPTED, 0, 1
     q.prepend_request(a0)
     assert len(q) == 2 and q.accounts()["a"].queued == 2
-    assert q.policy.counters == {"a": 14.0, "b": 50.0}  # no lift for a (it is behind b) and no charge
+    assert q.ledger.counters == {"a": 14.0, "b": 50.0}  # no lift for a (it is behind b) and no charge
     assert q.pop_request() is a0  # ahead of a-1: it was first
     assert service(q) == {"a": 14.0, "b": 50.0}  # re-prefill is not charged again
     a0._output_token_ids += [7]
@@ -145,7 +144,7 @@ def test_request_popped_and_put_back_unscheduled_is_not_charged():
     b0.status = Status.RUNNING
     q.prepend_requests(skipped)
     q.end_pass()
-    assert service(q) == {"a": 0.0, "b": 30.0} and q.policy.counters["a"] == 0.0
+    assert service(q) == {"a": 0.0, "b": 30.0} and q.ledger.counters["a"] == 0.0
     assert q.accounts()["a"].queued == 1 and q.accounts()["a"].running == 0
     assert q.pop_request() is a0 and service(q)["a"] == 10.0  # charged once, when popped again
     a0.status = Status.RUNNING
@@ -164,7 +163,7 @@ def test_skipped_twice_then_cancelled_costs_nothing_and_predicted_output_is_char
         q.add_request(done := FakeRequest("a-s", "a", prompt=0, max_tokens=6))
         q.pop_request()
         done._output_token_ids, done.status = [1] * 6, Status.FINISHED_LENGTH_CAPPED
-        q.settle(done)
+        q.freed(done)
         q.end_pass()
         return q
 
@@ -197,7 +196,7 @@ def test_abort_queued_request_is_not_charged():
     q.add_request(a1)
     q.remove_requests([a1, FakeRequest("elsewhere", "a")])  # unknown ones (e.g. in kv_holding_waiting) ignored
     a1.status = Status.FINISHED_ABORTED
-    q.settle(a1)
+    q.freed(a1)
     assert len(q) == 1 and q.peek_request() is a0
     assert service(q) == {"a": 0.0}
     q.remove_request(a0)
@@ -211,7 +210,7 @@ def test_abort_running_charges_only_what_was_done():
     q.pop_request()
     r.num_computed_tokens = 40  # chunked prefill: 40 of 100 prompt tokens were computed
     r.status = Status.FINISHED_ABORTED
-    q.settle(r)
+    q.freed(r)
     assert service(q) == {"a": 40.0}
 
     r2 = FakeRequest("a-1", "a", prompt=100)
@@ -220,10 +219,10 @@ def test_abort_running_charges_only_what_was_done():
     r2.num_computed_tokens = 103
     r2._output_token_ids += [1, 2, 3]
     r2.status = Status.FINISHED_ABORTED  # aborted before update_from_output charged these: settle reconciles
-    q.settle(r2)
+    q.freed(r2)
     assert service(q) == {"a": 40.0 + 100 + 6}
     assert q.engine_queue.request("a-1") is None
-    q.settle(r2)  # freeing twice does not charge twice
+    q.freed(r2)  # freeing twice does not charge twice
     assert service(q) == {"a": 146.0}
 
 
@@ -247,25 +246,25 @@ def test_weights_one_to_two():
         q.add_request(FakeRequest(f"b-{i}", "b", prompt=10, max_tokens=0))
     order = drain_order(q, 9)
     assert order.count("b") == 6 and order.count("a") == 3
-    assert q.policy.counters["a"] == pytest.approx(q.policy.counters["b"])
+    assert q.ledger.counters["a"] == pytest.approx(q.ledger.counters["b"])
 
 
 def test_client_identification():
     assert client_of_request(FakeRequest("x", "alice")) == "alice"
     assert client_of_request(FakeRequest("x", extra_args={"fairserve_client": 7})) == "7"
-    assert client_of_request(FakeRequest("x", extra_args={"other": 1})) == DEFAULT_CLIENT
-    assert client_of_request(FakeRequest("x")) == DEFAULT_CLIENT
+    assert client_of_request(FakeRequest("x", extra_args={"other": 1})) == DEFAULT_TENANT
+    assert client_of_request(FakeRequest("x")) == DEFAULT_TENANT
     assert client_of_request(FakeRequest("bob::cmpl-1")) == "bob"  # id carries it
     assert client_of_request(FakeRequest("bob::cmpl-1", "alice")) == "alice"  # extra_args wins
     assert client_of_request(FakeRequest("x", extra_args={"tenant": "t1"}), key="tenant") == "t1"
     no_params = FakeRequest("x")
     no_params.sampling_params = None  # pooling requests
-    assert client_of_request(no_params) == DEFAULT_CLIENT
+    assert client_of_request(no_params) == DEFAULT_TENANT
 
     q = make_queue()
     q.add_request(FakeRequest("r1"))
     q.add_request(FakeRequest("r2", "alice"))
-    assert set(q.accounts()) == {DEFAULT_CLIENT, "alice"}
+    assert set(q.accounts()) == {DEFAULT_TENANT, "alice"}
 
 
 def test_known_request_added_again_is_a_requeue_and_unknown_prepend_is_an_arrival():
@@ -296,7 +295,7 @@ def test_streaming_session_turns_are_charged_not_refunded():
     r._output_token_ids = list(range(10))
     q.charge_outputs([r])
     r.status = Status.FINISHED_STOPPED
-    q.settle(r)
+    q.freed(r)
     assert service(q) == {"a": 120 + 2 * 110}
 
 
@@ -312,7 +311,7 @@ def test_config_from_env():
     )
     assert cfg == VTCConfig("weighted-vtc", {"a": 1.0, "b": 2.0}, 0.5, 3.0, None, "tenant")
     policy = cfg.make_policy()
-    assert isinstance(policy, VTC) and policy.weight("b") == 2.0
+    assert isinstance(policy, VTC) and VTCRequestQueue.from_config(cfg).ledger.weights["b"] == 2.0
     assert policy.cost.prompt(10) == 5.0 and policy.cost.output(10, 0, 1) == 3.0
     assert VTCConfig.from_env({}) == VTCConfig()
     assert VTCConfig.from_env({"FAIRSERVE_POLICY": "fcfs"}).make_policy().name == "fcfs"

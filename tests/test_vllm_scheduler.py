@@ -8,7 +8,7 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
-from vllm_fakes import FakeRequest, Status, make_queue
+from support.vllm_fakes import FakeRequest, Status, make_queue
 
 from fairserve.engines.vllm_scheduler import SCHEDULER_PATH, VTCRequestQueue, scheduler_classes
 
@@ -145,17 +145,17 @@ def test_scheduler_preemption_and_abort(classes):
     s.add_request(a)
     s.add_request(b)
     step(s)  # both admitted, one token each
-    assert s.fairserve.policy.service == {"a": 12.0, "b": 12.0}
+    assert s.fairserve.ledger.service == {"a": 12.0, "b": 12.0}
     s.preempt_last()  # b goes back, keeps its charge
     step(s)  # b re-admitted (re-prefill not charged), both decode
-    assert s.fairserve.policy.service == {"a": 14.0, "b": 14.0}
+    assert s.fairserve.ledger.service == {"a": 14.0, "b": 14.0}
     s.finish_requests(["b-0"], Status.FINISHED_ABORTED)
-    assert s.fairserve.policy.service["b"] == 14.0 and s.fairserve.engine_queue.request("b-0") is None
+    assert s.fairserve.ledger.service["b"] == 14.0 and s.fairserve.engine_queue.request("b-0") is None
     s.add_request(c := FakeRequest("c-0", "c", prompt=30))
     s.add_request(FakeRequest("c-1", "c", prompt=30))
     step(s)  # c-0 admitted into b's slot; c-1 waits
     s.finish_requests(["c-1"], Status.FINISHED_ABORTED)
-    assert s.fairserve.policy.service["c"] == 30 + 2 * 1 and not s.waiting
+    assert s.fairserve.ledger.service["c"] == 30 + 2 * 1 and not s.waiting
     assert c.status == Status.RUNNING
 
 
@@ -171,12 +171,12 @@ def test_head_with_no_tokens_this_pass_is_not_charged(classes, skips):
     s.zero_tokens = {"h-0"}
     out = s.schedule()
     assert list(out.num_scheduled_tokens) == (["l-0"] if skips else [])
-    assert s.fairserve.policy.service == {"heavy": 0.0, "light": 5.0 if skips else 0.0}
+    assert s.fairserve.ledger.service == {"heavy": 0.0, "light": 5.0 if skips else 0.0}
     assert s.fairserve_accounts()["heavy"].queued == 1
     s.update_from_output(out, SimpleNamespace(sampled={rid: [0] for rid in out.num_scheduled_tokens}))
     s.zero_tokens = set()
     out = s.schedule()
-    assert "h-0" in out.num_scheduled_tokens and s.fairserve.policy.service["heavy"] == 100.0  # charged once
+    assert "h-0" in out.num_scheduled_tokens and s.fairserve.ledger.service["heavy"] == 100.0  # charged once
 
 
 # ---- the real thing, where vLLM is installed ---------------------------------------------------------------------

@@ -2,15 +2,15 @@
 
 import pytest
 
-from fairserve.core import VTC, Request, RequestState, make_policy
+from fairserve.core import VTC, Ledger, Request, RequestState, make_policy
 
 
 def req(i, client, prompt=10, max_tokens=5, **kw):
-    return Request(id=i, client=client, prompt_tokens=prompt, max_tokens=max_tokens, **kw)
+    return Request(id=i, tenant=client, prompt_tokens=prompt, max_tokens=max_tokens, **kw)
 
 
 def test_admits_smallest_counter_and_charges_prompt_at_admission():
-    p = VTC()
+    p = Ledger(VTC())
     a1, a2, b1 = req(1, "a", 100), req(2, "a", 100), req(3, "b", 10)
     for r in (a1, a2, b1):
         p.add(r)
@@ -24,30 +24,30 @@ def test_admits_smallest_counter_and_charges_prompt_at_admission():
 
 
 def test_output_tokens_charged_as_decoded_with_w_q():
-    p = VTC()
+    p = Ledger(VTC())
     r = req(1, "a", prompt=7)
     p.add(r)
     p.pop()
-    p.on_output(r, 1)
-    p.on_output(r, 3)
+    p.output(r, 1)
+    p.output(r, 3)
     assert p.counters["a"] == 7 + 2 * 4
-    p.finish(r)
+    p.settle(r)
     assert p.counters["a"] == 7 + 2 * 4
     assert p.service["a"] == 15
     assert r.state is RequestState.FINISHED
 
 
 def test_custom_linear_weights():
-    p = make_policy("vtc", w_p=0.5, w_q=3)
+    p = Ledger(make_policy("vtc", w_p=0.5, w_q=3))
     r = req(1, "a", prompt=10)
     p.add(r)
     p.pop()
-    p.on_output(r, 2)
+    p.output(r, 2)
     assert p.counters["a"] == 5 + 6
 
 
 def test_lift_to_min_of_other_queued_clients():
-    p = VTC()
+    p = Ledger(VTC())
     a = [req(i, "a", prompt=100) for i in range(3)]
     c = req(9, "c", prompt=1)
     for r in a:
@@ -64,7 +64,7 @@ def test_lift_to_min_of_other_queued_clients():
 
 
 def test_lift_never_lowers_and_no_other_queued_keeps_counter():
-    p = VTC()
+    p = Ledger(VTC())
     r = req(1, "a", prompt=50)
     p.add(r)
     p.pop()
@@ -73,7 +73,7 @@ def test_lift_never_lowers_and_no_other_queued_keeps_counter():
     p.add(req(3, "b"))  # b lifted to 50
     assert p.counters["b"] == 50.0
     p.pop()  # a (tie, seen first): 60
-    q = VTC()
+    q = Ledger(VTC())
     q.add(req(1, "x", prompt=5))
     q.add(req(2, "y", prompt=500))
     q.pop(), q.pop()  # x: 5, y: 500
@@ -83,7 +83,7 @@ def test_lift_never_lowers_and_no_other_queued_keeps_counter():
 
 
 def test_no_lift_while_already_queued():
-    p = VTC()
+    p = Ledger(VTC())
     p.add(req(1, "a", prompt=100))
     p.add(req(2, "a"))
     p.pop()  # a: 100, still has a queued request
@@ -93,44 +93,44 @@ def test_no_lift_while_already_queued():
 
 
 def test_lcf_has_no_lift():
-    p = make_policy("lcf")
+    p = Ledger(make_policy("lcf"))
     p.add(req(1, "a", prompt=100))
     p.pop()
     p.add(req(2, "a"))
     p.add(req(3, "b"))
     assert p.counters["b"] == 0.0
-    assert p.peek().client == "b"
+    assert p.peek().tenant == "b"
 
 
 def test_weighted_counters_divide_by_weight():
-    p = make_policy("vtc", weights={"a": 1, "b": 2})
+    p = Ledger(make_policy("vtc"), weights={"a": 1, "b": 2})
     ra, rb = req(1, "a", prompt=100), req(2, "b", prompt=100)
     p.add(ra), p.add(rb)
     p.pop(), p.pop()
     assert p.counters == {"a": 100.0, "b": 50.0}
     assert p.service == {"a": 100.0, "b": 100.0}
     p.set_weight("a", 4)
-    p.on_output(ra, 2)
+    p.output(ra, 2)
     assert p.counters["a"] == 101.0
 
 
 def test_weighted_vtc_splits_service_by_weight():
-    p = make_policy("vtc", weights={"a": 1, "b": 3})
+    p = Ledger(make_policy("vtc"), weights={"a": 1, "b": 3})
     admitted = {"a": 0, "b": 0}
     for i in range(400):
         p.add(req(2 * i, "a", prompt=10))
         p.add(req(2 * i + 1, "b", prompt=10))
     for _ in range(400):
-        admitted[p.pop().client] += 1
+        admitted[p.pop().tenant] += 1
     assert admitted == {"a": 100, "b": 300}
 
 
 def test_requeue_keeps_charges_and_goes_to_the_front_without_lift():
-    p = VTC()
+    p = Ledger(VTC())
     r1, r2 = req(1, "a", prompt=30), req(2, "a", prompt=30)
     p.add(r1), p.add(r2)
     p.pop()
-    p.on_output(r1, 2)
+    p.output(r1, 2)
     p.pop()
     p.add(req(3, "b", prompt=1000))
     p.pop()  # b: 0 + 1000 (lifted to nothing: a has nothing queued)
@@ -141,29 +141,29 @@ def test_requeue_keeps_charges_and_goes_to_the_front_without_lift():
     assert p.counters["a"] == 64.0  # no lift (to b's 1000), no refund
     assert p.pop() is r1
     assert p.counters["a"] == 64.0  # not charged again for its prompt
-    p.on_output(r1, 1)
-    p.finish(r1)
+    p.output(r1, 1)
+    p.settle(r1)
     assert p.counters["a"] == 66.0
 
 
 def test_abort_queued_and_running():
-    p = VTC()
+    p = Ledger(VTC())
     r1, r2, r3 = req(1, "a", prompt=10), req(2, "a"), req(3, "b")
     for r in (r1, r2, r3):
         p.add(r)
-    p.abort(r2)
+    p.settle(r2, cancelled=True)
     assert r2.state is RequestState.ABORTED and p.num_queued == 2
     p.pop()  # r1
-    p.on_output(r1, 3)
-    p.abort(r1)
+    p.output(r1, 3)
+    p.settle(r1, cancelled=True)
     assert p.counters["a"] == 16.0  # only what was produced
     assert p.pop() is r3 and p.peek() is None
-    p.abort(r1)  # idempotent on a finished request
+    p.settle(r1, cancelled=True)  # idempotent on a finished request
     assert p.counters["a"] == 16.0
 
 
 def test_admit_stops_at_first_request_that_does_not_fit():
-    p = VTC()
+    p = Ledger(VTC())
     big, small = req(1, "a", prompt=500), req(2, "b", prompt=5)
     p.add(big), p.add(small)
     got = p.admit(lambda r: r.prompt_tokens < 100)
@@ -174,22 +174,22 @@ def test_admit_stops_at_first_request_that_does_not_fit():
 def test_profiled_cost_charges_differences():
     from fairserve.core import profiled_a10g_llama2_7b as h
 
-    p = make_policy("vtc", cost="profiled")
+    p = Ledger(make_policy("vtc", cost="profiled"))
     r = req(1, "a", prompt=100)
     p.add(r)
     p.pop()
     assert p.counters["a"] == pytest.approx(h(100, 0))
-    p.on_output(r, 1)
-    p.on_output(r, 4)
+    p.output(r, 1)
+    p.output(r, 4)
     assert p.counters["a"] == pytest.approx(h(100, 5))
 
 
 def test_user_callable_cost():
-    p = make_policy("vtc", cost=lambda x, y: x * x + y)
+    p = Ledger(make_policy("vtc", cost=lambda x, y: x * x + y))
     r = req(1, "a", prompt=3)
     p.add(r)
     p.pop()
-    p.on_output(r, 2)
+    p.output(r, 2)
     assert p.counters["a"] == 11
 
 
@@ -197,7 +197,7 @@ def test_heap_selection_matches_brute_force_with_many_clients():
     import random
 
     rng = random.Random(1)
-    p = VTC()
+    p = Ledger(VTC())
     reqs = {}
     n = 0
     for c in range(300):
@@ -206,18 +206,18 @@ def test_heap_selection_matches_brute_force_with_many_clients():
             reqs[n] = req(n, f"c{c}", prompt=rng.randint(1, 50))
             p.add(reqs[n])
     running = []
-    for step in range(3000):
+    for _step in range(3000):
         r = p.peek()
-        queued = p.queued_clients()
+        queued = p.backlogged()
         counters = p.counters
         best = min(counters[c] for c in queued)
-        assert counters[r.client] == best
+        assert counters[r.tenant] == best
         running.append(p.pop())
         for x in running[-5:]:
-            p.on_output(x, rng.randint(0, 3))
+            p.output(x, rng.randint(0, 3))
         if rng.random() < 0.5:
             done = running.pop(rng.randrange(len(running)))
-            p.finish(done)
+            p.settle(done)
         n += 1
         p.add(req(n, f"c{rng.randrange(400)}", prompt=rng.randint(1, 50)))
 
@@ -226,7 +226,7 @@ def test_selection_correct_with_100k_clients():
     import random
 
     rng = random.Random(5)
-    p = VTC()
+    p = Ledger(VTC())
     n = 0
     for c in range(100_000):
         for _ in range(2):
@@ -235,10 +235,10 @@ def test_selection_correct_with_100k_clients():
     for k in range(2000):
         if k % 250 == 0:
             counters = p.counters
-            expected = min(counters[c] for c in p.queued_clients())
-            assert counters[p.peek().client] == expected
+            expected = min(counters[c] for c in p.backlogged())
+            assert counters[p.peek().tenant] == expected
         r = p.pop()
-        p.on_output(r, rng.randint(1, 50))
-        p.finish(r)
+        p.output(r, rng.randint(1, 50))
+        p.settle(r)
         n += 1
-        p.add(req(n, r.client, prompt=rng.randint(1, 1000)))
+        p.add(req(n, r.tenant, prompt=rng.randint(1, 1000)))

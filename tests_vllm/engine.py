@@ -126,7 +126,7 @@ def drive(llm: Any, jobs: Iterable[Job], abort: dict[str, int] | None = None, ma
             preempted[rid] = max(preempted.get(rid, 0), req.num_preemptions)
         abort_due()
         if hasattr(sched, "fairserve"):
-            run.service_at.append(dict(sched.fairserve.policy.service))
+            run.service_at.append(dict(sched.fairserve.ledger.service))
     run.preemptions = sum(preempted.values())
     return run
 

@@ -31,7 +31,7 @@ def test_engine_builds_the_sync_scheduler_with_the_fairserve_queue(engines):
     assert type(sched).__name__ == "VTCSyncScheduler"  # the CPU platform turns async scheduling off
     assert isinstance(sched, Scheduler) and not isinstance(sched, AsyncScheduler)
     assert isinstance(sched.waiting, VTCRequestQueue) and sched.fairserve.policy.name == "vtc"
-    assert sched.fairserve.policy.weight("w2") == 2.0  # FAIRSERVE_WEIGHTS was read
+    assert sched.fairserve.ledger.weights["w2"] == 2.0  # FAIRSERVE_WEIGHTS was read
     assert type(scheduler_of(engines.get("default"))) is Scheduler
 
 
@@ -136,9 +136,9 @@ def test_requests_skipped_while_their_grammar_compiles_are_charged_only_when_sch
             scheduled = [r for r in live if r.num_computed_tokens > 0]
             if live and not outputs and len(scheduled) < len(live):  # some skipped: only the scheduled are charged
                 produced = sum(r.num_output_tokens for r in scheduled)
-                assert queue.policy.service.get("grammar", 0.0) == 30 * len(scheduled) + 2 * produced
+                assert queue.ledger.service.get("grammar", 0.0) == 30 * len(scheduled) + 2 * produced
                 checked += 1
     finally:
         del queue.prepend_requests
     assert skipped and checked, "no request was skipped while its grammar compiled"
-    assert queue.policy.service["grammar"] == 3 * (30 + 2 * 8) and outputs == {f"gr-{i}": 8 for i in range(3)}
+    assert queue.ledger.service["grammar"] == 3 * (30 + 2 * 8) and outputs == {f"gr-{i}": 8 for i in range(3)}

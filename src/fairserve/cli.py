@@ -9,10 +9,8 @@ import sys
 from pathlib import Path
 
 from .argtypes import positive
-from .core import parse_weights
-from .core import POLICIES, make_policy
-from .core.cost import make_cost
-from .metrics import Summary, describe_difference, summarize
+from .core import check_policy, describe, make_cost, parse_weights
+from .metrics import Summary, summarize, summary_table
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
 
@@ -41,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default="vtc",
         metavar="P[,P...]",
-        help=f"policies to compare: {', '.join(POLICIES)} (rpm:N, drr:QUANTUM, vtc-predict:PREDICTOR)",
+        help=f"policies to compare: {describe()}",
     )
     s.add_argument("--weights", metavar="c=w,...", help="client weights for weighted VTC, e.g. client-0=1,client-1=2")
     s.add_argument(
@@ -119,7 +117,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if not policies:
         raise CliError("--policy needs at least one policy")
     for spec in policies:  # validate everything before the first (slow) run
-        make_policy(spec, weights=weights, cost=args.cost, w_p=args.w_p, w_q=args.w_q)
+        check_policy(spec)
+    make_cost(args.cost, args.w_p, args.w_q)
     if args.profile:
         get_latency_model(args.profile)
     print(
@@ -177,34 +176,17 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def format_summary(result: SimResult, s: Summary) -> str:
     cfg = result.config
-    lines = [
-        f"policy {result.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
-        f"simulated {s.duration_s:.0f} s)",
-        f"{'client':<12}{'reqs':>6}{'done':>6}{'rej':>6}{'service':>11}{'svc/s':>9}"
-        f"{'resp mean':>11}{'p50':>8}{'p90':>8}",
-    ]
-    for c in s.clients.values():
-        rt = (
-            f"{c.response_mean_s:>10.2f}s{c.response_p50_s:>7.2f}s{c.response_p90_s:>7.2f}s"
-            if c.response_mean_s is not None
-            else f"{'-':>11}{'-':>8}{'-':>8}"
-        )
-        lines.append(
-            f"{c.client:<12}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.service:>11,.0f}{c.service_rate:>9.1f}{rt}"
-        )
-    jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    lines += [
-        f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-        f"max service difference between backlogged clients: {describe_difference(s)}",
-        f"Jain's index (60 s windows, clients backlogged in them): {jain}",
-    ]
-    return "\n".join(lines)
+    title = (
+        f"policy {result.ledger.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
+        f"simulated {s.duration_s:.0f} s)"
+    )
+    return summary_table(s, title)
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
     doc = {
         "summary": {
-            "policy": result.policy.name,
+            "policy": result.ledger.policy.name,
             "engine_mode": result.config.mode,
             "kv_tokens": result.config.kv_tokens,
             "decode_steps": result.decode_steps,

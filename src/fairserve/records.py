@@ -21,9 +21,5 @@ class RequestRecord:
     max_tokens: int  # output tokens requested
     status: str  # "finished" | "rejected" | "unfinished"
 
-    @property
-    def response_time_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
     def to_dict(self) -> dict:
         return asdict(self)

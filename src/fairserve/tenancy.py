@@ -88,7 +88,7 @@ class TenantsMixin:
         return {k: t.name for t in self.tenants for k in t.api_keys}
 
 
-# ---- flags ------------------------------------------------------------------------------------------------------------
+# ---- flags -----------------------------------------------------------------------------------------------------------
 def parse_tenant(text: str) -> tuple[str, str, float | None]:
     """`NAME:KEY[:WEIGHT]` → (name, key, weight or None)."""
     parts = text.split(":")
@@ -150,7 +150,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
 
 
-# ---- auth -------------------------------------------------------------------------------------------------------------
+# ---- auth ------------------------------------------------------------------------------------------------------------
 def bearer(request: Request) -> str | None:
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     key = key.strip()
@@ -169,7 +169,7 @@ def metrics_denied(request: Request, metrics_key: str | None) -> Response | None
     )
 
 
-# ---- the admin API ----------------------------------------------------------------------------------------------------
+# ---- the admin API ---------------------------------------------------------------------------------------------------
 class Accounts(Protocol):
     """What owns a ledger and lets the admin API read and change it."""
 
@@ -308,7 +308,7 @@ def _static(body: bytes, media_type: str):  # noqa: ANN202
     return get
 
 
-# ---- Prometheus -------------------------------------------------------------------------------------------------------
+# ---- Prometheus ------------------------------------------------------------------------------------------------------
 class TenantCollector:
     """Per-tenant service, counter, queue, in-flight requests and weight, plus the backlogged counter spread and
     Jain's index, read from the ledger at scrape time. Labels: the configured tenants only."""
@@ -321,7 +321,7 @@ class TenantCollector:
 
     def collect(self) -> Iterator[Metric]:
         view, p = self.accounts.view(), self.prefix
-        families = {
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "service": CounterMetricFamily(
                 p + "service",
                 "Service charged by the policy: w_p*prompt + w_q*output (live; reconciliation may correct it slightly)",

@@ -8,7 +8,6 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
-
 import httpx
 
 from .argtypes import positive

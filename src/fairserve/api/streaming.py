@@ -19,7 +19,8 @@ class EventStream(StreamingResponse):
     event (code "shutdown") when the server's drain runs out before the stream does."""
 
     def __init__(self, events: AsyncIterator[bytes | None]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        # NOTE: `_pump` reads `events` itself (None is this class's signal to drop the connection): Starlette never does
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})  # type: ignore[arg-type]
         self.events = events
         self.started = False
 

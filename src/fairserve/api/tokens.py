@@ -140,7 +140,7 @@ def tiktoken_counter(spec: str) -> TokenCounter:
         if not path.is_file():
             raise ValueError(f"tiktoken file not found: {path}")
         # any ranks file may be used with a known split pattern, but not another encoding's published file
-        other = {h: f for _, f, h in TIKTOKEN_ENCODINGS.values()}.get(_sha256(path))
+        other = {h: f for _, f, h in TIKTOKEN_ENCODINGS.values()}.get(_sha256(path) or "")
         if other and other != TIKTOKEN_ENCODINGS[name][1]:
             raise ValueError(f"{path} is tiktoken's {other} file, not {name}'s")
     else:

@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         weights = found.weights
         print(f"weights from {args.target}'s admin API: {found.describe()}", flush=True)
     else:
-        weights = parse_weights(args.weights) or workload.weights
+        weights = parse_weights(args.weights) or workload.weights or {}
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
     print(

@@ -12,11 +12,11 @@ import numpy as np
 from ..metrics import (
     Summary,
     by_client,
-    describe_difference,
     response_times,
     service_curves,
     service_rates,
     summarize,
+    summary_table,
     time_grid,
 )
 from ..records import RequestRecord
@@ -59,31 +59,9 @@ def e2e_latency_mean(records: Sequence[RequestRecord]) -> dict[str, float | None
     return out
 
 
-def _s(v: float | None, width: int) -> str:
-    return f"{v:>{width - 1}.2f}s" if v is not None else f"{'-':>{width}}"
-
-
 def format_table(summary: Summary, records: Sequence[RequestRecord], title: str) -> str:
-    e2e = e2e_latency_mean(records)
-    header = (
-        f"{'client':<14}{'reqs':>6}{'done':>6}{'rej':>6}{'unf':>6}{'service':>11}{'svc/s':>9}"
-        f"{'resp mean':>11}{'p90':>9}{'e2e mean':>10}"
-    )
-    lines = [title, header]
-    for c in summary.clients.values():
-        lines.append(
-            f"{c.client:<14}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.unfinished:>6}"
-            f"{c.service:>11,.0f}{c.service_rate:>9.1f}{_s(c.response_mean_s, 11)}"
-            f"{_s(c.response_p90_s, 9)}{_s(e2e.get(c.client), 10)}"
-        )
-    s = summary
-    jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
-    lines += [
-        f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
-        f"max service difference between backlogged clients: {describe_difference(s)}",
-        f"Jain's index ({_window(s.duration_s):.3g} s windows, clients backlogged in them): {jain}",
-    ]
-    errors = sorted({r.error for r in records if getattr(r, "error", None)})
+    lines = [summary_table(summary, title, _window(summary.duration_s), e2e_latency_mean(records))]
+    errors = sorted({e for r in records if (e := getattr(r, "error", None))})  # a BenchRecord's
     if errors:
         lines.append(f"{len(errors)} distinct error(s), e.g.: {errors[0]}")
     return "\n".join(lines)

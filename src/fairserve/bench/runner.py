@@ -203,8 +203,9 @@ async def _send(
         except httpx.HTTPError as e:
             error = _one_line(f"{type(e).__name__}: {e}")
     usage = p.usage or {}
-    out = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else p.chunks
-    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else a.prompt_tokens
+    reported_out, reported_prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    out = reported_out if isinstance(reported_out, int) else p.chunks
+    prompt = reported_prompt if isinstance(reported_prompt, int) else a.prompt_tokens
     finish = end if status == "finished" else None
     first = p.first
     if first is None and finish is not None:  # finished without text: take the first chunk as its first token

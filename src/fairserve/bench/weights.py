@@ -30,11 +30,11 @@ def server_weights(target: str, admin_key: str, key_of: Mapping[str, str], timeo
         raise ValueError(f"--admin-key: cannot read the weights from {base}: {e}") from None
     weight = {t["name"]: float(t["weight"]) for t in tenants["tenants"]}
     tenant_of: dict[str, str] = {}
-    for client, key in sorted(key_of.items()):
+    for name, key in sorted(key_of.items()):
         owner = owners["owners"].get(key)
         if owner is None or owner not in weight:
-            raise ValueError(f"--admin-key: {base} knows no tenant with the API key of client {client!r}")
-        tenant_of[client] = owner
+            raise ValueError(f"--admin-key: {base} knows no tenant with the API key of client {name!r}")
+        tenant_of[name] = owner
     return ServerWeights({c: weight[t] for c, t in tenant_of.items()}, tenant_of)
 
 

@@ -1,55 +1,69 @@
-"""The engine-agnostic scheduling core: requests, cost functions, predictors, policies and the ledger."""
+"""The engine-agnostic scheduling core: accounts and the ledger (the one way in), requests, cost functions,
+predictors, the policy interface and the registered policies."""
 
-from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
-from .factory import POLICIES, SchedulingPolicy, make_policy, parse_weights
-from .fairness import jain_index, theorem_bound
+# isort: off
+# NOTE: importing a policy module registers its policies, in this order (the order --help lists them)
+from .vtc import LCF, VTC
 from .fcfs import FCFS, RPM
-from .ledger import (
+from .drr import DRR
+
+# isort: on
+from .account import (
     DEFAULT_TENANT,
     MAX_WEIGHT,
     MIN_WEIGHT,
     Account,
-    Ledger,
     LedgerView,
     TenantView,
     Unsupported,
     check_weight,
+    parse_weights,
 )
-from .policy import Policy, PolicyError
+from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
+from .fairness import jain_index, theorem_bound
+from .ledger import Ledger, Peers
+from .policy import Capabilities, Policy, PolicyError
 from .predictor import MovingAveragePredictor, NoisyOraclePredictor, OraclePredictor, Predictor, make_predictor
+from .registry import PolicyEntry, check_policy, describe, make_policy, policy_names, register
 from .request import Request, RequestState
-from .vtc import VTC
 
 __all__ = [
-    "CostFunction",
-    "LinearCost",
-    "make_cost",
-    "profiled_a10g_llama2_7b",
-    "POLICIES",
-    "SchedulingPolicy",
-    "make_policy",
-    "parse_weights",
-    "FCFS",
-    "RPM",
-    "VTC",
-    "Policy",
-    "PolicyError",
-    "Predictor",
-    "OraclePredictor",
-    "NoisyOraclePredictor",
-    "MovingAveragePredictor",
-    "make_predictor",
-    "Request",
-    "RequestState",
     "DEFAULT_TENANT",
     "MAX_WEIGHT",
     "MIN_WEIGHT",
     "Account",
-    "Ledger",
     "LedgerView",
     "TenantView",
     "Unsupported",
     "check_weight",
+    "parse_weights",
+    "CostFunction",
+    "LinearCost",
+    "make_cost",
+    "profiled_a10g_llama2_7b",
+    "DRR",
+    "FCFS",
+    "RPM",
+    "LCF",
+    "VTC",
     "jain_index",
     "theorem_bound",
+    "Ledger",
+    "Peers",
+    "Capabilities",
+    "Policy",
+    "PolicyError",
+    "MovingAveragePredictor",
+    "NoisyOraclePredictor",
+    "OraclePredictor",
+    "Predictor",
+    "make_predictor",
+    "PolicyEntry",
+    "check_policy",
+    "describe",
+    "make_policy",
+    "policy_names",
+    "register",
+    "Request",
+    "RequestState",
 ]

@@ -15,5 +15,5 @@ def jain_index(values: Iterable[float]) -> float:
 
 def theorem_bound(max_prompt: float, kv_tokens: float, w_p: float = 1.0, w_q: float = 2.0) -> float:
     """Theorem 4.4's 2U = 2·max(w_p·L_in, w_q·M): the largest service difference VTC allows between two backlogged
-    clients (L_in: the longest prompt, M: the KV pool in tokens; linear cost)."""
+    tenants (L_in: the longest prompt, M: the KV pool in tokens; linear cost)."""
     return 2.0 * max(w_p * max_prompt, w_q * kv_tokens)

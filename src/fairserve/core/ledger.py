@@ -1,194 +1,269 @@
-"""The ledger: per-tenant state, owned once, under every driver.
+"""The ledger: per-tenant state, owned once, and the one way into the core for every driver.
 
 Two tables live here and nowhere else:
 - `Account`s, one per tenant: weight, service received, the policy's virtual counter, queued and running requests.
-  Only the policy's life-cycle methods write them (`Policy.add/pop/requeue/finish/abort` and the charges), so counts
-  cannot drift from the queue they count.
+  Only the ledger's life-cycle methods write the counts, so they cannot drift from the queues they count.
 - the requests not yet settled, by id, each carrying the driver's own object (`Request.item`): a gateway ticket, an
-  engine's request state.
+  engine's request state, or the simulator's request itself.
 
-A driver goes through the `Ledger`: `arrive` → `admit`/`pop` → `output`/`prompt` (→ `requeue`) → `settle`, the one
-way a request ends (exactly once; a refund is `settle(..., prompt=0, output=0, cancelled=True)`). Admin changes
-(`set_weight`, `reset`, `apply_remote`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot the
-admin API, the Prometheus collectors and the tests read.
+A driver calls `arrive`/`add` → `admit`/`pop` → `output`/`prompt` (→ `requeue`/`unpop`) → `settle`, the one way a
+request ends (exactly once; a refund is `settle(..., prompt=0, output=0, cancelled=True)`). The ledger charges
+(prompt at admission, output as decoded, through the policy's cost function) and lifts counters (the paper's lift,
+with `Peers` for a floor from other processes); the policy only orders. Admin changes (`set_weight`, `reset`,
+`apply_remote`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
-from .fairness import jain_index
+from .account import Account, LedgerView, TenantView, Unsupported, check_weight
+from .cost import LinearCost
+from .policy import Policy, PolicyError
 from .request import Request, RequestState
 
-if TYPE_CHECKING:
-    from .policy import Policy
-
 QUEUED, RUNNING = RequestState.QUEUED, RequestState.RUNNING
-DEFAULT_TENANT = "anonymous"  # whose requests name no tenant (a server without keys, an engine request without one)
-
-# NOTE: weights outside this range overflow the accounting (a counter is service / weight: 1e-300 makes it +inf)
-MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
 
 
-def check_weight(tenant: str, weight: Any) -> float:
-    """The weight as a float, or ValueError with one line saying what is accepted."""
-    try:
-        ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
-    except OverflowError:  # an integer past any float
-        ok = False
-    if not ok or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-        raise ValueError(f"weight of {tenant!r} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {weight!r}")
-    return float(weight)
+class Peers(Protocol):
+    """Other processes sharing the counters (gateway/shared_state.py), plugged in by `Ledger(..., peers=)`."""
 
+    def attach(self, ledger: Ledger) -> None:
+        """The ledger whose counters are shared (ValueError if its policy cannot share them)."""
+        ...
 
-class Unsupported(Exception):
-    """The policy has no such state (e.g. a counter reset under FCFS): the admin API answers 409."""
-
-
-@dataclass(slots=True, eq=False)
-class Account:
-    """One tenant's state. `counter` is VTC's virtual counter (service / weight, lifted); policies without one
-    derive theirs (`Policy.counter_of`)."""
-
-    tenant: str
-    rank: int  # first-seen order: the deterministic tie-break
-    weight: float = 1.0
-    service: float = 0.0  # cost charged, not divided by the weight
-    counter: float = 0.0
-    queued: int = 0  # requests waiting for admission: > 0 is the paper's "backlogged"
-    running: int = 0  # admitted and not yet ended
-
-
-@dataclass(frozen=True, slots=True)
-class TenantView:
-    tenant: str
-    weight: float
-    counter: float
-    service: float
-    queued: int
-    running: int
-
-    def row(self) -> dict[str, Any]:
-        """The admin API's JSON row."""
-        return {
-            "name": self.tenant,
-            "weight": self.weight,
-            "counter": self.counter,
-            "service": self.service,
-            "queue_length": self.queued,
-            "in_flight": self.running,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerView:
-    """A consistent snapshot of every tenant, for reading only."""
-
-    policy: str
-    tenants: dict[str, TenantView]
-
-    @property
-    def backlogged(self) -> list[TenantView]:
-        return [t for t in self.tenants.values() if t.queued]
-
-    @property
-    def counter_spread(self) -> float:
-        """Max minus min counter among backlogged tenants (what VTC keeps bounded)."""
-        counters = [t.counter for t in self.backlogged]
-        return max(counters) - min(counters) if counters else 0.0
-
-    @property
-    def jain(self) -> float:
-        """Jain's index of weighted service among backlogged tenants."""
-        return jain_index([t.service / t.weight for t in self.backlogged])
+    def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
+        """The floor `acct` is lifted to, given the smallest counter queued here: the smallest anywhere."""
+        ...
 
 
 class Ledger:
     """Requests by id and the accounts they are charged to, over one policy. Not thread-safe by itself: engines
     that call it from a scheduling thread wrap it in a lock (`engines.queue.EngineQueue`)."""
 
-    def __init__(self, policy: Policy, tenants: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        tenants: Iterable[str] = (),
+        weights: Mapping[str, float] | None = None,
+        peers: Peers | None = None,
+    ) -> None:
         self.policy = policy
-        self.accounts = policy.accounts
+        self.cost = policy.cost
+        self.predictor = policy.predictor
+        caps = policy.capabilities
+        self.accounts: dict[str, Account] = {}
+        self.num_queued = 0  # requests waiting for admission, over all tenants
+        self.peers = peers
+        self._requests: dict[Any, Request] = {}
+        self._seq = 0
+        self._lifts = caps.lifts
+        self._on_charge = policy.on_charge if caps.orders_by_counter else None
+        # NOTE: the linear cost's per-token price, so the hottest call skips a method call
+        self._w_q = self.cost.w_q if type(self.cost) is LinearCost else None
         for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
-            policy.account(t)
-        self._requests: dict[object, Request] = {}
+            self.account(t)
+        for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
+            self.account(t).weight = check_weight(t, w)
+        if peers is not None:
+            peers.attach(self)
 
-    # ---- the life cycle -----------------------------------------------------------------------------------------
+    def account(self, tenant: str) -> Account:
+        """`tenant`'s account, opened on first sight."""
+        acct = self.accounts.get(tenant)
+        if acct is None:
+            acct = self.accounts[tenant] = Account(tenant, rank=len(self.accounts))
+            self.policy.open(acct)
+        return acct
+
+    # ---- arrivals -------------------------------------------------------------------------------------------------
     def arrive(
         self,
-        request_id: object,
-        client: str,
+        request_id: Any,
+        tenant: str,
         prompt_tokens: int,
         max_tokens: int | None = None,
         now: float = 0.0,
         item: Any = None,
     ) -> Request | None:
         """A new request, queued; None if the policy rejected it (rate limits): it was never in the ledger."""
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already in the ledger")
         req = Request(
-            id=request_id, client=client, prompt_tokens=prompt_tokens, max_tokens=max_tokens, arrival_s=now, item=item
+            id=request_id, tenant=tenant, prompt_tokens=prompt_tokens, max_tokens=max_tokens, arrival_s=now, item=item
         )
-        if not self.policy.add(req, now):
-            return None
-        self._requests[request_id] = req
-        return req
+        return req if self.add(req) else None
 
+    def add(self, req: Request, now: float | None = None) -> bool:
+        """Queue a request the driver built (`arrival_s` is its arrival unless `now` is given). False if the policy
+        rejected it (its state is then REJECTED, and it is not in the ledger)."""
+        if req.id in self._requests:
+            raise ValueError(f"request {req.id!r} is already in the ledger")
+        acct = req.account = self.account(req.tenant)
+        if not self.policy.accept(req, req.arrival_s if now is None else now):
+            req.state = RequestState.REJECTED
+            return False
+        self._seq += 1
+        req.seq = self._seq
+        if not acct.queued and self._lifts:
+            self._lift(acct)
+        self.policy.enqueue(req, front=False)
+        req.state = QUEUED
+        acct.queued += 1
+        self.num_queued += 1
+        self._requests[req.id] = req
+        return True
+
+    def _lift(self, acct: Account) -> None:
+        """The counter lift: a tenant with nothing queued gets something queued, so its counter becomes at least the
+        smallest counter among the tenants with something queued (no credit hoarded while idle)."""
+        floor = self.policy.min_counter()
+        if self.peers is not None:
+            floor = self.peers.lift_floor(acct, floor)
+        if floor is not None and floor > acct.counter:
+            acct.counter = floor
+
+    # ---- admission ------------------------------------------------------------------------------------------------
     def peek(self) -> Request | None:
         return self.policy.peek()
 
     def pop(self) -> Request:
-        return self.policy.pop()
+        """Admit the request `peek()` returned: it starts running and is charged its admission cost (its prompt, plus
+        the predicted output for a policy with a predictor); a re-admitted preempted request is not charged again."""
+        req = self.policy.peek()
+        if req is None:
+            raise PolicyError("pop() with nothing queued")
+        self.policy.dequeue(req)
+        self.num_queued -= 1
+        acct = req.account
+        acct.queued -= 1
+        acct.running += 1
+        req.state = RUNNING
+        req.admission = 0.0
+        if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
+            req.admitted = True
+            amount = self.cost.prompt(req.prompt_tokens)
+            if self.predictor is not None:
+                req.predicted = self.predictor.predict(req)
+                amount += self.cost.output(req.prompt_tokens, 0, req.predicted)
+            req.admission = amount
+            self._charge(req, amount)
+        return req
 
     def admit(self, fits: Callable[[Request], bool], limit: int | None = None) -> list[Request]:
-        return self.policy.admit(fits, limit)
+        """Pop requests in policy order while the driver's `fits(req)` accepts them (it should account for each
+        accepted request itself). Stops at the first that does not fit: the policy's order is strict."""
+        out: list[Request] = []
+        peek = self.policy.peek
+        while limit is None or len(out) < limit:
+            req = peek()
+            if req is None or not fits(req):
+                break
+            out.append(self.pop())
+        return out
 
+    # ---- charging -------------------------------------------------------------------------------------------------
     def output(self, req: Request, tokens: int = 1) -> None:
-        if req.state is RUNNING:
-            self.policy.on_output(req, tokens)
+        """`tokens` more output tokens were decoded for a running `req`. Only tokens beyond a prediction are charged."""
+        if req.state is not RUNNING:
+            return
+        y0 = req.output_done
+        y1 = req.output_done = y0 + tokens
+        p = req.predicted
+        if y1 > p:  # NOTE: `_charge` inlined: this is the simulator's hottest call
+            w_q = self._w_q
+            amount = (
+                w_q * (y1 - (y0 if y0 > p else p))
+                if w_q is not None
+                else self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1)
+            )
+            req.charged += amount
+            acct = req.account
+            acct.service += amount
+            if self._on_charge is not None:
+                self._on_charge(acct, amount)
 
     def prompt(self, req: Request, prompt_tokens: int) -> None:
-        """The true prompt size is now known (or has grown): the difference is charged, or refunded."""
-        if not req.done:
-            self.policy.on_prompt(req, prompt_tokens)
+        """The true prompt size is now known (a backend's `usage`, a session's next turn): the difference is charged,
+        or refunded."""
+        if req.done or prompt_tokens == req.prompt_tokens:
+            return
+        old = self._expected(req)
+        req.prompt_tokens = prompt_tokens
+        if req.admitted:
+            self._charge(req, self._expected(req) - old)
 
+    def _expected(self, req: Request) -> float:
+        return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) if req.admitted else 0.0
+
+    def _charge(self, req: Request, amount: float) -> None:
+        req.charged += amount
+        acct = req.account
+        acct.service += amount
+        if self._on_charge is not None:
+            self._on_charge(acct, amount)
+
+    # ---- going back to the queue ----------------------------------------------------------------------------------
     def requeue(self, req: Request, item: Any = None) -> bool:
         """A running request goes back to the front of its tenant's queue (preempted, or its backend failed before
-        any output): no second prompt charge, no lift. False if it is not running."""
-        return self._back(req, item, self.policy.requeue)
-
-    def unpop(self, req: Request, item: Any = None) -> bool:
-        """A request popped in this admission pass goes back unscheduled: as if never popped (see `Policy.unpop`).
-        False if it is not running."""
-        return self._back(req, item, self.policy.unpop)
-
-    def _back(self, req: Request, item: Any, put_back: Callable[[Request], None]) -> bool:
+        any output): its charges stand, it is not charged again when re-admitted, and it is not a new arrival (no
+        lift). False if it is not running."""
         if req.state is not RUNNING:
             return False
-        put_back(req)
+        self.policy.enqueue(req, front=True)
+        req.state = QUEUED
+        acct = req.account
+        acct.running -= 1
+        acct.queued += 1
+        self.num_queued += 1
         if item is not None:  # NOTE: engines may hand back a new object for the same request
             req.item = item
         return True
 
+    def unpop(self, req: Request, item: Any = None) -> bool:
+        """A request popped in this admission pass goes back unscheduled (vLLM skips one whose grammar is not ready or
+        that gets no LoRA slot): as if never popped, its admission charge refunded, no lift; the next `pop()` charges
+        it again. After a re-admission (a preempted request) this is `requeue()`. False if it is not running."""
+        if req.state is not RUNNING:
+            return False
+        if req.admission:
+            self._charge(req, -req.admission)
+            req.admission, req.admitted, req.predicted = 0.0, False, 0
+        return self.requeue(req, item)
+
+    # ---- the one ending -------------------------------------------------------------------------------------------
     def settle(
         self, req: Request, *, prompt: int | None = None, output: int | None = None, cancelled: bool = False
     ) -> bool:
         """End `req`, exactly once: False (and nothing done) if it was settled already.
 
-        A running request that was not cancelled is reconciled to `prompt` / `output` when given (the backend's
-        `usage`, the engine's exact counts). A cancelled one, or one still queued, is charged only what it got:
-        `prompt` prompt tokens (e.g. what was prefilled) and `output` output tokens, or what was reported. A refund of
-        everything is `prompt=0, output=0, cancelled=True`."""
+        A running request that was not cancelled finishes, reconciled to `prompt` / `output` when given (the
+        backend's `usage`, the engine's exact counts); a predicted output that was not produced is refunded. A
+        cancelled one, or one still queued, is charged only what it got: `prompt` prompt tokens (e.g. what was
+        prefilled; default its whole prompt if it was admitted) and `output` output tokens (default: what was
+        reported). A refund of everything is `prompt=0, output=0, cancelled=True`."""
         if self._requests.pop(req.id, None) is not req:
             return False
-        if req.state is RUNNING and not cancelled:
-            self.policy.finish(req, output_tokens=output, prompt_tokens=prompt)
+        acct = req.account
+        if req.state is QUEUED:
+            self.policy.remove(req)
+            self.num_queued -= 1
+            acct.queued -= 1
         else:
-            self.policy.abort(req, output_tokens=output, prompt_tokens=prompt)
+            acct.running -= 1
+        if req.admitted:
+            if output is not None:
+                req.output_done = output
+            if prompt is not None:
+                req.prompt_tokens = prompt
+            delta = self.cost.total(req.prompt_tokens, req.output_done) - req.charged
+            if delta:
+                self._charge(req, delta)
+        if req.state is RUNNING and not cancelled:
+            req.state = RequestState.FINISHED
+            if self.predictor is not None:
+                self.predictor.observe(req, req.output_done)
+        else:
+            req.state = RequestState.ABORTED
         return True
 
     def settle_all(self) -> int:
@@ -198,44 +273,74 @@ class Ledger:
             self.settle(req, cancelled=True)
         return len(left)
 
-    # ---- lookups ------------------------------------------------------------------------------------------------
-    def get(self, request_id: object) -> Request | None:
+    # ---- lookups --------------------------------------------------------------------------------------------------
+    def get(self, request_id: Any) -> Request | None:
         return self._requests.get(request_id)
 
     def __len__(self) -> int:
+        """Requests not yet settled."""
         return len(self._requests)
 
     def queued(self) -> list[Request]:
         """The queued requests, in no particular order (O(requests in the ledger))."""
         return [r for r in self._requests.values() if r.state is QUEUED]
 
-    # ---- admin --------------------------------------------------------------------------------------------------
+    def backlogged(self) -> list[str]:
+        """Tenants with at least one queued request (the paper's 'backlogged' tenants). O(tenants)."""
+        return [t for t, a in self.accounts.items() if a.queued]
+
+    def counter_of(self, tenant: str) -> float:
+        acct = self.accounts.get(tenant)
+        return self.policy.counter_of(acct) if acct is not None else 0.0
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return {t: self.policy.counter_of(a) for t, a in self.accounts.items()}
+
+    @property
+    def service(self) -> dict[str, float]:
+        """Cost charged per tenant (not divided by its weight)."""
+        return {t: a.service for t, a in self.accounts.items()}
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {t: a.weight for t, a in self.accounts.items()}
+
+    # ---- admin ----------------------------------------------------------------------------------------------------
     def set_weight(self, tenant: str, weight: float) -> None:
         """Future charges of `tenant` count `1/weight` on its counter. ValueError for a weight out of range,
         Unsupported for a policy that ignores weights."""
         weight = check_weight(tenant, weight)
-        if not self.policy.uses_weights:
+        if not self.policy.capabilities.uses_weights:
             raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
-        self.policy.set_weight(tenant, weight)
+        self.account(tenant).weight = weight
 
-    def apply_remote(self, tenant: str, counter: float, service: float) -> None:
-        """`tenant`'s counter and service as another process computed them (shared state across gateway replicas:
-        gateway/shared_state.py): they replace the local values. Unsupported for a policy without counters."""
-        self.policy.set_counter(tenant, counter)
-        self.policy.account(tenant).service = service
+    def apply_remote(self, tenant: str, counter: float, service: float, weight: float | None = None) -> None:
+        """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
+        replicas: gateway/shared_state.py): they replace the local values. Unsupported for a policy that cannot take
+        counters from elsewhere; ValueError for a weight out of range."""
+        if not self.policy.capabilities.shares_counters:
+            raise Unsupported(f"policy {self.policy.name!r} cannot share its counters")
+        if weight is not None:
+            self.set_weight(tenant, weight)
+        acct = self.account(tenant)
+        self.policy.set_counter(acct, counter)
+        acct.service = service
 
     def reset(self) -> None:
         """Every tenant starts from equal footing: counters (VTC) or deficits (DRR) go to 0; service received stays.
         Unsupported for a policy without counters."""
-        self.policy.reset_counters()
+        if not self.policy.capabilities.keeps_counters:
+            raise Unsupported(f"policy {self.policy.name!r} keeps no counters: there is nothing to reset")
+        self.policy.reset_counters(self.accounts.values())
 
     def view(self) -> LedgerView:
         """Every tenant's numbers, read consistently (O(tenants))."""
-        p = self.policy
+        counter_of = self.policy.counter_of
         return LedgerView(
-            p.name,
+            self.policy.name,
             {
-                a.tenant: TenantView(a.tenant, a.weight, p.counter_of(a.tenant), a.service, a.queued, a.running)
+                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running)
                 for a in self.accounts.values()
             },
         )

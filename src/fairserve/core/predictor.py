@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+
 import numpy as np
 
 from .request import Request
@@ -51,9 +52,9 @@ class NoisyOraclePredictor(OraclePredictor):
 
 
 class MovingAveragePredictor(Predictor):
-    """The paper artifact's practical predictor: per client, a moving average of finished output lengths with
+    """The paper artifact's practical predictor: per tenant, a moving average of finished output lengths with
     window 5, kept as `avg = (avg * (window - 1) + latest) / window` and seeded with the first observed length.
-    A client with no finished request yet is predicted 0 (charged as it decodes, like plain VTC).
+    A tenant with no finished request yet is predicted 0 (charged as it decodes, like plain VTC).
     Predictions are capped by the request's max tokens."""
 
     name = "moving-average"
@@ -65,11 +66,11 @@ class MovingAveragePredictor(Predictor):
         self.average: dict[str, float] = {}
 
     def predict(self, req: Request) -> int:
-        return _cap(req, round(self.average.get(req.client, 0.0)))
+        return _cap(req, round(self.average.get(req.tenant, 0.0)))
 
     def observe(self, req: Request, output_tokens: int) -> None:
-        old = self.average.get(req.client)
-        self.average[req.client] = (
+        old = self.average.get(req.tenant)
+        self.average[req.tenant] = (
             output_tokens if old is None else (old * (self.window - 1) + output_tokens) / self.window
         )
 

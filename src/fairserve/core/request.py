@@ -1,18 +1,17 @@
-"""A request as the scheduling core sees it: who sent it, how big it is, and what has been charged for it."""
+"""A request as the scheduling core sees it: which tenant sent it, how big it is, and what has been charged for it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import Any
 
-if TYPE_CHECKING:
-    from .ledger import Account
+from .account import Account
 
 
-class RequestState(str, Enum):
-    QUEUED = "queued"  # waiting for admission (this is what makes a client "backlogged")
-    RUNNING = "running"  # admitted by the policy, being served by the engine
+class RequestState(StrEnum):
+    QUEUED = "queued"  # waiting for admission (this is what makes a tenant "backlogged")
+    RUNNING = "running"  # admitted, being served by the engine
     FINISHED = "finished"
     ABORTED = "aborted"  # cancelled by the client or the driver
     REJECTED = "rejected"  # refused at arrival (e.g. an RPM limit)
@@ -20,26 +19,26 @@ class RequestState(str, Enum):
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class Request:
-    """One request. The driver fills the first block; the policy owns the accounting block.
+    """One request. The driver fills the first block; the ledger owns the accounting block.
 
     `eq=False`: requests are compared and hashed by identity, so they can key dicts and sets.
     """
 
-    id: object
-    client: str
+    id: Any
+    tenant: str
     prompt_tokens: int
     max_tokens: int | None = None
     predicted_output: int | None = None  # the driver's hint (the simulator passes the true length: the oracle)
     arrival_s: float = 0.0
     item: Any = field(default=None, repr=False)  # the driver's own object (a gateway ticket, an engine's request)
 
-    # accounting, written only by the policy
-    account: Account | None = field(default=None, repr=False)  # the client's account, set at arrival
+    # accounting, written only by the ledger
+    account: Account = field(default=None, repr=False)  # type: ignore[assignment]  # the tenant's, set at arrival
     state: RequestState = RequestState.QUEUED
     admitted: bool = False  # admitted at least once (a preempted, re-queued request keeps this)
     output_done: int = 0  # output tokens reported so far
     predicted: int = 0  # output tokens charged ahead at admission (vtc-predict)
-    charged: float = 0.0  # total cost charged to the client for this request so far
+    charged: float = 0.0  # total cost charged to the tenant for this request so far
     admission: float = 0.0  # what its latest pop() charged (0 when it was re-admitted after a preemption)
     seq: int = 0  # arrival order, for deterministic ties
 

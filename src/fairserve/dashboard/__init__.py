@@ -73,8 +73,8 @@ class History:
             tenants = sorted(self.samples[-1].service) if self.samples else []  # the configured tenants
             self._rates = (
                 [round(s.t - last, 3) for s in samples],
-                {t: [_round(s.rate.get(t)) for s in samples] for t in tenants},
-            )  # type: ignore[union-attr]
+                {t: [_round((s.rate or {}).get(t)) for s in samples] for t in tenants},
+            )
         return self._rates
 
 

@@ -15,12 +15,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
+from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..api.streaming import EventStream
-from ..core import RequestState
+from ..core import DEFAULT_TENANT, RequestState
 from .config import EmulatorConfig, Fault
 from .driver import Emulator, Job, TooLarge
 from .prometheus import make_registry
-from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 
 CLIENT_HEADER = "X-Fairserve-Client"
 POLL_S = 0.05  # how often a non-streaming or hung request checks that its client is still there
@@ -65,7 +65,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
             "status": "ok",
             "model": config.model,
             "running": len(emulator.engine.running),
-            "waiting": emulator.engine.policy.num_queued,
+            "waiting": emulator.engine.ledger.num_queued,
         }
 
     @app.get("/metrics")
@@ -95,7 +95,7 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
         prompt_tokens=call.prompt_tokens,
         include_usage=call.include_usage,
     )
-    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or "anonymous", call.prompt_tokens, call.max_tokens)
+    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or DEFAULT_TENANT, call.prompt_tokens, call.max_tokens)
     if job.req.state is RequestState.REJECTED:
         em.close(job, "rejected")
         return error_response(429, f"Rejected by the engine's policy {em.config.policy!r}.", code="rate_limited")
@@ -115,7 +115,7 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
             return Response(status_code=499)
         if drop_after is not None:
             em.close(job, "dropped")
-            return DroppedResponse(JSONResponse(reply.body(job.delivered)).body)
+            return DroppedResponse(bytes(JSONResponse(reply.body(job.delivered)).body))
         em.close(job, "finished")
         return JSONResponse(reply.body(job.delivered))
     finally:
@@ -192,7 +192,7 @@ async def _invalid(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers) if exc.headers else None)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..api.config import split_listen
-from ..core import POLICIES
-from ..sim.latency import DEFAULT_LATENCY_MODEL, default_kv_tokens
+from ..core import describe
+from ..sim.latency import DEFAULT_LATENCY_PROFILE, default_kv_tokens
 from .config import ENGINE_MODES, EmulatorConfig
 
 LISTEN = "127.0.0.1:8001"
@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument(
         "--profile",
-        default=DEFAULT_LATENCY_MODEL,
+        default=DEFAULT_LATENCY_PROFILE,
         metavar="NAME",
         help="latency profile: a10g-llama2-7b, constant, or MODEL@GPU (see `fairserve simulate`)",
     )
@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--policy",
         default="fcfs",
         metavar="P",
-        help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {', '.join(POLICIES)}",
+        help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {describe()}",
     )
     p.add_argument("--model", default=EmulatorConfig.model, help="the model name /v1/models lists")
     p.add_argument("--error-rate", type=float, default=0.0, metavar="P", help="fraction answered 500 at once")

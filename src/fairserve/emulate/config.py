@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
-from ..core import make_policy
-from ..sim.latency import DEFAULT_LATENCY_MODEL, get_latency_model
+from ..core import check_policy
+from ..sim.latency import DEFAULT_LATENCY_PROFILE, get_latency_model
 from ..workloads import DEFAULT_KV_TOKENS
 
 ENGINE_MODES = ("reserve", "paged")
@@ -18,7 +18,7 @@ ENGINE_MODES = ("reserve", "paged")
 class EmulatorConfig:
     model: str = "fairserve-emulated"  # the name /v1/models lists
     time_scale: float = 1.0  # simulated seconds per wall second (10 = ten times faster)
-    profile: str = DEFAULT_LATENCY_MODEL  # latency profile, as `fairserve.sim.get_latency_model` names it
+    profile: str = DEFAULT_LATENCY_PROFILE  # latency profile, as `fairserve.sim.get_latency_model` names it
     kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool of the simulated engine
     engine_mode: str = "reserve"  # "reserve" | "paged"
     policy: str = "fcfs"  # the engine's own scheduler; fairness is the gateway's job
@@ -44,10 +44,10 @@ class EmulatorConfig:
         if not (math.isfinite(self.extra_latency_s) and self.extra_latency_s >= 0):
             raise ValueError(f"extra_latency_s must be a finite number >= 0, got {self.extra_latency_s}")
         get_latency_model(self.profile)  # ValueError naming the known profiles
-        make_policy(self.policy)  # ValueError naming the known policies
+        check_policy(self.policy)  # ValueError naming the known policies
 
 
-class Fault(str, Enum):
+class Fault(StrEnum):
     NONE = "none"
     ERROR = "error"
     DROP = "drop"

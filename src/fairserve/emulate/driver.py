@@ -13,9 +13,10 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
-from ..core import RequestState, make_policy
-from ..sim import SimEngine, SimRequest, engine_config, get_latency_model
+from ..core import Ledger, RequestState, make_policy
+from ..sim import Mode, SimEngine, SimRequest, engine_config, get_latency_model
 from .config import EmulatorConfig, FaultDraw
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,9 @@ class Emulator:
         self.config = config
         # NOTE: the preset's whole server (its pool, longer tokenized prompts, per-client admission reserve)
         self.engine = SimEngine(
-            make_policy(config.policy),
+            Ledger(make_policy(config.policy)),
             get_latency_model(config.profile),
-            engine_config(config.profile, config.kv_tokens, config.engine_mode),
+            engine_config(config.profile, config.kv_tokens, cast(Mode, config.engine_mode)),  # validated by the config
         )
         self.draw_fault = FaultDraw(config)
         self.jobs: dict[str, Job] = {}  # by request id, most recent KEEP_JOBS (finished ones too)
@@ -103,7 +104,7 @@ class Emulator:
         eng.now = max(eng.now, self.sim_now())
         req = SimRequest(
             id=id,
-            client=client,
+            tenant=client,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             output_tokens=max_tokens,

@@ -31,7 +31,7 @@ class EmulatorCollector(Collector):
             return c
 
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(eng.running))
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.policy.num_queued)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", eng.ledger.num_queued)
         yield gauge(
             "vllm:gpu_cache_usage_perc", "KV-cache usage (1 means 100 percent).", eng.kv_used / eng.config.kv_tokens
         )

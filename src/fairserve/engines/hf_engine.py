@@ -14,15 +14,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import ContinuousBatchingConfig, GenerationConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
 
-from ..core import Policy
+from ..core import Policy, TenantView
 from .hf_scheduler import FairScheduler, register, unregister
-from .queue import ClientAccount, EngineQueue, request_id_for
+from .queue import EngineQueue, request_id_for
 
 log = logging.getLogger("fairserve.engine")
 
@@ -91,10 +92,11 @@ class HFEngine:
         policy: Policy | None,  # noqa: ANN001
         sizing: EngineSizing | None = None,
         tenants: tuple[str, ...] = (),
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.sizing = (sizing or EngineSizing()).validate()
-        self.queue: EngineQueue | None = EngineQueue(policy, tenants) if policy is not None else None
+        self.queue: EngineQueue | None = EngineQueue(policy, tenants, weights) if policy is not None else None
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
         # NOTE: every request passes its own max_new_tokens
@@ -104,7 +106,7 @@ class HFEngine:
             pad_token_id=self.eos_token_id if self.eos_token_id is not None else 0,
         )
         self._scheduler_name: str | None = None
-        self.manager = None
+        self.manager: Any = None  # transformers' ContinuousBatchingManager, once started
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -213,5 +215,5 @@ class HFEngine:
         return why or "the engine is not accepting requests"
 
     # ---- accounts -----------------------------------------------------------------------------------------------
-    def accounts(self) -> dict[str, ClientAccount]:
+    def accounts(self) -> dict[str, TenantView]:
         return self.queue.accounts() if self.queue is not None else {}

@@ -47,9 +47,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def random_llama(preset: RandomPreset, vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
@@ -72,8 +72,8 @@ def random_llama(preset: RandomPreset, vocab_size: int, seed: int = 0) -> LlamaF
 def load_model(spec: str, seed: int = 0, dtype: str = "auto"):  # noqa: ANN201 (model, tokenizer)
     """`spec`: a preset name (see PRESETS) or a local model directory. Never downloads."""
     if spec in PRESETS:
-        tokenizer = byte_tokenizer()
-        return random_llama(PRESETS[spec], len(tokenizer), seed), tokenizer
+        byte_level = byte_tokenizer()
+        return random_llama(PRESETS[spec], len(byte_level), seed), byte_level
     path = Path(spec).expanduser()
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelError(

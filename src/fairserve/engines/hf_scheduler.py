@@ -38,7 +38,8 @@ def register(queue: EngineQueue[RequestState]) -> str:
     """Register a scheduler bound to `queue`; returns its `scheduler_type` name. transformers silently falls back to
     FIFO on unknown names: check that the scheduler it instantiated is a `FairScheduler` (`HFEngine.start` does)."""
     name = f"fairserve-{next(_names)}"
-    hf_scheduler.SCHEDULER_MAPPING[name] = type("BoundFairScheduler", (FairScheduler,), {"queue": queue})
+    bound: type[FairScheduler] = type("BoundFairScheduler", (FairScheduler,), {"queue": queue})
+    hf_scheduler.SCHEDULER_MAPPING[name] = bound
     return name
 
 
@@ -90,7 +91,7 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         if state is not None:
             self._ending[request_id] = state
 
-    def _settle(self) -> None:
+    def _finish_ended(self) -> None:
         """Finish, in the policy, the requests that ended and did not come back as evicted."""
         while self._ending:
             rid, state = self._ending.popitem()
@@ -106,7 +107,7 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
         return cancelled
 
     def has_pending_requests(self) -> bool:
-        self._settle()
+        self._finish_ended()
         return super().has_pending_requests()
 
     def reset(self) -> None:
@@ -119,7 +120,7 @@ class FairScheduler(hf_scheduler.FIFOScheduler):
     def schedule_batch(
         self, token_budget: int, cache_budget: int
     ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
-        self._settle()
+        self._finish_ended()
         decoding = [s for s in self.active_requests.values() if s.status == RequestStatus.DECODING]
         prefilling = [s for s in self.active_requests.values() if s.status == RequestStatus.PREFILLING]
         left_waiting: set[str] = set()

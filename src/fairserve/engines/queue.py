@@ -19,16 +19,15 @@ same request holds it across the three (uncontended: ~0.1 µs).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Generic, TypeVar
 
 from ..core import DEFAULT_TENANT, Ledger, LedgerView, Policy, Request, RequestState, TenantView
 
 T = TypeVar("T")
 
+CLIENT_ARG = "fairserve_client"  # the key of a vLLM request's extra args (`vllm_xargs`) naming its tenant
 CLIENT_SEP = "::"  # request id = "<client>::<unique part>"
-DEFAULT_CLIENT = DEFAULT_TENANT  # requests whose id names no client
-ClientAccount = TenantView  # what `accounts()` returns per client
 
 
 def request_id_for(client: str, unique: str) -> str:
@@ -40,16 +39,21 @@ def request_id_for(client: str, unique: str) -> str:
 
 def client_of(request_id: str) -> str:
     client, sep, _ = str(request_id).partition(CLIENT_SEP)
-    return client if sep and client else DEFAULT_CLIENT
+    return client if sep and client else DEFAULT_TENANT
 
 
 class EngineQueue(Generic[T]):
     """Requests waiting in (and admitted by) one engine, in the order of `policy`."""
 
-    def __init__(self, policy: Policy, tenants: tuple[str, ...] = ()) -> None:
-        self.ledger = Ledger(policy, tenants)
-        self.policy = policy
+    def __init__(
+        self, policy: Policy, tenants: tuple[str, ...] = (), weights: Mapping[str, float] | None = None
+    ) -> None:
+        self.ledger = Ledger(policy, tenants, weights)
         self.lock = threading.RLock()
+
+    @property
+    def policy(self) -> Policy:
+        return self.ledger.policy
 
     # ---- arrivals and admission ---------------------------------------------------------------------------------
     def arrive(
@@ -138,7 +142,7 @@ class EngineQueue(Generic[T]):
     # ---- inspection ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Requests waiting for admission."""
-        return self.policy.num_queued
+        return self.ledger.num_queued
 
     def __contains__(self, request_id: object) -> bool:
         """Whether `request_id` is waiting for admission."""
@@ -157,7 +161,7 @@ class EngineQueue(Generic[T]):
         with self.lock:
             return self.ledger.view()
 
-    def accounts(self) -> dict[str, ClientAccount]:
+    def accounts(self) -> dict[str, TenantView]:
         """Every client's counter, service, queued and running requests, read consistently (O(clients))."""
         return self.view().tenants
 

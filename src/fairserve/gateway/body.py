@@ -10,20 +10,13 @@ import orjson
 
 from ..api.protocol import MAX_INT, BadRequest, parse_json, parse_request
 from ..api.tokens import TokenCounter, estimate_tokens
+from ..engines.queue import CLIENT_ARG
 
 CHAT, COMPLETIONS = "chat", "completions"
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 
 
 BodyError = BadRequest  # a request body the gateway refuses (400); `param` names the offending field
-
-
-def loads(data: bytes | str) -> Any:
-    """JSON, by orjson when it can (it refuses a few things json accepts: NaN, lone surrogates, huge ints)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 @dataclass(slots=True)
@@ -48,9 +41,6 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"")
 
 
-ENGINE_CLIENT_KEY = "fairserve_client"  # what fairserve's vLLM scheduler reads from `vllm_xargs`
-
-
 def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
     """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage), plus
     with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client": TENANT}`), so that the
@@ -58,7 +48,7 @@ def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
     body = parsed.body
     if engine_client is not None:
         xargs = body.get("vllm_xargs")
-        body = {**body, "vllm_xargs": {**(xargs if isinstance(xargs, dict) else {}), ENGINE_CLIENT_KEY: engine_client}}
+        body = {**body, "vllm_xargs": {**(xargs if isinstance(xargs, dict) else {}), CLIENT_ARG: engine_client}}
         parsed = replace(parsed, body=body, raw=b"")
     if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
         return parsed.raw  # nothing to change: the client's bytes as they are
@@ -84,12 +74,15 @@ def delta_tokens(chunk: dict[str, Any], kind: str, count: TokenCounter = estimat
             continue
         text = ""
         if kind == COMPLETIONS:
-            text = choice.get("text") if isinstance(choice.get("text"), str) else ""
+            value = choice.get("text")
+            text = value if isinstance(value, str) else ""
         else:
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            found = choice.get("delta")
+            delta: dict[str, Any] = found if isinstance(found, dict) else {}
             for field in ("content", "reasoning_content", "reasoning", "refusal"):
-                if isinstance(delta.get(field), str):
-                    text += delta[field]
+                part = delta.get(field)
+                if isinstance(part, str):
+                    text += part
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):

@@ -9,6 +9,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..core import describe
 from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import GatewayConfig, load_config
 
@@ -103,7 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "adaptive=1: limit its in-flight requests "
         "from its /metrics (vLLM, SGLang, llama.cpp)",
     )
-    g.add_argument("--policy", metavar="P", help="vtc (default), vtc-predict, fcfs, rpm:N, lcf, drr:Q")
+    g.add_argument("--policy", metavar="P", help=f"the scheduling policy, default vtc: {describe()}")
     add_server_arguments(g)
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
     g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")

@@ -15,7 +15,7 @@ from ..api.config import build_config as _build
 from ..api.config import load_config as _load
 from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
-from ..core import make_policy
+from ..core import check_policy, policy_names
 from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
 
 
@@ -126,7 +126,7 @@ class GatewayConfig(TenantsMixin, Strict):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        make_policy(v)  # raises ValueError naming the valid policies
+        check_policy(v)  # raises ValueError naming the valid policies
         return v
 
     @field_validator("health_path")
@@ -160,10 +160,11 @@ class GatewayConfig(TenantsMixin, Strict):
         ):
             raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
         if self.state is not None:
-            if self.policy.split(":")[0] not in ("vtc", "weighted-vtc", "vtc-predict", "lcf"):
+            entry, _ = check_policy(self.policy)
+            if not entry.capabilities.shares_counters:
+                sharing = ", ".join(n for n in policy_names() if check_policy(n)[0].capabilities.shares_counters)
                 raise ValueError(
-                    f"state: shared state needs a policy with virtual counters (vtc, vtc-predict, "
-                    f"lcf), not {self.policy!r}"
+                    f"state: shared state needs a policy that shares its counters ({sharing}), not {self.policy!r}"
                 )
             if any(b.adaptive for b in self.backends):
                 raise ValueError(

@@ -120,7 +120,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
             "503": _json(health, "no backend is healthy (`reason` says why)"),
         },
     }
-    admin = [{"bearer": []}]
+    admin: list[dict[str, list[str]]] = [{"bearer": []}]
     metrics_responses: dict[str, Any] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }

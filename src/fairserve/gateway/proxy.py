@@ -11,17 +11,17 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
+from ..api.protocol import parse_json
 from ..api.streaming import shutting_down
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
-from .body import loads as json_loads
 from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket
 
 RETRYABLE = {408, 429}  # and every 5xx: another backend may do better
 WATCH_AFTER_S = 0.02  # when a request starts watching for its client's disconnect
-DISCONNECTED = 499  # nginx's "client closed request"; nobody is left to read it
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -44,38 +44,6 @@ class Failed(Exception):
         )
 
 
-class _Gone(Exception):
-    """The client went away before its body was read."""
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float = 30.0) -> bytes | None:
-    """The body, or None if it is larger than `limit` bytes (not read any further then). TimeoutError if it took
-    longer than `timeout_s` (a stalled upload)."""
-    async with asyncio.timeout(timeout_s):
-        return await _read_body(scope, receive, limit)
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            if value.isdigit() and int(value) > limit:
-                return None
-            break
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Gone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 class Proxy:
     def __init__(self, sched: Scheduler, upstream: Any) -> None:
         self.sched = sched
@@ -86,21 +54,11 @@ class Proxy:
         sched, metrics = self.sched, self.sched.metrics
         try:
             raw = await read_body(scope, receive, self.cfg.max_body_bytes, self.cfg.client_timeout_s)
-        except _Gone:
+        except ClientGone:
             return await Response(status_code=DISCONNECTED)(scope, receive, send)
-        except TimeoutError:
-            metrics.requests.labels(tenant, "client_timeout").inc()
-            return await error_response(
-                408,
-                f"the request body did not arrive within {self.cfg.client_timeout_s:g} s",
-                code="request_timeout",
-                headers={"Connection": "close"},
-            )(scope, receive, send)
-        if raw is None:
-            metrics.requests.labels(tenant, "invalid").inc()
-            return await error_response(
-                413, f"the request body is larger than {self.cfg.max_body_bytes} bytes", code="body_too_large"
-            )(scope, receive, send)
+        if isinstance(raw, Response):  # 408 (a stalled upload) or 413
+            metrics.requests.labels(tenant, "client_timeout" if raw.status_code == 408 else "invalid").inc()
+            return await raw(scope, receive, send)
         try:
             parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
@@ -116,10 +74,10 @@ class Proxy:
                 headers={"Retry-After": "1"},
             )(scope, receive, send)
         if refused is not None:
-            window = round(sched.policy.retry_after_s)
+            window = round(sched.ledger.policy.retry_after_s)
             return await error_response(
                 429,
-                f"tenant {tenant!r} is over its request rate ({sched.policy.name})",
+                f"tenant {tenant!r} is over its request rate ({sched.ledger.policy.name})",
                 code="rate_limited",
                 headers={"Retry-After": str(window)},
             )(scope, receive, send)
@@ -164,7 +122,7 @@ class Proxy:
                 watcher.cancel()
             # NOTE: the one place an accepted request ends: the ending its path recorded (a stream records "ok"
             # before its last bytes, as the client may hang up the moment it reads them), else how it was cut off
-            sched.settle(ticket, ticket.ending or Ending(default))
+            sched.close(ticket, ticket.ending or Ending(default))
 
     async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
@@ -234,7 +192,7 @@ class Proxy:
             if not parsed.stream:
                 content = await resp.read()
                 self.sched.backend_ok(backend)
-                return await self._settle(t, resp, content, kind)(scope, receive, send)
+                return await self._answer(t, resp, content, kind)(scope, receive, send)
             relay = Relay(self.sched, t, resp, kind, parsed.wants_usage)
             await relay.prefetch()
         except UpstreamFailed as e:
@@ -257,10 +215,10 @@ class Proxy:
         finally:
             relay.close()
 
-    def _settle(self, t: Ticket, resp: UpstreamResponse, content: bytes, kind: str) -> Response:
+    def _answer(self, t: Ticket, resp: UpstreamResponse, content: bytes, kind: str) -> Response:
         try:
-            doc = json_loads(content)
-        except (ValueError, RecursionError):
+            doc = parse_json(content)
+        except ValueError:
             doc = None
         prompt, output = usage_of(doc)
         if output is None:

@@ -1,7 +1,9 @@
 """The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
 (`shared_state.py` calls them; the key layout is described there)."""
 
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), hold_ms, epoch, since, then counted sections:
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), hold_ms, now_ms, epoch, since, then counted
+# sections:
+#   (now_ms: the time expiries are measured in; "" for Redis's own clock, a test's clock otherwise)
 #   (epoch, since: what this replica last read, as the data's epoch (set when Redis starts it) and its change number:
 #    the answer carries only the tenants changed since then; all of them when the epoch differs. A replica that had
 #    an epoch and finds none, finds that Redis lost its data: for hold_ms no lease grows beyond what its replica has
@@ -21,15 +23,15 @@
 
 SYNC_LUA = """
 local p, rid, ttl, reset, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local epoch, since = ARGV[6], ARGV[7]
+local epoch, since = ARGV[7], ARGV[8]
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local i = 7
+local now = tonumber(ARGV[6]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local i = 8
 local current = redis.call('GET', p .. ':e')
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
-  if epoch ~= '' then redis.call('SET', p .. ':hold', '1', 'PX', hold_ms) end
+  if epoch ~= '' then redis.call('SET', p .. ':hold', now + hold_ms) end
 end
 local seq = nil
 local function touch(tenant)
@@ -39,7 +41,7 @@ end
 local function nxt() i = i + 1; return ARGV[i] end
 local fmt = '%.17g'
 redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
-local hold = redis.call('EXISTS', p .. ':hold') == 1
+local hold = tonumber(redis.call('GET', p .. ':hold') or '-1') > now
 redis.call('ZADD', p .. ':r', now + ttl, rid)
 if reset == '1' then
   local all = redis.call('HKEYS', p .. ':c')

@@ -23,8 +23,8 @@ import yarl
 from aiohttp.helpers import get_env_proxy_for_url
 
 from ..api.errors import error_body
-from ..api.protocol import sse
-from .body import delta_tokens, loads, usage_of
+from ..api.protocol import parse_json, sse
+from .body import delta_tokens, usage_of
 from .scheduler import Ending, Scheduler, Ticket
 
 
@@ -38,12 +38,11 @@ class UpstreamFailed(Exception):
 
 class UpstreamError(Exception):
     """The upstream hop failed: `kind` names how (ConnectError, ConnectTimeout, ReadTimeout, ReadError,
-    RemoteProtocolError); `unreachable`: no connection could be made."""
+    RemoteProtocolError)."""
 
     def __init__(self, kind: str, detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
-        self.unreachable = kind in ("ConnectError", "ConnectTimeout")
 
 
 # ---- the upstream hop ------------------------------------------------------------------------------------------------
@@ -242,8 +241,8 @@ class Relay:
             self._done = True
             return raw, 0, False
         try:
-            doc = loads(data)
-        except (ValueError, RecursionError):
+            doc = parse_json(data)
+        except ValueError:
             return raw, 0, False
         if not isinstance(doc, dict):
             return raw, 0, False
@@ -337,17 +336,17 @@ class Relay:
         except UpstreamError as e:
             self._broke()
             if e.kind == "ReadTimeout":
-                event = error_body(
+                failure = error_body(
                     504,
                     f"the backend sent nothing for {self.upstream.read_timeout:g} s mid-stream; "
                     "the response is incomplete",
                     code="backend_timeout",
                 )
             else:
-                event = error_body(
+                failure = error_body(
                     502, f"the backend failed mid-stream ({e.kind}); the response is incomplete", code="backend_error"
                 )
-            out.append(sse(event))
+            out.append(sse(failure))
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
             return
         if not self._done:

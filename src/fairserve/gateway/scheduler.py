@@ -18,12 +18,12 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.tokens import token_counter
-from ..core import Ledger, LedgerView, Policy, Request, make_policy
+from ..core import Ledger, LedgerView, Request, make_policy
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
@@ -75,9 +75,31 @@ class Backend:
         return self.requests / max(self.limit, 1), self.tokens / limit if limit else 0.0
 
 
+def claim(
+    backends: list[Backend],
+    req: Request,
+    tokens: int,
+    shared: SharedState | None = None,
+    tried: Collection[str] = (),
+) -> Backend | None:
+    """The capacity check: the least-loaded backend that is up, has not failed `req` (`tried`) and has room for one
+    more request of `tokens` capacity tokens, which is then taken on it; None if there is none, or if shared state
+    says another replica's tenant comes first."""
+    if shared is not None and not shared.may_admit(req):
+        return None
+    now = time.monotonic()
+    room = [b for b in backends if b.url not in tried and b.down_until <= now and b.room_for(tokens)]
+    if not room:
+        return None
+    b = min(room, key=Backend.load)
+    b.requests += 1
+    b.tokens += tokens
+    return b
+
+
 @dataclass(frozen=True)
 class Ending:
-    """How an accepted request ended, as the proxy learned it; `Scheduler.settle` books it."""
+    """How an accepted request ended, as the proxy learned it; `Scheduler.close` books it."""
 
     outcome: str  # ok, timeout, client_disconnected, backend_error, backend_rejected, ...
     prompt: int | None = None  # the backend's `usage`, when it reported one
@@ -100,7 +122,7 @@ class Ticket:
     tried: set[str] = field(default_factory=set)  # backends that failed it
     deadline: float = math.inf  # it leaves the queue (503) if still queued then
     lost: int = 0  # connections lost before any output (MAX_LOST)
-    ending: Ending | None = None  # recorded by the proxy, booked once by `Scheduler.settle`
+    ending: Ending | None = None  # recorded by the proxy, booked once by `Scheduler.close`
     outcome: str | None = None  # the outcome booked
 
 
@@ -109,9 +131,7 @@ class Scheduler:
         self.cfg = cfg
         self.metrics = metrics
         self.count_tokens = token_counter(cfg.tokenizer)
-        self.policy: Policy = make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
         self.tenants = [t.name for t in cfg.tenants]
-        self.ledger = Ledger(self.policy, self.tenants)
         self.backends = [Backend(b) for b in cfg.backends]
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
@@ -121,7 +141,6 @@ class Scheduler:
         self.shared = (
             SharedState(
                 StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s),
-                self.ledger,
                 self.backends,
                 tokens_of=lambda r: r.item.tokens,
                 on_change=self.dispatch,
@@ -129,6 +148,8 @@ class Scheduler:
             if cfg.state is not None
             else None
         )
+        policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
+        self.ledger = Ledger(policy, self.tenants, cfg.weights(), peers=self.shared)
 
     def _metric(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
@@ -174,17 +195,8 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------------------------
     def _fits(self, req: Request) -> bool:
         t: Ticket = req.item
-        if self.shared is not None and not self.shared.may_admit(req):
-            return False
-        now = time.monotonic()
-        room = [b for b in self.backends if b.url not in t.tried and b.down_until <= now and b.room_for(t.tokens)]
-        if not room:
-            return False
-        b = min(room, key=Backend.load)
-        b.requests += 1
-        b.tokens += t.tokens
-        t.backend = b
-        return True
+        t.backend = claim(self.backends, req, t.tokens, self.shared, t.tried)
+        return t.backend is not None
 
     def dispatch(self) -> None:
         now = time.monotonic()
@@ -192,15 +204,16 @@ class Scheduler:
             t: Ticket = req.item
             self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
             if not t.admitted.done():
+                assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
-        if self.shared is not None and self.policy.num_queued:
+        if self.shared is not None and self.ledger.num_queued:
             self.shared.waiting()
         self._wake_after_cooldown(now)
 
     def _wake_after_cooldown(self, now: float) -> None:
         """While a backend cools down, dispatch again when it is back, so queued requests are not stranded."""
         later = [b.down_until for b in self.backends if now < b.down_until < math.inf]
-        if not later or not self.policy.num_queued:
+        if not later or not self.ledger.num_queued:
             return
         at = min(later) + 0.01
         if self._wakeup is not None:
@@ -293,7 +306,7 @@ class Scheduler:
             b.tokens -= t.tokens
 
     # ---- the one ending of every accepted request -----------------------------------------------------------------
-    def settle(self, t: Ticket, ending: Ending) -> bool:
+    def close(self, t: Ticket, ending: Ending) -> bool:
         """Book how `t` ended: its ledger entry is settled (ok: reconciled to the usage given; otherwise charged what
         it produced, or nothing with `refund`), its backend slot freed, its outcome counted. Exactly once: False if
         it was settled already."""

@@ -5,8 +5,9 @@ Every replica pointing at the same Redis URL shares:
 - which tenants are backlogged on which live replica (sorted set `P:b`, member `tenant\\nreplica`, scored by the
   time it expires): a dead replica's backlog is gone within `ttl_s`;
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases of all live replicas never add up to more than the
-  backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead replica's lease stops counting after `ttl_s`;
+  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases
+  of all live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and
+  a dead replica's lease stops counting after `ttl_s`;
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of the sync that last changed it): a sync answers only the tenants changed since the
   replica's last answer, so its cost follows the changes, not the number of tenants;
@@ -16,12 +17,13 @@ Every replica pointing at the same Redis URL shares:
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
 within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
 request waits for a lease): one Lua script, one round trip, which adds this replica's charges since the last sync,
-refreshes its backlog and liveness, resizes its leases, and answers every tenant's global counter, service and
-weight, who is backlogged elsewhere, and the new leases. The replica then writes the global values into its ledger
-(`Ledger.apply_remote`) and its leases into its backends' limits.
+refreshes its backlog and liveness, resizes its leases, and answers the global counter, service and weight of every
+tenant changed since this replica's last answer, who is backlogged elsewhere, and the new leases. The replica then
+writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_weight`) and its leases into its
+backends' limits.
 
-Fairness across replicas: the counter lift uses the smallest counter among tenants backlogged anywhere (the VTC's
-`lift_floor` hook), and a replica admits its queue's head only while that head's counter is no larger than the
+Fairness across replicas: this is the ledger's `Peers`; the counter lift uses the smallest counter among tenants
+backlogged anywhere (`lift_floor`), and a replica admits its queue's head only while that head's counter is no larger than the
 smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not admit shrinks its
 lease to what it has in flight, so the capacity flows to the replica holding the globally smallest counter.
 
@@ -47,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core import Ledger, Request, VTC
+from ..core import Account, Ledger, Request
 from .config import redact
 from .redis_scripts import LEAVE_LUA, SYNC_LUA
 
@@ -85,41 +87,39 @@ class StateSettings:
 
 class SharedState:
     """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
-    starts the sync task; `stop()` leaves. The scheduler calls `may_admit` (synchronous, no I/O), `poke` when a
-    queued request waits for a lease, `set_weight` and `reset` (admin); everything else happens in `sync()`."""
+    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger attaches itself
+    (`Ledger(..., peers=shared)`) and asks it for the lift's floor. The scheduler calls `may_admit` (synchronous, no
+    I/O), `waiting` when a queued request waits for a lease, `set_weight` and `reset` (admin); everything else
+    happens in `sync()`."""
 
     def __init__(
         self,
         settings: StateSettings,
-        ledger: Ledger,
         backends: Sequence[BackendSlot],
         tokens_of: Callable[[Request], int],
         on_change: Callable[[], None] = lambda: None,
         replica: str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
-        if not isinstance(ledger.policy, VTC):
-            raise ValueError(
-                f"shared state needs a policy with virtual counters (vtc, vtc-predict, lcf), not {ledger.policy.name!r}"
-            )
         self.settings = settings
-        self.ledger = ledger
-        self.policy: VTC = ledger.policy
+        # NOTE: injectable, so tests step time instead of sleeping; every replica sharing a Redis must then share it,
+        # since it also measures the expiries in Redis (None: time.monotonic here, Redis's own clock there)
+        self.clock = clock or time.monotonic
+        self._redis_now = clock is not None
         self.backends = list(backends)
         self.tokens_of = tokens_of  # the capacity tokens a queued request will take on a backend
         self.on_change = on_change  # called after a sync changed leases or counters (the scheduler dispatches)
         self.replica = replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.up = False  # the last sync reached Redis
         self.round_trips = 0  # syncs sent (each one round trip)
-        self.last_sync = 0.0  # time.monotonic() of the last successful sync
-        self.lease_until = 0.0  # time.monotonic() until which the leases of the last sync surely count
+        self.last_sync = 0.0  # self.clock() of the last successful sync
+        self.lease_until = 0.0  # self.clock() until which the leases of the last sync surely count
         self.replicas = 1  # live replicas at the last sync
         self._elsewhere: frozenset[str] = frozenset()  # tenants backlogged on another live replica
-        self._base_service: dict[str, float] = {}  # each tenant's global service at the last sync
         self._epoch, self._seq = "", 0  # what the last answer was up to (only later changes are sent)
         self._restore = False  # send every tenant next time: Redis lost its data
-        self._lift: dict[str, float] = {}  # lifts since the last sync, net of the charges before them
         self._weights: dict[str, float] = {}  # admin changes not yet sent
-        self._seed = dict(ledger.policy.weights)  # configured weights: set in Redis if not set there
+        self._seed: dict[str, float] = {}  # configured weights: set in Redis if not set there (`attach`)
         self._reset = False
         self._mean_tokens = 0.0  # of requests seen, for the token lease's headroom
         self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
@@ -130,7 +130,7 @@ class SharedState:
         self._stopping = False
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
-        self.policy.lift_floor = self.lift_floor
+        self.ledger: Ledger = None  # type: ignore[assignment]  # NOTE: the ledger attaches itself (`attach`)
 
     # ---- life -----------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,7 +173,6 @@ class SharedState:
                 pass
             await self._client.aclose()
             self._client = None
-        self.policy.lift_floor = None
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -186,25 +185,28 @@ class SharedState:
             self._wake.clear()
             await self.sync()
 
-    def poke(self) -> None:
-        """Sync soon: a queued request waits for a lease."""
-        self._wake.set()
+    # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
+    def attach(self, ledger: Ledger) -> None:
+        """The ledger whose counters this replica shares (called by `Ledger(..., peers=self)`)."""
+        if not ledger.policy.capabilities.shares_counters:
+            raise ValueError(f"shared state needs a policy that shares its counters, not {ledger.policy.name!r}")
+        self.ledger = ledger
+        self._seed = dict(ledger.weights)
 
-    # ---- the hooks the scheduler and the policy call (synchronous, no I/O) --------------------------------------
-    def lift_floor(self, tenant: str, local_floor: float | None) -> float | None:
-        """VTC's lift: the smallest counter among tenants backlogged here or on another live replica."""
+    def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
+        """The lift's floor: the smallest counter among tenants backlogged here or on another live replica."""
         accounts = self.ledger.accounts
         floor = local_floor
         for other in self._elsewhere:
-            if other != tenant:
+            if other != acct.tenant:
                 c = accounts[other].counter if other in accounts else 0.0
                 if floor is None or c < floor:
                     floor = c
-        acct = accounts[tenant]
         if floor is not None and floor > acct.counter:
             # NOTE: net of the charges since the last sync, which the sync adds after applying the lift
-            net = floor - (acct.service - self._base_service.get(tenant, acct.service)) / acct.weight
-            self._lift[tenant] = max(self._lift.get(tenant, net), net)
+            base = acct.synced if acct.synced is not None else acct.service
+            net = floor - (acct.service - base) / acct.weight
+            acct.lift = net if acct.lift is None else max(acct.lift, net)
         return floor
 
     def floor_elsewhere(self) -> float | None:
@@ -225,7 +227,7 @@ class SharedState:
         """The scheduler's dispatch left requests queued: sync early if a larger lease could admit the head."""
         if not self.up or self._wake.is_set():
             return
-        head = self.policy.peek()
+        head = self.ledger.peek()
         if (
             head is not None
             and self.may_admit(head)
@@ -257,9 +259,9 @@ class SharedState:
         n = 0
         for tenant, acct in accounts.items():
             snap[tenant] = (acct.counter, acct.service)
-            base = self._base_service.get(tenant)
+            base = acct.synced
             ds = acct.service - base if base is not None else acct.service
-            lift = self._lift.get(tenant)
+            lift = acct.lift
             if not ds and lift is None and base is not None and not self._restore:
                 continue
             dc = ds / acct.weight
@@ -275,9 +277,9 @@ class SharedState:
         weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
         seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
         queued = [t for t, a in accounts.items() if a.queued]
-        head = self.policy.peek()
+        head = self.ledger.peek()
         eligible = head is not None and self.may_admit(head)
-        demand_r = self.policy.num_queued if eligible else 0
+        demand_r = self.ledger.num_queued if eligible else 0
         demand_t = sum(self.tokens_of(r) for r in self.ledger.queued()) if eligible else 0
         spare_r = s.spare if eligible or head is None else 0
         spare_t = int(spare_r * self._mean_tokens) + spare_r
@@ -297,6 +299,7 @@ class SharedState:
             int(s.ttl_s * 1000),
             "1" if self._reset else "0",
             int(s.hold_s * 1000),
+            int(self.clock() * 1000) if self._redis_now else "",
             self._epoch,
             self._seq,
             n,
@@ -319,20 +322,23 @@ class SharedState:
 
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
-        lifts, weights, reset = self._lift, self._weights, self._reset
-        self._lift, self._weights, self._reset = {}, {}, False
+        lifts = {a: a.lift for a in self.ledger.accounts.values() if a.lift is not None}
+        for a in lifts:
+            a.lift = None
+        weights, reset = self._weights, self._reset
+        self._weights, self._reset = {}, False
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
             b.limit, b.token_limit = keep_r, keep_t
-        sent = time.monotonic()
+        sent = self.clock()
         try:
             self.round_trips += 1
             reply = await self._sync_script(args=args)
         except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
             # the charges stay unflushed (the base did not move); lifts, weights and resets are sent again
-            for t, v in lifts.items():
-                self._lift[t] = max(v, self._lift.get(t, v))
+            for a, v in lifts.items():
+                a.lift = v if a.lift is None else max(v, a.lift)
             self._weights = {**weights, **self._weights}
             self._reset = self._reset or reset
             self._degrade(e)
@@ -342,7 +348,7 @@ class SharedState:
         if not self.up and self.last_sync:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
-        self.last_sync = time.monotonic()
+        self.last_sync = self.clock()
         self.lease_until = sent + self.settings.ttl_s
         self.on_change()
         return True
@@ -353,29 +359,28 @@ class SharedState:
         rows = [
             (_text(t), _num(c), _num(s), _num(w)) for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)
         ]
-        for tenant, _, _, w in rows:
-            if (
-                w is not None
-                and tenant in self.ledger.accounts
-                and tenant not in self._weights
-                and w != self.policy.weight(tenant)
-            ):
-                self.policy.set_weight(tenant, w)
-        for tenant, c, s, _ in rows:
+        for tenant, c, s, w in rows:
             acct = self.ledger.accounts.get(tenant)
-            if acct is None or c is None:
+            if acct is None:
+                continue
+            if w is not None and tenant not in self._weights and w != acct.weight:
+                try:
+                    self.ledger.set_weight(tenant, w)
+                except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
+                    log.warning("shared state: ignored the weight of %r: %s", tenant, e)
+            if c is None:
                 continue
             c0, s0 = snap.get(tenant, (acct.counter, acct.service))
             service = s or 0.0
             # NOTE: what this replica charged while the sync was in flight stays on top of the global values
             self.ledger.apply_remote(tenant, c + (acct.counter - c0), service + (acct.service - s0))
-            self._base_service[tenant] = service
+            acct.synced = service
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
         # no other replica has yet), with the charges not yet sent on top
         self._restore = bool(self._epoch) and epoch != self._epoch
         if self._restore:
-            self._seed = dict(self.policy.weights)  # set where unset, as at start
+            self._seed = dict(self.ledger.weights)  # set where unset, as at start
         self._epoch, self._seq = epoch, int(seq)
         self._elsewhere = frozenset(_text(t) for t in elsewhere)
         self.replicas = int(replicas)
@@ -390,7 +395,7 @@ class SharedState:
             log.warning("shared state at %s lost (%s): serving from local state", redact(self.settings.url), e)
         self.up = False
         self._elsewhere = frozenset()
-        if time.monotonic() >= self.lease_until:
+        if self.clock() >= self.lease_until:
             # NOTE: the others stop counting this replica's leases now; with no view of them, an equal share
             n = max(self.replicas, 1)
             for b in self.backends:
@@ -407,7 +412,7 @@ class SharedState:
             "replica": self.replica,
             "replicas": self.replicas,
             "round_trips": self.round_trips,
-            "last_sync_age_s": round(time.monotonic() - self.last_sync, 3) if self.last_sync else None,
+            "last_sync_age_s": round(self.clock() - self.last_sync, 3) if self.last_sync else None,
         }
 
 

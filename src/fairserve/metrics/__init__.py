@@ -38,6 +38,7 @@ from .summary import (
     describe_difference,
     jain,
     summarize,
+    summary_table,
     windowed_jain,
 )
 
@@ -63,5 +64,6 @@ __all__ = [
     "describe_difference",
     "jain",
     "summarize",
+    "summary_table",
     "windowed_jain",
 ]

@@ -33,8 +33,8 @@ class ServiceCurve:
         last = np.array([r.last_token_s if r.last_token_s is not None else r.first_token_s for r in served])
         self._steps = _Steps(first, np.array([h.total(r.prompt_tokens, 1) for r in served], dtype=float))
         self._linear = isinstance(h, LinearCost)
-        if self._linear:
-            ramp = np.array([h.w_q * (r.output_tokens - 1) for r in served], dtype=float)
+        if isinstance(h, LinearCost):
+            ramp = np.array([h.w_q * (r.output_tokens - 1) for r in served], dtype=np.float64)
             flat = (last - first) <= 0
             self._flat = _Steps(first[flat], ramp[flat])
             s, e, a = first[~flat], last[~flat], ramp[~flat]
@@ -66,7 +66,7 @@ class ServiceCurve:
         total = np.zeros(len(idx))
         lo = np.searchsorted(times, self._first, side="right")
         hi = np.searchsorted(times, self._last, side="right")
-        for r, f, l_, a, b in zip(self._served, self._first, self._last, lo, hi):
+        for r, f, l_, a, b in zip(self._served, self._first, self._last, lo, hi, strict=False):
             x, n = r.prompt_tokens, r.output_tokens
             base = h.total(x, 1)
             inside = (idx >= a) & (idx < b)

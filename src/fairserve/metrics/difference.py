@@ -93,12 +93,13 @@ def largest_backlogged_difference(
     start = np.concatenate([runs[c][:, 0] for c in names])
     end = np.concatenate([runs[c][:, 1] for c in names])
     # the reference ρ: service of backlogged clients per unit of their weight, accumulated on the grid
-    points, values, bends, bent = [], [], [], []
+    points, values, bends, bent_parts = [], [], [], []
     busy_service, busy_weight = np.zeros(n_t + 1), np.zeros(n_t + 1)
     for i, c in enumerate(names):
         rs, curve = runs[c], curves[c]
         lo, hi = curve.changes
-        ch = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist())] or [[]]))
+        spans = [np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        ch = np.unique(np.concatenate(spans)) if spans else np.zeros(0)
         ch = ch.astype(np.int64)
         ch = ch[(ch >= 1) & (ch < n_t)]
         pts = np.unique(np.concatenate((ch, ch - 1, rs.ravel())))
@@ -107,12 +108,12 @@ def largest_backlogged_difference(
         values.append(v)
         if curve.bends is None:
             bends.append(pts)
-            bent.append(v)
+            bent_parts.append(v)
         else:
             b_pts = np.unique(np.concatenate((curve.bends, rs.ravel())))
             b_pts = b_pts[(b_pts >= 0) & (b_pts < n_t)]
             bends.append(b_pts)
-            bent.append(curve.at(b_pts) / wt[i])
+            bent_parts.append(curve.at(b_pts) / wt[i])
         j = np.searchsorted(rs[:, 0], ch, side="right") - 1
         busy = (j >= 0) & (rs[np.maximum(j, 0), 1] >= ch)
         k = np.searchsorted(pts, ch)
@@ -135,7 +136,7 @@ def largest_backlogged_difference(
             gain_all[at] = v[b - 1] - v[a] if curves[c].monotone else np.inf
             at += 1
     keys = np.concatenate([i * (n_t + 1) + pts for i, pts in enumerate(bends)])
-    bent = np.concatenate(bent)
+    bent = np.concatenate(bent_parts)
     slack = 1e-8 * (scale + 1.0)  # NOTE: float rounding of the bounds, far above their few ulps
     # the largest fall of a run of another client: the top fall, or the runner-up from a different client
     order_fall = np.argsort(-fall, kind="stable")
@@ -147,7 +148,8 @@ def largest_backlogged_difference(
     sorted_start = start[by_start]
     if work_limit is None:
         work_limit = max(WORK_PER_EVENT * (len(start) + n_t + len(keys)), MIN_WORK)
-    best, pair, work = 0.0, None, 0.0
+    best, work = 0.0, 0.0
+    pair: tuple[str, str] | None = None
     for r in np.argsort(-ub, kind="stable"):
         if ub[r] + slack < best:
             return BackloggedDifference(best, pair, best, True)
@@ -181,7 +183,8 @@ def largest_backlogged_difference(
             d = mine[a - s : b - s + 1] - curves[names[g]].at(np.arange(a, b + 1)) / wt[g]
             gain = float(np.max(d - np.minimum.accumulate(d)))
             work += b - a + 1
-            key = tuple(sorted((names[f], names[g])))
+            a_name, b_name = sorted((names[f], names[g]))
+            key = (a_name, b_name)
             if gain > best or (gain == best and pair is not None and key < pair):
                 best, pair = gain, key
     return BackloggedDifference(best, pair, best, True)

@@ -62,6 +62,35 @@ def describe_difference(s: Summary) -> str:
     )
 
 
+def summary_table(s: Summary, title: str, window_s: float = 60.0, e2e: dict[str, float | None] | None = None) -> str:
+    """The run summary `simulate` and `bench` print: a row per client, then throughput, the largest backlogged
+    difference and Jain's index (over `window_s` windows); `e2e` adds a column of mean end-to-end latency."""
+
+    def sec(v: float | None, width: int) -> str:
+        return f"{v:>{width - 1}.2f}s" if v is not None else f"{'-':>{width}}"
+
+    extra = f"{'e2e mean':>10}" if e2e is not None else ""
+    lines = [
+        title,
+        f"{'client':<14}{'reqs':>6}{'done':>6}{'rej':>6}{'unf':>6}{'service':>11}{'svc/s':>9}"
+        f"{'resp mean':>11}{'p50':>8}{'p90':>8}{extra}",
+    ]
+    for c in s.clients.values():
+        lines.append(
+            f"{c.client:<14}{c.requests:>6}{c.finished:>6}{c.rejected:>6}{c.unfinished:>6}"
+            f"{c.service:>11,.0f}{c.service_rate:>9.1f}{sec(c.response_mean_s, 11)}"
+            f"{sec(c.response_p50_s, 8)}{sec(c.response_p90_s, 8)}"
+            + (sec(e2e.get(c.client), 10) if e2e is not None else "")
+        )
+    jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
+    lines += [
+        f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",
+        f"max service difference between backlogged clients: {describe_difference(s)}",
+        f"Jain's index ({window_s:.3g} s windows, clients backlogged in them): {jain}",
+    ]
+    return "\n".join(lines)
+
+
 jain = jain_index  # the one Jain's index of fairserve (core/fairness.py): summaries, servers, bench
 
 
@@ -127,7 +156,7 @@ def backlogged_jain(
         np.add.at(inside, full_hi[full] + 1, -1)
         partial: dict[int, int] = {}
         for s, e, flo, fhi, f in zip(
-            rs[:, 0].tolist(), rs[:, 1].tolist(), full_lo.tolist(), full_hi.tolist(), full.tolist()
+            rs[:, 0].tolist(), rs[:, 1].tolist(), full_lo.tolist(), full_hi.tolist(), full.tolist(), strict=False
         ):
             for w in range(max(0, -(-(s - k) // k)), min(n_windows - 1, e // k) + 1):
                 if not (f and flo <= w <= fhi):
@@ -138,7 +167,8 @@ def backlogged_jain(
         first, last = curve.changes
         lo = np.maximum(np.maximum(first, 1) - 1, 0) // k
         hi = np.minimum((np.maximum(last, 1) - 1) // k, n_windows - 1)
-        ws = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist())] or [[]]))
+        spans = [np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        ws = np.unique(np.concatenate(spans)) if spans else np.zeros(0)
         ws = ws.astype(np.int64)
         if len(ws) == 0:
             continue

@@ -90,7 +90,7 @@ def _per_policy_lines(
     legend: dict[str, Any] = {}
     others = sum(s is None for s in styles.values())
     kw: dict[str, Any] = {"marker": ".", "markersize": 3} if markers else {}
-    for ax, (policy, clients) in zip(axes, data.items()):
+    for ax, (policy, clients) in zip(axes, data.items(), strict=False):
         for client in sorted(clients, key=lambda c: styles[c] is not None):  # grey first, under the colours
             ys = np.asarray(clients[client], dtype=float)
             colour = styles[client]
@@ -227,7 +227,7 @@ def _bound_figure(labels: Sequence[str], measured: Sequence[float], bounds: Sequ
     ax.barh(y[ok] + 0.2, m[ok], 0.4, color="C2", label="measured max difference (within bound)")
     if (~ok).any():
         ax.barh(y[~ok] + 0.2, m[~ok], 0.4, color="C3", label="measured max difference (ABOVE bound)")
-    for yi, mi, bi in zip(y, m, b):
+    for yi, mi, bi in zip(y, m, b, strict=False):
         pct = 100 * mi / bi if bi > 0 else float("nan")
         share = "" if np.isnan(pct) else f" ({pct:.0f}% of bound)" if pct >= 1 else f" ({pct:.2g}% of bound)"
         ax.text(mi, yi + 0.2, f" {_fmt(mi)}{share}", va="center", fontsize=8)

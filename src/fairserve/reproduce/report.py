@@ -9,6 +9,7 @@ import base64
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .experiments import Experiment, Results
 
@@ -61,7 +62,7 @@ def readme_table(findings: list[Finding]) -> str:
     """The report's overview tables as Markdown for the README (figure names instead of links)."""
     paper = [f for f in findings if not f.experiment.own]
     own = [f for f in findings if f.experiment.own]
-    out = [("table", OVERVIEW_HEAD, _overview_rows(paper, links=False))]
+    out: list[tuple[Any, ...]] = [("table", OVERVIEW_HEAD, _overview_rows(paper, links=False))]
     if own:
         out += [
             ("p", "Beyond the paper's scope (our own findings, not the paper's claims):"),

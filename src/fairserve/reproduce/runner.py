@@ -57,13 +57,13 @@ def reproduce(
     pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
         outs = _map(pool, _simulate, [(s, quick, trace) for s in specs], "simulating", progress)
-        res = Results({(s.workload, s.name): o for s, o in zip(specs, outs)})
+        res = Results({(s.workload, s.name): o for s, o in zip(specs, outs, strict=False)})
         ran = [e for e in experiments if e.runs and all((r.workload, r.name) in res for r in e.runs)]
         subsets = [
             (e.name, Results({k: v for k, v in res.items() if k in {(r.workload, r.name) for r in e.runs}}), out_dir)
             for e in ran
         ]
-        drawn = dict(zip((e.name for e in ran), _map(pool, _draw, subsets, "drawing", progress)))
+        drawn = dict(zip((e.name for e in ran), _map(pool, _draw, subsets, "drawing", progress), strict=False))
     finally:
         if pool:
             pool.shutdown()

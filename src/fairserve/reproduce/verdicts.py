@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -45,9 +46,14 @@ def _pct(x: float) -> str:
 
 
 # ---- verdicts: each on the scope its experiment states ---------------------------------------------------------
+def _f(x: float | None) -> float:
+    """A number that may be missing (no run backlogged, no response): NaN, which fails every comparison."""
+    return math.nan if x is None else x
+
+
 def _overload(res: Results) -> Verdict:
     vtc, fcfs = res["overload", "vtc"], res["overload", "fcfs"]
-    r_vtc, r_fcfs = share_ratio(vtc, "client-1", "client-0"), share_ratio(fcfs, "client-1", "client-0")
+    r_vtc, r_fcfs = _f(share_ratio(vtc, "client-1", "client-0")), _f(share_ratio(fcfs, "client-1", "client-0"))
     d_vtc, d_fcfs = vtc.summary.max_backlogged_diff, fcfs.summary.max_backlogged_diff
     series = difference_series(fcfs)
     half, end = series[len(series) // 2], series[-1]
@@ -126,7 +132,7 @@ def _increase(res: Results) -> Verdict:
     start = vtc.duration_s * 2 / 3  # the last third: the other client asks for more than the server has
     got = served(vtc, "client-0", start, vtc.duration_s) / (vtc.duration_s - start)
     asked = demand_rate(vtc, "client-0", start)
-    rt_v, rt_f = mean_response(vtc, "client-0", start), mean_response(fcfs, "client-0", start)
+    rt_v, rt_f = _f(mean_response(vtc, "client-0", start)), _f(mean_response(fcfs, "client-0", start))
     ok = got >= 0.85 * asked and rt_v <= rt_f / 2
     return (
         ok,
@@ -181,7 +187,7 @@ def _real(res: Results) -> Verdict:
     demands = {c: demand_rate(vtc, c) for c in clients}
     level = fair_level(demands, vtc.summary.service_per_s)
     within = [c for c in clients if demands[c] <= level and rt["vtc"][c] is not None and rt["fcfs"][c] is not None]
-    raised = [c for c in within if rt["fcfs"][c] > rt["vtc"][c]]
+    raised = [c for c in within if _f(rt["fcfs"][c]) > _f(rt["vtc"][c])]
     drastic = [(c, t0, r, d, lvl) for c, t0, r, d, lvl in client_windows(vtc) if r >= med_f]
     above = [w for w in drastic if w[3] > w[4]]
     ok = med_f >= 3 * med_v and len(raised) == len(within) and len(above) == len(drastic)
@@ -217,7 +223,7 @@ def _rpm(res: Results) -> Verdict:
     rt_f = _mean_rt(res[REAL, "fcfs"])
     ok = (
         tput[0] <= 0.6 * vtc
-        and all(a <= b for a, b in zip(tput, tput[1:]))
+        and all(a <= b for a, b in zip(tput, tput[1:], strict=False))
         and tput[-1] >= 0.85 * fcfs
         and rts[-1] > rts[0]
     )
@@ -240,12 +246,12 @@ POOL = ("overload-s4-512", "overload-s4-long")
 def _ablation_length(res: Results) -> Verdict:
     runs = [res[w, "vtc"] for w in LENGTHS]
     d = [r.summary.max_backlogged_diff for r in runs]
-    ok = all(x <= r.bound for x, r in zip(d, runs)) and d[0] < min(d[1:]) and abs(d[2] / d[1] - 1) <= 0.15
+    ok = all(x <= r.bound for x, r in zip(d, runs, strict=False)) and d[0] < min(d[1:]) and abs(d[2] / d[1] - 1) <= 0.15
     return (
         ok,
         (
             "largest backlogged difference with 35,000-token pool, by request length: "
-            + ", ".join(f"{w.removeprefix('overload-s4-')}·2: {x:,.0f}" for w, x in zip(LENGTHS, d))
+            + ", ".join(f"{w.removeprefix('overload-s4-')}·2: {x:,.0f}" for w, x in zip(LENGTHS, d, strict=False))
             + f" (bound {runs[0].bound:,.0f}); 768·2 is {d[2] / d[1]:.2f}× 512·2"
         ),
         " / ".join(f"{x:,.0f}" for x in d) + " (256·2 / 512·2 / 768·2)",
@@ -274,7 +280,7 @@ def _weighted(res: Results) -> Verdict:
     for name, expect in (("weighted vtc", [1, 2, 3, 4]), ("vtc (no weights)", [1, 1, 1, 1])):
         s = res[WEIGHTED_W, name].summary.clients
         got = [s[f"client-{i}"].service / s["client-0"].service for i in range(4)]
-        ok &= all(abs(g / e - 1) <= 0.05 for g, e in zip(got, expect))
+        ok &= all(abs(g / e - 1) <= 0.05 for g, e in zip(got, expect, strict=False))
         parts.append(f"{name} split service {':'.join(f'{g:.2f}' for g in got)}")
         short.append(":".join(f"{g:.2f}" for g in got))
     return ok, "; ".join(parts), f"{short[0]} (weighted), {short[1]} (plain)"
@@ -399,7 +405,7 @@ def _non_backlogged(res: Results) -> Verdict:
         parts.append(f"{w}/{c}: {done} of {len(early)} dispatched")
     inc = res["increase", "vtc"]
     third = inc.duration_s / 3
-    first, last = mean_response(inc, "client-0", 0, third), mean_response(inc, "client-0", 2 * third)
+    first, last = _f(mean_response(inc, "client-0", 0, third)), _f(mean_response(inc, "client-0", 2 * third))
     ok &= last <= 2 * first + 1.0
     parts.append(f"increase/client-0 mean response {first:.1f} s in the first third, {last:.1f} s in the last")
     return ok, "under VTC " + "; ".join(parts), f"all dispatched; {first:.1f} → {last:.1f} s as the other ramps 10×"

@@ -14,13 +14,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_body, error_response
-from ..api.streaming import EventStream
-from ..core import make_policy
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
+from ..api.streaming import EventStream
+from ..core import DEFAULT_TENANT, make_policy
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
 from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied
-from .config import ANONYMOUS, ServeConfig
+from .config import ServeConfig
 
 log = logging.getLogger("fairserve.serve")
 POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
@@ -30,18 +31,18 @@ def build_engine(cfg: ServeConfig) -> HFEngine:
     from ..engines.hf_models import load_model
 
     model, tokenizer = load_model(cfg.model, seed=cfg.seed)
-    policy = None if cfg.policy == "fifo" else make_policy(cfg.policy, weights=cfg.weights(), w_p=cfg.w_p, w_q=cfg.w_q)
+    policy = None if cfg.policy == "fifo" else make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
     sizing = EngineSizing(
         num_blocks=cfg.num_blocks,
         page_size=cfg.page_size,
         max_batch_tokens=cfg.max_batch_tokens,
         max_requests_per_batch=cfg.max_requests_per_batch,
     )
-    return HFEngine(model, tokenizer, policy, sizing, tenants=tuple(tenant_names(cfg)))
+    return HFEngine(model, tokenizer, policy, sizing, tenants=tuple(tenant_names(cfg)), weights=cfg.weights())
 
 
 def tenant_names(cfg: ServeConfig) -> list[str]:
-    return [t.name for t in cfg.tenants] or [ANONYMOUS]
+    return [t.name for t in cfg.tenants] or [DEFAULT_TENANT]
 
 
 class Detokenizer:
@@ -84,7 +85,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         app.include_router(admin_router(engine.queue, tenants, cfg.admin_key, owners))
 
     def tenant_of(request: Request) -> str | None:
-        return ANONYMOUS if cfg.open else owners.get(bearer(request) or "")
+        return DEFAULT_TENANT if cfg.open else owners.get(bearer(request) or "")
 
     def encode(call: Call) -> list[int]:
         if call.chat:
@@ -102,19 +103,11 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
                 401, "missing or unknown API key: send 'Authorization: Bearer KEY'", code="invalid_api_key"
             )
         try:
-            async with asyncio.timeout(cfg.client_timeout_s):
-                raw = await request.body()
-        except TimeoutError:
-            return error_response(
-                408,
-                f"the request body did not arrive within {cfg.client_timeout_s:g} s",
-                code="request_timeout",
-                headers={"Connection": "close"},
-            )
-        if len(raw) > cfg.max_body_bytes:
-            return error_response(
-                413, f"the request body is larger than {cfg.max_body_bytes} bytes", code="body_too_large"
-            )
+            raw = await read_body(request.scope, request.receive, cfg.max_body_bytes, cfg.client_timeout_s)
+        except ClientGone:
+            return Response(status_code=DISCONNECTED)
+        if isinstance(raw, Response):  # 408 (a stalled upload) or 413
+            return raw
         call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
         input_ids = encode(call)
         if not input_ids:

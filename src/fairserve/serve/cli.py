@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..core import DEFAULT_TENANT, describe
 from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
 from .config import ENGINES, ServeConfig, load_config
 
@@ -52,8 +53,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         metavar="P",
-        help="vtc (default), weighted-vtc, lcf, vtc-predict, fcfs, drr:Q; or "
-        "fifo for transformers' own scheduler (no accounts)",
+        help=f"the engine's scheduler, default vtc: {describe(engine=True)}; or fifo for transformers' own "
+        "scheduler (no accounts)",
     )
     add_server_arguments(p)  # without --tenant: no keys, one tenant "anonymous"
     p.add_argument("--default-max-tokens", type=int, metavar="N", help="max_tokens when a request sets none (256)")
@@ -85,17 +86,16 @@ def run(args: argparse.Namespace) -> int:
             f"`fairserve serve --engine transformers` needs torch and transformers: "
             f"pip install 'fairserve[transformers]' ({e})"
         ) from None
-    from ..engines.hf_models import ModelError
-
     import uvicorn
 
     from ..api.server import server_options
+    from ..engines.hf_models import ModelError
 
     try:
         app = create_app(cfg)
     except ModelError as e:
         raise ValueError(str(e)) from None
-    tenants = f"{len(cfg.tenants)} tenants" if cfg.tenants else "no API keys (one tenant 'anonymous')"
+    tenants = f"{len(cfg.tenants)} tenants" if cfg.tenants else f"no API keys (one tenant {DEFAULT_TENANT!r})"
     print(
         f"fairserve serve: {cfg.engine} engine, model {cfg.model}, policy {cfg.policy}, {tenants}, "
         f"KV pool {cfg.num_blocks * cfg.page_size} tokens, listening on http://{cfg.listen}",

@@ -9,14 +9,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..api.config import Strict, check_listen
-from ..api.protocol import MAX_INT
 from ..api.config import load_config as _load
-from ..core import DEFAULT_TENANT, make_policy
-from ..core.fcfs import RPM
+from ..api.protocol import MAX_INT
+from ..core import check_policy
 from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
 
 ENGINES = ("transformers",)
-ANONYMOUS = DEFAULT_TENANT  # the one tenant of a server configured without tenants
 
 
 class ServeConfig(TenantsMixin, Strict):
@@ -48,7 +46,7 @@ class ServeConfig(TenantsMixin, Strict):
     def _policy(cls, v: str) -> str:
         if v == "fifo":
             return v
-        if isinstance(make_policy(v), RPM):  # raises ValueError naming the valid policies
+        if check_policy(v)[0].capabilities.rejects_at_arrival:  # raises ValueError naming the valid policies
             raise ValueError(
                 "rate limits reject requests, which an engine cannot do: put `fairserve gateway "
                 "--policy rpm:N` in front instead"
@@ -62,7 +60,7 @@ class ServeConfig(TenantsMixin, Strict):
 
     @property
     def open(self) -> bool:
-        """No tenants configured: no API keys are checked and every request is from `ANONYMOUS`."""
+        """No tenants configured: no API keys are checked and every request is from `DEFAULT_TENANT`."""
         return not self.tenants
 
     @property

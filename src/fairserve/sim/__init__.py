@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..core import Policy, make_policy
+from ..core import Ledger, Policy, make_policy
 from ..workloads import DEFAULT_KV_TOKENS, Workload
 from .engine import EngineConfig, Mode, SimEngine, SimRequest, SimResult
 from .latency import (
-    DEFAULT_LATENCY_MODEL,
+    DEFAULT_LATENCY_PROFILE,
     LATENCY_MODELS,
     LatencyModel,
     default_kv_tokens,
@@ -28,7 +28,7 @@ __all__ = [
 
 
 def engine_config(
-    profile: str = DEFAULT_LATENCY_MODEL, kv_tokens: int | None = None, mode: Mode = "reserve"
+    profile: str = DEFAULT_LATENCY_PROFILE, kv_tokens: int | None = None, mode: Mode = "reserve"
 ) -> EngineConfig:
     """The engine of a named preset: its pool (unless `kv_tokens` is given) and its server's token-level effects
     (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve)."""
@@ -59,7 +59,7 @@ def simulate(
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
     profile, its weights) and stop at its duration; `drain=True` runs until every request is done. A preset name
     brings its server's token-level effects; a `LatencyModel` object runs with none."""
-    name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_MODEL)
+    name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_PROFILE)
     model = get_latency_model(name) if isinstance(name, str) else name
     kv = kv_tokens if kv_tokens is not None else workload.kv_tokens
     if isinstance(name, str):
@@ -67,9 +67,8 @@ def simulate(
     else:
         config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
     if isinstance(policy, str):
-        policy = make_policy(
-            policy, weights=weights if weights is not None else workload.weights, cost=cost, w_p=w_p, w_q=w_q, seed=seed
-        )
-    engine = SimEngine(policy, model, config)
+        policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed)
+    ledger = Ledger(policy, weights=weights if weights is not None else workload.weights)
+    engine = SimEngine(ledger, model, config)
     horizon = None if drain else (until_s if until_s is not None else workload.duration_s)
     return engine.run(workload.arrivals, until_s=horizon)

@@ -84,12 +84,12 @@ class ReserveBudget:
         if need_prefill > self.prefill_left or len(self.index.ends) + 1 > self.running_max:
             return False
         held, left = need_prefill + 1, req.output_tokens - req.generated - 1  # as LightLLM: (input + 1, max - 1)
-        adapters = len(self.clients) + (req.client not in self.clients)
+        adapters = len(self.clients) + (req.tenant not in self.clients)
         if self.index.peak_with(held, left, self.step) >= self.kv_tokens - self.per_client * adapters:
             return False
         self.index = self.index.with_entry(held, left, self.step)
         self.prefill_left -= need_prefill
-        self.clients.add(req.client)
+        self.clients.add(req.tenant)
         return True
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
-from ..core.policy import Policy
+from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
@@ -71,7 +71,7 @@ class SimRequest(Request):
 @dataclass
 class SimResult:
     records: list[RequestRecord]
-    policy: Policy
+    ledger: Ledger
     end_s: float
     decode_steps: int
     prefills: int
@@ -81,16 +81,16 @@ class SimResult:
 
 
 class SimEngine:
-    """Drives `policy` with the arrivals of a workload. One instance runs one simulation."""
+    """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation."""
 
     def __init__(
         self,
-        policy: Policy,
+        ledger: Ledger,
         latency: LatencyModel,
         config: EngineConfig | None = None,
         observer: Callable[[SimEngine], None] | None = None,
     ) -> None:
-        self.policy = policy
+        self.ledger = ledger
         self.latency = latency
         self.config = config or EngineConfig()
         self.observer = observer  # called after every prefill and decode step (tests, tracing)
@@ -103,7 +103,8 @@ class SimEngine:
         self._index: ReserveIndex | None = None  # cached per running set (reserve mode)
         self.prefills = self.preemptions = 0
         self.busy_s = 0.0
-        self._eager = policy.orders_by_counter  # charge before every decision, or only when requests end
+        # charge before every decision, or only when requests end
+        self._eager = ledger.policy.capabilities.orders_by_counter
         self._waited = 0  # decode steps since the last admission
         self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()`
 
@@ -116,7 +117,7 @@ class SimEngine:
         reqs = [
             SimRequest(
                 id=i,
-                client=a.client,
+                tenant=a.client,
                 prompt_tokens=a.prompt_tokens,
                 max_tokens=a.output_tokens,
                 predicted_output=a.output_tokens,
@@ -141,7 +142,7 @@ class SimEngine:
         self._sync()
         return SimResult(
             [_record(r, self.step, self.now) for r in reqs],
-            self.policy,
+            self.ledger,
             self.now,
             self.step,
             self.prefills,
@@ -155,13 +156,13 @@ class SimEngine:
         there is nothing to do (nothing running, nothing queued); `now` moves by the work's duration."""
         self.just_finished.clear()
         if not self.running:
-            if self.policy.num_queued == 0:
+            if self.ledger.num_queued == 0:
                 return False
             self._waited = 0
             if not self._admit():
                 raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
             return True
-        if self._waited >= self.config.wait_steps and self.policy.num_queued and self._admit():
+        if self._waited >= self.config.wait_steps and self.ledger.num_queued and self._admit():
             self._waited = 0
             return True
         self._decode()
@@ -175,8 +176,8 @@ class SimEngine:
             self._index = None
             del self.running[req]
             self.kv_used -= req.prompt_tokens + self._extra + req.generated
-            self.policy.on_output(req, req.generated - req.output_done)
-        self.policy.abort(req)
+            self.ledger.output(req, req.generated - req.output_done)
+        self.ledger.settle(req, cancelled=True)
 
     # ---- events -------------------------------------------------------------------------------------------------
     def too_large(self, prompt_tokens: int, output_tokens: int) -> str | None:
@@ -201,7 +202,7 @@ class SimEngine:
             return
         if self._eager and self.running:
             self._sync()  # the counter lift compares against up-to-date counters
-        self.policy.add(req, now=req.arrival_s)
+        self.ledger.add(req, now=req.arrival_s)
 
     def _admit(self) -> bool:
         cfg, running = self.config, list(self.running)
@@ -212,7 +213,7 @@ class SimEngine:
                 self._index = ReserveIndex(
                     [(r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in running]
                 )
-            budget = ReserveBudget(
+            budget: ReserveBudget | PagedBudget = ReserveBudget(
                 self._index,
                 self.step,
                 cfg.kv_tokens,
@@ -220,13 +221,14 @@ class SimEngine:
                 cfg.running_max,
                 self._extra,
                 cfg.reserve_per_client_tokens,
-                {r.client for r in running},
+                {r.tenant for r in running},
             )
         else:
             budget = PagedBudget(
                 self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
             )
-        batch = self.policy.admit(budget.try_add)
+        # NOTE: this engine's ledger holds only SimRequests, so what it admits is one
+        batch = cast(list[SimRequest], self.ledger.admit(budget.try_add))  # type: ignore[arg-type]
         if batch:
             self._prefill(batch)
         return bool(batch)
@@ -282,8 +284,8 @@ class SimEngine:
         del self.running[r]
         self.kv_used -= r.prompt_tokens + self._extra + r.generated
         r.finish_s = r.last_token_s = self.now
-        self.policy.on_output(r, r.generated - r.output_done)
-        self.policy.finish(r)
+        self.ledger.output(r, r.generated - r.output_done)
+        self.ledger.settle(r)
         self.just_finished.append(r)
 
     def _preempt(self, r: SimRequest) -> None:
@@ -294,17 +296,17 @@ class SimEngine:
         self.kv_used -= r.prompt_tokens + self._extra + r.generated
         self._ends = [e for e in self._ends if e[2] is not r]
         heapq.heapify(self._ends)
-        self.policy.on_output(r, r.generated - r.output_done)
-        self.policy.requeue(r)
+        self.ledger.output(r, r.generated - r.output_done)
+        self.ledger.requeue(r)
         self.preemptions += 1
 
     def _sync(self) -> None:
         """Charge every running request for the tokens decoded since its last charge."""
-        step, on_output = self.step, self.policy.on_output
+        step, output = self.step, self.ledger.output
         for r in self.running:
             n = r.generated + step - r.step_base - r.output_done
             if n:
-                on_output(r, n)
+                output(r, n)
 
 
 def _record(r: SimRequest, step: int, end_s: float) -> RequestRecord:
@@ -313,7 +315,7 @@ def _record(r: SimRequest, step: int, end_s: float) -> RequestRecord:
         r.last_token_s = end_s
     return RequestRecord(
         id=r.id,
-        client=r.client,
+        client=r.tenant,
         arrival_s=r.arrival_s,
         admit_s=r.admit_s,
         first_token_s=r.first_token_s,

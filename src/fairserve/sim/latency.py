@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..workloads.base import DEFAULT_KV_TOKENS
+from ..workloads.base import DEFAULT_KV_TOKENS, DEFAULT_LATENCY_PROFILE
 from .hardware import GPUS, MODELS, GpuSpec, ModelSpec
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "MODELS",
     "GPUS",
     "A10G_LLAMA2_7B",
-    "DEFAULT_LATENCY_MODEL",
+    "DEFAULT_LATENCY_PROFILE",
     "LATENCY_MODELS",
     "get_latency_model",
     "default_kv_tokens",
@@ -58,7 +58,8 @@ __all__ = [
 
 @runtime_checkable
 class LatencyModel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def prefill_s(self, prompt_lens: Sequence[int]) -> float: ...
 
@@ -258,17 +259,15 @@ A10G_FORWARD = LinearLatency(
 # calibrated on the paper's four measured calibration runs (benchmarks/fidelity.py).
 A10G_STEP_OVERHEAD = StepOverhead(decode_s=0.0025, prefill_s=0.0025)
 A10G_LLAMA2_7B = replace(A10G_FORWARD, overhead=A10G_STEP_OVERHEAD)
-PAPER_KV_TOKENS = DEFAULT_KV_TOKENS  # the paper's (S-LoRA's) KV pool on the A10G
 
-DEFAULT_LATENCY_MODEL = "a10g-llama2-7b"
 # S-LoRA as the paper ran it: "Hello " * p tokenizes to p + 2 (BOS and a trailing piece); admission reserves
 # 4 * rank (8) = 32 pool tokens per distinct adapter, one adapter per client (docs/latency.md).
 SERVER_TOKENS: dict[str, ServerTokens] = {
-    DEFAULT_LATENCY_MODEL: ServerTokens(prompt_extra_tokens=2, reserve_per_client_tokens=32)
+    DEFAULT_LATENCY_PROFILE: ServerTokens(prompt_extra_tokens=2, reserve_per_client_tokens=32)
 }
 
 
-def server_tokens(name: str = DEFAULT_LATENCY_MODEL) -> ServerTokens:
+def server_tokens(name: str = DEFAULT_LATENCY_PROFILE) -> ServerTokens:
     """The preset's token-level server effects (none for presets without a measured server)."""
     return SERVER_TOKENS.get(name.strip().lower(), ServerTokens())
 
@@ -281,7 +280,7 @@ def _roofline_kv_tokens(model: ModelSpec, gpu: GpuSpec) -> int:
 
 
 _ROOFLINE_NAMES = [f"{m}@{g}" for m in MODELS for g in GPUS if _roofline_kv_tokens(MODELS[m], GPUS[g]) > 0]
-LATENCY_MODELS: list[str] = [DEFAULT_LATENCY_MODEL, "constant", *_ROOFLINE_NAMES]
+LATENCY_MODELS: list[str] = [DEFAULT_LATENCY_PROFILE, "constant", *_ROOFLINE_NAMES]
 
 
 def _unknown(name: str, why: str = "unknown latency model") -> ValueError:
@@ -301,9 +300,9 @@ def _roofline_pair(name: str) -> tuple[ModelSpec, GpuSpec]:
     return MODELS[model], GPUS[gpu]
 
 
-def get_latency_model(name: str = DEFAULT_LATENCY_MODEL) -> LatencyModel:
+def get_latency_model(name: str = DEFAULT_LATENCY_PROFILE) -> LatencyModel:
     key = name.strip().lower()
-    if key == DEFAULT_LATENCY_MODEL:
+    if key == DEFAULT_LATENCY_PROFILE:
         return A10G_LLAMA2_7B
     if key == "constant":
         return ConstantLatency()
@@ -312,12 +311,12 @@ def get_latency_model(name: str = DEFAULT_LATENCY_MODEL) -> LatencyModel:
     raise _unknown(name)
 
 
-def default_kv_tokens(name: str = DEFAULT_LATENCY_MODEL) -> int:
+def default_kv_tokens(name: str = DEFAULT_LATENCY_PROFILE) -> int:
     """KV-cache pool size in tokens: the paper's 10,000 for the profiled A10G (and "constant"); for a roofline
     preset, (gpu memory * 0.9 - weight bytes) // kv_bytes_per_token."""
     key = name.strip().lower()
-    if key in (DEFAULT_LATENCY_MODEL, "constant"):
-        return PAPER_KV_TOKENS
+    if key in (DEFAULT_LATENCY_PROFILE, "constant"):
+        return DEFAULT_KV_TOKENS
     if "@" in key:
         return _roofline_kv_tokens(*_roofline_pair(key))
     raise _unknown(name)
@@ -390,7 +389,7 @@ def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[fl
 
 
 def fit_linear_latency(
-    rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_MODEL, large_batch_from: int = OPERATING_MAX_BATCH
+    rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_PROFILE, large_batch_from: int = OPERATING_MAX_BATCH
 ) -> LinearLatency:
     """Prefill: every row. Decode: rows with output_len > 1 and batch <= large_batch_from (the operating range),
     context = batch * (prompt + output/2); large_batch_s = the median excess of the larger-batch decode rows over
@@ -402,7 +401,16 @@ def fit_linear_latency(
     )
     dec_rows = [r for r in rows if r.decode_fitted and r.batch_size <= large_batch_from]
     dec = _nnls_relative([[1.0, r.batch_size, r.context_tokens] for r in dec_rows], [r.decode_step_s for r in dec_rows])
-    plane = LinearLatency(name, *pre, *dec, large_batch_from=large_batch_from)
+    plane = LinearLatency(
+        name,
+        prefill_fixed_s=pre[0],
+        prefill_per_token_s=pre[1],
+        prefill_per_sq_token_s=pre[2],
+        decode_fixed_s=dec[0],
+        decode_per_seq_s=dec[1],
+        decode_per_context_token_s=dec[2],
+        large_batch_from=large_batch_from,
+    )
     excess = [
         r.decode_step_s - plane.decode_step_s(r.batch_size, r.context_tokens)  # type: ignore[arg-type]
         for r in rows
@@ -414,7 +422,8 @@ def fit_linear_latency(
 def fit_errors(model: LatencyModel, rows: Sequence[ProfileRow]) -> list[dict[str, Any]]:
     """Per row: measured and modelled prefill pass and decode step (s), and relative errors (model/measured - 1).
     A model with a StepOverhead is compared without it (the profile timed the forward only)."""
-    model = model.forward_only() if isinstance(model, LinearLatency) else model
+    if isinstance(model, LinearLatency):
+        model = model.forward_only()
     out = []
     for r in rows:
         pre = model.prefill_s([r.prompt_len] * r.batch_size)

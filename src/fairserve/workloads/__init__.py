@@ -1,9 +1,9 @@
 """Workloads: the paper's synthetic workloads and loaders for real request traces."""
 
 from .base import DEFAULT_KV_TOKENS, DEFAULT_LATENCY_PROFILE, Arrival, Workload, WorkloadError
+from .real import ALL_WORKLOADS, find_arena_trace, get_workload
 from .synthetic import WORKLOADS, make_workload
 from .traces import TRACE_FORMATS, load_trace
-from .real import ALL_WORKLOADS, find_arena_trace, get_workload
 
 __all__ = [
     "ALL_WORKLOADS",

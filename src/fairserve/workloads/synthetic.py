@@ -116,12 +116,12 @@ def _client_times(spec: _Spec, rng: np.random.Generator, duration_s: float) -> l
         (_, (rate0, r0)), (ramp_s, (_, r1)) = spec.phases
         return [_uniform(rng, rate0, 0.0, duration_s), _increase(rng, r0, r1, ramp_s, duration_s)]
     out: list[list[np.ndarray]] = [[] for _ in range(n)]
-    for k, (start, rates) in enumerate(spec.phases):
+    for k, (start, phase_rates) in enumerate(spec.phases):
         if start >= duration_s:
             break
         end = spec.phases[k + 1][0] if k + 1 < len(spec.phases) else duration_s
         span = min(end, duration_s) - start
-        for i, rate in enumerate(rates):
+        for i, rate in enumerate(phase_rates):
             out[i].append(_uniform(rng, rate, start, span))
     return [np.concatenate(parts) for parts in out]
 
@@ -170,7 +170,8 @@ def make_workload(name: str, seed: int = 0, duration_s: float | None = None) -> 
             np.concatenate(clients)[order].tolist(),
             np.concatenate(prompts)[order].tolist(),
             np.concatenate(outputs)[order].tolist(),
+            strict=False,
         )
     ]
-    weights = dict(zip(names, spec.weights)) if spec.weights else None
+    weights = dict(zip(names, spec.weights, strict=False)) if spec.weights else None
     return Workload(name, arrivals, duration_s, weights, spec.kv_tokens, spec.latency_profile)

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .base import WorkloadError
 
@@ -100,7 +100,7 @@ def csv_records(path: Path, text: str, fmt: str) -> tuple[str, Iterator[Record]]
                 raise WorkloadError(
                     f"{path}:{reader.line_num}: expected {len(header)} columns like the header, got {len(row)}"
                 )
-            yield (reader.line_num, *(row[i] if i is not None else None for i in index))
+            yield cast(Record, (reader.line_num, *(row[i] if i is not None else None for i in index)))
 
     return fmt, rows()
 
@@ -115,7 +115,7 @@ def jsonl_records(path: Path, text: str, fmt: str) -> tuple[str, Iterator[Record
         for line, obj in itertools.chain([(first_line, first)], objects):
             if gone := [k for k in keys if k is not None and k not in obj]:
                 raise WorkloadError(f"{path}:{line}: missing key {', '.join(map(repr, gone))}")
-            yield (line, *(obj[k] if k is not None else None for k in keys))
+            yield cast(Record, (line, *(obj[k] if k is not None else None for k in keys)))
 
     return fmt, rows()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,15 +69,16 @@ def load_trace(
         fmt, records = rec.csv_records(path, text, fmt)
     t_col, _, p_col, o_col = rec.COLUMNS[fmt]
 
-    rows: list[tuple] = []  # (time, client or None, prompt, output)
+    rows: list[tuple[Any, ...]] = []  # (time, or azure's (whole seconds, fraction); client or None; prompt; output)
     dropped = 0
     origin = (math.inf, 0.0)  # azure: the earliest row, dropped or not
     for line, t_raw, c_raw, p_raw, o_raw in records:
         if fmt == "azure":
-            t = rec.datetime_seconds(path, line, t_col, t_raw)  # (whole seconds, fraction)
-            origin = min(origin, t)
+            stamp = rec.datetime_seconds(path, line, t_col, t_raw)  # (whole seconds, fraction)
+            origin = min(origin, stamp)
+            when: Any = stamp
         else:
-            t = rec.number(path, line, t_col, t_raw) / (1000.0 if fmt == "mooncake" else 1.0)
+            t = when = rec.number(path, line, t_col, t_raw) / (1000.0 if fmt == "mooncake" else 1.0)
             if t < 0:
                 raise WorkloadError(f"{path}:{line}: {t_col} is negative: {t_raw!r}")
         prompt = rec.whole(path, line, p_col, p_raw)
@@ -92,7 +94,7 @@ def load_trace(
             # e.g. BurstGPT failures (0 response tokens): not requests the server completed.
             dropped += 1
             continue
-        rows.append((t, client, prompt, output))
+        rows.append((when, client, prompt, output))
 
     if fmt == "azure":  # seconds since the earliest row (the first row of a sorted trace)
         w0, f0 = origin
@@ -106,6 +108,6 @@ def load_trace(
         rows = rows[:limit]
     if fmt != "fairserve":
         names = assign_clients(len(rows), clients or DEFAULT_TRACE_CLIENTS, seed)
-        rows = [(t, name, p, o) for (t, _, p, o), name in zip(rows, names)]
+        rows = [(t, name, p, o) for (t, _, p, o), name in zip(rows, names, strict=False)]
     arrivals = [Arrival(t / time_scale, c, p, o) for t, c, p, o in rows]
     return Workload(path.stem, arrivals, arrivals[-1].arrival_s)

@@ -54,4 +54,4 @@ def make_queue(**config) -> VTCRequestQueue:
 
 
 def service(q: VTCRequestQueue) -> dict[str, float]:
-    return dict(q.policy.service)
+    return dict(q.ledger.service)

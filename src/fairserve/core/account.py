@@ -1,0 +1,113 @@
+"""The core's ground data: a tenant's account, the read-only views of the accounts, weight bounds and the default
+tenant. Every other module of `core/` builds on this one, and it imports none of them but `fairness`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .fairness import jain_index
+
+DEFAULT_TENANT = "anonymous"  # whose requests name no tenant (a server without keys, an engine request without one)
+
+# NOTE: weights outside this range overflow the accounting (a counter is service / weight: 1e-300 makes it +inf)
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
+
+
+def check_weight(tenant: str, weight: Any) -> float:
+    """The weight as a float, or ValueError with one line saying what is accepted."""
+    try:
+        ok = isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
+    except OverflowError:  # an integer past any float
+        ok = False
+    if not ok or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(f"weight of {tenant!r} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, got {weight!r}")
+    return float(weight)
+
+
+def parse_weights(text: str | None, source: str = "--weights") -> dict[str, float] | None:
+    """`tenant=weight,...` (from a flag or an environment variable named by `source`); None for no text. Raises
+    ValueError with one line for a malformed entry or a weight out of range."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        tenant, _, value = (x.strip() for x in part.partition("="))
+        try:
+            out[tenant] = check_weight(tenant, float(value))
+        except ValueError:
+            raise ValueError(
+                f"bad {source} entry {part!r}: expected CLIENT=WEIGHT with WEIGHT from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}"
+            ) from None
+        if not tenant:
+            raise ValueError(f"bad {source} entry {part!r}: expected CLIENT=WEIGHT")
+    return out
+
+
+class Unsupported(Exception):
+    """The policy has no such state (e.g. a counter reset under FCFS): the admin API answers 409."""
+
+
+@dataclass(slots=True, eq=False)
+class Account:
+    """One tenant's state, owned by the ledger (`core.ledger.Ledger.accounts`). `counter` is the policy's virtual
+    counter where it keeps one (VTC: service / weight, lifted; DRR: service / weight minus the quanta received up to
+    ring round `round`); a policy without one derives what it shows (`Policy.counter_of`)."""
+
+    tenant: str
+    rank: int  # first-seen order: the deterministic tie-break
+    weight: float = 1.0
+    service: float = 0.0  # cost charged, not divided by the weight
+    counter: float = 0.0
+    queued: int = 0  # requests waiting for admission: > 0 is the paper's "backlogged"
+    running: int = 0  # admitted and not yet ended
+    round: int = 0  # DRR: the last ring round whose quantum `counter` counts
+    # shared state across replicas (gateway/shared_state.py): the global service at the last sync (None: never
+    # synced), and the highest lift not yet sent (net of the charges since that sync)
+    synced: float | None = None
+    lift: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    tenant: str
+    weight: float
+    counter: float
+    service: float
+    queued: int
+    running: int
+
+    def row(self) -> dict[str, Any]:
+        """The admin API's JSON row."""
+        return {
+            "name": self.tenant,
+            "weight": self.weight,
+            "counter": self.counter,
+            "service": self.service,
+            "queue_length": self.queued,
+            "in_flight": self.running,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerView:
+    """A consistent snapshot of every tenant, for reading only."""
+
+    policy: str
+    tenants: dict[str, TenantView]
+
+    @property
+    def backlogged(self) -> list[TenantView]:
+        return [t for t in self.tenants.values() if t.queued]
+
+    @property
+    def counter_spread(self) -> float:
+        """Max minus min counter among backlogged tenants (what VTC keeps bounded)."""
+        counters = [t.counter for t in self.backlogged]
+        return max(counters) - min(counters) if counters else 0.0
+
+    @property
+    def jain(self) -> float:
+        """Jain's index of weighted service among backlogged tenants."""
+        return jain_index([t.service / t.weight for t in self.backlogged])

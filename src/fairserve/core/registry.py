@@ -1,0 +1,120 @@
+"""Policies by name. A policy is one module plus one `register(...)` call; every driver (the CLI, the gateway,
+`serve`, the vLLM plugin) lists and builds policies from here: `make_policy("vtc")`, `make_policy("rpm:5")`,
+`make_policy("vtc-predict:oracle±50")`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .cost import CostFunction, make_cost
+from .policy import Capabilities, Policy
+
+Build = Callable[[Any, CostFunction, int], Policy]  # (parsed argument or None, cost, seed) -> policy
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    name: str
+    cls: type[Policy]
+    summary: str
+    argument: str | None = None  # the argument's name in `name:ARGUMENT` (None: the policy takes none)
+    default: str | None = None  # the argument when the spec gives none
+    parse: Callable[[str], Any] | None = None  # text -> argument value; ValueError for a bad one
+    build: Build | None = None  # default: cls(cost=cost); a policy with an argument gives its own
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.cls.capabilities
+
+    @property
+    def usage(self) -> str:
+        return f"{self.name}[:{self.argument}]" if self.argument else self.name
+
+
+_REGISTRY: dict[str, PolicyEntry] = {}
+
+
+def register(
+    name: str,
+    cls: type[Policy],
+    summary: str,
+    *,
+    argument: str | None = None,
+    default: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    build: Build | None = None,
+) -> PolicyEntry:
+    """Make a policy known by `name` (lower case). ValueError if the name is taken."""
+    if name in _REGISTRY:
+        raise ValueError(f"a policy named {name!r} is registered already")
+    if argument is not None and build is None:
+        raise ValueError(f"policy {name!r} takes an argument: register it with a `build`")
+    entry = _REGISTRY[name] = PolicyEntry(name, cls, summary, argument, default, parse, build)
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Forget a policy (tests that register their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def policy_names() -> list[str]:
+    """The registered names, in registration order."""
+    return list(_REGISTRY)
+
+
+def describe(*, engine: bool = False) -> str:
+    """One line for --help texts: every registered policy, with its argument; with `engine`, only those an engine
+    can run (they order, and never reject a request at arrival)."""
+    return ", ".join(e.usage for e in _REGISTRY.values() if not (engine and e.capabilities.rejects_at_arrival))
+
+
+def check_policy(spec: str) -> tuple[PolicyEntry, Any]:
+    """Parse `name[:argument]` without building the policy: (its entry, the parsed argument or None). ValueError with
+    one line naming the registered policies on a bad spec."""
+    name, _, arg = spec.strip().partition(":")
+    entry = _REGISTRY.get(name.lower())
+    if entry is None:
+        raise ValueError(f"unknown policy {spec!r}; choose one of: {describe()}")
+    if entry.argument is None:
+        if arg:
+            raise ValueError(f"policy {entry.name!r} takes no argument (got {spec!r})")
+        return entry, None
+    text = arg or entry.default
+    if text is None:
+        raise ValueError(f"policy {entry.name!r} needs an argument: {entry.usage}")
+    try:
+        value = entry.parse(text) if entry.parse is not None else text
+    except ValueError as e:
+        raise ValueError(f"bad argument in policy {spec!r}: {e}") from None
+    return entry, value
+
+
+def make_policy(
+    spec: str,
+    *,
+    cost: str | CostFunction | Callable[[int, int], float] | None = None,
+    w_p: float = 1.0,
+    w_q: float = 2.0,
+    seed: int = 0,
+) -> Policy:
+    """Build the policy `name[:argument]` with its cost function (`make_cost`). ValueError on a bad spec or cost."""
+    entry, arg = check_policy(spec)
+    costfn = make_cost(cost, w_p, w_q)
+    if entry.build is not None:
+        return entry.build(arg, costfn, seed)
+    return entry.cls(cost=costfn)
+
+
+def number(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A `parse` for numeric arguments: '{text!r} is not a number' on a bad one."""
+
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+
+    return parse
