@@ -23,9 +23,10 @@ writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_wei
 backends' limits.
 
 Fairness across replicas: this is the ledger's `Peers`; the counter lift uses the smallest counter among tenants
-backlogged anywhere (`lift_floor`), and a replica admits its queue's head only while that head's counter is no larger than the
-smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not admit shrinks its
-lease to what it has in flight, so the capacity flows to the replica holding the globally smallest counter.
+backlogged anywhere (`lift_floor`), and a replica admits its queue's head only while that head's counter is no
+larger than the smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not
+admit shrinks its lease to what it has in flight, so the capacity flows to the replica holding the globally smallest
+counter.
 
 Leases are safe against every interleaving of a replica's admissions with its syncs: while a sync is in flight the
 replica admits only within `keep` (at most its lease, at least what it has in flight), and the script never sets
