@@ -12,11 +12,14 @@ from fairserve.core import (
     MAX_WEIGHT,
     MIN_WEIGHT,
     Ledger,
+    PolicyError,
+    Request,
     RequestState,
     Unsupported,
     check_weight,
     jain_index,
     make_policy,
+    profiled_a10g_llama2_7b,
     theorem_bound,
 )
 
@@ -279,3 +282,96 @@ def test_unpop_after_a_preemption_keeps_the_charges():
     led.pop()  # re-admitted: not charged again
     led.unpop(r)
     assert r.admitted and led.view().tenants["a"].service == 16 and led.view().tenants["a"].queued == 1
+
+
+def test_ties_go_to_the_tenant_seen_first_whenever_it_became_backlogged():
+    led = ledger(tenants=("a", "b"))  # a is seen first
+    led.arrive(1, "b", 10)
+    led.arrive(2, "a", 10)  # queued after b, both at counter 0
+    assert led.pop().tenant == "a"
+
+
+def test_a_rate_limit_reads_the_time_the_driver_gives():
+    led = ledger("rpm:1")
+    assert led.arrive(1, "a", 1, now=0.0) and led.arrive(2, "a", 1, now=61.0)
+    req = Request(id=3, tenant="a", prompt_tokens=1, arrival_s=200.0)
+    assert not led.add(req, now=62.0)  # within 60 s of the one at 61, by `now` (its arrival_s says 200)
+
+
+def test_a_bad_configured_weight_names_its_tenant():
+    with pytest.raises(ValueError, match="weight of 'alice'"):
+        Ledger(make_policy("vtc"), weights={"alice": 0})
+
+
+def test_pop_with_nothing_queued_says_so():
+    with pytest.raises(PolicyError, match="nothing queued"):
+        ledger().pop()
+
+
+def test_predicted_output_under_a_non_linear_cost():
+    h = profiled_a10g_llama2_7b
+    led = Ledger(make_policy("vtc-predict:oracle", cost="profiled"))
+    req = Request(id=1, tenant="a", prompt_tokens=100, max_tokens=50, predicted_output=20)
+    led.add(req)
+    led.pop()
+    assert led.service["a"] == pytest.approx(h(100, 0) + h(100, 20) - h(100, 0))  # the prediction, at admission
+    led.output(req, 25)  # 5 beyond the prediction: h(x, 25) - h(x, 20)
+    assert led.service["a"] == pytest.approx(h(100, 25))
+    led.output(req, 5)
+    assert led.service["a"] == pytest.approx(h(100, 30))
+
+
+class FakePeers:
+    def __init__(self, floor):
+        self.floor, self.asked, self.ledger = floor, [], None
+
+    def attach(self, ledger):
+        self.ledger = ledger
+
+    def lift_floor(self, acct, local_floor):
+        self.asked.append((acct.tenant, local_floor))
+        return self.floor
+
+
+def test_peers_attach_and_give_the_lift_its_floor():
+    peers = FakePeers(floor=None)
+    led = Ledger(make_policy("vtc"), ("a", "b"), peers=peers)
+    assert peers.ledger is led
+    led.arrive(1, "a", 100)
+    led.pop()  # a: 100, nothing queued
+    peers.floor = 500.0
+    led.arrive(2, "a", 10)
+    assert peers.asked == [("a", None), ("a", None)]  # nobody else queued here
+    assert led.counter_of("a") == 500.0  # lifted to the floor from elsewhere
+    led.arrive(3, "b", 10)
+    assert peers.asked[-1] == ("b", 500.0) and led.counter_of("b") == 500.0  # the local floor passed on
+    peers.floor = None
+    led.arrive(4, "b", 10)  # b already queued: no lift, not asked
+    assert len(peers.asked) == 3
+
+
+def test_apply_remote_sets_counter_service_and_weight_within_the_range():
+    led = ledger()
+    led.apply_remote("a", 42.0, 84.0, weight=2.0)
+    assert (led.counter_of("a"), led.service["a"], led.weights["a"]) == (42.0, 84.0, 2.0)
+    led.arrive(1, "a", 10)
+    led.arrive(2, "b", 10)
+    led.apply_remote("b", 50.0, 0.0)
+    assert led.pop().tenant == "a"  # 42 < 50
+    with pytest.raises(ValueError, match="weight of 'a'"):
+        led.apply_remote("a", 1.0, 1.0, weight=0.0)
+    for spec in ("fcfs", "drr"):
+        with pytest.raises(Unsupported, match="cannot share"):
+            ledger(spec).apply_remote("a", 1.0, 1.0)
+
+
+def test_counts_of_several_requests_of_one_tenant():
+    led = ledger()
+    for i in range(3):
+        led.arrive(i, "a", 10)
+    r0, r1 = led.pop(), led.pop()
+    assert (led.accounts["a"].queued, led.accounts["a"].running, led.num_queued) == (1, 2, 1)
+    led.requeue(r0)
+    led.requeue(r1)
+    assert (led.accounts["a"].queued, led.accounts["a"].running, led.num_queued) == (3, 0, 3)
+    assert led.counter_of("nobody") == 0.0

@@ -99,3 +99,30 @@ def test_engines_list_only_policies_that_never_reject():
     assert "rpm" in describe() and "rpm" not in describe(engine=True)
     entry, limit = check_policy("rpm:7")
     assert entry.capabilities.rejects_at_arrival and limit == 7
+
+
+def test_a_policy_with_an_argument_gets_it_parsed_with_the_cost_and_seed():
+    seen = {}
+
+    def build(arg, cost, seed):
+        seen.update(arg=arg, cost=cost, seed=seed)
+        return LIFO(cost=cost)
+
+    entry = register("lifo-n", LIFO, "newest first, with a number", argument="N", build=build)
+    try:
+        assert entry.summary == "newest first, with a number" and entry.usage == "lifo-n[:N]"
+        assert describe().split(", ")[-1] == "lifo-n[:N]"  # one list, comma-separated
+        policy = make_policy("lifo-n:7", w_p=0.5, w_q=3, seed=11)
+        assert isinstance(policy, LIFO) and seen["arg"] == "7" and seen["seed"] == 11  # no parse: the text
+        assert policy.cost.prompt(10) == 5 and policy.cost.output(10, 0, 1) == 3
+        with pytest.raises(ValueError, match=r"policy 'lifo-n' needs an argument: lifo-n\[:N\]"):
+            check_policy("lifo-n")
+        assert make_policy("vtc-predict:oracle±10", seed=3).predictor.name == "oracle±10%"
+        register("lifo-d", LIFO, "with a default", argument="N", default="5", parse=int, build=build)
+        make_policy("lifo-d")
+        assert seen["arg"] == 5  # the default, parsed
+        make_policy("lifo-d:8")
+        assert seen["arg"] == 8
+    finally:
+        unregister("lifo-n")
+        unregister("lifo-d")
