@@ -2,20 +2,17 @@
 computed from the simulation and must hold; where the paper says a baseline is unfair, the verdict checks that too.
 Our own findings beyond the paper's scope are checked to report what was measured."""
 
-from functools import cache
-
 import pytest
+from support.golden import quick_run
 
 from fairserve.reproduce.experiments import EXPERIMENTS, OWN_FINDINGS, PREDICTORS, Results
-from fairserve.reproduce.runs import REAL, RunSpec, run, trace_available
+from fairserve.reproduce.runs import REAL, trace_available
 
 BY_NAME = {e.name: e for e in EXPERIMENTS + OWN_FINDINGS}
 HAVE_REAL = trace_available(None)
 
 
-@cache
-def quick(spec: RunSpec):
-    return run(spec, quick=True)
+quick = quick_run  # NOTE: one run per spec for the whole session, shared with test_records_golden
 
 
 def results(exp, drop_real=False) -> Results:
