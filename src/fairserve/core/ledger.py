@@ -164,23 +164,26 @@ class Ledger:
     # ---- charging -------------------------------------------------------------------------------------------------
     def output(self, req: Request, tokens: int = 1) -> None:
         """`tokens` more output tokens were decoded for a running `req`. Only tokens beyond a prediction are charged."""
+        # NOTE: the simulator's hottest call: `_charge` inlined, the common case (no prediction, linear cost) first
         if req.state is not RUNNING:
             return
         y0 = req.output_done
         y1 = req.output_done = y0 + tokens
         p = req.predicted
-        if y1 > p:  # NOTE: `_charge` inlined: this is the simulator's hottest call
-            w_q = self._w_q
-            amount = (
-                w_q * (y1 - (y0 if y0 > p else p))
-                if w_q is not None
-                else self.cost.output(req.prompt_tokens, y0 if y0 > p else p, y1)
-            )
-            req.charged += amount
-            acct = req.account
-            acct.service += amount
-            if self._on_charge is not None:
-                self._on_charge(acct, amount)
+        w_q = self._w_q
+        if p == 0 and w_q is not None:
+            amount = w_q * tokens
+        elif y1 > p:
+            start = y0 if y0 > p else p
+            amount = w_q * (y1 - start) if w_q is not None else self.cost.output(req.prompt_tokens, start, y1)
+        else:
+            return
+        req.charged += amount
+        acct = req.account
+        acct.service += amount
+        on_charge = self._on_charge
+        if on_charge is not None:
+            on_charge(acct, amount)
 
     def prompt(self, req: Request, prompt_tokens: int) -> None:
         """The true prompt size is now known (a backend's `usage`, a session's next turn): the difference is charged,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
@@ -228,7 +228,7 @@ class SimEngine:
                 self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
             )
         # NOTE: this engine's ledger holds only SimRequests, so what it admits is one
-        batch = cast(list[SimRequest], self.ledger.admit(budget.try_add))  # type: ignore[arg-type]
+        batch: list[SimRequest] = self.ledger.admit(budget.try_add)  # type: ignore[arg-type, assignment]
         if batch:
             self._prefill(batch)
         return bool(batch)
