@@ -11,16 +11,21 @@ from fairserve.sim.latency import get_latency_model
 from fairserve.workloads import WORKLOADS, Arrival, make_workload
 
 
-def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve"):
-    """Largest |W_f(t1,t2) - W_g(t1,t2)| over intervals in which both clients stayed backlogged, with service read
-    from the policy's exact charges after every engine step."""
-    policy = Ledger(make_policy(policy_spec))
+def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve", weights=None):
+    """Largest |W_f(t1,t2)/w_f - W_g(t1,t2)/w_g| over intervals in which both `f` and `g` (tenants, or groups of
+    tenants `f/...`, `g/...`) stayed backlogged, with service read from the ledger's exact charges after every engine
+    step."""
+    policy = Ledger(make_policy(policy_spec), sorted({a.client for a in arrivals}), weights)
     samples = []
+
+    def node(name):
+        return policy.groups.get(name) or policy.accounts.get(name)
 
     def observe(engine):
         engine._sync()
-        queued = set(policy.backlogged())
-        samples.append((queued, policy.service.get("f", 0.0) - policy.service.get("g", 0.0)))
+        f, g = node("f"), node("g")
+        queued = {n for n, x in (("f", f), ("g", g)) if x is not None and x.queued}
+        samples.append((queued, (f.service / f.weight if f else 0.0) - (g.service / g.weight if g else 0.0)))
 
     SimEngine(policy, get_latency_model("a10g-llama2-7b"), EngineConfig(kv_tokens=kv, mode=mode), observer=observe).run(
         arrivals
@@ -53,6 +58,27 @@ def test_vtc_backlogged_difference_within_theorem_4_4(draws, kv):
     l_in = max(a.prompt_tokens for a in arrivals)
     bound = theorem_bound(l_in, kv)
     assert max_backlogged_gap("vtc", arrivals, kv) <= bound
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.tuples(sizes, sizes),
+    st.integers(600, 3000),
+    st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    st.sampled_from([(1.0, 1.0), (3.0, 1.0)]),
+)
+def test_sibling_groups_stay_within_the_bound(draws, kv, members, group_weights):
+    """Two sibling groups continuously backlogged at one priority: their weighted service differs by at most
+    2·max(w_p·L_in, w_q·M) / min(w_f, w_g) over any stretch both are backlogged, however many tenants each has
+    (docs/architecture.md, "The tenant tree")."""
+    arrivals = [
+        Arrival(a.arrival_s, f"{a.client}/m{i % members[a.client == 'g']}", a.prompt_tokens, a.output_tokens)
+        for i, a in enumerate(heavy_clients(draws))
+    ]
+    l_in = max(a.prompt_tokens for a in arrivals)
+    weights = {"f": group_weights[0], "g": group_weights[1], "f/m0": 2.0}
+    bound = theorem_bound(l_in, kv) / min(group_weights)
+    assert max_backlogged_gap("vtc", arrivals, kv, weights=weights) <= bound
 
 
 def test_fcfs_breaks_the_bound_that_vtc_keeps():

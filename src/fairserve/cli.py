@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .argtypes import positive
-from .core import check_policy, describe, make_cost, parse_weights
+from .core import check_nodes, check_policy, describe, make_cost, parse_priorities, parse_weights
 from .metrics import Summary, summarize, summary_table
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
@@ -41,7 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P[,P...]",
         help=f"policies to compare: {describe()}",
     )
-    s.add_argument("--weights", metavar="c=w,...", help="client weights for weighted VTC, e.g. client-0=1,client-1=2")
+    s.add_argument(
+        "--weights",
+        metavar="NODE=W,...",
+        help="weights of tenants or groups (paths: org/team/user), e.g. client-0=1,client-1=2 or acme=2,acme/bob=3",
+    )
+    s.add_argument(
+        "--priorities",
+        metavar="NODE=P,...",
+        help="priorities of tenants or groups (lower is served first, strictly), e.g. premium=0,free=1",
+    )
     s.add_argument(
         "--cost",
         default="linear",
@@ -112,12 +121,19 @@ def _simulate(args: argparse.Namespace) -> int:
         workload = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
     if not workload.arrivals:
         raise CliError("the workload has no requests")
-    weights = parse_weights(args.weights) or workload.weights
+    tenants = {a.client for a in workload.arrivals}
+    given = parse_weights(args.weights)
+    priorities = parse_priorities(args.priorities)
+    check_nodes(tenants, given or (), "--weights")
+    check_nodes(tenants, priorities or (), "--priorities")
+    weights = given or workload.weights
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")
     for spec in policies:  # validate everything before the first (slow) run
-        check_policy(spec)
+        entry, _ = check_policy(spec)
+        if priorities and not entry.capabilities.tree:
+            raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
     make_cost(args.cost, args.w_p, args.w_q)
     if args.profile:
         get_latency_model(args.profile)
@@ -134,6 +150,7 @@ def _simulate(args: argparse.Namespace) -> int:
             mode=args.engine_mode,
             drain=args.drain,
             weights=weights,
+            priorities=priorities,
             cost=args.cost,
             w_p=args.w_p,
             w_q=args.w_q,
