@@ -117,3 +117,17 @@ def test_module_entry_point_and_argparse_errors():
         text=True,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--kv-tokens" in bad.stderr
+
+
+def test_simulate_tree_flags(capsys):
+    assert main(["simulate", "--workload", "two-orgs", "--duration", "60", "--weights", "org-a=3"]) == 0
+    out = capsys.readouterr().out
+    assert "group org-a: service" in out and "group org-b: service" in out
+    for flags, message in [
+        (["--weights", "org-c=3"], "'org-c' names no tenant or group"),
+        (["--priorities", "org-a=x"], "integer PRIORITY"),
+        (["--priorities", "org-a=0", "--policy", "fcfs"], "does not order by priority"),
+    ]:
+        assert main(["simulate", "--workload", "two-orgs", "--duration", "60", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

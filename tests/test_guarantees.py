@@ -93,6 +93,10 @@ def test_fcfs_breaks_the_bound_that_vtc_keeps():
 # poisson-short-long(-2) give the clients different request sizes on purpose; VTC serves a different mix than FCFS,
 # so tokens/s differ although the engine is busy all the time under both.
 MIXED_SIZES = {"poisson-short-long", "poisson-short-long-2"}
+# With many tenants the two policies batch different mixes of them, and the preset's admission holds 32 pool tokens
+# back per distinct tenant in a batch (S-LoRA's per-adapter reserve): output differs by up to ~2% (VTC ahead here)
+# while the engine is busy all the time under both.
+MANY_TENANTS = {"two-orgs", "two-orgs-weighted", "tiers", "tiers-10x", "classes-6-3-1", "classes-6-3-1-long"}
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
@@ -104,5 +108,7 @@ def test_vtc_is_work_conserving_on_every_named_workload(name):
         out[policy] = summarize(res.records, w.duration_s).output_tokens_per_s
         busy[policy] = res.busy_s
     assert busy["vtc"] == pytest.approx(busy["fcfs"], rel=0.01)
-    if name not in MIXED_SIZES:
+    if name in MANY_TENANTS:
+        assert out["vtc"] == pytest.approx(out["fcfs"], rel=0.03)
+    elif name not in MIXED_SIZES:
         assert out["vtc"] == pytest.approx(out["fcfs"], rel=0.01)
