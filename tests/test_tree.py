@@ -107,9 +107,12 @@ def test_refunds_resets_and_remote_counters_reorder_the_tree():
 
 
 def test_names_cannot_be_a_tenant_and_a_group():
-    led = tree(tenants=["acme"])
+    led = tree(tenants=["acme"], weights={"org": 3})
+    led.arrive(1, "acme", 10)
     with pytest.raises(ValueError, match="'acme' is a tenant"):
-        led.account("acme/bob")
+        led.account("acme/bob")  # acme has had a request: it stays a tenant
+    led.arrive(2, "org/bob", 10)  # configured, never used: org was a group all along, and keeps its weight
+    assert "org" not in led.accounts and led.groups["org"].weight == 3.0 and led.pop().tenant == "acme"
     led.account("org/bob")
     with pytest.raises(ValueError, match="'org' is a group"):
         led.account("org")

@@ -58,7 +58,6 @@ class Ledger:
         caps = policy.capabilities
         self.accounts: dict[str, Account] = {}  # the tenants: the leaves of the tree
         self.groups: dict[str, Account] = {}  # every prefix of a tenant's path
-        self._declared: dict[str, Account] = {}  # configured, not yet seen as a tenant or a group
         self._ranks = itertools.count()  # first-seen (or configured) order: the deterministic tie-break
         self._levels: dict[str, int] = {}  # each tenant's own priority, once looked up (priorities are configured once)
         self.num_queued = 0  # requests waiting for admission, over all tenants
@@ -94,26 +93,27 @@ class Ledger:
     def _group(self, path: str) -> Account:
         group = self.groups.get(path)
         if group is None:
-            if path in self.accounts:
+            tenant = self.accounts.get(path)
+            if tenant is None:
+                group = self._open(path)
+            elif tenant.service or tenant.queued or tenant.running:
                 raise ValueError(f"{path!r} is a tenant, so it cannot be a group of tenants")
-            group = self.groups[path] = self._open(path)
+            else:  # NOTE: configured (a weight, say) before anything below it was seen: it was a group all along
+                group = self.accounts.pop(path)
+                self.policy.close(group)
+            self.groups[path] = group
         return group
 
     def _open(self, path: str) -> Account:
-        """A new node, with what was configured for it, under its groups."""
+        """A new node under its groups."""
         parent = self._group(path.rpartition(SEP)[0]) if SEP in path else None
-        acct = self._declared.pop(path, None) or Account(path, rank=next(self._ranks))
-        acct.parent = parent
-        return acct
+        return Account(path, rank=next(self._ranks), parent=parent)
 
     def node(self, path: str) -> Account:
-        """The group or tenant `path`; one not seen yet keeps what is set on it until it is seen as either."""
-        found = self.groups.get(path) or self.accounts.get(path)
-        if found is None:
-            found = self._declared.get(path)
-            if found is None:  # NOTE: ranked now, so ties follow the configuration's order, as for a tenant
-                found = self._declared[path] = Account(path, rank=next(self._ranks))
-        return found
+        """The group `path`, else the tenant `path` (opened on first sight: a tenant that has had no request yet
+        becomes a group when a tenant below it appears)."""
+        group = self.groups.get(path)
+        return group if group is not None else self.account(path)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     def arrive(

@@ -51,6 +51,9 @@ class Policy(ABC):
     def open(self, acct: Account) -> None:  # noqa: B027  # an optional hook: most policies need nothing here
         """A tenant seen for the first time."""
 
+    def close(self, acct: Account) -> None:  # noqa: B027  # an optional hook, like `open`
+        """A tenant that never had a request turned out to be a group (a tenant below it appeared)."""
+
     def accept(self, req: Request, now: float) -> bool:
         """Whether `req` is accepted at arrival (only rate-limiting policies refuse)."""
         return True

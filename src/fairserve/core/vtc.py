@@ -110,6 +110,9 @@ class VTC(Policy):
     def open(self, acct: Account) -> None:
         self._queues[acct.tenant] = {}
 
+    def close(self, acct: Account) -> None:
+        del self._queues[acct.tenant]
+
     def enqueue(self, req: Request, front: bool) -> None:
         acct, level = req.account, req.priority or 0
         queues = self._queues[acct.tenant]
