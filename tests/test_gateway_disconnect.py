@@ -32,13 +32,16 @@ def test_a_mass_disconnect_charges_at_most_one_chunk_per_stream_and_sends_nothin
                 socks = [stream_request(base, "alice", 400) for _ in range(STREAMS)]
                 # SLOTS streaming (each past its first token), the rest queued
                 assert wait_until(
-                    lambda: len(fake.produced) == SLOTS
-                    and min(fake.produced.values()) >= 1
-                    and gw.sched.ledger.num_queued == STREAMS - SLOTS,
+                    lambda: (
+                        len(fake.produced) == SLOTS
+                        and min(fake.produced.values()) >= 1
+                        and gw.sched.ledger.num_queued == STREAMS - SLOTS
+                    ),
                     20,
                 )
                 fake.paused = True  # nothing more is produced: what is charged now is what was sent before the close
-                assert wait_until(lambda: alice.service == start + SLOTS * PROMPT + CHUNK * sum(fake.produced.values()))
+                sent = start + SLOTS * PROMPT
+                assert wait_until(lambda: alice.service == sent + CHUNK * sum(fake.produced.values()))  # noqa: B023
                 before, calls = alice.service, fake.calls
                 closed = time.monotonic()
                 # NOTE: the queued first: a slot freed by a running stream may go to a queued request whose client
