@@ -36,6 +36,7 @@ class FakeBackend:
         self.delay_s, self.piece, self.prompt_bias = delay_s, piece, prompt_bias
         self.report_usage = True  # False: like a server that ignores include_usage
         self.fail_status: int | None = None  # answer every request with this status
+        self.fail_headers: dict[str, str] = {}  # ... and these headers (e.g. Retry-After)
         self.fail_after: int | None = None  # break streams after this many tokens
         self.calls = 0
         self.bodies: list[dict[str, Any]] = []
@@ -82,7 +83,9 @@ class FakeBackend:
             self.bodies.append(body)
             self.headers.append(dict(request.headers))
             if self.fail_status is not None:
-                return JSONResponse({"error": {"message": "fake failure"}}, status_code=self.fail_status)
+                return JSONResponse(
+                    {"error": {"message": "fake failure"}}, status_code=self.fail_status, headers=self.fail_headers
+                )
             n = body.get("max_completion_tokens") or body.get("max_tokens") or 5
             n = min(n, 400) if isinstance(n, int) else 5
             if not body.get("stream"):
@@ -175,7 +178,9 @@ def config(backends: list[str], **kw: Any):
 @contextlib.contextmanager
 def gateway(urls: list[str], backend_options: dict[str, Any] | None = None, **kw: Any) -> Iterator[str]:
     """A gateway in front of `urls`; yields its base URL."""
-    with running_server(create_app(config([{"url": u, **(backend_options or {})} for u in urls], **kw))) as base:
+    cfg = config([{"url": u, **(backend_options or {})} for u in urls], **kw)
+    limits = {"max_header_bytes": cfg.max_header_bytes, "max_headers": cfg.max_headers}  # as the CLI passes them
+    with running_server(create_app(cfg), **limits) as base:
         yield base
 
 

@@ -65,7 +65,8 @@ def header_timeout_protocol(
         waiting_since: float | None = None
         waiting_cycle: Any = None
         in_head = True  # a request line and headers are arriving
-        head_bytes = 0  # received while `in_head`
+        head_bytes = 0  # of the request line and the header fields parsed so far
+        pending = 0  # received while `in_head` (a head whose end has not come yet)
         fields = 0
         refused = False  # answered 431: nothing more is parsed or answered on this connection
 
@@ -87,8 +88,8 @@ def header_timeout_protocol(
                     return
                 super().data_received(data)
                 if self.in_head and not self.refused:  # NOTE: all of `data` was head: its end has not come
-                    self.head_bytes += len(data)
-                    if self.head_bytes > max_header_bytes:
+                    self.pending += len(data)
+                    if self.pending > max_header_bytes:
                         self.refuse(f"line and headers are larger than {max_header_bytes} bytes")
 
             def refuse(self, what: str) -> None:
@@ -97,10 +98,11 @@ def header_timeout_protocol(
                 self.transport.close()
 
             def on_message_begin(self) -> None:
-                self.in_head, self.head_bytes, self.fields = True, 0, 0
+                self.in_head, self.head_bytes, self.pending, self.fields = True, 0, 0, 0
                 super().on_message_begin()
 
             def on_url(self, url: bytes) -> None:
+                self.head_bytes += len(url)
                 if not self.refused:
                     super().on_url(url)
 
@@ -108,8 +110,11 @@ def header_timeout_protocol(
                 if self.refused:
                     return
                 self.fields += 1
+                self.head_bytes += len(name) + len(value) + 4
                 if self.fields > max_headers:
                     return self.refuse(f"headers are more than {max_headers} fields")
+                if self.head_bytes > max_header_bytes:
+                    return self.refuse(f"line and headers are larger than {max_header_bytes} bytes")
                 super().on_header(name, value)
 
             def on_headers_complete(self) -> None:
