@@ -47,7 +47,7 @@ def test_metrics_show_only_tenants_in_use_and_no_created_series():
             assert wait_until(lambda: 'tenant="t0000"' not in HTTP.get(base + "/metrics").text, 5)
             assert HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("k0")).status_code == 200
             again = HTTP.get(base + "/metrics").text
-            assert 'fairserve_gateway_requests_total{tenant="t0000",outcome="ok"} 2.0' in again
+            assert 'fairserve_gateway_requests_total{outcome="ok",tenant="t0000"} 2.0' in again
 
 
 # ---- 8. keys, 401s, headers, request ids, TLS -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ OUTCOMES = (
     "internal_error",
 )
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-_LE = [f'le="{b}"' for b in WAIT_BUCKETS] + ['le="+Inf"']
+_LE = [f'le="{floatToGoString(b)}"' for b in (*WAIT_BUCKETS, float("inf"))]
 HELP = {
     "prompt_tokens": "Prompt tokens of settled requests (backend usage when reported, else the estimate)",
     "output_tokens": "Output tokens of settled requests",
@@ -159,7 +159,8 @@ class GatewayMetrics:
     @staticmethod
     def _render(tenant: str, view: TenantView, s: TenantStats) -> list[str]:
         """The tenant's lines, one string per family (TENANT_FAMILIES, then HELP's order)."""
-        t = f'tenant="{tenant}"'  # NOTE: tenant names are [A-Za-z0-9_.@-]: nothing to escape
+        # NOTE: labels in name order, as prometheus_client writes them; tenant names need no escaping ([A-Za-z0-9_.@-])
+        t = f'tenant="{tenant}"'
         lines = []
         for field_, name, kind, _ in TENANT_FAMILIES:
             full = P + name + ("_total" if kind == "counter" else "")
@@ -168,12 +169,12 @@ class GatewayMetrics:
         lines.append(f"{P}output_tokens_total{{{t}}} {num(s.output_tokens)}\n")
         # NOTE: only the outcomes that happened: 12 zero series per tenant would be most of the scrape
         lines.append(
-            "".join(f'{P}requests_total{{{t},outcome="{o}"}} {num(n)}\n' for o, n in sorted(s.outcomes.items()) if n)
+            "".join(f'{P}requests_total{{outcome="{o}",{t}}} {num(n)}\n' for o, n in sorted(s.outcomes.items()) if n)
         )
         total, hist = 0, []
         for le, n in zip(_LE, s.waits, strict=True):
             total += n
-            hist.append(f"{P}queue_wait_seconds_bucket{{{t},{le}}} {num(total)}\n")
+            hist.append(f"{P}queue_wait_seconds_bucket{{{le},{t}}} {num(total)}\n")
         hist.append(f"{P}queue_wait_seconds_sum{{{t}}} {num(s.wait_sum)}\n")
         hist.append(f"{P}queue_wait_seconds_count{{{t}}} {num(total)}\n")
         lines.append("".join(hist))
