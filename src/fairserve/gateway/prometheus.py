@@ -77,6 +77,16 @@ class GatewayMetrics:
         self.activity = TenantActivity(window_s)
         self.tenants: dict[str, TenantStats] = {}
         self.scheduler: Scheduler | None = None
+        self._active: list[str] | None = None  # the tenants of the last scrape, and their part of it
+        self._tenant_part = b""
+        heads = [
+            _head(P + name + ("_total" if kind == "counter" else ""), kind, text)
+            for _, name, kind, text in TENANT_FAMILIES
+        ]
+        for family, text in HELP.items():
+            kind = "histogram" if family == "queue_wait_seconds" else "counter"
+            heads.append(_head(P + family + ("_total" if kind == "counter" else ""), kind, text))
+        self._heads = heads  # one per family, in the order of `TenantStats.lines`
 
     def bind(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -121,40 +131,40 @@ class GatewayMetrics:
         ledger = sched.ledger
         accounts, counter_of = ledger.accounts, ledger.policy.counter_of
         active = self.activity.active(lambda t: (a := accounts.get(t)) is not None and bool(a.queued or a.running))
-        # one list of lines per family, filled tenant by tenant from each tenant's rendered lines
-        names = [name for _, name, _, _ in TENANT_FAMILIES] + list(HELP)
-        parts: list[list[str]] = [[] for _ in names]
-        views = {}
+        rows: list[TenantStats] = []
+        backlogged = {}
+        changed = active != self._active
         for tenant in active:
             acct = accounts.get(tenant)
             if acct is None:
                 continue
-            view = views[tenant] = TenantView(
-                tenant, acct.weight, counter_of(acct), acct.service, acct.queued, acct.running
-            )
             s = self.tenants.get(tenant) or self._stats(tenant)
-            key = (s.version, view.service, view.counter, view.queued, view.running, view.weight)
+            counter = counter_of(acct)
+            key = (s.version, acct.service, counter, acct.queued, acct.running, acct.weight)
             if s.key != key:
-                s.key, s.lines = key, self._render(tenant, view, s)
-            for out, text in zip(parts, s.lines, strict=True):
-                if text:
-                    out.append(text)
-        body = []
-        for (_, name, kind, text), lines in zip(TENANT_FAMILIES, parts, strict=False):
-            full = P + name + ("_total" if kind == "counter" else "")
-            body += [_head(full, kind, text), *lines]
-        extra = parts[len(TENANT_FAMILIES) :]
-        for (family, text), lines in zip(HELP.items(), extra, strict=True):
-            kind = "histogram" if family == "queue_wait_seconds" else "counter"
-            full = P + family + ("_total" if kind == "counter" else "")
-            body += [_head(full, kind, text), *lines]
-        partial = LedgerView(ledger.policy.name, views)  # NOTE: every backlogged tenant is active: the same numbers
-        body.append(_head(P + "backlogged_counter_spread", "gauge", SPREAD_HELP))
-        body.append(f"{P}backlogged_counter_spread {num(partial.counter_spread)}\n")
-        body.append(_head(P + "jain_index", "gauge", JAIN_HELP))
-        body.append(f"{P}jain_index {num(partial.jain)}\n")
-        body.append(self._backends(sched))
-        return "".join(body).encode()
+                view = TenantView(tenant, acct.weight, counter, acct.service, acct.queued, acct.running)
+                s.key, s.lines, changed = key, self._render(tenant, view, s), True
+                if acct.queued:
+                    backlogged[tenant] = view
+            elif acct.queued:
+                backlogged[tenant] = TenantView(tenant, acct.weight, counter, acct.service, acct.queued, acct.running)
+            rows.append(s)
+        if changed:  # NOTE: else the tenants' part of the last scrape is still exact
+            self._active = active
+            body = []
+            for k, head in enumerate(self._heads):
+                body.append(head)
+                body += [s.lines[k] for s in rows if s.lines[k]]
+            self._tenant_part = "".join(body).encode()
+        partial = LedgerView(ledger.policy.name, backlogged)  # NOTE: the backlogged tenants: the same numbers
+        rest = (
+            _head(P + "backlogged_counter_spread", "gauge", SPREAD_HELP)
+            + f"{P}backlogged_counter_spread {num(partial.counter_spread)}\n"
+            + _head(P + "jain_index", "gauge", JAIN_HELP)
+            + f"{P}jain_index {num(partial.jain)}\n"
+            + self._backends(sched)
+        )
+        return self._tenant_part + rest.encode()
 
     @staticmethod
     def _render(tenant: str, view: TenantView, s: TenantStats) -> list[str]:
