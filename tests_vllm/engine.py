@@ -63,7 +63,7 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
         {"FAIRSERVE_PRIORITIES": "vic-lo=1"},
     ),
     # one LoRA slot for the adapters of the tests (tests_vllm/test_lora.py); the tenant is the adapter
-    "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),
+    "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),  # test_lora.K
     "lora-default": (False, LORA, {}),
 }
 

@@ -16,9 +16,9 @@ from fairserve.engines import vllm_scheduler
 def test_priority_0_is_admitted_before_waiting_priority_1_work_and_a_level_shares_by_the_tree(engines):
     llm = engines.get("vtc")
     # prio-hi is served alone first, at priority 1 (it may name it): its counter is then the higher one
-    warm = drive(llm, [Job(f"pw-{i}", "prio-hi", 48, 12, priority=1) for i in range(6)])
+    warm = drive(llm, [Job(f"pw-{i}", "prio-hi", 48, 12, priority=1) for i in range(4)])
     assert set(warm.priority.values()) == {1}
-    heavy = [Job(f"fh-{i}", "free/heavy", 48, 12) for i in range(24)]  # they name 0 (vLLM's default): not
+    heavy = [Job(f"fh-{i}", "free/heavy", 48, 12) for i in range(12)]  # they name 0 (vLLM's default): not
     light = [Job(f"fl-{i}", "free/light", 48, 12) for i in range(4)]  # allowed, so their group's level, 1
     urgent = [Job(f"pu-{i}", "prio-hi", 48, 12, priority=0, at_step=3) for i in range(4)]
     run = drive(llm, heavy + light + urgent)
@@ -27,7 +27,7 @@ def test_priority_0_is_admitted_before_waiting_priority_1_work_and_a_level_share
     counters = run.counter_at[1]  # after step 2, when the urgent requests arrive
     assert counters["prio-hi"] > counters["free"], counters  # by counters alone VTC would serve free first
     waiting = [j.rid for j in heavy + light if run.admitted_at[j.rid] >= 3]  # not admitted when they arrived
-    assert len(waiting) == 24  # four were running (a higher level still waits for running requests: the floor)
+    assert len(waiting) == 12  # four were running (a higher level still waits for running requests: the floor)
     last_urgent = max(run.admitted.index(j.rid) for j in urgent)
     assert last_urgent < min(run.admitted.index(rid) for rid in waiting), run.admitted
 
