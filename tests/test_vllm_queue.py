@@ -323,7 +323,7 @@ def test_a_tenant_that_cannot_be_one_is_queued_as_the_default_tenant_without_a_s
     q.add_request(FakeRequest("a-3", "org/team/x"))  # through a tenant
     assert refused == ["a-3"] and len(q) == 3
     assert path_problem("a/" * MAX_DEPTH + "a") and path_problem("x" * 300) and path_problem("/a")
-    assert path_problem("a/b c/d") is None
+    assert path_problem("a/b c/d") is None and path_problem(f"{DEFAULT_TENANT}/x")
 
 
 # ---- the pass's hold (the LoRA-slot rule) -------------------------------------------------------------------------

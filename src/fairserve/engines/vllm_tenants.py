@@ -73,7 +73,9 @@ def path_problem(tenant: str) -> str | None:
         return f"longer than {MAX_LENGTH} characters"
     parts = tenant.split("/")
     if any(not p.strip() for p in parts):
-        return "an empty part between slashes"
+        return "an empty part (a leading, trailing or double slash)"
     if len(parts) > MAX_DEPTH:
         return f"deeper than {MAX_DEPTH} levels"
+    if len(parts) > 1 and parts[0] == DEFAULT_TENANT:  # NOTE: else one such request fails all that name no tenant
+        return f"below the default tenant {DEFAULT_TENANT!r}, which cannot be a group"
     return None
