@@ -195,7 +195,7 @@ def test_gateway_names_the_tenant_to_the_engine(vllm_server, tmp_path):
             cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src"))
         )
     try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/v1/models", log, timeout=60)
+        wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log, timeout=60)
         # the gateway forwards at once (64 in flight): the order is the engine's, by the tenants it was told
         order = asyncio.run(
             completion_order(
