@@ -23,6 +23,7 @@ from .runner import (
     XARGS_CLIENT_KEY,
     BenchRecord,
     place,
+    preflight,
     resolve_keys,
     run_bench,
 )
@@ -128,6 +129,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help='also name the client in each request body as "vllm_xargs": {KEY: CLIENT} (KEY defaults '
         f"to {XARGS_CLIENT_KEY}), for vLLM with fairserve's scheduler, which sees no API keys",
     )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for the target to answer before the run (a server just started); default 0",
+    )
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
     p.add_argument("--seed", type=int, default=0)
@@ -170,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
         weights = parse_weights(args.weights) or workload.weights or {}
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
+    pinned = (
+        dict(zip((a.client for a in workload.arrivals), urls, strict=True)) if args.placement == "by-client" else {}
+    )
+    preflight(urls, key_of, pinned, max(0.0, args.wait))
     print(
         f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
         f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
