@@ -357,5 +357,6 @@ def test_an_unreachable_target_or_a_refused_key_is_one_error_before_the_run(fake
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
         assert time.monotonic() - start < 5  # at once, not after the workload's duration
-    assert main(["bench", "--target", nowhere, "--keys", "*=fast", "--wait", "0.5", *common]) == 2  # waited, then gave up
+    # with --wait: it waits for the target, then gives up with the same error
+    assert main(["bench", "--target", nowhere, "--keys", "*=fast", "--wait", "0.5", *common]) == 2
     capsys.readouterr()
