@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # NOTE: servers stop on Ctrl-C themselves (after their drain) and return 0
+        print("fairserve: interrupted", file=sys.stderr)
+        return 130
 
 
 def _simulate(args: argparse.Namespace) -> int:
