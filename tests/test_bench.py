@@ -360,3 +360,6 @@ def test_an_unreachable_target_or_a_refused_key_is_one_error_before_the_run(fake
     # with --wait: it waits for the target, then gives up with the same error
     assert main(["bench", "--target", nowhere, "--keys", "*=fast", "--wait", "0.5", *common]) == 2
     capsys.readouterr()
+    f, _ = fake
+    assert main(["bench", "--target", url, "--keys", "*=fast", *common]) == 0
+    assert f.seen[-1]["body"]["model"] == "m"  # no --model: the one the target lists

@@ -107,7 +107,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--duration", type=positive(float, "a number"), metavar="S", help="keep only the first S workload seconds"
     )
     p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model name to send (default: %(default)s)")
+    p.add_argument(
+        "--model", help=f"model name to send (default: the first the target lists at /v1/models, else {DEFAULT_MODEL})"
+    )
     p.add_argument(
         "--timeout",
         type=positive(float, "a number"),
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     pinned = (
         dict(zip((a.client for a in workload.arrivals), urls, strict=True)) if args.placement == "by-client" else {}
     )
-    preflight(urls, key_of, pinned, max(0.0, args.wait))
+    listed = preflight(urls, key_of, pinned, max(0.0, args.wait))
+    model = args.model or (listed[0] if listed else DEFAULT_MODEL)
     print(
         f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
         f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
@@ -194,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             keys,
             time_scale=args.time_scale,
             endpoint=args.endpoint,
-            model=args.model,
+            model=model,
             timeout_s=args.timeout,
             max_inflight=args.max_inflight,
             xargs_key=args.client_xargs,
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         meta = {
             "target": args.target,
             "endpoint": args.endpoint,
-            "model": args.model,
+            "model": model,
             "workload": workload.name,
             "time_scale": args.time_scale,
             "weights": weights,

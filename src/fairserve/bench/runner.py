@@ -60,10 +60,11 @@ def resolve_keys(keys: Mapping[str, str], clients: Iterable[str]) -> dict[str, s
 
 def preflight(
     urls: Sequence[str], key_of: Mapping[str, str], placement: Mapping[str, str], wait_s: float = 0.0
-) -> None:
-    """Before a run: each target answers `GET /v1/models` with every key sent to it. ValueError with one line when a
-    target cannot be reached (within `wait_s` seconds, to let a server just started come up) or refuses a key (401,
-    403): a run against it would only count failures."""
+) -> list[str]:
+    """Before a run: each target answers `GET /v1/models` with every key sent to it; returns the model ids the first
+    target lists. ValueError with one line when a target cannot be reached (within `wait_s` seconds, to let a server
+    just started come up) or refuses a key (401, 403): a run against it would only count failures."""
+    models: list[str] = []
     deadline = time.monotonic() + wait_s
     with httpx.Client(timeout=5.0) as client:
         for url in dict.fromkeys(urls):
@@ -83,6 +84,10 @@ def preflight(
                     raise ValueError(
                         f"the target {base} refused the API key of client {name!r} (HTTP {r.status_code}); check --keys"
                     )
+                if not models and r.status_code == 200:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        models = [str(m["id"]) for m in r.json()["data"]]
+    return models
 
 
 def endpoint_url(target: str, endpoint: str) -> str:
