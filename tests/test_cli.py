@@ -153,3 +153,22 @@ def test_version(capsys):
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fairserve {__version__}"
     assert __version__[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["emulate", "--listen", "127.0.0.1:{port}"],
+        ["gateway", "--backend", "http://127.0.0.1:9", "--tenant", "a:key-a", "--listen", "127.0.0.1:{port}"],
+    ],
+)
+def test_a_port_in_use_is_one_line(argv, capsys):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main([a.format(port=port) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fairserve: error: cannot listen on 127.0.0.1:{port}: the address is already in use"], err

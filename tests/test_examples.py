@@ -26,3 +26,13 @@ def test_the_serve_example():
 
 def test_every_example_is_tested():
     assert {p.name for p in EXAMPLES.glob("*.toml")} == {"gateway.toml", "replicas.toml", "serve.toml"}
+
+
+def test_a_backend_takes_the_flags_names_in_toml_too(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text(
+        'tenants = [{ name = "a", api_keys = ["k"] }]\n'
+        'backends = [{ url = "http://127.0.0.1:8001", max_requests = 5, max_tokens = 900 }]\n'
+    )
+    backend = load_gateway(path).backends[0]
+    assert (backend.max_inflight_requests, backend.max_inflight_tokens) == (5, 900)
