@@ -118,6 +118,7 @@ def test_dashboard_data_page_and_owners_on_the_gateway():
         assert srcs and all(s.startswith("/dashboard/") for s in srcs)  # nothing from elsewhere
         for src in srcs:
             assert HTTP.get(base + src).status_code == 200
+        assert '<link rel="icon" href="/dashboard/' in page.text  # else a browser asks for /favicon.ico: a 404
         assert "/admin/dashboard" in HTTP.get(base + "/dashboard/dashboard.js").text
 
         r = HTTP.post(base + "/admin/owners", json={"keys": [KEYS["alice"], "nope"]}, headers=ADMIN_H)

@@ -238,6 +238,7 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
         def broken():
             raise RuntimeError("scheduler bug")
 
+        assert httpx.get(url + "/livez").status_code == 200
         engine.queue.policy.peek = broken
         r = httpx.post(
             url + "/v1/completions",
@@ -254,6 +255,7 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
         )
         assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
         assert httpx.get(url + "/healthz").status_code == 503
+        assert httpx.get(url + "/livez").json() == {"status": "failed"}  # only a restart brings the loop back
 
 
 def test_cli_serves_and_exits_on_interrupt():

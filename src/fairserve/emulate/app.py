@@ -56,6 +56,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
     @app.get("/healthz")
     @app.get("/health")
+    @app.get("/livez")
     async def healthz() -> dict:
         return {
             "status": "ok",

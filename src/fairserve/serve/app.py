@@ -210,6 +210,12 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if why is None else 503)
 
+    # NOTE: a stopped generation loop never restarts itself, so here liveness and readiness agree (minus the detail)
+    @app.get("/livez")
+    async def livez() -> Response:
+        why = engine.failure()
+        return JSONResponse({"status": "ok" if why is None else "failed"}, status_code=200 if why is None else 503)
+
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         if (denied := metrics_denied(request, cfg.metrics_key)) is not None:
