@@ -73,27 +73,30 @@ class ReserveIndex:
         return i
 
     def _repair(self) -> None:
-        ends, cum, prefix, j, n = self.ends, self._cum, self._prefix, self._from, len(self.ends)
+        ends, j, n = self.ends, self._from, len(self.ends)
+        cum, prefix = self._cum, self._prefix
         del cum[j:], prefix[j:]
         c, p = cum[-1], prefix[-1]
-        for i in range(j, n + 1):
-            e, t = ends[i - 1]
+        behind = [NONE] * (n + 2)  # (e_i - 1) * (i + 1) + C_i, from j on
+        i = j - 1
+        for e, t in ends[j - 1 :]:
+            i += 1
             c += t - e
             cum.append(c)
             term = (e - 1) * i + c
             if term > p:
                 p = term
             prefix.append(p)
-        tail, s = [], NONE
+            behind[i] = term + e - 1
+        suffix = self._suffix
+        del suffix[j:]
+        suffix.extend(behind[j:])
+        s = NONE
         for i in range(n, j - 1, -1):
-            term = (ends[i - 1][0] - 1) * (i + 1) + cum[i]
-            if term > s:
-                s = term
-            tail.append(s)
-        suffix = self._suffix[:j]
-        suffix += reversed(tail)
-        suffix.append(NONE)
-        s = suffix[j]
+            b = suffix[i]
+            if b > s:
+                s = b
+            suffix[i] = s
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
             term = (ends[i - 1][0] - 1) * (i + 1) + cum[i]
             if term > s:
@@ -101,7 +104,7 @@ class ReserveIndex:
             if s == suffix[i]:
                 break
             suffix[i] = s
-        self._suffix, self._from = suffix, CLEAN
+        self._from = CLEAN
 
     def peak_with(self, held: int, left: int, step: int) -> int:
         if self._from != CLEAN:

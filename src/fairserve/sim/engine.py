@@ -16,26 +16,23 @@ step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
-from fractions import Fraction
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
 
-from ..core.cost import LinearCost
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
+from .forecast import NEVER, Charging, Forecast, exact_charges
 from .latency import LatencyModel, decode_steps_s
 
 Mode = Literal["reserve", "paged"]
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
-NEVER = 1 << 62  # a step that never comes
 SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
 
 
@@ -57,11 +54,11 @@ class EngineConfig:
         if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
             raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
 
-    @property
+    @cached_property
     def prefill_tokens(self) -> int:
         return self.batch_max_tokens if self.batch_max_tokens else max(self.kv_tokens // 6, 3072)
 
-    @property
+    @cached_property
     def wait_steps(self) -> int:
         if self.max_wait_steps is not None:
             return self.max_wait_steps
@@ -96,27 +93,6 @@ class SimResult:
     config: EngineConfig
 
 
-class Charging(Enum):
-    """When the engine charges decoded tokens (the counters must be up to date whenever a decision reads them)."""
-
-    AT_END = "at the end"  # the order ignores charges (FCFS, rate limits): at finish, cancel and preemption only
-    LAZY = "lazily"  # charges are exact in floating point: a tenant's running requests at once, when read
-    EVERY_STEP = "every step"  # not exact: every request before every decision, in the step-by-step order
-
-
-def exact_charges(ledger: Ledger) -> bool:
-    """Every charge and counter is then an exact binary fraction, so grouping charges cannot change a bit: the
-    policy admits the smallest counter first (a counter is a sum of charges / weight), the cost is linear with
-    integral prices and every weight is a power of two."""
-    cost = ledger.cost
-    return (
-        ledger.policy.capabilities.shares_counters
-        and type(cost) is LinearCost
-        and all(float(w).is_integer() and 0 <= w < 2**20 for w in (cost.w_p, cost.w_q))
-        and all(math.frexp(a.weight)[0] == 0.5 for a in ledger.accounts.values())
-    )
-
-
 def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
     """Why a request of this size could never be admitted, or None if it can be."""
     prompt = prompt_tokens + cfg.prompt_extra_tokens
@@ -132,7 +108,7 @@ def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str 
     return None
 
 
-class SimEngine:
+class SimEngine(Forecast):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
     Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
@@ -154,6 +130,9 @@ class SimEngine:
         self.step = 0  # decode steps so far
         self.kv_used = 0  # = sum over running requests of server prompt + generated tokens
         self._extra = cfg.prompt_extra_tokens
+        self._kv, self._paged, self._wait = cfg.kv_tokens, cfg.mode == "paged", cfg.wait_steps
+        self._prefill_max, self._running_max = cfg.prefill_tokens, cfg.running_max
+        self._per_client = 0 if self._paged else cfg.reserve_per_client_tokens
         self.running: dict[SimRequest, None] = {}  # admission order (paged mode evicts the newest)
         self._tenants: dict[str, list[SimRequest]] = {}  # the running requests by tenant
         self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
@@ -247,26 +226,27 @@ class SimEngine:
 
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
-        if too_large(self.config, req.prompt_tokens, req.output_tokens) is not None:
+        prompt = req.prompt_tokens + self._extra  # NOTE: too_large(), inline: every arrival passes here
+        if prompt + req.output_tokens >= self._kv - self._per_client or prompt > self._prefill_max:
             req.state = RequestState.REJECTED  # it could never be admitted
             return
-        acct = self.ledger.accounts.get(req.tenant)
+        charging, acct = self._charging, self.ledger.accounts.get(req.tenant)
         was_backlogged = acct is not None and acct.queued > 0
-        if self._charging is Charging.EVERY_STEP:
+        if charging is Charging.EVERY_STEP:
             if self.running:
                 self._sync()
-        elif self._charging is Charging.LAZY and self._lifts and not was_backlogged:
+        elif charging is Charging.LAZY and self._lifts and not was_backlogged:
             self._head()  # the lift reads the smallest backlogged counter and this tenant's own
             self._charge(req.tenant)
         self.ledger.add(req, now=req.arrival_s)
         if req.state is not QUEUED:
             return
-        if self._charging is Charging.LAZY:
+        if charging is Charging.LAZY:
             self._queue_sizes(req)
         if self._next_try > self.step and self.running:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
-            if self.ledger.peek() is req or (self._charging is Charging.LAZY and not was_backlogged):
+            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.peek() is req:
                 hi = min(self._next_try, self._quiet_steps_cap())
                 self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
@@ -285,35 +265,43 @@ class SimEngine:
 
     # ---- the router loop ---------------------------------------------------------------------------------------
     def _advance(self, until: float) -> bool:
-        """One iteration of the router loop, or, when it decodes, every decode step up to the next event or the
-        first step that ends at or after `until` (an arrival, the horizon)."""
-        if not self.running:
-            if self.ledger.num_queued == 0:
-                return False
-            self._waited = 0
-            if not self._admit():
-                raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
-            return True
-        wait = self.config.wait_steps
-        if self._waited >= wait and self.ledger.num_queued and self.step >= self._next_try:
-            if self._charging is not Charging.EVERY_STEP:  # NOTE: a try that would fail is not needed to know it
-                head = self._first()
-                if head is not None and self._first_fit(head, self.step, self.step + 1) != self.step:
-                    self._refused = head
-                    self._next_try = self._when_admission_can_succeed(self.step + 1)
-                    self._decode(until)
-                    return True
-            if self._admit():
+        """Iterations of the router loop until the clock reaches `until` (an arrival, the horizon, advance_to's
+        target; at least one): each admits and prefills a (mini-)batch, or decodes every step up to the next event
+        or the first step that ends at or after `until`. False when there is nothing to do (nothing running,
+        nothing queued)."""
+        while True:
+            if not self.running:
+                if self.ledger.num_queued == 0:
+                    return False
                 self._waited = 0
-                if self._charging is not Charging.EVERY_STEP and self.running and self.ledger.num_queued:
-                    self._refused = self._first()  # after the prefill's charges
-                    self._next_try = self._when_admission_can_succeed(self.step + wait)
+                if not self._admit():
+                    raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
+            elif self._waited >= self._wait and self.ledger.num_queued and self.step >= self._next_try:
+                self._try(until)
+            else:
+                self._decode(until)
+            if self.now >= until or self.observer:
                 return True
-            self._next_try = self._when_admission_can_succeed(self.step + 1)
-        self._decode(until)
-        return True
 
-    def _admit(self) -> bool:
+    def _try(self, until: float) -> None:
+        """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
+        head = None
+        if self._charging is not Charging.EVERY_STEP:  # NOTE: a try that would fail is not needed to know it
+            head = self._first()
+            first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
+            if first != self.step:
+                self._refused = head
+                self._next_try = self._when_admission_can_succeed(self.step + 1, first)
+                self._decode(until)
+                return
+        if self._admit(head):
+            self._waited = 0
+            return
+        self._next_try = self._when_admission_can_succeed(self.step + 1)
+        self._decode(until)
+
+    def _admit(self, first: Request | None = None) -> bool:
+        """One admission round (`first`: the policy's next request, if just looked up)."""
         cfg, lazy = self.config, self._charging is Charging.LAZY
         if self._charging is Charging.EVERY_STEP:
             self._sync()
@@ -336,7 +324,7 @@ class SimEngine:
         batch: list[SimRequest] = []
         peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
         while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
-            req = peek()
+            req, first = first or peek(), None
             if req is None or not budget.try_add(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
                 break
             pop()
@@ -376,9 +364,9 @@ class SimEngine:
     def _decode(self, until: float) -> None:
         """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary,
         and the steps go on if they change nothing that is due."""
-        cfg, n = self.config, len(self.running)
-        if cfg.mode == "paged" and self.kv_used + n > cfg.kv_tokens:
-            while self.kv_used + len(self.running) > cfg.kv_tokens:
+        n = len(self.running)
+        if self._paged and self.kv_used + n > self._kv:
+            while self.kv_used + len(self.running) > self._kv:
                 self._preempt(next(reversed(self.running)))
             n = len(self.running)
             if not n:
@@ -412,21 +400,22 @@ class SimEngine:
     def _quiet_steps(self, n: int) -> int:
         """The decode steps from now to the next event: a finish, an admission that may succeed, the pool running
         out (paged). 0 if a try is due now."""
-        cfg, step = self.config, self.step
         if self.observer:
             return 1
+        step = self.step
         steps = self._next_finish() - step
-        if cfg.mode == "paged":
-            steps = min(steps, (cfg.kv_tokens - self.kv_used - n) // n + 1)
+        if self._paged:
+            room = (self._kv - self.kv_used - n) // n + 1
+            if room < steps:
+                steps = room
         if self.ledger.num_queued:
-            steps = min(steps, max(cfg.wait_steps - self._waited, self._next_try - step))
+            wait = self._wait - self._waited
+            try_in = self._next_try - step
+            if wait < try_in:
+                wait = try_in
+            if wait < steps:
+                steps = wait
         return steps
-
-    def _next_finish(self) -> int:
-        ends = self._ends
-        while ends and (ends[0][2].state is not RUNNING or ends[0][2].end_step != ends[0][0]):
-            heapq.heappop(ends)  # a preempted run's or a cancelled request's
-        return ends[0][0] if ends else NEVER
 
     def _run_steps(self, n: int, steps: int, until: float) -> int:
         """Decode `steps` steps of the batch (stopping after the first that ends at or after `until`); returns how
@@ -504,202 +493,12 @@ class SimEngine:
         if self._charging is Charging.LAZY:
             self._queue_sizes(r)
 
-    # ---- charging ----------------------------------------------------------------------------------------------
-    def _sync(self) -> None:
-        """Charge every running request for the tokens decoded since its last charge."""
-        if self._charging is Charging.LAZY:
-            for tenant in self._tenants:
-                self._charge(tenant)
-            return
-        step, output = self.step, self.ledger.output
-        for r in self.running:
-            n = r.generated + step - r.step_base - r.output_done
-            if n:
-                output(r, n)
 
-    def _charge(self, tenant: str) -> None:
-        """LAZY: charge `tenant`'s running requests up to this step, in one charge."""
-        behind = self.step - self._charged.get(tenant, self.step)  # 0 for a tenant with nothing running
-        if behind:
-            self.ledger.outputs(self._tenants[tenant], behind)
-            self._charged[tenant] = self.step
-
-    def _first(self) -> Request | None:
-        """The policy's next request (LAZY: with the counters it reads up to date)."""
-        return self._head() if self._charging is Charging.LAZY else self.ledger.peek()
-
-    def _head(self) -> Request | None:
-        """LAZY: the policy's next request, with up-to-date counters wherever it looks. A charge only moves a tenant
-        back in the order (the smallest counter goes first), so charging just the tenants the policy picks, until
-        it picks one that is up to date, gives its choice under every counter up to date."""
-        peek, charged, step, tenants = self.ledger.peek, self._charged, self.step, self._tenants
-        while True:
-            req = peek()
-            if req is None or req.tenant not in tenants or charged[req.tenant] == step:
-                return req
-            self._charge(req.tenant)
-
-    # ---- when an admission can succeed -------------------------------------------------------------------------
-    def _when_admission_can_succeed(self, lo: int) -> int:
-        """After a try that stopped at a request that did not fit (`_refused`): the first step from `lo` on at which a
-        try could admit something, while nothing happens (every event resets it). The policy's next request fits
-        again at a step the reserve index computes (in paged mode, not before the pool grows); another request can
-        only be first if the next one's tenant is charged past the others, and only fit where the smallest queued
-        sizes fit."""
-        if self._charging is Charging.EVERY_STEP:
-            return lo  # NOTE: the counters must take every step's charges, as step by step
-        head = self._refused
-        if head is None:
-            return NEVER
-        hi = self._quiet_steps_cap()
-        first = self._first_fit(head, lo, hi)
-        if self._charging is Charging.AT_END or head.tenant not in self._tenants:
-            return first  # the order cannot change without an event
-        some, last = self._first_fit_smallest(lo, min(first, hi))
-        if some >= first:
-            return first
-        until = min(first, hi, last + 1) - 1  # someone else could fit at some step in [some, until]
-        proven = self._first_through(head, until)
-        return first if proven >= until else max(some, proven + 1)
-
-    def _quiet_steps_cap(self) -> int:
-        """The first step whose try follows an event: the next finish (a finish comes before the try at its step),
-        or, paged, the step after the pool runs out (the try at that step comes before the preemption)."""
-        cap = self._next_finish()
-        if self.config.mode == "paged":
-            n = len(self.running)
-            cap = min(cap, self.step + (self.config.kv_tokens - self.kv_used - n) // n + 2)
-        return cap
-
-    def _first_fit(self, req: Request, lo: int, hi: int) -> int:
-        """The first step in [lo, hi) at which `req` fits the batch as it is (NEVER if none)."""
-        cfg, r = self.config, req
-        assert isinstance(r, SimRequest)
-        need = r.prompt_tokens + self._extra + r.generated
-        if need > cfg.prefill_tokens or len(self.running) + 1 > cfg.running_max:
-            return NEVER
-        if self._index is None:  # paged: it fits while the pool has room for it, which only shrinks
-            free = cfg.kv_tokens - self.kv_used - len(self.running) * (lo - self.step)
-            return lo if lo < hi and need + 1 <= free else NEVER
-        adapters = len(self._tenants) + (r.tenant not in self._tenants)
-        limit = cfg.kv_tokens - cfg.reserve_per_client_tokens * adapters
-        g = self._index.first_fit(need + 1, r.output_tokens - r.generated - 1, limit, lo, hi)
-        return NEVER if g is None else g
-
-    def _first_fit_smallest(self, lo: int, hi: int) -> tuple[int, int]:
-        """A request made of the smallest prefill and the fewest tokens to go among the queued ones fits no later
-        than any queued request does: (the first step in [lo, hi) at which it fits, the last step it fits)."""
-        cfg = self.config
-        need = _smallest(self._needs, self._need)
-        if need is None or need > cfg.prefill_tokens or len(self.running) + 1 > cfg.running_max:
-            return NEVER, -1
-        if self._index is None:  # paged: it fits while the pool has room for it
-            last = self.step + (cfg.kv_tokens - self.kv_used - need - 1) // len(self.running)
-            return (lo if lo <= last and lo < hi else NEVER), last
-        left = _smallest(self._lefts, self._left)
-        assert left is not None
-        limit = cfg.kv_tokens - cfg.reserve_per_client_tokens * len(self._tenants)
-        g = self._index.first_fit(need + 1, left, limit, lo, hi)
-        return (NEVER if g is None else g), NEVER
-
-    def _first_through(self, head: Request, until: int) -> int:
-        """The last step up to `until` through which `head` provably stays the policy's next request."""
-        if self.ledger.predictor is not None:  # bisection: the steps at which it does form an interval from now
-            if self._first_at(head, until) is None:
-                return until
-            lo, hi = self.step, until
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if self._first_at(head, mid) is None:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        while until > self.step:  # NOTE: linear counters: where the one picked instead overtook, then look again
-            seen = self._first_at(head, until)
-            if seen is None:
-                return until
-            until = self._overtaken(head, until, *seen) - 1
-        return self.step
-
-    def _first_at(self, head: Request, step: int) -> tuple[str, float, float, int] | None:
-        """None if `head` is still the policy's next request at `step` (and so at every step from now to it), seen
-        by charging ahead, then taking the charges back. Without a predictor every counter grows linearly, so two
-        tenants in one order at both ends of the stretch are in it all along: the tenants the policy picks are
-        charged up to `step` until it picks `head` or one charged already; for the one picked instead it returns
-        (its tenant, its counter and head's at `step`, the step it was charged up to before). With a
-        predictor only `head`'s tenant is charged ahead (the others only move back as they are charged, so that
-        proves it too, less often)."""
-        ahead: list[tuple[list[SimRequest], int]] = []
-        accounts, charged = self.ledger.accounts, self._charged
-        linear = self.ledger.predictor is None
-
-        def forward(tenant: str) -> None:
-            group, k = self._tenants[tenant], step - charged[tenant]
-            self.ledger.outputs(group, k)
-            ahead.append((group, k))
-
-        try:
-            forward(head.tenant)
-            moved = {head.tenant}
-            while True:
-                req = self.ledger.peek()
-                if req is head:
-                    return None
-                if req is None:
-                    return ("", 0.0, 0.0, 0)
-                t = req.tenant
-                if linear and t in self._tenants and t not in moved:
-                    forward(t)
-                    moved.add(t)
-                elif not linear and t in self._tenants and charged[t] != self.step:
-                    self._charge(t)
-                else:  # it goes first with its counter as it is
-                    since = charged[t] if t in self._tenants else step
-                    return (t, accounts[t].counter, accounts[head.tenant].counter, since)
-        finally:
-            for group, k in reversed(ahead):
-                self.ledger.outputs(group, -k)
-
-    def _overtaken(self, head: Request, at: int, tenant: str, counter: float, head_counter: float, since: int) -> int:
-        """The first step after now at which `tenant` (its counter `counter` at step `at`, linear from the step
-        `since` it is charged up to) may come before `head` (`head_counter` at `at`, linear from now): a tie
-        counts, whatever the tie-break."""
-        now = self.step
-        if not tenant:
-            return now + 1
-        h0, o0 = Fraction(self.ledger.accounts[head.tenant].counter), Fraction(self.ledger.accounts[tenant].counter)
-        h_rate = (Fraction(head_counter) - h0) / (at - now)
-        o_rate = (Fraction(counter) - o0) / (at - since) if at > since else Fraction(0)
-        gap = o0 + o_rate * (now - since) - h0  # how far `tenant` is behind at now; it closes at h_rate - o_rate
-        if h_rate <= o_rate:
-            return at
-        return max(now + 1, now + math.ceil(gap / (h_rate - o_rate)))
-
-    def _queue_sizes(self, r: SimRequest) -> None:
-        heapq.heappush(self._needs, (self._need(r), r.seq, r))
-        if self._index is not None:
-            heapq.heappush(self._lefts, (self._left(r), r.seq, r))
-
-    def _need(self, r: SimRequest) -> int:
-        return r.prompt_tokens + self._extra + r.generated
-
-    def _left(self, r: SimRequest) -> int:
-        return r.output_tokens - r.generated - 1
-
-
-def _smallest(heap: list[tuple[int, int, SimRequest]], size: Callable[[SimRequest], int]) -> int | None:
-    """The smallest size among queued requests in a lazy heap (entries of admitted or resized requests drop)."""
-    while heap:
-        v, _, r = heap[0]
-        if r.state is QUEUED and size(r) == v:
-            return v
-        heapq.heappop(heap)
-    return None
+_STATUS = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}
 
 
 def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
-    status = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}.get(r.state, "unfinished")
+    status = _STATUS.get(r.state, "unfinished")
     if r.state is RequestState.RUNNING:
         r.last_token_s = end_s
     return RequestRecord(
