@@ -191,15 +191,14 @@ class Ledger:
         tenant's service and counter take one sum instead of many: equal when every charge is exact in floating
         point (a linear cost with integral prices, weights that are powers of two), else possibly not in the last
         bit."""
-        acct: Account | None = None
+        reqs = [r for r in reqs if r.state is RUNNING]
+        if not reqs:
+            return
+        acct = reqs[0].account
+        if any(r.account is not acct for r in reqs):
+            raise ValueError("Ledger.outputs charges the requests of one tenant")
         w_q, total = self._w_q, 0.0
         for req in reqs:
-            if req.state is not RUNNING:
-                continue
-            if acct is None:
-                acct = req.account
-            elif req.account is not acct:
-                raise ValueError("Ledger.outputs charges the requests of one tenant")
             y0 = req.output_done
             y1 = req.output_done = y0 + tokens
             p = req.predicted
@@ -210,7 +209,7 @@ class Ledger:
                 amount = w_q * (hi - lo) if w_q is not None else self.cost.output(req.prompt_tokens, lo, hi)
             req.charged += amount
             total += amount
-        if acct is not None and total:
+        if total:
             acct.service += total
             if self._on_charge is not None:
                 self._on_charge(acct, total)

@@ -296,6 +296,9 @@ class SimEngine(Forecast):
                 return
         if self._admit(head):
             self._waited = 0
+            if self._charging is not Charging.EVERY_STEP and self.ledger.num_queued and self.running:
+                self._refused = self._first()  # NOTE: after the prefill's charges; it did not fit this round
+                self._next_try = self._when_admission_can_succeed(self.step + self._wait)
             return
         self._next_try = self._when_admission_can_succeed(self.step + 1)
         self._decode(until)
@@ -440,10 +443,13 @@ class SimEngine(Forecast):
                 if dt > 0 and until != float("inf"):
                     take = min(take, max(SHORT_RUN, int((until - now) / dt) + 2))
                 dts = decode_steps_s(self.latency, n, kv, take)
-                ends = np.cumsum(np.concatenate(([now], dts)))  # sequential: the same sums as the loop's
-                take = min(take, int(np.searchsorted(ends, until, side="left")))
-                now = float(ends[take])
-                busy = float(np.cumsum(np.concatenate(([busy], dts[:take])))[-1])
+                busy_dts = dts.copy()
+                dts[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
+                np.cumsum(dts, out=dts)
+                take = min(take, int(np.searchsorted(dts, until, side="left")) + 1)
+                now = float(dts[take - 1])
+                busy_dts[0] += busy
+                busy = float(np.cumsum(busy_dts[:take])[-1])
                 kv += n * take
                 done += take
                 dt = one(n, kv)

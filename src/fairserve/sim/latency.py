@@ -84,8 +84,9 @@ def decode_steps_s(model: Any, batch_size: int, context_tokens: int, steps: int)
 
 
 def _contexts(batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-    """The context of each of `steps` decode steps: it grows by one token per request per step."""
-    return context_tokens + batch_size * np.arange(steps, dtype=np.int64)
+    """The context of each of `steps` decode steps (it grows by one token per request per step), as floats: whole
+    numbers, exact (as Python turns an int into a float before multiplying)."""
+    return np.arange(context_tokens, context_tokens + batch_size * steps, batch_size, dtype=np.float64)
 
 
 def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
@@ -204,9 +205,12 @@ class LinearLatency:
 
     def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
         # NOTE: the same operations in the same order as decode_step_s, so every value is the same float
-        base = self._dec0 + self.decode_per_seq_s * batch_size
-        t = base + self.decode_per_context_token_s * _contexts(batch_size, context_tokens, steps)
-        return t + self.large_batch_s if batch_size > self.large_batch_from else t
+        t = _contexts(batch_size, context_tokens, steps)
+        np.multiply(t, self.decode_per_context_token_s, out=t)
+        np.add(t, self._dec0 + self.decode_per_seq_s * batch_size, out=t)
+        if batch_size > self.large_batch_from:
+            np.add(t, self.large_batch_s, out=t)
+        return t
 
     def forward_only(self) -> LinearLatency:
         """The same model without the server overhead: what a forward-only profile measures."""
