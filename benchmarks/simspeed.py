@@ -2,7 +2,7 @@
 loop the engine replaced), in one run, interleaved, medians over repeats; the two give the same records (checked).
 
 1. Each (workload, policy) as `simulate()` runs it (its pool, preset and weights, up to its duration): oracle and
-   engine wall seconds, the speed-up, × real time. Then `overload` with 2,048-token outputs run until every request
+   engine CPU seconds, the speed-up, × real time. Then `overload` with 2,048-token outputs run until every request
    is done (long outputs: hundreds of decode steps per request).
 2. Cost against tokens: each workload run until every request is done, with its outputs as they are and with every
    output ×10 (requests that no longer fit the pool are rejected, as by the engine): the engine's seconds and the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import time
@@ -48,14 +49,15 @@ def longer(workload: Workload, factor: float = 0, to: int = 0) -> Workload:
 
 
 def run(kind: type, workload: Workload, policy: str, drain: bool) -> tuple[float, SimResult]:
-    """One simulation as `simulate()` builds it, timed (wall seconds)."""
+    """One simulation as `simulate()` builds it, timed in CPU seconds (on a shared machine, wall time depends on the
+    other processes)."""
     profile = workload.latency_profile or DEFAULT_LATENCY_PROFILE
     ledger = Ledger(make_policy(policy), weights=workload.weights)
     engine = kind(ledger, get_latency_model(profile), engine_config(profile, workload.kv_tokens))
     gc.collect()
-    start = time.perf_counter()
+    start = time.process_time()
     result = engine.run(workload.arrivals, until_s=None if drain else workload.duration_s)
-    return time.perf_counter() - start, result
+    return time.process_time() - start, result
 
 
 def side_by_side(workload: Workload, policy: str, drain: bool, repeats: int) -> dict:
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Simulator speed, median of {repeats} interleaved runs each; oracle = the step-by-step loop "
         f"(tests/support/oracle.py). Target: >= {TARGET_X:g}x under VTC on real and overload.\n"
     )
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; CPU seconds\n")
     print("| workload | policy | decode steps | oracle s | engine s | speed-up | × real time | same records |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     cases = [(w, p, workloads[w], False) for w in workloads for p in policies]
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {policy} | {steps[1]:,} / {steps[10]:,} | {one:.3f} | {ten:.3f} | {ten / one:.2f}× |",
                 flush=True,
             )
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

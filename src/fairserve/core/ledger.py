@@ -191,14 +191,15 @@ class Ledger:
         tenant's service and counter take one sum instead of many: equal when every charge is exact in floating
         point (a linear cost with integral prices, weights that are powers of two), else possibly not in the last
         bit."""
-        reqs = [r for r in reqs if r.state is RUNNING]
-        if not reqs:
+        group = [r for r in reqs if r.state is RUNNING]
+        if not group:
             return
-        acct = reqs[0].account
-        if any(r.account is not acct for r in reqs):
-            raise ValueError("Ledger.outputs charges the requests of one tenant")
+        acct = group[0].account
+        for req in group:
+            if req.account is not acct:
+                raise ValueError("Ledger.outputs charges the requests of one tenant")
         w_q, total = self._w_q, 0.0
-        for req in reqs:
+        for req in group:
             y0 = req.output_done
             y1 = req.output_done = y0 + tokens
             p = req.predicted

@@ -28,7 +28,7 @@ from ..core.request import Request, RequestState
 from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
-from .forecast import NEVER, Charging, Forecast, exact_charges
+from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
 from .latency import LatencyModel, decode_steps_s
 
 Mode = Literal["reserve", "paged"]
@@ -146,8 +146,7 @@ class SimEngine(Forecast):
             self._charging = Charging.LAZY if exact_charges(ledger) else Charging.EVERY_STEP
         self._lifts = caps.lifts
         self._charged: dict[str, int] = {}  # LAZY: the step up to which each running tenant is charged
-        self._needs: list[tuple[int, int, SimRequest]] = []  # LAZY: queued requests by prefill size (lazy heap)
-        self._lefts: list[tuple[int, int, SimRequest]] = []  # LAZY: ... and by tokens to go (reserve)
+        self._needs, self._lefts = Sizes(), Sizes()  # LAZY: the queued requests' prefill sizes and tokens to go
         self._waited = 0  # decode steps since the last admission
         self._next_try = 0  # no admission can succeed before this step (until the next event)
         self._refused: Request | None = None  # the policy's next request, which did not fit at the last try
@@ -242,7 +241,7 @@ class SimEngine(Forecast):
         if req.state is not QUEUED:
             return
         if charging is Charging.LAZY:
-            self._queue_sizes(req)
+            self._queue_sizes(req, True)
         if self._next_try > self.step and self.running:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
@@ -256,6 +255,8 @@ class SimEngine(Forecast):
             req.generated = req.generated_at(self.step)
             self._stop(req)
             self.ledger.output(req, req.generated - req.output_done)
+        elif req.state is QUEUED and self._charging is Charging.LAZY:
+            self._queue_sizes(req, False)
         self.ledger.settle(req, cancelled=True)
         self._next_try = 0
 
@@ -331,6 +332,8 @@ class SimEngine(Forecast):
             if req is None or not budget.try_add(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
                 break
             pop()
+            if lazy:
+                self._queue_sizes(req, False)  # type: ignore[arg-type]
             batch.append(req)  # type: ignore[arg-type]
         self._refused = req
         budget.close()
@@ -497,7 +500,7 @@ class SimEngine(Forecast):
         self.ledger.requeue(r)
         self.preemptions += 1
         if self._charging is Charging.LAZY:
-            self._queue_sizes(r)
+            self._queue_sizes(r, True)
 
 
 _STATUS = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
 from enum import Enum
 from fractions import Fraction
 from typing import TYPE_CHECKING, cast
@@ -67,8 +66,8 @@ class Forecast:
     _index: ReserveIndex | None
     _charging: Charging
     _charged: dict[str, int]
-    _needs: list[tuple[int, int, SimRequest]]
-    _lefts: list[tuple[int, int, SimRequest]]
+    _needs: Sizes
+    _lefts: Sizes
     _refused: Request | None
     _extra: int
     _kv: int
@@ -172,13 +171,13 @@ class Forecast:
     def _first_fit_smallest(self, lo: int, hi: int) -> tuple[int, int]:
         """A request made of the smallest prefill and the fewest tokens to go among the queued ones fits no later
         than any queued request does: (the first step in [lo, hi) at which it fits, the last step it fits)."""
-        need = _smallest(self._needs, self._need)
+        need = self._needs.smallest()
         if need is None or need > self._prefill_max or len(self.running) >= self._running_max:
             return NEVER, -1
         if self._index is None:  # paged: it fits while the pool has room for it
             last = self.step + (self._kv - self.kv_used - need - 1) // len(self.running)
             return (lo if lo <= last and lo < hi else NEVER), last
-        left = _smallest(self._lefts, self._left)
+        left = self._lefts.smallest()
         assert left is not None
         limit = self._kv - self._per_client * len(self._tenants)
         g = self._index.first_fit(need + 1, left, limit, lo, hi)
@@ -258,23 +257,41 @@ class Forecast:
             return at
         return max(now + 1, now + math.ceil(gap / (h_rate - o_rate)))
 
-    def _queue_sizes(self, r: SimRequest) -> None:
-        heapq.heappush(self._needs, (self._need(r), r.seq, r))
-        if self._index is not None:
-            heapq.heappush(self._lefts, (self._left(r), r.seq, r))
+    def _queue_sizes(self, r: SimRequest, queued: bool) -> None:
+        """LAZY: `r` joins (`queued`) or leaves the queue: the smallest queued sizes follow."""
+        need, left = r.prompt_tokens + self._extra + r.generated, r.output_tokens - r.generated - 1
+        if queued:
+            self._needs.add(need)
+            self._lefts.add(left)
+        else:
+            self._needs.remove(need)
+            self._lefts.remove(left)
 
-    def _need(self, r: SimRequest) -> int:
-        return r.prompt_tokens + self._extra + r.generated
 
-    def _left(self, r: SimRequest) -> int:
-        return r.output_tokens - r.generated - 1
+class Sizes:
+    """How many queued requests have each size, and the smallest: O(1) but when the last of the smallest leaves."""
 
+    __slots__ = ("count", "low")
 
-def _smallest(heap: list[tuple[int, int, SimRequest]], size: Callable[[SimRequest], int]) -> int | None:
-    """The smallest size among queued requests in a lazy heap (entries of admitted or resized requests drop)."""
-    while heap:
-        v, _, r = heap[0]
-        if r.state is QUEUED and size(r) == v:
-            return v
-        heapq.heappop(heap)
-    return None
+    def __init__(self) -> None:
+        self.count: dict[int, int] = {}
+        self.low = 0
+
+    def add(self, size: int) -> None:
+        count = self.count
+        if not count or size < self.low:
+            self.low = size
+        count[size] = count.get(size, 0) + 1
+
+    def remove(self, size: int) -> None:
+        count = self.count
+        left = count[size] - 1
+        if left:
+            count[size] = left
+            return
+        del count[size]
+        if size == self.low and count:
+            self.low = min(count)
+
+    def smallest(self) -> int | None:
+        return self.low if self.count else None
