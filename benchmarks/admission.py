@@ -5,7 +5,8 @@ Timed per admission, through the ledger: pop() + a few output() + settle() + add
 (it stays backlogged; counters keep moving). Policies run interleaved chunk by chunk; the median chunk is reported.
 At the largest n, checks by brute force on sampled pops that VTC admits a client with the minimum backlogged counter.
 
-Run: .venv/bin/python benchmarks/admission.py [--quick] [--sizes 10,1000] [--policies vtc,fcfs] [--repeats 7]
+Run: .venv/bin/python benchmarks/admission.py [--quick] [--sizes 10,1000] [--policies vtc,vtc@tree,fcfs] [--repeats 7]
+(`vtc@tree`: VTC over the same tenants as the leaves of a three-level tree: 10 tiers × 100 organisations × n/1000.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 
 from fairserve.core import Ledger, Request, check_policy, make_policy
 
-POLICIES = ("fcfs", "vtc", "lcf", "drr", "rpm:1000000", "vtc-predict:oracle")
+TREE = "@tree"  # a policy spec with this suffix runs over a three-level tenant tree
+POLICIES = ("fcfs", "vtc", "vtc@tree", "lcf", "drr", "rpm:1000000", "vtc-predict:oracle")
 SIZES = (10, 100, 1_000, 10_000, 100_000)
 OUTPUT_CALLS = 3  # output() calls per admission
 TARGET_US, TARGET_N = 5.0, 10_000
@@ -31,8 +33,11 @@ class Bench:
 
     def __init__(self, spec: str, n: int, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
-        self.ledger = Ledger(make_policy(spec))
-        self.now, self.next_id, clients = 0.0, 0, [f"c{i}" for i in range(n)]
+        policy, _, tree = spec.partition(TREE)
+        self.ledger = Ledger(make_policy(policy))
+        self.now, self.next_id = 0.0, 0
+        # NOTE: `vtc@tree`: the same n tenants as leaves of a three-level tree, 10 tiers x 100 organisations
+        clients = [f"t{i % 10}/o{i // 10 % 100}/u{i}" if tree == "" and TREE in spec else f"c{i}" for i in range(n)]
         for c in clients:  # charge history, one client at a time (O(1) per pop for every policy): counters differ
             self._add(self._request(c))
             self._serve(self.ledger.pop(), int(self.rng.integers(1, 400)))
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = list(dict.fromkeys(p.strip() for p in a.policies.split(",") if p.strip())) or ap.error("no --policies")
     for p in policies:
         try:
-            check_policy(p)
+            check_policy(p.removesuffix(TREE))
         except ValueError as e:
             ap.error(str(e))
     repeats = a.repeats if a.repeats is not None else (3 if a.quick else 7)
@@ -149,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {p} | {n:,} | {us[p, n]:.2f} | {best[p, n]:.2f} | {ratio:.2f} | {growth:.2f} |"
                 + (f" {us[p, n] - us['fcfs', n]:+.2f} |" if floor else "")
             )
+    if "vtc" in policies and "vtc" + TREE in policies:
+        n = TARGET_N if TARGET_N in sizes else sizes[-1]
+        print(
+            f"\nA three-level tree of {n:,} leaves vs flat VTC with {n:,} tenants: "
+            f"{us['vtc' + TREE, n] / us['vtc', n]:.2f}× (goal ≤ 2×)"
+        )
     if TARGET_N in sizes:
         print(
             "\n"

@@ -1,7 +1,9 @@
 """The event-driven engine equals the step-by-step oracle (tests/support/oracle.py) bit for bit: every record, the
 clock, the step count, every tenant's service and counter, offline and online (submit / advance_to / cancel), with
 observers, in both engine modes, under every kind of charging (exact sums charged lazily, inexact ones every step,
-orders that ignore charges)."""
+orders that ignore charges), with flat tenants and with a group of tenants and priority levels."""
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +32,10 @@ setup = st.fixed_dictionaries(
     {
         "policy": st.sampled_from(POLICIES),
         "weights": st.one_of(st.none(), st.dictionaries(st.sampled_from(CLIENTS), st.sampled_from([0.5, 1, 2, 3]))),
+        "tree": st.sampled_from([False, False, True]),  # clients d and e as the group g's tenants g/d and g/e
+        "priorities": st.one_of(
+            st.none(), st.none(), st.dictionaries(st.sampled_from(["a", "b", "g"]), st.integers(0, 2), max_size=2)
+        ),
         "cost": st.sampled_from([None, None, "profiled"]),
         "latency": st.sampled_from(range(len(LATENCIES))),
         "config": st.builds(
@@ -44,9 +50,18 @@ setup = st.fixed_dictionaries(
 )
 
 
+def tenant(s, client):
+    return f"g/{client}" if s["tree"] and client in ("d", "e") else client
+
+
+def named(s, arrivals):
+    return [replace(a, client=tenant(s, a.client)) for a in arrivals]
+
+
 def engines(s, observer=None):
     def make(kind):
-        ledger = Ledger(make_policy(s["policy"], cost=s["cost"], seed=3), weights=s["weights"])
+        policy = make_policy(s["policy"], cost=s["cost"], seed=3)
+        ledger = Ledger(policy, weights=s["weights"], priorities=s["priorities"])
         return kind(ledger, LATENCIES[s["latency"]], s["config"], observer=observer)
 
     return make(StepEngine), make(SimEngine)
@@ -78,6 +93,7 @@ def same_result(a, b):
 @given(setup, workload, st.one_of(st.none(), st.floats(0.5, 40)))
 def test_records_equal_the_step_by_step_engines(s, arrivals, until):
     oracle, engine = engines(s)
+    arrivals = named(s, arrivals)
     same_result(oracle.run(arrivals, until), engine.run(arrivals, until))
 
 
@@ -111,6 +127,7 @@ def test_observers_see_every_step_as_step_by_step(s, arrivals, charge):
     b_seen: list = []
     oracle, engine = engines(s, observe(a_seen))
     engine.observer = observe(b_seen)
+    arrivals = named(s, arrivals)
     same_result(oracle.run(arrivals), engine.run(arrivals))
     assert b_seen == a_seen
 
@@ -138,7 +155,11 @@ def test_online_submit_advance_and_cancel_equal_the_step_by_step_engines(s, ops)
             if op[0] == "submit":
                 _, client, prompt, output = op
                 req = SimRequest(
-                    id=len(reqs), tenant=client, prompt_tokens=prompt, max_tokens=output, output_tokens=output
+                    id=len(reqs),
+                    tenant=tenant(s, client),
+                    prompt_tokens=prompt,
+                    max_tokens=output,
+                    output_tokens=output,
                 )
                 req.arrival_s = eng.now
                 reqs.append(req)

@@ -11,16 +11,21 @@ from fairserve.sim.latency import get_latency_model
 from fairserve.workloads import WORKLOADS, Arrival, make_workload
 
 
-def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve"):
-    """Largest |W_f(t1,t2) - W_g(t1,t2)| over intervals in which both clients stayed backlogged, with service read
-    from the policy's exact charges after every engine step."""
-    policy = Ledger(make_policy(policy_spec))
+def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve", weights=None):
+    """Largest |W_f(t1,t2)/w_f - W_g(t1,t2)/w_g| over intervals in which both `f` and `g` (tenants, or groups of
+    tenants `f/...`, `g/...`) stayed backlogged, with service read from the ledger's exact charges after every engine
+    step."""
+    policy = Ledger(make_policy(policy_spec), sorted({a.client for a in arrivals}), weights)
     samples = []
+
+    def node(name):
+        return policy.groups.get(name) or policy.accounts.get(name)
 
     def observe(engine):
         engine._sync()
-        queued = set(policy.backlogged())
-        samples.append((queued, policy.service.get("f", 0.0) - policy.service.get("g", 0.0)))
+        f, g = node("f"), node("g")
+        queued = {n for n, x in (("f", f), ("g", g)) if x is not None and x.queued}
+        samples.append((queued, (f.service / f.weight if f else 0.0) - (g.service / g.weight if g else 0.0)))
 
     SimEngine(policy, get_latency_model("a10g-llama2-7b"), EngineConfig(kv_tokens=kv, mode=mode), observer=observe).run(
         arrivals
@@ -55,6 +60,27 @@ def test_vtc_backlogged_difference_within_theorem_4_4(draws, kv):
     assert max_backlogged_gap("vtc", arrivals, kv) <= bound
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    st.tuples(sizes, sizes),
+    st.integers(600, 3000),
+    st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    st.sampled_from([(1.0, 1.0), (3.0, 1.0)]),
+)
+def test_sibling_groups_stay_within_the_bound(draws, kv, members, group_weights):
+    """Two sibling groups continuously backlogged at one priority: their weighted service differs by at most
+    2·max(w_p·L_in, w_q·M) / min(w_f, w_g) over any stretch both are backlogged, however many tenants each has
+    (docs/architecture.md, "The tenant tree")."""
+    arrivals = [
+        Arrival(a.arrival_s, f"{a.client}/m{i % members[a.client == 'g']}", a.prompt_tokens, a.output_tokens)
+        for i, a in enumerate(heavy_clients(draws))
+    ]
+    l_in = max(a.prompt_tokens for a in arrivals)
+    weights = {"f": group_weights[0], "g": group_weights[1], "f/m0": 2.0}
+    bound = theorem_bound(l_in, kv) / min(group_weights)
+    assert max_backlogged_gap("vtc", arrivals, kv, weights=weights) <= bound
+
+
 def test_fcfs_breaks_the_bound_that_vtc_keeps():
     # f sends 3x as many requests at once: FCFS serves in arrival order, VTC keeps the two within the bound
     arrivals = [Arrival(0.0001 * i, "f" if i % 4 else "g", 200, 200) for i in range(600)]
@@ -67,6 +93,10 @@ def test_fcfs_breaks_the_bound_that_vtc_keeps():
 # poisson-short-long(-2) give the clients different request sizes on purpose; VTC serves a different mix than FCFS,
 # so tokens/s differ although the engine is busy all the time under both.
 MIXED_SIZES = {"poisson-short-long", "poisson-short-long-2"}
+# With many tenants the two policies batch different mixes of them, and the preset's admission holds 32 pool tokens
+# back per distinct tenant in a batch (S-LoRA's per-adapter reserve): output differs by up to ~2% (VTC ahead here)
+# while the engine is busy all the time under both.
+MANY_TENANTS = {"two-orgs", "two-orgs-weighted", "tiers", "tiers-10x", "classes-6-3-1", "classes-6-3-1-long"}
 
 
 @pytest.mark.parametrize("name", WORKLOADS)
@@ -78,5 +108,7 @@ def test_vtc_is_work_conserving_on_every_named_workload(name):
         out[policy] = summarize(res.records, w.duration_s).output_tokens_per_s
         busy[policy] = res.busy_s
     assert busy["vtc"] == pytest.approx(busy["fcfs"], rel=0.01)
-    if name not in MIXED_SIZES:
+    if name in MANY_TENANTS:
+        assert out["vtc"] == pytest.approx(out["fcfs"], rel=0.03)
+    elif name not in MIXED_SIZES:
         assert out["vtc"] == pytest.approx(out["fcfs"], rel=0.01)

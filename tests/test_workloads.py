@@ -18,8 +18,16 @@ def counts(w: Workload) -> dict[str, int]:
     return dict(Counter(a.client for a in w.arrivals))
 
 
-def test_names_are_the_papers():
-    assert WORKLOADS == (
+def test_names_are_the_papers_then_the_tree_workloads():
+    assert WORKLOADS[15:] == (
+        "two-orgs",
+        "two-orgs-weighted",
+        "tiers",
+        "tiers-10x",
+        "classes-6-3-1",
+        "classes-6-3-1-long",
+    )
+    assert WORKLOADS[:15] == (
         "overload",
         "overload-multi",
         "overload-weighted",
@@ -48,7 +56,8 @@ def test_every_workload_builds_sorted_and_in_range(name):
     assert 0 <= t[0] and t[-1] < w.duration_s
     assert all(a.prompt_tokens >= 1 and a.output_tokens >= 1 for a in w.arrivals)
     assert all(type(a.prompt_tokens) is int and type(a.arrival_s) is float for a in w.arrivals)
-    assert {a.client for a in w.arrivals} <= {f"client-{i}" for i in range(8)}
+    clients = {a.client for a in w.arrivals}
+    assert clients <= {f"client-{i}" for i in range(8)} or all("/" in c for c in clients)
 
 
 UNIFORM = {  # name: (duration, rates, prompt = output)
@@ -218,3 +227,15 @@ def test_real_workload_env_names_another_copy(monkeypatch, tmp_path):
     assert find_arena_trace() is None
     with pytest.raises(WorkloadError, match="missing.csv"):
         get_workload("real")
+
+
+def test_tree_workloads_name_tenants_by_path_with_their_weights_and_priorities():
+    w = make_workload("two-orgs-weighted")
+    n = counts(w)
+    assert sorted(n) == [*(f"org-a/user-{i}" for i in range(10)), "org-b/solo"]
+    assert n["org-a/user-0"] == int(0.6 * 360) and n["org-b/solo"] == 3 * 360
+    assert w.weights == {"org-a": 3.0, "org-b": 1.0} and w.priorities is None
+    tiers = make_workload("tiers-10x")
+    assert tiers.priorities == {"premium": 0, "free": 1} and counts(tiers)["free/user-0"] == int(8.5 * 360)
+    classes = make_workload("classes-6-3-1")
+    assert {a.prompt_tokens for a in classes.arrivals} == {64} and classes.weights["class-c"] == 1.0

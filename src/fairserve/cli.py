@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .argtypes import positive
-from .core import check_policy, describe, make_cost, parse_weights
+from .core import check_nodes, check_policy, describe, make_cost, parse_priorities, parse_weights
 from .metrics import Summary, summarize, summary_table
 from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
@@ -24,7 +25,13 @@ SERVICES = ("emulate", "gateway", "serve", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fairserve", description="Fair sharing of an LLM server among many clients.")
+    p = argparse.ArgumentParser(
+        prog="fairserve",
+        description="Fair sharing of an LLM server among many clients.",
+        epilog="Exit status: 0 done; 1 failed while running; 2 refused to start (bad flags, config or files, a port "
+        "in use, an unreachable target or Redis); 130 interrupted. See the README.",
+    )
+    p.add_argument("--version", action="version", version=f"fairserve {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser(
         "simulate",
@@ -41,7 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P[,P...]",
         help=f"policies to compare: {describe()}",
     )
-    s.add_argument("--weights", metavar="c=w,...", help="client weights for weighted VTC, e.g. client-0=1,client-1=2")
+    s.add_argument(
+        "--weights",
+        metavar="NODE=W,...",
+        help="weights of tenants or groups (paths: org/team/user), e.g. client-0=1,client-1=2 or acme=2,acme/bob=3",
+    )
+    s.add_argument(
+        "--priorities",
+        metavar="NODE=P,...",
+        help="priorities of tenants or groups (lower is served first, strictly), e.g. premium=0,free=1",
+    )
     s.add_argument(
         "--cost",
         default="linear",
@@ -89,8 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The `--options` in `argv` that neither the command nor its subcommand defines (nor abbreviates), so that
+    they are named before argparse complains about a missing required argument."""
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+    chosen = next((t for t in argv if not t.startswith("-")), None)
+    target = subs.choices.get(chosen, parser) if subs is not None and chosen is not None else parser
+    known = [s for a in target._actions for s in a.option_strings]  # noqa: SLF001
+    flags = [t.split("=", 1)[0] for t in argv if t.startswith("--") and t != "--"]
+    return [f for f in flags if not any(k.startswith(f) for k in known)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if unknown := unknown_options(parser, argv):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args = parser.parse_args(argv)
     try:
         if args.command in SERVICES:
@@ -101,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # NOTE: servers stop on Ctrl-C themselves (after their drain) and return 0
+        print("fairserve: interrupted", file=sys.stderr)
+        return 130
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -112,12 +145,19 @@ def _simulate(args: argparse.Namespace) -> int:
         workload = get_workload(args.workload, seed=args.seed, duration_s=args.duration)
     if not workload.arrivals:
         raise CliError("the workload has no requests")
-    weights = parse_weights(args.weights) or workload.weights
+    tenants = {a.client for a in workload.arrivals}
+    given = parse_weights(args.weights)
+    priorities = parse_priorities(args.priorities)
+    check_nodes(tenants, given or (), "--weights")
+    check_nodes(tenants, priorities or (), "--priorities")
+    weights = given or workload.weights
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")
     for spec in policies:  # validate everything before the first (slow) run
-        check_policy(spec)
+        entry, _ = check_policy(spec)
+        if priorities and not entry.capabilities.tree:
+            raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
     make_cost(args.cost, args.w_p, args.w_q)
     if args.profile:
         get_latency_model(args.profile)
@@ -134,6 +174,7 @@ def _simulate(args: argparse.Namespace) -> int:
             mode=args.engine_mode,
             drain=args.drain,
             weights=weights,
+            priorities=priorities,
             cost=args.cost,
             w_p=args.w_p,
             w_q=args.w_q,

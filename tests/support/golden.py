@@ -36,7 +36,8 @@ def specs() -> list[RunSpec]:
 
 def key(spec: RunSpec, quick: bool) -> str:
     weighted = "" if spec.weighted else " unweighted"
-    return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{' quick' if quick else ''}"
+    flat = " flat" if spec.flat else ""
+    return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{' quick' if quick else ''}"
 
 
 @cache

@@ -16,7 +16,9 @@ from .account import (
     LedgerView,
     TenantView,
     Unsupported,
+    check_nodes,
     check_weight,
+    parse_priorities,
     parse_weights,
 )
 from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
@@ -35,7 +37,9 @@ __all__ = [
     "LedgerView",
     "TenantView",
     "Unsupported",
+    "check_nodes",
     "check_weight",
+    "parse_priorities",
     "parse_weights",
     "CostFunction",
     "LinearCost",

@@ -4,7 +4,8 @@ tenant. Every other module of `core/` builds on this one, and it imports none of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .fairness import jain_index
@@ -45,6 +46,49 @@ def parse_weights(text: str | None, source: str = "--weights") -> dict[str, floa
     return out
 
 
+SEP = "/"  # tenant paths: `tier/org/team/key`; every prefix is a group
+
+
+def parents(path: str) -> list[str]:
+    """The groups above `path`, nearest first: `a/b/c` -> [`a/b`, `a`]."""
+    parts = path.split(SEP)
+    return [SEP.join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
+
+
+def parse_priorities(text: str | None, source: str = "--priorities") -> dict[str, int] | None:
+    """`path=priority,...` (an integer; lower is served first); None for no text. ValueError with one line."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        path, _, value = (x.strip() for x in part.partition("="))
+        try:
+            out[path] = int(value)
+        except ValueError:
+            raise ValueError(f"bad {source} entry {part!r}: expected NODE=PRIORITY with an integer PRIORITY") from None
+        if not path:
+            raise ValueError(f"bad {source} entry {part!r}: expected NODE=PRIORITY")
+    return out
+
+
+def nodes_of(tenants: Iterable[str]) -> set[str]:
+    """The tenants and every group above them."""
+    out: set[str] = set()
+    for t in tenants:
+        out.add(t)
+        out.update(parents(t))
+    return out
+
+
+def check_nodes(tenants: Iterable[str], names: Iterable[str], source: str) -> None:
+    """ValueError naming the first of `names` that is neither one of `tenants` nor a group above them."""
+    known = nodes_of(tenants)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        some = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+        raise ValueError(f"{source}: {unknown[0]!r} names no tenant or group of the workload (it has: {some})")
+
+
 class Unsupported(Exception):
     """The policy has no such state (e.g. a counter reset under FCFS): the admin API answers 409."""
 
@@ -63,6 +107,11 @@ class Account:
     queued: int = 0  # requests waiting for admission: > 0 is the paper's "backlogged"
     running: int = 0  # admitted and not yet ended
     round: int = 0  # DRR: the last ring round whose quantum `counter` counts
+    # the tenant tree: a tenant `pro/acme/search` is a leaf under the groups `pro/acme` and `pro` (whose accounts sum
+    # their subtree's service, queued and running); None for a tenant at the top
+    parent: Account | None = None
+    priority: int | None = None  # this node's priority (lower is served first); None: its parent's
+    allowed: frozenset[int] | None = None  # a tenant's priorities its requests may name (None: only its own)
     # shared state across replicas (gateway/shared_state.py): the global service at the last sync (None: never
     # synced), and the highest lift not yet sent (net of the charges since that sync)
     synced: float | None = None
@@ -96,6 +145,7 @@ class LedgerView:
 
     policy: str
     tenants: dict[str, TenantView]
+    groups: dict[str, TenantView] = field(default_factory=dict)  # by path; their numbers are their subtree's
 
     @property
     def backlogged(self) -> list[TenantView]:

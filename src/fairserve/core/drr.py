@@ -84,6 +84,9 @@ class DRR(Policy):
     def open(self, acct: Account) -> None:
         self._queues[acct.tenant] = deque()
 
+    def close(self, acct: Account) -> None:
+        del self._queues[acct.tenant]
+
     def enqueue(self, req: Request, front: bool) -> None:
         acct = req.account
         q = self._queues[acct.tenant]

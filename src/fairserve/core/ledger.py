@@ -15,10 +15,11 @@ with `Peers` for a floor from other processes); the policy only orders. Admin ch
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from .account import Account, LedgerView, TenantView, Unsupported, check_weight
+from .account import SEP, Account, LedgerView, TenantView, Unsupported, check_weight
 from .cost import LinearCost
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
@@ -48,12 +49,17 @@ class Ledger:
         tenants: Iterable[str] = (),
         weights: Mapping[str, float] | None = None,
         peers: Peers | None = None,
+        priorities: Mapping[str, int] | None = None,
+        allowed: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
         self.policy = policy
         self.cost = policy.cost
         self.predictor = policy.predictor
         caps = policy.capabilities
-        self.accounts: dict[str, Account] = {}
+        self.accounts: dict[str, Account] = {}  # the tenants: the leaves of the tree
+        self.groups: dict[str, Account] = {}  # every prefix of a tenant's path
+        self._ranks = itertools.count()  # first-seen (or configured) order: the deterministic tie-break
+        self._levels: dict[str, int] = {}  # each tenant's own priority, once looked up (priorities are configured once)
         self.num_queued = 0  # requests waiting for admission, over all tenants
         self.peers = peers
         self._requests: dict[Any, Request] = {}
@@ -65,17 +71,49 @@ class Ledger:
         for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
             self.account(t)
         for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
-            self.account(t).weight = check_weight(t, w)
+            self.node(t).weight = check_weight(t, w)
+        for t, level in (priorities or {}).items():
+            self.node(t).priority = _level(t, level)
+        for t, levels in (allowed or {}).items():
+            self.account(t).allowed = frozenset(_level(t, v) for v in levels)
         if peers is not None:
             peers.attach(self)
 
     def account(self, tenant: str) -> Account:
-        """`tenant`'s account, opened on first sight."""
+        """`tenant`'s account, opened on first sight with the groups above it (`pro/acme/search` is under `pro/acme`,
+        under `pro`). ValueError for a path that names a group, or runs through a tenant."""
         acct = self.accounts.get(tenant)
         if acct is None:
-            acct = self.accounts[tenant] = Account(tenant, rank=len(self.accounts))
+            if tenant in self.groups:
+                raise ValueError(f"{tenant!r} is a group of tenants, not a tenant")
+            acct = self.accounts[tenant] = self._open(tenant)
             self.policy.open(acct)
         return acct
+
+    def _group(self, path: str) -> Account:
+        group = self.groups.get(path)
+        if group is None:
+            tenant = self.accounts.get(path)
+            if tenant is None:
+                group = self._open(path)
+            elif tenant.service or tenant.queued or tenant.running:
+                raise ValueError(f"{path!r} is a tenant, so it cannot be a group of tenants")
+            else:  # NOTE: configured (a weight, say) before anything below it was seen: it was a group all along
+                group = self.accounts.pop(path)
+                self.policy.close(group)
+            self.groups[path] = group
+        return group
+
+    def _open(self, path: str) -> Account:
+        """A new node under its groups."""
+        parent = self._group(path.rpartition(SEP)[0]) if SEP in path else None
+        return Account(path, rank=next(self._ranks), parent=parent)
+
+    def node(self, path: str) -> Account:
+        """The group `path`, else the tenant `path` (opened on first sight: a tenant that has had no request yet
+        becomes a group when a tenant below it appears)."""
+        group = self.groups.get(path)
+        return group if group is not None else self.account(path)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     def arrive(
@@ -104,23 +142,46 @@ class Ledger:
             return False
         self._seq += 1
         req.seq = self._seq
-        if not acct.queued and self._lifts:
-            self._lift(acct)
+        req.priority = self.priority_of(acct, req.priority)
+        if self._lifts:
+            node: Account | None = acct
+            while node is not None and not node.queued:  # NOTE: each node whose subtree had nothing queued
+                self._lift(node)
+                node = node.parent
         self.policy.enqueue(req, front=False)
         req.state = QUEUED
-        acct.queued += 1
+        _count(acct, 1, 0)
         self.num_queued += 1
         self._requests[req.id] = req
         return True
 
-    def _lift(self, acct: Account) -> None:
-        """The counter lift: a tenant with nothing queued gets something queued, so its counter becomes at least the
-        smallest counter among the tenants with something queued (no credit hoarded while idle)."""
-        floor = self.policy.min_counter()
-        if self.peers is not None:
-            floor = self.peers.lift_floor(acct, floor)
-        if floor is not None and floor > acct.counter:
-            acct.counter = floor
+    def _lift(self, node: Account) -> None:
+        """The counter lift: a node (a tenant, a group) whose subtree had nothing queued gets something queued, so its
+        counter becomes at least the smallest counter among its siblings with something queued (no credit hoarded
+        while idle). At the top, shared state's `Peers` give the floor over every replica."""
+        floor = self.policy.min_counter(node.parent)
+        if self.peers is not None and node.parent is None:
+            floor = self.peers.lift_floor(node, floor)
+        if floor is not None and floor > node.counter:
+            node.counter = floor
+
+    def priority_of(self, acct: Account, named: int | None = None) -> int:
+        """The priority a request of `acct` runs at: the one it names if the tenant allows it, else the nearest
+        node's (the tenant's, then its groups'), else 0."""
+        level = self._levels.get(acct.tenant)
+        if level is None:
+            own, node = acct.priority, acct.parent
+            while node is not None and own is None:
+                own, node = node.priority, node.parent
+            level = self._levels[acct.tenant] = own if own is not None else 0
+        if named is not None and named != level and acct.allowed is not None and named in acct.allowed:
+            return named
+        return level
+
+    def allowed_priorities(self, tenant: str) -> frozenset[int]:
+        """The priorities requests of `tenant` may name (its own, unless its configuration allows more)."""
+        acct = self.account(tenant)
+        return acct.allowed if acct.allowed is not None else frozenset({self.priority_of(acct)})
 
     # ---- admission ------------------------------------------------------------------------------------------------
     def peek(self) -> Request | None:
@@ -135,8 +196,7 @@ class Ledger:
         self.policy.dequeue(req)
         self.num_queued -= 1
         acct = req.account
-        acct.queued -= 1
-        acct.running += 1
+        _count(acct, -1, 1)
         req.state = RUNNING
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
@@ -181,6 +241,8 @@ class Ledger:
         req.charged += amount
         acct = req.account
         acct.service += amount
+        if acct.parent is not None:
+            self._charge_groups(acct.parent, amount)
         on_charge = self._on_charge
         if on_charge is not None:
             on_charge(acct, amount)
@@ -232,8 +294,17 @@ class Ledger:
         req.charged += amount
         acct = req.account
         acct.service += amount
+        if acct.parent is not None:
+            self._charge_groups(acct.parent, amount)
         if self._on_charge is not None:
             self._on_charge(acct, amount)
+
+    @staticmethod
+    def _charge_groups(group: Account | None, amount: float) -> None:
+        """A charge reaches every group above the tenant (the policy's `on_charge` moves their counters)."""
+        while group is not None:
+            group.service += amount
+            group = group.parent
 
     # ---- going back to the queue ----------------------------------------------------------------------------------
     def requeue(self, req: Request, item: Any = None) -> bool:
@@ -244,9 +315,7 @@ class Ledger:
             return False
         self.policy.enqueue(req, front=True)
         req.state = QUEUED
-        acct = req.account
-        acct.running -= 1
-        acct.queued += 1
+        _count(req.account, 1, -1)
         self.num_queued += 1
         if item is not None:  # NOTE: engines may hand back a new object for the same request
             req.item = item
@@ -276,13 +345,12 @@ class Ledger:
         reported). A refund of everything is `prompt=0, output=0, cancelled=True`."""
         if self._requests.pop(req.id, None) is not req:
             return False
-        acct = req.account
         if req.state is QUEUED:
             self.policy.remove(req)
             self.num_queued -= 1
-            acct.queued -= 1
+            _count(req.account, -1, 0)
         else:
-            acct.running -= 1
+            _count(req.account, 0, -1)
         if req.admitted:
             if output is not None:
                 req.output_done = output
@@ -340,13 +408,13 @@ class Ledger:
         return {t: a.weight for t, a in self.accounts.items()}
 
     # ---- admin ----------------------------------------------------------------------------------------------------
-    def set_weight(self, tenant: str, weight: float) -> None:
-        """Future charges of `tenant` count `1/weight` on its counter. ValueError for a weight out of range,
-        Unsupported for a policy that ignores weights."""
-        weight = check_weight(tenant, weight)
+    def set_weight(self, path: str, weight: float) -> None:
+        """Future charges of the tenant or group `path` count `1/weight` on its counter. ValueError for a weight out
+        of range, Unsupported for a policy that ignores weights."""
+        weight = check_weight(path, weight)
         if not self.policy.capabilities.uses_weights:
             raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
-        self.account(tenant).weight = weight
+        self.node(path).weight = weight
 
     def apply_remote(self, tenant: str, counter: float, service: float, weight: float | None = None) -> None:
         """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
@@ -358,22 +426,42 @@ class Ledger:
             self.set_weight(tenant, weight)
         acct = self.account(tenant)
         self.policy.set_counter(acct, counter)
-        acct.service = service
+        delta, acct.service = service - acct.service, service
+        group = acct.parent
+        while group is not None:  # NOTE: a group's service is its subtree's
+            group.service += delta
+            group = group.parent
 
     def reset(self) -> None:
         """Every tenant starts from equal footing: counters (VTC) or deficits (DRR) go to 0; service received stays.
         Unsupported for a policy without counters."""
         if not self.policy.capabilities.keeps_counters:
             raise Unsupported(f"policy {self.policy.name!r} keeps no counters: there is nothing to reset")
-        self.policy.reset_counters(self.accounts.values())
+        self.policy.reset_counters([*self.accounts.values(), *self.groups.values()])
 
     def view(self) -> LedgerView:
-        """Every tenant's numbers, read consistently (O(tenants))."""
+        """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
         counter_of = self.policy.counter_of
-        return LedgerView(
-            self.policy.name,
-            {
+
+        def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
+            return {
                 a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running)
-                for a in self.accounts.values()
-            },
-        )
+                for a in accounts
+            }
+
+        return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
+
+
+def _count(acct: Account, queued: int, running: int) -> None:
+    """Change a tenant's queued and running counts, and its groups' (each a sum over its subtree)."""
+    node: Account | None = acct
+    while node is not None:
+        node.queued += queued
+        node.running += running
+        node = node.parent
+
+
+def _level(path: str, level: object) -> int:
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ValueError(f"priority of {path!r} must be an integer (lower is served first), got {level!r}")
+    return level

@@ -33,6 +33,7 @@ class Capabilities:
     shares_counters: bool = False  # admits the smallest `Account.counter` first, and takes counters set from elsewhere
     lifts: bool = False  # the paper's counter lift when a tenant goes from nothing queued to something queued
     rejects_at_arrival: bool = False  # may refuse a request at arrival (rate limits): an engine cannot
+    tree: bool = False  # orders by the tenant tree (each group's share) and by priority levels
 
 
 class Policy(ABC):
@@ -49,6 +50,9 @@ class Policy(ABC):
     # ---- queue hooks (the ledger calls them; the counts are the ledger's) ----------------------------------------
     def open(self, acct: Account) -> None:  # noqa: B027  # an optional hook: most policies need nothing here
         """A tenant seen for the first time."""
+
+    def close(self, acct: Account) -> None:  # noqa: B027  # an optional hook, like `open`
+        """A tenant that never had a request turned out to be a group (a tenant below it appeared)."""
 
     def accept(self, req: Request, now: float) -> bool:
         """Whether `req` is accepted at arrival (only rate-limiting policies refuse)."""
@@ -78,8 +82,9 @@ class Policy(ABC):
         """The counter shown for `acct`; for policies without counters, the service it received."""
         return acct.service
 
-    def min_counter(self) -> float | None:
-        """The smallest counter among tenants with something queued (what the lift lifts to), None if none."""
+    def min_counter(self, parent: Account | None = None) -> float | None:
+        """The smallest counter among the children of `parent` (a group; None: the top of the tree) with something
+        queued: what the lift lifts to. None if none."""
         return None
 
     def set_counter(self, acct: Account, counter: float) -> None:

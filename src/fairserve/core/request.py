@@ -30,6 +30,7 @@ class Request:
     max_tokens: int | None = None
     predicted_output: int | None = None  # the driver's hint (the simulator passes the true length: the oracle)
     arrival_s: float = 0.0
+    priority: int | None = None  # named by the driver (vLLM's `priority`); the ledger sets the one it runs at
     item: Any = field(default=None, repr=False)  # the driver's own object (a gateway ticket, an engine's request)
 
     # accounting, written only by the ledger

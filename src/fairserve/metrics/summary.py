@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..core.account import SEP, parents
 from ..core.cost import CostFunction, LinearCost
 from ..core.fairness import jain_index
 from ..records import RequestRecord
@@ -82,6 +83,13 @@ def summary_table(s: Summary, title: str, window_s: float = 60.0, e2e: dict[str,
             f"{sec(c.response_p50_s, 8)}{sec(c.response_p90_s, 8)}"
             + (sec(e2e.get(c.client), 10) if e2e is not None else "")
         )
+    groups: dict[str, float] = {}
+    for c in s.clients.values():
+        for g in parents(c.client):
+            groups[g] = groups.get(g, 0.0) + c.service
+    total = sum(c.service for c in s.clients.values()) or 1.0
+    for g in sorted(groups):  # a group's service is its tenants'
+        lines.append(f"{'  ' * g.count(SEP)}group {g}: service {groups[g]:,.0f} ({100 * groups[g] / total:.1f}%)")
     jain = f"{s.jain_index:.3f}" if s.jain_index is not None else "n/a (fewer than 2 backlogged clients)"
     lines += [
         f"throughput: {s.output_tokens_per_s:.1f} output tokens/s, {s.service_per_s:.1f} service/s",

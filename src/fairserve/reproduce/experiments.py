@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import trees
 from .runs import RunSpec
 from .verdicts import (  # the rules behind each verdict, and the run sets they share with the catalogue
     A10G,
@@ -61,6 +62,7 @@ class Experiment:
     paper: str = ""  # the paper's own number(s) and which run they come from; "" = none given
     own: bool = False  # beyond the paper's scope: our own finding, never the paper's claim failing
     brief: tuple[str, str] = ("", "")  # (claim, scope) in a few words, for the one-screen overview
+    section: str = ""  # for our own findings: the report's section (default: beyond the paper's scope)
 
     @property
     def workloads(self) -> list[str]:
@@ -401,6 +403,22 @@ OWN_FINDINGS: tuple[Experiment, ...] = (
         own=True,
         brief=("does the profiled cost equalise a synthetic overload?", "8 overloaded clients"),
     ),
+)
+OWN_FINDINGS += tuple(
+    Experiment(
+        name,
+        title,
+        question,
+        tuple(specs),
+        rule,
+        ("group_service",),
+        "beyond the paper (its clients are a flat list; fairserve's tenant tree and priority classes)",
+        trees.SCOPE,
+        own=True,
+        brief=brief,
+        section=trees.SECTION,
+    )
+    for name, title, question, specs, rule, brief in trees.EXPERIMENTS
 )
 ALL_EXPERIMENTS: tuple[Experiment, ...] = EXPERIMENTS + OWN_FINDINGS
 

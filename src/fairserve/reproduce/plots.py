@@ -137,6 +137,22 @@ def _bound(path, exp, runs, workload):
     return "Measured largest service difference between backlogged clients under VTC, next to its bound 2U."
 
 
+def _group_service(path, exp, runs, workload):
+    from ..metrics import service_rates
+    from .trees import group_curves
+
+    first = next(iter(runs.values()))
+    panels = {}
+    for name, o in runs.items():
+        panels[f"{name}: per group"] = service_rates(group_curves(o), o.times)
+        if not o.spec.flat:
+            panels[f"{name}: per tenant"] = o.rates
+    figures.service_rate(
+        path, first.times, panels, _title(exp, workload, "service rate per group and per tenant (60 s window)")
+    )
+    return f"Service rate of each group (the sum of its tenants') and of each tenant over time on `{workload}`."
+
+
 _DRAW = {
     "service_rate": _service_rate,
     "response_time": _response_time,
@@ -147,5 +163,6 @@ _DRAW = {
     "mean_response": _mean_response,
     "difference_by_policy": _difference,
     "bound": _bound,
+    "group_service": _group_service,
 }
-_PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy"}
+_PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy", "group_service"}

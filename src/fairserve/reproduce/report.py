@@ -63,16 +63,24 @@ def readme_table(findings: list[Finding]) -> str:
     paper = [f for f in findings if not f.experiment.own]
     own = [f for f in findings if f.experiment.own]
     out: list[tuple[Any, ...]] = [("table", OVERVIEW_HEAD, _overview_rows(paper, links=False))]
-    if own:
+    for section, found in _sections(own):
         out += [
-            ("p", "Beyond the paper's scope (our own findings, not the paper's claims):"),
+            ("p", f"{section} (our own findings, not the paper's claims):"),
             (
                 "table",
                 ["finding", "relates to", "question", "scope", "—", "ours", "answer", "figure"],
-                _overview_rows(own, links=False),
+                _overview_rows(found, links=False),
             ),
         ]
     return to_markdown(out)
+
+
+def _sections(own: list[Finding]) -> list[tuple[str, list[Finding]]]:
+    """Our own findings by report section, in order of first appearance."""
+    by: dict[str, list[Finding]] = {}
+    for f in own:
+        by.setdefault(f.experiment.section or "Beyond the paper's scope", []).append(f)
+    return list(by.items())
 
 
 def blocks(findings: list[Finding], meta: dict) -> list[tuple]:
@@ -93,13 +101,13 @@ def blocks(findings: list[Finding], meta: dict) -> list[tuple]:
         ("p", f"{held} of {len(paper)} claims hold."),
         ("table", OVERVIEW_HEAD, _overview_rows(paper, links=True)),
     ]
-    if own:
+    for section, found in _sections(own):
         out += [
-            ("p", "**Beyond the paper's scope** — our own findings, reported apart from the paper's claims:"),
+            ("p", f"**{section}** — our own findings, reported apart from the paper's claims:"),
             (
                 "table",
                 ["finding", "relates to", "question", "scope", "—", "ours", "answer", "figure"],
-                _overview_rows(own, links=True),
+                _overview_rows(found, links=True),
             ),
         ]
     for f in paper + own:

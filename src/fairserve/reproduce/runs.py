@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from ..core import theorem_bound
+from ..core.account import SEP
 from ..core.cost import CostFunction, make_cost
 from ..metrics import backlogged, response_times, service_curves, service_rates, summarize, time_grid
 from ..records import RequestRecord
 from ..sim import simulate
-from ..workloads import Workload, get_workload, load_trace
+from ..workloads import Arrival, Workload, get_workload, load_trace
 
 REAL = "real"
 # --quick halves durations (at least 240 s), except where the claim needs the whole run: `increase` only overloads
@@ -27,6 +28,7 @@ class RunSpec:
     cost: str = "linear"  # "linear" or "profiled"
     weighted: bool = True  # use the workload's weights (False: plain VTC on a weighted workload)
     label: str = ""  # shown in figures and tables; default: the policy
+    flat: bool = False  # the tenant tree flattened: every tenant at the top (`org/user` -> `org.user`), no groups
 
     @property
     def name(self) -> str:
@@ -111,6 +113,14 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
     import time
 
     workload = load_workload(spec.workload, quick, trace)
+    if spec.flat:
+        flat = [
+            Arrival(a.arrival_s, a.client.replace(SEP, "."), a.prompt_tokens, a.output_tokens)
+            for a in workload.arrivals
+        ]
+        workload = Workload(
+            workload.name, flat, workload.duration_s, None, workload.kv_tokens, workload.latency_profile
+        )
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
     result = simulate(workload, spec.policy, cost=spec.cost, weights=weights)

@@ -51,14 +51,16 @@ def simulate(
     until_s: float | None = None,
     drain: bool = False,
     weights: dict[str, float] | None = None,
+    priorities: dict[str, int] | None = None,
     cost=None,
     w_p: float = 1.0,
     w_q: float = 2.0,
     seed: int = 0,
 ) -> SimResult:
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
-    profile, its weights) and stop at its duration; `drain=True` runs until every request is done. A preset name
-    brings its server's token-level effects; a `LatencyModel` object runs with none."""
+    profile, its weights and priorities, by tenant or group path) and stop at its duration; `drain=True` runs until
+    every request is done. A preset name brings its server's token-level effects; a `LatencyModel` object runs with
+    none."""
     name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_PROFILE)
     model = get_latency_model(name) if isinstance(name, str) else name
     kv = kv_tokens if kv_tokens is not None else workload.kv_tokens
@@ -68,7 +70,11 @@ def simulate(
         config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
     if isinstance(policy, str):
         policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed)
-    ledger = Ledger(policy, weights=weights if weights is not None else workload.weights)
+    ledger = Ledger(
+        policy,
+        weights=weights if weights is not None else workload.weights,
+        priorities=priorities if priorities is not None else workload.priorities,
+    )
     engine = SimEngine(ledger, model, config)
     horizon = None if drain else (until_s if until_s is not None else workload.duration_s)
     return engine.run(workload.arrivals, until_s=horizon)

@@ -23,6 +23,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..core.account import SEP
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
@@ -230,6 +231,10 @@ class SimEngine(Forecast):
             req.state = RequestState.REJECTED  # it could never be admitted
             return
         charging, acct = self._charging, self.ledger.accounts.get(req.tenant)
+        if charging is Charging.LAZY and acct is None and SEP in req.tenant:
+            self._sync()  # NOTE: the first tenant in a group: lazy charges no longer give the policy's choice
+            self._charging = charging = Charging.EVERY_STEP
+            self._next_try = 0
         was_backlogged = acct is not None and acct.queued > 0
         if charging is Charging.EVERY_STEP:
             if self.running:

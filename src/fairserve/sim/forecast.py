@@ -43,13 +43,18 @@ class Charging(Enum):
 def exact_charges(ledger: Ledger) -> bool:
     """Every charge and counter is then an exact binary fraction, so grouping charges cannot change a bit: the
     policy admits the smallest counter first (a counter is a sum of charges / weight), the cost is linear with
-    integral prices and every weight is a power of two."""
+    integral prices and every weight is a power of two. The tenants must be flat, at one priority level: a group's
+    counter sums its tenants' charges and a lift reads the counters of every level, so charging only the tenants the
+    policy picks would not give its choice (`Forecast._head`)."""
     cost = ledger.cost
+    accounts = ledger.accounts.values()
     return (
         ledger.policy.capabilities.shares_counters
         and type(cost) is LinearCost
         and all(float(w).is_integer() and 0 <= w < 2**20 for w in (cost.w_p, cost.w_q))
-        and all(math.frexp(a.weight)[0] == 0.5 for a in ledger.accounts.values())
+        and all(math.frexp(a.weight)[0] == 0.5 for a in accounts)
+        and not ledger.groups
+        and all(a.priority is None and a.allowed is None for a in accounts)
     )
 
 

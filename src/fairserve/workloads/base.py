@@ -33,6 +33,7 @@ class Workload:
     name: str
     arrivals: list[Arrival]
     duration_s: float
-    weights: dict[str, float] | None = None  # per-client weights for weighted VTC
+    weights: dict[str, float] | None = None  # per tenant or group path, for weighted VTC
     kv_tokens: int | None = None  # engine KV pool the paper used; None = DEFAULT_KV_TOKENS
     latency_profile: str | None = None  # None = DEFAULT_LATENCY_PROFILE
+    priorities: dict[str, int] | None = None  # per tenant or group path (lower is served first); None: all at 0

@@ -30,6 +30,9 @@ class _Spec:
     weights: tuple[float, ...] | None = None
     kv_tokens: int | None = None
     latency_profile: str | None = None
+    names: tuple[str, ...] | None = None  # the clients' names (tenant paths); default client-0, client-1, ...
+    groups: tuple[tuple[str, float], ...] = ()  # (group path, weight)
+    priorities: tuple[tuple[str, int], ...] = ()  # (tenant or group path, priority: lower is served first)
 
 
 def _same(n: int, length: Length) -> tuple[Length, ...]:
@@ -65,6 +68,28 @@ _SPECS: dict[str, _Spec] = {
         for n, rates in ((256, (3.0, 6.0)), (512, (1.5, 3.0)), (768, (1.0, 2.0)))
     },
     "overload-s4-long": _simple((2.0, 4.0), 600, 512, kv_tokens=65_000, latency_profile=_S4_PROFILE),
+}
+
+
+def _tree(members: dict[str, tuple[int, float]], duration_s: float, length: int = 256, **kw) -> _Spec:
+    """Overloaded groups: per group, (tenants, each tenant's rate in requests/s), `length`-token prompts and outputs."""
+    names = tuple(f"{g}/user-{i}" if n > 1 else f"{g}/solo" for g, (n, _) in members.items() for i in range(n))
+    rates = tuple(r for _, (n, r) in members.items() for _ in range(n))
+    return _Spec(((0.0, rates),), duration_s, _same(len(rates), length), _same(len(rates), length), names=names, **kw)
+
+
+_CLASSES = (("class-a", 6.0), ("class-b", 3.0), ("class-c", 1.0))
+
+
+# Beyond the paper: tenant trees and priority classes (docs/workloads.md). The engine serves about 1.7 requests of
+# 256/256 tokens a second (about 14 of 64/64): each group below is overloaded on its own
+_SPECS |= {
+    "two-orgs": _tree({"org-a": (10, 0.6), "org-b": (1, 3.0)}, 360),
+    "two-orgs-weighted": _tree({"org-a": (10, 0.6), "org-b": (1, 3.0)}, 360, groups=(("org-a", 3.0), ("org-b", 1.0))),
+    "tiers": _tree({"premium": (2, 1.5), "free": (2, 1.7)}, 360, priorities=(("premium", 0), ("free", 1))),
+    "tiers-10x": _tree({"premium": (2, 1.5), "free": (2, 8.5)}, 360, priorities=(("premium", 0), ("free", 1))),
+    "classes-6-3-1": _tree({c: (2, 6.0) for c, _ in _CLASSES}, 360, 64, groups=_CLASSES),
+    "classes-6-3-1-long": _tree({c: (2, 1.5) for c, _ in _CLASSES}, 360, groups=_CLASSES),
 }
 WORKLOADS: tuple[str, ...] = tuple(_SPECS)
 
@@ -162,7 +187,7 @@ def make_workload(name: str, seed: int = 0, duration_s: float | None = None) -> 
 
     t_all = np.concatenate(times)
     order = np.argsort(t_all, kind="stable")  # ties keep generation order
-    names = [f"client-{i}" for i in range(len(spec.prompt))]
+    names = list(spec.names) if spec.names else [f"client-{i}" for i in range(len(spec.prompt))]
     arrivals = [
         Arrival(t, names[c], p, o)
         for t, c, p, o in zip(
@@ -173,5 +198,7 @@ def make_workload(name: str, seed: int = 0, duration_s: float | None = None) -> 
             strict=False,
         )
     ]
-    weights = dict(zip(names, spec.weights, strict=False)) if spec.weights else None
-    return Workload(name, arrivals, duration_s, weights, spec.kv_tokens, spec.latency_profile)
+    weights = dict(zip(names, spec.weights, strict=True)) if spec.weights else {}
+    weights |= dict(spec.groups)
+    priorities = dict(spec.priorities) or None
+    return Workload(name, arrivals, duration_s, weights or None, spec.kv_tokens, spec.latency_profile, priorities)
