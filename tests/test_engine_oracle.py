@@ -89,7 +89,7 @@ def same_result(a, b):
     assert b.ledger.service == a.ledger.service and b.ledger.counters == a.ledger.counters
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(setup, workload, st.one_of(st.none(), st.floats(0.5, 40)))
 def test_records_equal_the_step_by_step_engines(s, arrivals, until):
     oracle, engine = engines(s)
@@ -106,7 +106,7 @@ def test_every_kind_of_charging_is_covered():
     assert charging("vtc", {"a": 3}) is charging("vtc", cost="profiled") is charging("drr:100") is Charging.EVERY_STEP
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(setup, workload, st.booleans())
 def test_observers_see_every_step_as_step_by_step(s, arrivals, charge):
     """Figures that sample after every step get the same points: the clock, the batch, the pool and (charged first,
@@ -142,7 +142,7 @@ operation = st.tuples(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(setup, st.integers(1, 60).flatmap(lambda n: st.lists(operation, min_size=n, max_size=n)))
 def test_online_submit_advance_and_cancel_equal_the_step_by_step_engines(s, ops):
     """As the emulator drives it: advance to a time, then a request arrives at the engine's clock or one is
