@@ -32,7 +32,7 @@ setup = st.fixed_dictionaries(
     {
         "policy": st.sampled_from(POLICIES),
         "weights": st.one_of(st.none(), st.dictionaries(st.sampled_from(CLIENTS), st.sampled_from([0.5, 1, 2, 3]))),
-        "tree": st.sampled_from([False, False, True]),  # clients d and e as the group g's tenants g/d and g/e
+        "tree": st.sampled_from([False, False, True]),  # clients b to e as the group g's tenants g/b to g/e
         "priorities": st.one_of(
             st.none(), st.none(), st.dictionaries(st.sampled_from(["a", "b", "g"]), st.integers(0, 2), max_size=2)
         ),
@@ -51,7 +51,7 @@ setup = st.fixed_dictionaries(
 
 
 def tenant(s, client):
-    return f"g/{client}" if s["tree"] and client in ("d", "e") else client
+    return f"g/{client}" if s["tree"] and client != "a" else client
 
 
 def named(s, arrivals):
