@@ -73,6 +73,7 @@ case "${1:-}" in
         "$VENV/bin/python" -m pytest "$@" || rc=$?
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }
+            scripts/ray_tests.sh || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }  # the Ray tier (fairserve sweep --ray)
         fi
         exit "$rc" ;;
     test-vllm) shift; vllm_tier "$@" ;;
