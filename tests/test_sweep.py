@@ -137,11 +137,11 @@ def test_resuming_runs_only_what_is_missing(swept, tmp_path, capsys):
     assert "16 stored" in (text := capsys.readouterr().out) and "ran 0 runs" in text
 
 
-def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path):
+def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path, capsys):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "fairserve", "sweep", "--policy", "vtc,fcfs,lcf,drr", "--workload", "overload",
-           "--duration", "30", "--kv-tokens", "5000,10000", "--seeds", "4", "--jobs", "2", "--out", str(out),
-           "--no-progress", "--no-figures"]  # fmt: skip
+    args = ["sweep", "--policy", "vtc,fcfs,lcf,drr", "--workload", "overload", "--duration", "30", "--kv-tokens",
+            "5000,10000", "--seeds", "4", "--out", str(out), "--no-progress", "--no-figures"]  # fmt: skip
+    cmd = [sys.executable, "-m", "fairserve", *args, "--jobs", "2"]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
@@ -158,32 +158,35 @@ def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path):
     stored = run_files(out)
     assert 2 <= len(stored) < 32 and not list((out / "runs").glob(".*.tmp"))
     assert all(json.loads((out / "runs" / n).read_text())["key"] == n[:-5] for n in stored)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert f"{len(stored)} stored" in done.stdout and f"running {32 - len(stored)} on 2 local processes" in done.stdout
+    capsys.readouterr()
+    assert main([*args, "--jobs", "1"]) == 0  # the same grid, resumed in this process
+    text = capsys.readouterr().out
+    assert f"{len(stored)} stored" in text and f"running {32 - len(stored)} on 1 local process" in text
     after = run_files(out)
     assert len(after) == 32 and all(after[n] == t for n, t in stored.items())
 
 
-def test_a_code_change_without_a_version_bump_runs_everything_again(tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(SRC / "fairserve", src / "fairserve", ignore=shutil.ignore_patterns("__pycache__"))
-    assert source_digest(src / "fairserve") == source_digest()
-    cmd = [sys.executable, "-m", "fairserve", "sweep", *SMALL, "--seeds", "2", "--jobs", "1",
-           "--out", str(tmp_path / "out"), "--no-progress", "--no-figures"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert first.returncode == 0 and "running 8 on" in first.stdout, first.stderr
-    engine = src / "fairserve" / "sim" / "engine.py"
+def test_a_code_change_without_a_version_bump_runs_everything_again(swept, tmp_path, monkeypatch, capsys):
+    src = tmp_path / "fairserve"
+    shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    assert source_digest(src) == source_digest()
+    engine = src / "sim" / "engine.py"
     engine.write_text(engine.read_text() + "\n# a comment: the code changed, the version did not\n")
-    assert source_digest(src / "fairserve") != source_digest()
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
-    assert "0 stored" in second.stdout and "removed 8 stale results" in second.stdout
-    assert "running 8 on" in second.stdout
-    versions = {json.loads(p.read_text())["version"] for p in (tmp_path / "out" / "runs").glob("*.json")}
-    assert versions == {json.loads((tmp_path / "out" / "sweep.json").read_text())["fairserve"]}
-    assert len(list((tmp_path / "out" / "runs").glob("*.json"))) == 8
+    edited = source_digest(src)
+    assert edited != source_digest()
+    out = tmp_path / "out"
+    shutil.copytree(swept, out)
+    release = sweep_run.code_version().partition("+")[0]
+    # NOTE: the version of the edited tree, as code_version() computes it for code run from there
+    monkeypatch.setattr(sweep_run, "code_version", lambda: f"{release}+src.{edited}")
+    capsys.readouterr()
+    assert sweep(out, "--seeds", "3", *WEIGHTS, "--no-figures") == 0
+    text = capsys.readouterr().out
+    assert "0 stored" in text and "removed 24 stale results" in text and "running 24 on" in text
+    versions = {json.loads(p.read_text())["version"] for p in (out / "runs").glob("*.json")}
+    assert versions == {f"{release}+src.{edited}"} == {json.loads((out / "sweep.json").read_text())["fairserve"]}
+    assert len(list((out / "runs").glob("*.json"))) == 24
+    assert (out / "table.csv").read_text().startswith(f"# fairserve {release}+src.{edited}")
 
 
 def test_a_changed_trace_file_runs_again_and_a_sweep_file_works_with_flags(tmp_path, capsys):

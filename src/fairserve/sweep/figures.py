@@ -19,6 +19,7 @@ PANEL_IN = (5.6, 3.8)
 NAMES = {"kv_tokens": "KV pool (tokens)", "workload": "workload", "weights": "weights", "policy": "policy"}
 MAX_COLUMNS = 3
 DPI = 110
+LOG_SPAN = 100.0  # a metric whose means span this factor is drawn on a log scale
 
 
 def draw_all(rows: Sequence[Row], swept: Sequence[str], out_dir: Path, prov: Provenance) -> list[str]:
@@ -50,6 +51,8 @@ def draw(rows: Sequence[Row], param: str, others: Sequence[str], m: Metric, path
     fig = Figure(figsize=(PANEL_IN[0] * cols, PANEL_IN[1] * nrows + 0.9), dpi=DPI, layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False)
     handles = []
+    means = [r.stats[m.name].mean for r in rows if not math.isnan(r.stats[m.name].mean)]
+    log_y = bool(means) and min(means) > 0 and max(means) / min(means) >= LOG_SPAN  # NOTE: else small lines go flat
     for k, panel in enumerate(panels):
         ax = axes[k // cols][k % cols]
         for j, policy in enumerate(policies):
@@ -81,6 +84,8 @@ def draw(rows: Sequence[Row], param: str, others: Sequence[str], m: Metric, path
             ax.set_xticks(positions, xs, rotation=20 if max(len(x) for x in xs) > 12 else 0)
         ax.set_xlabel(NAMES[param])
         ax.set_ylabel(m.title)
+        if log_y:
+            ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         if others:
             ax.set_title(", ".join(f"{o} {v}" for o, v in zip(others, panel, strict=True)), fontsize="medium")
