@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" {us[p, n] - us['fcfs', n]:+.2f} |" if floor else "")
             )
     if "vtc" in policies and "vtc" + TREE in policies:
-        n = sizes[-1]
+        n = TARGET_N if TARGET_N in sizes else sizes[-1]
         print(
             f"\nA three-level tree of {n:,} leaves vs flat VTC with {n:,} tenants: "
             f"{us['vtc' + TREE, n] / us['vtc', n]:.2f}× (goal ≤ 2×)"

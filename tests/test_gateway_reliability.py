@@ -38,6 +38,9 @@ def test_redact_removes_credentials_from_urls_and_text():
         ("state", f"http://:{SECRET}@h:1/0"),
         ("backends.0.url", f"ftp://u:{SECRET}@h:1"),
         ("backends.0.metrics_url", f"ftp://u:{SECRET}@h"),
+        ("state", f"redis:/:{SECRET}@host"),  # malformed: shown masked from the scheme to the @
+        ("backends.0.url", f"http:/u:{SECRET}@h:1"),
+        ("backends.0.metrics_url", f"http:/u:{SECRET}@h"),
     ],
 )
 def test_a_refused_url_is_shown_without_its_credentials(key, value):

@@ -9,8 +9,11 @@ owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
+import math
 import re
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -34,7 +37,7 @@ MAX_COST = 1e6
 class TenantConfig(Strict):
     name: str
     api_keys: list[str] = Field(min_length=1)
-    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
@@ -157,9 +160,57 @@ def bearer(request: Request) -> str | None:
     return key if scheme.lower() == "bearer" and key else None
 
 
+def same_key(given: str | None, secret: str | None) -> bool:
+    """Whether `given` is `secret`, in time independent of where they differ (no key guessed byte by byte)."""
+    if given is None or secret is None:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode("utf-8", "surrogateescape"))
+
+
+class AuthThrottle:
+    """Repeated failed authentications (401) from one client address: after `limit` of them within `window_s`, every
+    request from that address is refused (429 with Retry-After) until the window ends, whatever key it carries, so
+    keys cannot be guessed at speed. `limit` 0: no throttling. At most `max_addresses` addresses are remembered (the
+    oldest forgotten first). Behind a reverse proxy the address is the one it forwards (uvicorn's proxy headers)."""
+
+    def __init__(self, limit: int, window_s: float, max_addresses: int = 100_000, clock: Any = time.monotonic) -> None:
+        self.limit, self.window_s, self.max_addresses, self.clock = limit, window_s, max_addresses, clock
+        self._failures: dict[str, tuple[float, int]] = {}  # address -> (window start, failures in it)
+
+    def blocked(self, address: str | None) -> float:
+        """Seconds until `address` may try again; 0 if it may now."""
+        entry = self._failures.get(address or "") if self.limit else None
+        if entry is None or entry[1] < self.limit:
+            return 0.0
+        left = entry[0] + self.window_s - self.clock()
+        if left <= 0:
+            del self._failures[address or ""]
+            return 0.0
+        return left
+
+    def failed(self, address: str | None) -> None:
+        if not self.limit:
+            return
+        key, now = address or "", self.clock()
+        start, count = self._failures.pop(key, (now, 0))
+        if now - start >= self.window_s:
+            start, count = now, 0
+        self._failures[key] = (start, count + 1)  # NOTE: re-inserted last: the dict's order is by last failure
+        if len(self._failures) > self.max_addresses:
+            del self._failures[next(iter(self._failures))]
+
+    def refusal(self, seconds: float) -> Response:
+        return error_response(
+            429,
+            f"too many failed authentications from this address; try again in {math.ceil(seconds)} s",
+            code="auth_throttled",
+            headers={"Retry-After": str(math.ceil(seconds))},
+        )
+
+
 def metrics_denied(request: Request, metrics_key: str | None) -> Response | None:
     """The 401 for `/metrics` when `metrics_key` is set and the request does not carry it as Bearer, else None."""
-    if metrics_key is None or bearer(request) == metrics_key:
+    if metrics_key is None or same_key(bearer(request), metrics_key):
         return None
     return error_response(
         401,
@@ -182,7 +233,7 @@ class Accounts(Protocol):
 
 MAX_OWNER_KEYS = 1000  # keys one `POST /admin/owners` may ask about
 
-# NOTE: the page is static and loads nothing but its own two files; the data comes by fetch() with the admin key
+# NOTE: the page is static and loads only its own files; the data comes by fetch() with the admin key
 _PAGE_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -194,17 +245,19 @@ _ASSETS = {
     "": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard.css": ("dashboard.css", "text/css"),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 
 
 def admin_denied(request: Request, admin_key: str | None, tenant_keys: dict[str, str]) -> Response | None:
     """None if `request` carries the admin key as Bearer; else the 401/403 to answer."""
     key = bearer(request)
-    if key is None or (key != admin_key and key not in tenant_keys):
+    admin = same_key(key, admin_key)
+    if key is None or (not admin and key not in tenant_keys):
         return error_response(401, "the admin API needs 'Authorization: Bearer ADMIN_KEY'", code="invalid_key")
     if admin_key is None:
         return error_response(403, "the admin API is disabled: no admin_key is configured", code="admin_disabled")
-    if key != admin_key:
+    if not admin:
         return error_response(403, "a tenant's key may not use the admin API", code="not_admin")
     return None
 
@@ -309,39 +362,84 @@ def _static(body: bytes, media_type: str):  # noqa: ANN202
 
 
 # ---- Prometheus ------------------------------------------------------------------------------------------------------
+# (TenantView field, family name, type, help): the per-tenant live values every server in front of a ledger exports
+TENANT_FAMILIES = (
+    (
+        "service",
+        "service",
+        "counter",
+        "Service charged by the policy: w_p*prompt + w_q*output (live; reconciliation may correct it slightly)",
+    ),
+    ("counter", "counter", "gauge", "The policy's virtual counter (service / weight, lifted)"),
+    ("queued", "queue_length", "gauge", "Queued requests"),
+    ("running", "tenant_inflight_requests", "gauge", "Requests being served"),
+    ("weight", "tenant_weight", "gauge", "Tenant weight"),
+)
+SPREAD_HELP = "Max minus min counter among backlogged tenants"
+JAIN_HELP = "Jain's index of weighted service among backlogged tenants"
+METRICS_WINDOW_S = 900.0  # a tenant's series stay this long after its last request
+
+
+class TenantActivity:
+    """Which tenants have Prometheus series: those with requests queued or running, and those that sent or ended one
+    in the last `window_s` seconds. The others leave the exposition (their counts are kept and come back with them),
+    so a scrape's size follows the tenants in use, not the tenants configured. Every per-tenant series follows this
+    rule."""
+
+    def __init__(self, window_s: float = METRICS_WINDOW_S, clock: Any = time.monotonic) -> None:
+        self.window_s, self.clock = window_s, clock
+        self._seen: dict[str, float] = {}  # tenant -> when it last sent or ended a request
+
+    def saw(self, tenant: str) -> None:
+        self._seen[tenant] = self.clock()
+
+    def active(self, busy: Any) -> list[str]:
+        """The tenants with series now, in first-seen order; `busy(tenant)`: whether it has requests queued or
+        running. O(tenants seen in the window)."""
+        cutoff = self.clock() - self.window_s
+        out, idle = [], []
+        for tenant, at in self._seen.items():
+            if at >= cutoff or busy(tenant):
+                out.append(tenant)
+            else:
+                idle.append(tenant)
+        for tenant in idle:  # NOTE: forgotten until its next request: the scan stays O(active)
+            del self._seen[tenant]
+        return out
+
+
 class TenantCollector:
     """Per-tenant service, counter, queue, in-flight requests and weight, plus the backlogged counter spread and
-    Jain's index, read from the ledger at scrape time. Labels: the configured tenants only."""
+    Jain's index, read from the ledger at scrape time. Labels: the configured tenants only (with `activity`, only
+    those it names active)."""
 
-    def __init__(self, accounts: Accounts, tenants: list[str], prefix: str) -> None:
-        self.accounts, self.tenants, self.prefix = accounts, tenants, prefix
+    def __init__(
+        self, accounts: Accounts, tenants: list[str], prefix: str, activity: TenantActivity | None = None
+    ) -> None:
+        self.accounts, self.tenants, self.prefix, self.activity = accounts, tenants, prefix, activity
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
         view, p = self.accounts.view(), self.prefix
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "service": CounterMetricFamily(
-                p + "service",
-                "Service charged by the policy: w_p*prompt + w_q*output (live; reconciliation may correct it slightly)",
-                labels=["tenant"],
-            ),
-            "counter": GaugeMetricFamily(
-                p + "counter", "The policy's virtual counter (service / weight, lifted)", labels=["tenant"]
-            ),
-            "queued": GaugeMetricFamily(p + "queue_length", "Queued requests", labels=["tenant"]),
-            "running": GaugeMetricFamily(p + "tenant_inflight_requests", "Requests being served", labels=["tenant"]),
-            "weight": GaugeMetricFamily(p + "tenant_weight", "Tenant weight", labels=["tenant"]),
+        families = {
+            field: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(p + name, text, labels=["tenant"])
+            for field, name, kind, text in TENANT_FAMILIES
         }
-        for t in self.tenants:
+        tenants = self.tenants
+        if self.activity is not None:
+            known = set(tenants)
+
+            def busy(t: str) -> bool:
+                row = view.tenants.get(t)
+                return row is not None and bool(row.queued or row.running)
+
+            tenants = [t for t in self.activity.active(busy) if t in known]
+        for t in tenants:
             row = view.tenants.get(t)
             for field, family in families.items():
                 family.add_metric([t], float(getattr(row, field)) if row is not None else 0.0)
         yield from families.values()
-        yield GaugeMetricFamily(
-            p + "backlogged_counter_spread", "Max minus min counter among backlogged tenants", value=view.counter_spread
-        )
-        yield GaugeMetricFamily(
-            p + "jain_index", "Jain's index of weighted service among backlogged tenants", value=view.jain
-        )
+        yield GaugeMetricFamily(p + "backlogged_counter_spread", SPREAD_HELP, value=view.counter_spread)
+        yield GaugeMetricFamily(p + "jain_index", JAIN_HELP, value=view.jain)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,11 +36,15 @@ class FakeBackend:
         self.delay_s, self.piece, self.prompt_bias = delay_s, piece, prompt_bias
         self.report_usage = True  # False: like a server that ignores include_usage
         self.fail_status: int | None = None  # answer every request with this status
+        self.fail_headers: dict[str, str] = {}  # ... and these headers (e.g. Retry-After)
         self.fail_after: int | None = None  # break streams after this many tokens
         self.calls = 0
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's headers
         self.produced: dict[int, int] = {}  # call number -> tokens streamed
         self.cancelled: list[int] = []  # call numbers of streams closed by the client
+        self.cancelled_at: dict[int, float] = {}  # call number -> when (time.monotonic) its stream was closed
+        self.paused = False  # True: streams produce nothing until it is False again
         return self
 
     def _usage(self, body: dict[str, Any], chat: bool, produced: int) -> dict[str, int]:
@@ -76,8 +81,11 @@ class FakeBackend:
             self.calls += 1
             call = self.calls
             self.bodies.append(body)
+            self.headers.append(dict(request.headers))
             if self.fail_status is not None:
-                return JSONResponse({"error": {"message": "fake failure"}}, status_code=self.fail_status)
+                return JSONResponse(
+                    {"error": {"message": "fake failure"}}, status_code=self.fail_status, headers=self.fail_headers
+                )
             n = body.get("max_completion_tokens") or body.get("max_tokens") or 5
             n = min(n, 400) if isinstance(n, int) else 5
             if not body.get("stream"):
@@ -105,7 +113,8 @@ class FakeBackend:
 
             async def events():
                 done = False
-                produced, cancelled = self.produced, self.cancelled  # this test's, even after a reset
+                # NOTE: this test's, even after a reset
+                produced, cancelled, cancelled_at = self.produced, self.cancelled, self.cancelled_at
                 produced[call] = 0
                 try:
                     if chat:
@@ -114,6 +123,8 @@ class FakeBackend:
                         if self.fail_after is not None and i >= self.fail_after:
                             raise RuntimeError("fake backend breaks the stream")
                         await asyncio.sleep(self.delay_s)
+                        while self.paused:
+                            await asyncio.sleep(0.005)
                         produced[call] += 1
                         yield f"data: {json.dumps(self._chunk(chat, self.piece))}\n\n"
                     yield f"data: {json.dumps(self._chunk(chat, None if chat else '', 'length'))}\n\n"
@@ -132,6 +143,7 @@ class FakeBackend:
                 finally:
                     if not done and self.fail_after is None:
                         cancelled.append(call)
+                        cancelled_at[call] = time.monotonic()
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -166,7 +178,9 @@ def config(backends: list[str], **kw: Any):
 @contextlib.contextmanager
 def gateway(urls: list[str], backend_options: dict[str, Any] | None = None, **kw: Any) -> Iterator[str]:
     """A gateway in front of `urls`; yields its base URL."""
-    with running_server(create_app(config([{"url": u, **(backend_options or {})} for u in urls], **kw))) as base:
+    cfg = config([{"url": u, **(backend_options or {})} for u in urls], **kw)
+    limits = {"max_header_bytes": cfg.max_header_bytes, "max_headers": cfg.max_headers}  # as the CLI passes them
+    with running_server(create_app(cfg), **limits) as base:
         yield base
 
 
@@ -208,6 +222,24 @@ def metric(base: str, name: str, **labels: str) -> float:
         if key == (f"{name}{{{want}}}" if labels else name):
             return float(value)
     return 0.0
+
+
+def stream_request(base: str, tenant: str, tokens: int, rcvbuf: int | None = None, **headers: str) -> socket.socket:
+    """A raw connection that has sent one streamed chat request (and reads nothing unless the test does);
+    `rcvbuf`: its receive buffer (a small one fills at once when the client does not read)."""
+    host, port = base.removeprefix("http://").split(":")
+    body = json.dumps(chat_body(tokens, stream=True)).encode()
+    extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items()).encode()
+    s = socket.socket()
+    if rcvbuf is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.connect((host, int(port)))
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+        % (KEYS.get(tenant, tenant).encode(), len(body), extra, body)
+    )
+    return s
 
 
 def wait_until(check, timeout_s: float = 5.0, step_s: float = 0.02) -> bool:

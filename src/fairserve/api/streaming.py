@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -58,8 +59,35 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
+def connection_of(send: Send) -> Any | None:
+    """The connection behind an ASGI `send`, where the server is uvicorn: its request cycle, with `disconnected`
+    (True from the moment the client's connection is lost) and `transport`. None under another server.
+
+    NOTE: uvicorn's `send()` returns silently once the client is gone, and its `http.disconnect` arrives only
+    through `receive()`: a streaming loop that checks `disconnected` after each send stops at once, whether or not
+    a watcher's cancellation has landed."""
+    cycle = getattr(send, "__self__", None)
+    if isinstance(getattr(cycle, "disconnected", None), bool) and hasattr(cycle, "transport"):
+        return cycle
+    return None
+
+
+LAST_WRITE_S = 1.0  # the error event or 503 of a request cut off by the drain: at most this long to go out
+
+
 async def shutting_down(started: bool, scope: Scope, receive: Receive, send: Send, server: str = "server") -> None:
-    """End a request the server's drain cut off: an error event if its stream has started, else a 503."""
+    """End a request the server's drain cut off: an error event if its stream has started, else a 503. A client
+    that does not read gets LAST_WRITE_S for it, then its connection is closed."""
+    conn = connection_of(send)
+    try:
+        async with asyncio.timeout(LAST_WRITE_S):
+            await _last_words(started, scope, receive, send, server)
+    except TimeoutError:
+        if conn is not None:
+            conn.transport.abort()
+
+
+async def _last_words(started: bool, scope: Scope, receive: Receive, send: Send, server: str) -> None:
     with contextlib.suppress(Exception):  # NOTE: the client may be gone too; nothing is left to tell it
         if started:
             body = sse(error_body(503, f"the {server} is shutting down; the response is incomplete", code="shutdown"))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from ..api.protocol import models_list
-from ..tenancy import admin_router, bearer, metrics_denied
+from ..tenancy import AuthThrottle, admin_router, bearer, metrics_denied, same_key
 from .body import CHAT, COMPLETIONS, PATHS
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
@@ -30,6 +32,8 @@ from .prometheus import GatewayMetrics
 from .proxy import Proxy
 from .relay import Upstream
 from .scheduler import Scheduler
+from .snapshot import Snapshots
+from .stalls import StallWatch
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -39,9 +43,17 @@ class Gateway:
 
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(cfg.metrics_window_s)
         self.sched = Scheduler(cfg, self.metrics)
         self.metrics.bind(self.sched)
+        # NOTE: restored now, so that a bad file stops the gateway before it serves
+        self.snapshots = (
+            Snapshots(cfg.snapshot, self.sched.ledger, cfg.weights(), cfg.snapshot_interval_s)
+            if cfg.snapshot is not None
+            else None
+        )
+        self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
+        self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
         self.tenant_names = frozenset(self.sched.tenants)
         limit = sum(b.max_inflight_requests for b in cfg.backends) + 16
@@ -55,7 +67,7 @@ class Gateway:
             max_connections=limit,
             first_byte_timeout=cfg.request_timeout_s,
         )
-        self.proxy = Proxy(self.sched, self.upstream)
+        self.proxy = Proxy(self.sched, self.upstream, self.stalls)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
 
@@ -70,6 +82,7 @@ class Gateway:
                 "limit_requests": b.limit,
                 "adaptive": b.cfg.adaptive,
                 **({"reason": b.reason} if b.reason else {}),
+                **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
             }
             for b in self.sched.backends
         ]
@@ -97,25 +110,30 @@ class Gateway:
         be a valid tenant or admin key). None: unauthenticated."""
         return self._tenant(bearer(request), request.headers.get("x-tenant-id"))
 
-    def tenant_of_scope(self, scope: Scope) -> str | None:
-        """`tenant()` from a raw ASGI scope (the hot path builds no Request)."""
-        auth = claimed = None
+    def identify(self, scope: Scope) -> tuple[str | None, str]:
+        """(`tenant()`, the request's id) from a raw ASGI scope (the hot path builds no Request). The id is the
+        client's `X-Request-Id` when it is 1-128 characters of letters, digits and `-_.:@/+=`, else a new one."""
+        auth = claimed = rid = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if auth is None:
                     auth = value.decode("latin-1")
-            elif name == b"x-tenant-id" and claimed is None:
-                claimed = value.decode("latin-1")
+            elif name == b"x-tenant-id":
+                if claimed is None:
+                    claimed = value.decode("latin-1")
+            elif name == b"x-request-id" and rid is None:
+                rid = value.decode("latin-1")
         scheme, _, key = (auth or "").partition(" ")
         key = key.strip()
-        return self._tenant(key if scheme.lower() == "bearer" and key else None, claimed)
+        tenant = self._tenant(key if scheme.lower() == "bearer" and key else None, claimed)
+        return tenant, rid if rid is not None and _REQUEST_ID.match(rid) else uuid.uuid4().hex
 
     def _tenant(self, key: str | None, claimed: str | None) -> str | None:
         if key is None:
             return None
         owner = self.owners.get(key)
         if self.cfg.trusted_proxy and claimed is not None:
-            valid = owner is not None or key == self.cfg.admin_key
+            valid = owner is not None or same_key(key, self.cfg.admin_key)
             return claimed if valid and claimed in self.tenant_names else None
         return owner
 
@@ -134,20 +152,39 @@ class Gateway:
 
 
 _FAST = {path: kind for kind, path in PATHS.items()}
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+_OPEN = frozenset({"/healthz", "/health", "/livez"})  # what load balancers and probes read: never throttled
 
 
 class _GatewayApp(FastAPI):
     """FastAPI, except that the two completion POSTs go straight to the proxy (no middleware, routing or
-    Request on the hot path); everything else is routed as usual."""
+    Request on the hot path); everything else is routed as usual. An address that failed to authenticate too often
+    is refused before either (`tenancy.AuthThrottle`)."""
 
     completion: Any = None
+    throttle: AuthThrottle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and self.completion is not None:
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        throttle = self.throttle
+        address = (scope.get("client") or ("",))[0]
+        if throttle is not None and throttle.limit and scope["path"] not in _OPEN:
+            if (wait := throttle.blocked(address)) > 0:
+                return await throttle.refusal(wait)(scope, receive, send)
+        if scope["method"] == "POST" and self.completion is not None:
             kind = _FAST.get(scope["path"])
             if kind is not None:
                 return await self.completion(scope, receive, send, kind)
-        await super().__call__(scope, receive, send)
+        if throttle is None or not throttle.limit:
+            return await super().__call__(scope, receive, send)
+
+        async def counting(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                throttle.failed(address)
+            await send(message)
+
+        await super().__call__(scope, receive, counting)
 
 
 def _started(scope: Scope) -> bool:
@@ -164,8 +201,13 @@ class _Asgi(Response):
         await self.app(scope, receive, send)
 
 
-def _unauthorized() -> Response:
-    return error_response(401, "missing or unknown API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+def _unauthorized(request_id: str | None = None) -> Response:
+    return error_response(
+        401,
+        "missing or unknown API key: send 'Authorization: Bearer KEY'",
+        code="invalid_api_key",
+        headers={"X-Request-Id": request_id} if request_id else None,
+    )
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
@@ -177,11 +219,17 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
         gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
+        if gw.snapshots is not None:
+            gw.snapshots.start()
         yield
         # NOTE: requests cut off at the end of the drain are still sending their last event and settling
         deadline = time.monotonic() + 2.0
         while len(gw.sched.ledger) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        gw.stalls.stop()
+        if gw.snapshots is not None:
+            await gw.snapshots.stop()
+            gw.snapshots.save()
         await gw.health.stop()
         await gw.capacity.stop()
         if gw.sched.shared is not None:
@@ -189,17 +237,28 @@ def create_app(config: GatewayConfig) -> FastAPI:
         await gw.client.aclose()
         await gw.upstream.aclose()
 
-    app = _GatewayApp(title="fairserve gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # NOTE: no redirect_slashes: Starlette builds the redirect's Location from the client's Host header (an open
+    # redirect), and the OpenAI SDK follows a 307 with the prompt; a path with a trailing slash is a 404
+    app = _GatewayApp(
+        title="fairserve gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,
+    )
     app.state.gateway = gw
+    app.throttle = gw.throttle
 
     async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
-        tenant = gw.tenant_of_scope(scope)
+        tenant, request_id = gw.identify(scope)
         if tenant is None:
-            return await _unauthorized()(scope, receive, send)
+            gw.throttle.failed((scope.get("client") or ("",))[0])
+            return await _unauthorized(request_id)(scope, receive, send)
         try:
-            await gw.proxy.handle(scope, receive, send, kind, tenant)
+            await gw.proxy.handle(scope, receive, send, kind, tenant, request_id)
         except Exception as exc:  # what the app's handler of unexpected errors would do
-            log.error("unexpected error on %s %s: %r", scope["method"], scope["path"], exc)
+            log.error("request %s: unexpected error on %s %s: %r", request_id, scope["method"], scope["path"], exc)
             if not _started(scope):
                 await error_response(500, "internal gateway error", code="internal_error")(scope, receive, send)
             else:
@@ -221,7 +280,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        if gw.tenant(request) is None and bearer(request) != config.admin_key:
+        if gw.tenant(request) is None and not same_key(bearer(request), config.admin_key):
             return _unauthorized()
         return await gw.models()
 
@@ -230,6 +289,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def healthz() -> Response:
         status, doc = gw.health_report()
         return JSONResponse(doc, status_code=status)
+
+    # NOTE: liveness is the process alone: /healthz is 503 through a backend outage, which the gateway queues through
+    @app.get("/livez")
+    async def livez() -> dict:
+        return {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -6,6 +6,8 @@ Flags override the file's keys; a repeated list flag (`--backend`, `--tenant`, `
 from __future__ import annotations
 
 import argparse
+import logging
+import ssl
 import sys
 from typing import Any
 
@@ -33,6 +35,16 @@ SCALARS = {
     "chunk_timeout": "chunk_timeout_s",
     "state": "state",
     "state_interval": "state_interval_s",
+    "snapshot": "snapshot",
+    "snapshot_interval": "snapshot_interval_s",
+    "client_write_timeout": "client_write_timeout_s",
+    "client_min_rate": "client_min_rate",
+    "metrics_window": "metrics_window_s",
+    "auth_failure_limit": "auth_failure_limit",
+    "max_header_bytes": "max_header_bytes",
+    "max_headers": "max_headers",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
 }
 BACKEND_OPTIONS = {
     "max_requests": "max_inflight_requests",
@@ -153,6 +165,41 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument(
         "--state-interval", type=float, metavar="S", help="seconds between flushes to the shared state (0.02)"
     )
+    g.add_argument(
+        "--snapshot",
+        metavar="FILE",
+        help="without --state: keep counters, service and admin weight changes across restarts in FILE "
+        "(written at shutdown and every --snapshot-interval, restored at start)",
+    )
+    g.add_argument(
+        "--snapshot-interval", type=float, metavar="S", help="seconds between snapshots; 0: at shutdown (60)"
+    )
+    g.add_argument(
+        "--client-write-timeout",
+        type=float,
+        metavar="S",
+        help="cut a stream whose client accepted nothing for this long (60)",
+    )
+    g.add_argument(
+        "--client-min-rate",
+        type=int,
+        metavar="BYTES",
+        help="cut a stream whose client reads slower than this many bytes/s over a --client-write-timeout "
+        "while data waits for it; 0: no rate (1024)",
+    )
+    g.add_argument(
+        "--metrics-window", type=float, metavar="S", help="a tenant's series stay in /metrics this long (900)"
+    )
+    g.add_argument(
+        "--auth-failure-limit",
+        type=int,
+        metavar="N",
+        help="after N failed authentications from one address within a minute, 429 for it; 0: off (20)",
+    )
+    g.add_argument("--max-header-bytes", type=int, metavar="N", help="largest request line and headers (32768)")
+    g.add_argument("--max-headers", type=int, metavar="N", help="most header fields in a request (100)")
+    g.add_argument("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+    g.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return g
 
@@ -161,10 +208,11 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Config problems raise ValueError with one line."""
     import uvicorn
 
-    from ..api.server import server_options
+    from ..api.server import check_listen_free, server_options
     from .app import create_app
 
     cfg = config_from_args(args)
+    check_listen_free(cfg.host, cfg.port)
     if cfg.state is not None:
         import asyncio
 
@@ -172,23 +220,39 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             asyncio.run(probe(cfg.state))
-        except SharedStateError as e:
-            print(f"fairserve: error: {e}", file=sys.stderr)
-            return 1
+        except SharedStateError as e:  # NOTE: it cannot start: as bad input, exit 2 (README's table)
+            raise ValueError(str(e)) from None
+    app = create_app(cfg)  # NOTE: before the banner: a snapshot that cannot be restored stops it here
     print(
-        f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
-        f"listening on http://{cfg.listen}",
+        f"fairserve gateway: {_n(len(cfg.tenants), 'tenant')}, {_n(len(cfg.backends), 'backend')}, "
+        f"policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",
         file=sys.stderr,
     )
-    uvicorn.run(
-        create_app(cfg),
-        host=cfg.host,
-        port=cfg.port,
-        log_level=args.log_level,
-        access_log=cfg.access_log,
-        **server_options(cfg.client_timeout_s, cfg.drain_timeout_s),
-    )
+    # NOTE: the gateway's own lines (request ids, cut streams, backends up and down) at the chosen level too
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    root = logging.getLogger("fairserve")
+    root.addHandler(handler)
+    root.setLevel(args.log_level.upper())
+    tls: dict[str, Any] = {"ssl_certfile": cfg.ssl_certfile, "ssl_keyfile": cfg.ssl_keyfile} if cfg.ssl_certfile else {}
+    try:
+        uvicorn.run(
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level=args.log_level,
+            access_log=cfg.access_log,
+            **tls,
+            **server_options(cfg.client_timeout_s, cfg.drain_timeout_s, cfg.max_header_bytes, cfg.max_headers),
+        )
+    except ssl.SSLError as e:  # NOTE: a certificate and key that do not match, a file that is not PEM
+        print(f"fairserve: error: TLS: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def main(argv: list[str] | None = None) -> int:

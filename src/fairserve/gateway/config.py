@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from ..api.config import Strict, check_listen
 from ..api.config import build_config as _build
@@ -18,24 +18,34 @@ from ..api.tokens import token_counter
 from ..core import check_policy, policy_names
 from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
 
+# NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
+_SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|api_key|apikey|key|auth)=)[^&;#\s]*")
+
 
 def redact(url: str) -> str:
-    """`url` as it may be shown, logged or used as a label: any `user:password@` replaced by `***@`."""
+    """`url` as it may be shown, logged or used as a label: any `user:password@` replaced by `***@`, the value of a
+    query parameter that may hold a secret (`?password=...`) by `***`. A malformed URL (`redis:/:pw@host`) is masked
+    from its scheme to its last `@`."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<invalid URL>"
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+    if "@" in parts.netloc:
+        url = urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+    elif "@" in url:  # NOTE: not a URL urlsplit understands: whatever precedes an @ may be a credential
+        head, _, tail = url.rpartition("@")
+        scheme, sep, _ = head.partition(":")
+        url = (scheme + sep if sep and scheme.isalnum() else "") + "***@" + tail
+    return _SECRET_PARAM.sub(r"\1***", url)
 
 
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:(?://)?)[^\s@'\"]*@")
 
 
 def redact_text(text: str) -> str:
-    """`text` (an error message, a log line) with the credentials of every URL in it replaced by `***`."""
-    return _USERINFO.sub(r"\1***@", text)
+    """`text` (an error message, a log line) with the credentials of every URL in it replaced by `***`, malformed
+    URLs and secret query parameters included."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
 HTTP_URL = re.compile(r"^https?://[^/\s]+")
@@ -56,8 +66,11 @@ def has_credentials(url: str) -> bool:
 
 class BackendConfig(Strict):
     url: str
-    max_inflight_requests: int = Field(32, ge=1)
-    max_inflight_tokens: int | None = Field(None, ge=1)  # prompt + max_tokens of the requests in flight
+    # NOTE: `max_requests` / `max_tokens`, the flag's names (`--backend URL,max_requests=N`), work in TOML too
+    max_inflight_requests: int = Field(32, ge=1, validation_alias=AliasChoices("max_inflight_requests", "max_requests"))
+    max_inflight_tokens: int | None = Field(
+        None, ge=1, validation_alias=AliasChoices("max_inflight_tokens", "max_tokens")
+    )  # prompt + max_tokens of the requests in flight
     api_key: str | None = None  # sent upstream as `Authorization: Bearer`
     adaptive: bool = False  # limit in-flight requests from the backend's /metrics
     metrics_url: str | None = None  # default: URL/metrics (gateway/capacity.py)
@@ -93,8 +106,8 @@ class GatewayConfig(TenantsMixin, Strict):
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
     policy: str = "vtc"
-    w_p: float = Field(1.0, ge=0, le=MAX_COST)
-    w_q: float = Field(2.0, ge=0, le=MAX_COST)
+    w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
+    w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
     queue_limit: int = Field(256, ge=1)  # queued requests per tenant
     queue_ttl_s: float = Field(300.0, gt=0)  # the longest a request may wait in the queue
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
@@ -120,6 +133,25 @@ class GatewayConfig(TenantsMixin, Strict):
     state: str | None = None  # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
     state_interval_s: float = Field(0.02, gt=0, le=1.0)  # how often charges are flushed to the shared state
     state_ttl_s: float = Field(3.0, gt=0, le=60.0)  # a dead replica's leases and backlog expire after this
+    # without `state`: counters, service and weights written to this file (at shutdown and every
+    # `snapshot_interval_s`) and restored from it at start (gateway/snapshot.py)
+    snapshot: str | None = None
+    snapshot_interval_s: float = Field(60.0, ge=0, le=86400)  # 0: only at shutdown
+    # clients that do not read (gateway/stalls.py): a stream is cut when its client accepted nothing for
+    # `client_write_timeout_s` (nginx's send_timeout), or less than `client_min_rate` bytes/s over that long while
+    # data waited for it (0: no rate)
+    client_write_timeout_s: float = Field(60.0, gt=0, le=3600)
+    client_min_rate: int = Field(1024, ge=0)
+    retry_after_max_s: float = Field(30.0, ge=0, le=3600)  # the longest a backend's Retry-After is honoured
+    metrics_window_s: float = Field(900.0, ge=0)  # a tenant's series stay in /metrics this long after its last request
+    # repeated 401s from one client address: after `auth_failure_limit` within `auth_failure_window_s`, 429 for
+    # every request from it until the window ends (0: no limit)
+    auth_failure_limit: int = Field(20, ge=0)
+    auth_failure_window_s: float = Field(60.0, gt=0, le=86400)
+    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1024 * 1024)  # a request line and headers, together (431)
+    max_headers: int = Field(100, ge=8, le=10000)  # header fields in a request (431)
+    ssl_certfile: str | None = None  # serve HTTPS (uvicorn's TLS): the certificate chain, PEM
+    ssl_keyfile: str | None = None  # its private key, PEM (if not in the certificate file)
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
@@ -147,6 +179,13 @@ class GatewayConfig(TenantsMixin, Strict):
     def _state(cls, v: str | None) -> str | None:
         return checked_url(v, REDIS_URL, "a Redis URL like redis://127.0.0.1:6379/0") if v is not None else None
 
+    @field_validator("ssl_certfile", "ssl_keyfile", "snapshot")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "\0" in v):
+            raise ValueError(f"must be a file path, got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
         check_tenants(self.tenants, self.admin_key)
@@ -166,11 +205,23 @@ class GatewayConfig(TenantsMixin, Strict):
                 raise ValueError(
                     f"state: shared state needs a policy that shares its counters ({sharing}), not {self.policy!r}"
                 )
+            if self.snapshot is not None:
+                raise ValueError("snapshot: the shared state (state) keeps the counters already; give one or the other")
             if any(b.adaptive for b in self.backends):
                 raise ValueError(
                     "state: adaptive backends cannot be combined with shared state (leases use max_inflight_requests)"
                 )
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile: needs ssl_certfile (the certificate) too")
+        for key in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{key}: no such file: {path}")
         return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
 
 def build_config(data: dict[str, Any]) -> GatewayConfig:

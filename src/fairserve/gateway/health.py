@@ -61,7 +61,9 @@ class HealthMonitor:
                 await asyncio.gather(*(self.check(b) for b in backends))
             except Exception as e:  # NOTE: a bug here must not end the checks for good
                 log.error("health check: %r", e)
+            # NOTE: asyncio.timeout, not wait_for, which on Python 3.11 can swallow stop()'s cancellation
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._now.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._now.wait()
             if self._now.is_set():  # a request found a backend down: check again soon, but not in a busy loop
                 await asyncio.sleep(min(0.2, self.interval_s))

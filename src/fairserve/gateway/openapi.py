@@ -25,9 +25,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         408: "the request body did not arrive in time",
         409: "not supported by the policy",
         413: "body too large",
-        429: "queue full or rate limited",
+        429: "queue full, rate limited, or too many failed authentications from this address",
         502: "no backend could serve it",
-        503: "waited queue_ttl_s without a free backend, or shutting down",
+        503: "waited queue_ttl_s without a free backend, the backend is busy (Retry-After), or shutting down",
         504: "no backend answered in time",
     }
     return {str(s): _json(_ERROR, what[s]) for s in statuses}
@@ -125,7 +125,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }
     if cfg.metrics_key is not None:
-        metrics_responses.update(_errors(401))
+        metrics_responses.update(_errors(401, 429))
     return {
         "openapi": "3.0.3",
         "info": {
@@ -166,12 +166,18 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                             {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
                             "the first healthy backend's list, else the configured `models`",
                         ),
-                        **_errors(401),
+                        **_errors(401, 429),
                     },
                 }
             },
             "/healthz": {"get": health_op},
             "/health": {"get": health_op},
+            "/livez": {
+                "get": {
+                    "summary": "Liveness: 200 while the process answers, whatever the backends' state",
+                    "responses": {"200": _json({"type": "object", "required": ["status"]}, "the process is alive")},
+                }
+            },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics_responses}},
             "/admin/tenants": {
                 "get": {
@@ -189,7 +195,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                             },
                             "the accounts",
                         ),
-                        **_errors(401, 403),
+                        **_errors(401, 403, 429),
                     },
                 }
             },
@@ -212,7 +218,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                             }
                         },
                     },
-                    "responses": {"200": _json(row, "the tenant's account"), **_errors(400, 401, 403, 404, 409)},
+                    "responses": {"200": _json(row, "the tenant's account"), **_errors(400, 401, 403, 404, 409, 429)},
                 }
             },
             "/admin/reset": {
@@ -224,7 +230,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                             {"type": "object", "required": ["reset"], "properties": {"reset": {"type": "boolean"}}},
                             "reset",
                         ),
-                        **_errors(401, 403, 409),
+                        **_errors(401, 403, 409, 429),
                     },
                 }
             },

@@ -1,16 +1,21 @@
-"""The gateway's Prometheus metrics, in a private registry per app. Labels come only from configured tenants and
-backends. Per-tenant live values come from the ledger (`tenancy.TenantCollector`); backends' from the scheduler."""
+"""The gateway's Prometheus exposition (text format 0.0.4), written directly rather than through prometheus_client's
+registry: a scrape must stay cheap with thousands of tenants, and it runs on the event loop.
+
+Per-tenant series follow `tenancy.TenantActivity`: only tenants with requests queued or running, or with a request in
+the last `metrics_window_s`, appear; each one's lines are kept rendered and written again only when one of its values
+changed, so a scrape costs O(active tenants) and mostly a join. There are no `_created` series. Labels come only
+from configured tenants and backends. Per-tenant live values come from the ledger; backends' from the scheduler."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from ..tenancy import TenantCollector
+from ..core import LedgerView, TenantView
+from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -24,86 +29,197 @@ OUTCOMES = (
     "queue_full",
     "timeout",
     "client_disconnected",
+    "client_stalled",
     "backend_error",
     "backend_rejected",
     "shutdown",
     "internal_error",
 )
-WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_LE = [f'le="{floatToGoString(b)}"' for b in (*WAIT_BUCKETS, float("inf"))]
+HELP = {
+    "prompt_tokens": "Prompt tokens of settled requests (backend usage when reported, else the estimate)",
+    "output_tokens": "Output tokens of settled requests",
+    "requests": "Requests by how they ended",
+    "queue_wait_seconds": "Time from arrival (or requeue) to dispatch",
+}
+
+
+def num(v: float) -> str:
+    """A sample value as prometheus_client writes it (`1.0`, `+Inf`)."""
+    return floatToGoString(v)
+
+
+def label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _head(name: str, kind: str, text: str) -> str:
+    return f"# HELP {name} {text}\n# TYPE {name} {kind}\n"
+
+
+@dataclass(slots=True, eq=False)
+class TenantStats:
+    """What the gateway counts per tenant beyond the ledger: tokens and outcomes of ended requests, queue waits."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    waits: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS) + 1))  # per bucket, not cumulative
+    wait_sum: float = 0.0
+    version: int = 0  # bumped on every change: the rendered lines below are current while `key` matches
+    key: tuple[float, ...] = ()
+    lines: list[str] = field(default_factory=list)  # one string per family (see GatewayMetrics.exposition)
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.prompt_tokens = Counter(
-            P + "prompt_tokens",
-            "Prompt tokens of settled requests (backend usage when reported, else the estimate)",
-            ["tenant"],
-            registry=r,
-        )
-        self.output_tokens = Counter(P + "output_tokens", "Output tokens of settled requests", ["tenant"], registry=r)
-        self.requests = Counter(P + "requests", "Requests by how they ended", ["tenant", "outcome"], registry=r)
-        self.queue_wait = Histogram(
-            P + "queue_wait_seconds",
-            "Time from arrival (or requeue) to dispatch",
-            ["tenant"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
-        )
-        self._backends = _Backends()
-        r.register(self._backends)
+    def __init__(self, window_s: float = METRICS_WINDOW_S) -> None:
+        self.activity = TenantActivity(window_s)
+        self.tenants: dict[str, TenantStats] = {}
+        self.scheduler: Scheduler | None = None
+        self._active: list[str] | None = None  # the tenants of the last scrape, and their part of it
+        self._tenant_part = b""
+        heads = [
+            _head(P + name + ("_total" if kind == "counter" else ""), kind, text)
+            for _, name, kind, text in TENANT_FAMILIES
+        ]
+        for family, text in HELP.items():
+            kind = "histogram" if family == "queue_wait_seconds" else "counter"
+            heads.append(_head(P + family + ("_total" if kind == "counter" else ""), kind, text))
+        self._heads = heads  # one per family, in the order of `TenantStats.lines`
 
     def bind(self, scheduler: Scheduler) -> None:
-        self._backends.scheduler = scheduler
-        self.registry.register(TenantCollector(scheduler, scheduler.tenants, P))
-        for t in scheduler.tenants:  # every configured tenant shows up from the start
-            self.prompt_tokens.labels(t)
-            self.output_tokens.labels(t)
-            self.queue_wait.labels(t)
-            for outcome in OUTCOMES:
-                self.requests.labels(t, outcome)
+        self.scheduler = scheduler
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-class _Backends(Collector):
-    """Each backend's in-flight requests and tokens, health and limit, read at scrape time."""
-
-    scheduler: Scheduler | None = None
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        s = self.scheduler
+    def _stats(self, tenant: str) -> TenantStats:
+        s = self.tenants.get(tenant)
         if s is None:
-            return
-        reqs = GaugeMetricFamily(P + "backend_inflight_requests", "Requests in flight", labels=["backend"])
-        toks = GaugeMetricFamily(
-            P + "backend_inflight_tokens", "Prompt + max_tokens of requests in flight", labels=["backend"]
+            s = self.tenants[tenant] = TenantStats()
+        s.version += 1
+        return s
+
+    # ---- what happened (the scheduler and the proxy call these) ----------------------------------------------------
+    def arrived(self, tenant: str) -> None:
+        self.activity.saw(tenant)
+
+    def refused(self, tenant: str, outcome: str) -> None:
+        """A request that never entered the ledger (invalid, client_timeout, queue_full, rejected)."""
+        self.activity.saw(tenant)
+        s = self._stats(tenant)
+        s.outcomes[outcome] = s.outcomes.get(outcome, 0) + 1
+
+    def waited(self, tenant: str, seconds: float) -> None:
+        s = self._stats(tenant)
+        s.waits[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
+        s.wait_sum += seconds
+
+    def ended(self, tenant: str, outcome: str, prompt_tokens: int, output_tokens: int) -> None:
+        self.activity.saw(tenant)
+        s = self._stats(tenant)
+        s.outcomes[outcome] = s.outcomes.get(outcome, 0) + 1
+        s.prompt_tokens += prompt_tokens
+        s.output_tokens += output_tokens
+
+    def outcome_count(self, tenant: str, outcome: str) -> int:
+        s = self.tenants.get(tenant)
+        return s.outcomes.get(outcome, 0) if s is not None else 0
+
+    # ---- the exposition ---------------------------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        sched = self.scheduler
+        assert sched is not None, "bind() first"
+        ledger = sched.ledger
+        accounts, counter_of = ledger.accounts, ledger.policy.counter_of
+        active = self.activity.active(lambda t: (a := accounts.get(t)) is not None and bool(a.queued or a.running))
+        rows: list[TenantStats] = []
+        backlogged = {}
+        changed = active != self._active
+        for tenant in active:
+            acct = accounts.get(tenant)
+            if acct is None:
+                continue
+            s = self.tenants.get(tenant) or self._stats(tenant)
+            counter = counter_of(acct)
+            key = (s.version, acct.service, counter, acct.queued, acct.running, acct.weight)
+            if s.key != key:
+                view = TenantView(tenant, acct.weight, counter, acct.service, acct.queued, acct.running)
+                s.key, s.lines, changed = key, self._render(tenant, view, s), True
+                if acct.queued:
+                    backlogged[tenant] = view
+            elif acct.queued:
+                backlogged[tenant] = TenantView(tenant, acct.weight, counter, acct.service, acct.queued, acct.running)
+            rows.append(s)
+        if changed:  # NOTE: else the tenants' part of the last scrape is still exact
+            self._active = active
+            body = []
+            for k, head in enumerate(self._heads):
+                body.append(head)
+                body += [s.lines[k] for s in rows if s.lines[k]]
+            self._tenant_part = "".join(body).encode()
+        partial = LedgerView(ledger.policy.name, backlogged)  # NOTE: the backlogged tenants: the same numbers
+        rest = (
+            _head(P + "backlogged_counter_spread", "gauge", SPREAD_HELP)
+            + f"{P}backlogged_counter_spread {num(partial.counter_spread)}\n"
+            + _head(P + "jain_index", "gauge", JAIN_HELP)
+            + f"{P}jain_index {num(partial.jain)}\n"
+            + self._backends(sched)
         )
-        up = GaugeMetricFamily(
-            P + "backend_healthy",
-            "1 if the backend is up (its last health check or request reached it)",
-            labels=["backend"],
+        return self._tenant_part + rest.encode()
+
+    @staticmethod
+    def _render(tenant: str, view: TenantView, s: TenantStats) -> list[str]:
+        """The tenant's lines, one string per family (TENANT_FAMILIES, then HELP's order)."""
+        # NOTE: labels in name order, as prometheus_client writes them; tenant names need no escaping ([A-Za-z0-9_.@-])
+        t = f'tenant="{tenant}"'
+        lines = []
+        for field_, name, kind, _ in TENANT_FAMILIES:
+            full = P + name + ("_total" if kind == "counter" else "")
+            lines.append(f"{full}{{{t}}} {num(getattr(view, field_))}\n")
+        lines.append(f"{P}prompt_tokens_total{{{t}}} {num(s.prompt_tokens)}\n")
+        lines.append(f"{P}output_tokens_total{{{t}}} {num(s.output_tokens)}\n")
+        # NOTE: only the outcomes that happened: 12 zero series per tenant would be most of the scrape
+        lines.append(
+            "".join(f'{P}requests_total{{outcome="{o}",{t}}} {num(n)}\n' for o, n in sorted(s.outcomes.items()) if n)
         )
-        limit = GaugeMetricFamily(
-            P + "backend_limit_requests",
-            "In-flight request limit now (adaptive backends: from the backend's /metrics; else max_inflight_requests)",
-            labels=["backend"],
+        total, hist = 0, []
+        for le, n in zip(_LE, s.waits, strict=True):
+            total += n
+            hist.append(f"{P}queue_wait_seconds_bucket{{{le},{t}}} {num(total)}\n")
+        hist.append(f"{P}queue_wait_seconds_sum{{{t}}} {num(s.wait_sum)}\n")
+        hist.append(f"{P}queue_wait_seconds_count{{{t}}} {num(total)}\n")
+        lines.append("".join(hist))
+        return lines
+
+    @staticmethod
+    def _backends(s: Scheduler) -> str:
+        """Each backend's in-flight requests and tokens, health and limit, read at scrape time."""
+        families = (
+            ("backend_inflight_requests", "Requests in flight", lambda b: b.requests),
+            ("backend_inflight_tokens", "Prompt + max_tokens of requests in flight", lambda b: b.tokens),
+            (
+                "backend_healthy",
+                "1 if the backend is up (its last health check or request reached it)",
+                lambda b: 1 if b.healthy else 0,
+            ),
+            (
+                "backend_limit_requests",
+                "In-flight request limit now (adaptive backends: from the backend's /metrics; else "
+                "max_inflight_requests)",
+                lambda b: b.limit,
+            ),
         )
-        for b in s.backends:  # NOTE: the URL without credentials: /metrics may be readable by anyone
-            reqs.add_metric([b.name], b.requests)
-            toks.add_metric([b.name], b.tokens)
-            up.add_metric([b.name], 1.0 if b.healthy else 0.0)
-            limit.add_metric([b.name], b.limit)
-        yield from (reqs, toks, up, limit)
+        out = []
+        for name, text, value in families:
+            out.append(_head(P + name, "gauge", text))
+            # NOTE: the URL without credentials: /metrics may be readable by anyone
+            out += [f'{P}{name}{{backend="{label(b.name)}"}} {num(value(b))}\n' for b in s.backends]
         if s.shared is not None:
-            state = GaugeMetricFamily(
-                P + "shared_state_up",
-                "1 if the last sync with the shared state (Redis) succeeded; 0: serving from local state",
+            out.append(
+                _head(
+                    P + "shared_state_up",
+                    "gauge",
+                    "1 if the last sync with the shared state (Redis) succeeded; 0: serving from local state",
+                )
             )
-            state.add_metric([], 1.0 if s.shared.up else 0.0)
-            yield state
+            out.append(f"{P}shared_state_up {num(1 if s.shared.up else 0)}\n")
+        return "".join(out)

@@ -6,6 +6,10 @@ This is the hot path, so it speaks ASGI directly (no Request/Response objects on
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import logging
+import math
+import time
 from typing import Any
 
 from starlette.responses import Response
@@ -14,11 +18,14 @@ from starlette.types import Receive, Scope, Send
 from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
-from ..api.streaming import shutting_down
+from ..api.streaming import connection_of, shutting_down
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket
+from .stalls import StallWatch
+
+log = logging.getLogger("fairserve.gateway")
 
 RETRYABLE = {408, 429}  # and every 5xx: another backend may do better
 WATCH_AFTER_S = 0.02  # when a request starts watching for its client's disconnect
@@ -27,11 +34,20 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 
 class Failed(Exception):
     """The backend failed this attempt before any output reached the client: `unreachable` (no connection),
-    `lost` (the connection broke before an answer) or `timeout` (no answer in time: a 504 if no backend is left)."""
+    `lost` (the connection broke before an answer), `timeout` (no answer in time: a 504 if no backend is left) or
+    `busy` (429/503 with Retry-After: a 503 with it if no backend is left)."""
 
-    def __init__(self, detail: str, unreachable: bool = False, lost: bool = False, timeout: bool = False) -> None:
+    def __init__(
+        self,
+        detail: str,
+        unreachable: bool = False,
+        lost: bool = False,
+        timeout: bool = False,
+        busy: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.unreachable, self.lost, self.timeout = unreachable, lost, timeout
+        self.busy = busy  # it answered 429/503 with Retry-After: skipped for this long
 
     @classmethod
     def of(cls, backend: Backend, kind: str, detail: str = "") -> Failed:
@@ -44,58 +60,109 @@ class Failed(Exception):
         )
 
 
+def retry_after(value: bytes | None) -> float | None:
+    """A `Retry-After` header's seconds (delta-seconds or an HTTP date); None if absent or unreadable."""
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class Client:
+    """The client's side of one request: whether it has gone (`left()`), and its connection where the server is
+    uvicorn (`api.streaming.connection_of`)."""
+
+    __slots__ = ("conn", "gone")
+
+    def __init__(self, send: Send) -> None:
+        self.conn = connection_of(send)
+        self.gone = False  # the watcher saw http.disconnect
+
+    def left(self) -> bool:
+        return self.gone or (self.conn is not None and self.conn.disconnected)
+
+
 class Proxy:
-    def __init__(self, sched: Scheduler, upstream: Any) -> None:
+    def __init__(self, sched: Scheduler, upstream: Any, stalls: StallWatch | None = None) -> None:
         self.sched = sched
         self.cfg = sched.cfg
         self.upstream = upstream
+        self.stalls = stalls
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send, kind: str, tenant: str) -> None:
+    def _error(
+        self,
+        t: Ticket | str,
+        status: int,
+        message: str,
+        code: str,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ) -> Response:
+        rid = t if isinstance(t, str) else t.request_id
+        return error_response(status, message, code=code, headers={**(headers or {}), "X-Request-Id": rid}, param=param)
+
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, kind: str, tenant: str, request_id: str = ""
+    ) -> None:
         sched, metrics = self.sched, self.sched.metrics
         try:
             raw = await read_body(scope, receive, self.cfg.max_body_bytes, self.cfg.client_timeout_s)
         except ClientGone:
             return await Response(status_code=DISCONNECTED)(scope, receive, send)
         if isinstance(raw, Response):  # 408 (a stalled upload) or 413
-            metrics.requests.labels(tenant, "client_timeout" if raw.status_code == 408 else "invalid").inc()
+            metrics.refused(tenant, "client_timeout" if raw.status_code == 408 else "invalid")
+            raw.headers["X-Request-Id"] = request_id
             return await raw(scope, receive, send)
         try:
             parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
-            metrics.requests.labels(tenant, "invalid").inc()
-            return await error_response(400, str(e), code="invalid_request", param=e.param)(scope, receive, send)
-        ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n)
+            metrics.refused(tenant, "invalid")
+            return await self._error(request_id, 400, str(e), "invalid_request", param=e.param)(scope, receive, send)
+        ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id)
         refused = sched.submit(ticket)
         if refused == "queue_full":
-            return await error_response(
+            return await self._error(
+                ticket,
                 429,
                 f"tenant {tenant!r} has {self.cfg.queue_limit} requests queued already",
-                code="queue_full",
+                "queue_full",
                 headers={"Retry-After": "1"},
             )(scope, receive, send)
         if refused is not None:
             window = round(sched.ledger.policy.retry_after_s)
-            return await error_response(
+            return await self._error(
+                ticket,
                 429,
                 f"tenant {tenant!r} is over its request rate ({sched.ledger.policy.name})",
-                code="rate_limited",
+                "rate_limited",
                 headers={"Retry-After": str(window)},
             )(scope, receive, send)
 
-        # NOTE: one watcher for the whole request: when the client goes away it cancels this task, whether the
-        # request is queued, waiting for the backend, or streaming; the cancellation is then absorbed here. It
-        # starts WATCH_AFTER_S in: most short requests are over by then, and a disconnect is noticed that late
+        # NOTE: one watcher for the whole request: when the client goes away it closes the upstream request and
+        # cancels this task, whether the request is queued, waiting for the backend, or streaming; the cancellation
+        # is then absorbed here. It starts WATCH_AFTER_S in: most short requests are over by then. Nothing depends
+        # on the cancellation landing (Python 3.11 can lose one): `client.left()` is asked before anything goes
+        # upstream and after every piece sent to the client
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        gone = False
+        client = Client(send)
         watcher: asyncio.Task[None] | None = None
 
         async def watch() -> None:
-            nonlocal gone
             while (await receive())["type"] != "http.disconnect":
                 pass
-            gone = True
+            client.gone = True
+            if ticket.upstream is not None:
+                ticket.upstream.close()
             task.cancel()
 
         def start_watching() -> None:
@@ -105,61 +172,87 @@ class Proxy:
         timer = loop.call_later(WATCH_AFTER_S, start_watching)
         default = "internal_error"
         try:
-            await self._serve(ticket, parsed, kind, scope, receive, send)
+            await self._serve(ticket, parsed, kind, scope, receive, send, client)
         except asyncio.CancelledError:
-            if not gone:
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            task.uncancel()
+            if client.left():
+                default = "client_disconnected"
+            else:
                 # NOTE: not the client: the server's drain ran out (SIGTERM + drain_timeout_s); the request ends
                 # with an error the client can read, charged what it produced
                 default = "shutdown"
-                task.uncancel()
                 await shutting_down(bool(scope.get("fairserve.streaming")), scope, receive, send, "gateway")
-            else:
-                default = "client_disconnected"
-                task.uncancel()
         finally:
             timer.cancel()
             if watcher is not None:
                 watcher.cancel()
             # NOTE: the one place an accepted request ends: the ending its path recorded (a stream records "ok"
             # before its last bytes, as the client may hang up the moment it reads them), else how it was cut off
-            sched.close(ticket, ticket.ending or Ending(default))
+            ending = ticket.ending
+            if ticket.stalled:
+                ending = Ending("client_stalled")
+            elif client.left() and (ending is None or ending.outcome != "ok"):
+                # NOTE: nothing went upstream (queued, or admitted as it left): nothing is charged
+                ending = Ending("client_disconnected", refund=not ticket.sent or (ending is not None and ending.refund))
+            sched.close(ticket, ending or Ending(default))
+            log.debug("request %s: tenant %s, %s", ticket.request_id, tenant, ticket.outcome)
 
-    async def _serve(self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive, send: Send, client: Client
+    ) -> None:
         """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
         body = upstream_body(parsed)
         while True:
             backend = await self.sched.wait(t)
             if backend is None:
                 t.ending = Ending("timeout", refund=True)
-                response = error_response(
+                response = self._error(
+                    t,
                     503,
                     f"the request waited {self.cfg.queue_ttl_s:g} s in the queue without a free backend",
-                    code="queue_timeout",
+                    "queue_timeout",
                     headers={"Retry-After": "1"},
                 )
                 return await response(scope, receive, send)
+            if client.left():
+                return  # NOTE: admitted as its client left: nothing goes upstream
             try:
                 sent = upstream_body(parsed, t.tenant) if backend.cfg.engine_tenant else body
-                return await self._attempt(t, backend, parsed, kind, sent, scope, receive, send)
+                return await self._attempt(t, backend, parsed, kind, sent, scope, receive, send, client)
             except Failed as e:
+                if client.left():
+                    return
                 if not self.sched.backend_failed(t, e.unreachable, e.lost, str(e)):
                     t.ending = Ending("backend_error", refund=True)
-                    if e.timeout:
-                        response = error_response(
-                            504, f"no backend answered in time; last error: {e}", code="backend_timeout"
+                    if e.busy is not None:
+                        response = self._error(
+                            t,
+                            503,
+                            f"the backend is busy; last answer: {e}",
+                            "backend_busy",
+                            headers={"Retry-After": str(max(1, math.ceil(e.busy)))},
+                        )
+                    elif e.timeout:
+                        response = self._error(
+                            t, 504, f"no backend answered in time; last error: {e}", "backend_timeout"
                         )
                     else:
-                        response = error_response(
-                            502, f"no backend could serve the request; last error: {e}", code="backend_error"
+                        response = self._error(
+                            t, 502, f"no backend could serve the request; last error: {e}", "backend_error"
                         )
                     return await response(scope, receive, send)
+                log.info("request %s: retried after %s", t.request_id, e)
 
-    def _headers(self, backend: Backend, stream: bool) -> list[tuple[str, str]]:
+    def _headers(self, backend: Backend, stream: bool, request_id: str) -> list[tuple[str, str]]:
         h = [
             ("content-type", "application/json"),
             ("accept", "text/event-stream" if stream else "application/json"),
             ("accept-encoding", "identity"),
             ("user-agent", "fairserve-gateway"),
+            ("x-request-id", request_id),
         ]
         if backend.cfg.api_key:
             h.append(("authorization", f"Bearer {backend.cfg.api_key}"))
@@ -175,24 +268,42 @@ class Proxy:
         scope: Scope,
         receive: Receive,
         send: Send,
+        client: Client,
     ) -> None:
+        t.sent = True
         try:
-            resp = await self.upstream.post(backend.url, PATHS[kind], body, self._headers(backend, parsed.stream))
+            resp = await self.upstream.post(
+                backend.url, PATHS[kind], body, self._headers(backend, parsed.stream, t.request_id)
+            )
         except UpstreamError as e:
             raise Failed.of(backend, e.kind) from None
+        t.upstream = resp
         relay = None
         try:
+            if client.left():
+                return
             if resp.status_code != 200:
                 content = await resp.read()
-                if resp.status_code >= 500 or resp.status_code in RETRYABLE:
-                    raise Failed(f"{backend.name}: HTTP {resp.status_code}")
+                status = resp.status_code
+                after = retry_after(resp.header(b"retry-after")) if status in (429, 503) else None
+                if after is not None:
+                    wait = self.sched.backend_busy(backend, after)
+                    raise Failed(f"{backend.name}: HTTP {status} (Retry-After: {after:g} s)", busy=wait)
+                if status >= 500 or status in RETRYABLE:
+                    raise Failed(f"{backend.name}: HTTP {status}")
                 self.sched.backend_ok(backend)
                 t.ending = Ending("backend_rejected", refund=True)
-                return await _passthrough(resp, content)(scope, receive, send)
+                return await _passthrough(resp, content, t.request_id)(scope, receive, send)
             if not parsed.stream:
                 content = await resp.read()
+                try:
+                    doc = parse_json(content)
+                except ValueError:
+                    doc = None
+                if not isinstance(doc, dict):  # NOTE: relayed as a success, it would be charged and break clients
+                    raise Failed(f"{backend.name}: HTTP 200 with a body that is not a JSON object")
                 self.sched.backend_ok(backend)
-                return await self._answer(t, resp, content, kind)(scope, receive, send)
+                return await self._answer(t, resp, content, doc, kind)(scope, receive, send)
             relay = Relay(self.sched, t, resp, kind, parsed.wants_usage)
             await relay.prefetch()
         except UpstreamFailed as e:
@@ -207,30 +318,41 @@ class Proxy:
         finally:
             if relay is None:
                 resp.close()
+                t.upstream = None
         self.sched.backend_ok(backend)
-        scope["fairserve.streaming"] = True
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-            await relay.send_body(send)
-        finally:
+        if client.left():
             relay.close()
-
-    def _answer(self, t: Ticket, resp: UpstreamResponse, content: bytes, kind: str) -> Response:
+            return
+        scope["fairserve.streaming"] = True
+        conn = client.conn
+        if self.stalls is not None and conn is not None:
+            relay.watched = self.stalls.watch(conn.transport, t)
         try:
-            doc = parse_json(content)
-        except ValueError:
-            doc = None
+            await send({"type": "http.response.start", "status": 200, "headers": self._sse_headers(t)})
+            await relay.send_body(send, client.left)
+        finally:
+            if relay.watched is not None and self.stalls is not None:
+                self.stalls.unwatch(relay.watched)
+            relay.close()
+            t.upstream = None
+
+    @staticmethod
+    def _sse_headers(t: Ticket) -> list[tuple[bytes, bytes]]:
+        return [*SSE_HEADERS, (b"x-request-id", t.request_id.encode("latin-1"))]
+
+    def _answer(self, t: Ticket, resp: UpstreamResponse, content: bytes, doc: dict[str, Any], kind: str) -> Response:
         prompt, output = usage_of(doc)
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
-        return _passthrough(resp, content)
+        return _passthrough(resp, content, t.request_id)
 
 
-def _passthrough(resp: UpstreamResponse, content: bytes) -> Response:
+def _passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
     media = resp.header(b"content-type")
     return Response(
         content,
         status_code=resp.status_code,
         media_type=media.decode("latin-1") if media is not None else "application/json",
+        headers={"X-Request-Id": request_id},
     )

@@ -15,6 +15,7 @@ producing anything can still be retried elsewhere, and the client never sees it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,7 @@ from ..api.errors import error_body
 from ..api.protocol import parse_json, sse
 from .body import delta_tokens, usage_of
 from .scheduler import Ending, Scheduler, Ticket
+from .stalls import Watched
 
 
 class UpstreamFailed(Exception):
@@ -43,6 +45,9 @@ class UpstreamError(Exception):
     def __init__(self, kind: str, detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
+
+
+GARBLED = "the backend sent an event that is not a JSON object"
 
 
 # ---- the upstream hop ------------------------------------------------------------------------------------------------
@@ -203,6 +208,7 @@ class Relay:
         self._buffer: list[bytes] = []  # what prefetch read, for the client
         self._usage: tuple[int | None, int | None] = (None, None)
         self._done = False  # saw the backend's [DONE]
+        self.watched: Watched | None = None  # the stall watch's record of this stream (gateway/stalls.py)
 
     async def _events(self) -> list[bytes] | None:
         """The complete events that have arrived (at least one), without their blank line; None at the end."""
@@ -227,8 +233,9 @@ class Relay:
         self._pending = b""
         return [rest] if rest else None
 
-    def _process(self, event: bytes) -> tuple[bytes | None, int, bool]:
-        """(bytes for the client or None to drop, output tokens in it, whether it is a backend error event)."""
+    def _process(self, event: bytes) -> tuple[bytes | None, int, str]:
+        """(bytes for the client or None to drop, output tokens in it, and if the stream failed there, why: the
+        backend's own error event, passed on, or an event that is not JSON, replaced by a `backend_error` event)."""
         raw = event + b"\n\n"
         if event.startswith(b"data: ") and b"\n" not in event:
             data = event[6:]
@@ -236,27 +243,27 @@ class Relay:
             lines = event.split(b"\n")
             data = b"\n".join(x[6:] if x.startswith(b"data: ") else x[5:] for x in lines if x.startswith(b"data:"))
             if not any(x.startswith(b"data:") for x in lines):
-                return raw, 0, False
+                return raw, 0, ""
         if data.strip() == b"[DONE]":
             self._done = True
-            return raw, 0, False
+            return raw, 0, ""
         try:
             doc = parse_json(data)
         except ValueError:
-            return raw, 0, False
-        if not isinstance(doc, dict):
-            return raw, 0, False
+            doc = None
+        if not isinstance(doc, dict):  # NOTE: the OpenAI SDK fails on such an event: the backend's stream is broken
+            return sse(error_body(502, GARBLED + "; the response is incomplete", code="backend_error")), 0, GARBLED
         if doc.get("error"):
-            return raw, 0, True
+            return raw, 0, "the backend sent an error event"
         if "usage" in doc:
             if isinstance(doc["usage"], dict):
                 self._usage = usage_of(doc)
             if not self.wants_usage:
                 if not doc.get("choices"):
-                    return None, 0, False
+                    return None, 0, ""
                 doc = {k: v for k, v in doc.items() if k != "usage"}
                 raw = sse(doc)
-        return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), False
+        return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), ""
 
     async def prefetch(self) -> None:
         """Read events until the first with output (or the end). Raises UpstreamFailed if the backend fails first.
@@ -276,7 +283,7 @@ class Relay:
                             self._buffer.append(raw)  # type: ignore[arg-type]
                             self._failed = True
                             return
-                        raise UpstreamFailed("the backend sent an error event before any output")
+                        raise UpstreamFailed(f"{failed} before any output")
                     if tokens:
                         self.sched.output(self.ticket, tokens)
                         produced = True
@@ -298,13 +305,20 @@ class Relay:
     def _broke(self) -> None:
         self.ticket.ending = Ending("backend_error")
 
-    async def send_body(self, send: Any) -> None:
+    async def _send(self, send: Any, out: list[bytes], more: bool) -> None:
+        body = b"".join(out)
+        if self.watched is not None:
+            self.watched.written += len(body)
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+
+    async def send_body(self, send: Any, left: Callable[[], bool] = lambda: False) -> None:
         """Stream the rest to the client as ASGI body messages, recording how the stream ended on the ticket
-        (nothing if the client left first)."""
+        (nothing if the client left first). `left()`: whether the client has gone, asked after every send (the
+        server's send returns silently once it has): the stream stops there, and nothing more is charged."""
         # NOTE: recorded before [DONE] is forwarded: a client may hang up as soon as it reads it
         if self._failed:
             self._broke()
-            await send({"type": "http.response.body", "body": b"".join(self._buffer), "more_body": False})
+            await self._send(send, self._buffer, False)
             return
         if self._done:
             self._finish()
@@ -313,7 +327,9 @@ class Relay:
         try:
             while not self._done:
                 if out:
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                    await self._send(send, out, True)
+                    if left():
+                        return
                     out = []
                 events = await self._events()
                 if events is None:
@@ -329,7 +345,7 @@ class Relay:
                     if raw is not None:
                         out.append(raw)
                     if failed:
-                        await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
+                        await self._send(send, out, False)
                         return
                     if self._done:
                         break
@@ -347,7 +363,7 @@ class Relay:
                     502, f"the backend failed mid-stream ({e.kind}); the response is incomplete", code="backend_error"
                 )
             out.append(sse(failure))
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
+            await self._send(send, out, False)
             return
         if not self._done:
             if self._usage == (None, None):
@@ -361,8 +377,8 @@ class Relay:
                 )
             else:
                 self._finish()
-        await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
-        if self._done:
+        await self._send(send, out, False)
+        if self._done and not left():
             await self._drain()
 
     async def _drain(self) -> None:

@@ -40,6 +40,7 @@ class Backend:
     healthy: bool = True  # the last health check or attempt reached it
     down_until: float = 0.0  # down: skipped until then (inf: until a health check passes)
     reason: str = ""  # why it is down
+    busy_until: float = 0.0  # it answered 429/503 with Retry-After: skipped until then (health checks keep it)
     limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
     token_limit: int | None = (
         None  # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
@@ -88,7 +89,9 @@ def claim(
     if shared is not None and not shared.may_admit(req):
         return None
     now = time.monotonic()
-    room = [b for b in backends if b.url not in tried and b.down_until <= now and b.room_for(tokens)]
+    room = [
+        b for b in backends if b.url not in tried and b.down_until <= now and b.busy_until <= now and b.room_for(tokens)
+    ]
     if not room:
         return None
     b = min(room, key=Backend.load)
@@ -101,7 +104,7 @@ def claim(
 class Ending:
     """How an accepted request ended, as the proxy learned it; `Scheduler.close` books it."""
 
-    outcome: str  # ok, timeout, client_disconnected, backend_error, backend_rejected, ...
+    outcome: str  # ok, timeout, client_disconnected, client_stalled, backend_error, backend_rejected, ...
     prompt: int | None = None  # the backend's `usage`, when it reported one
     output: int | None = None
     refund: bool = False  # charge nothing: the backends failed it before it produced anything
@@ -124,6 +127,10 @@ class Ticket:
     lost: int = 0  # connections lost before any output (MAX_LOST)
     ending: Ending | None = None  # recorded by the proxy, booked once by `Scheduler.close`
     outcome: str | None = None  # the outcome booked
+    request_id: str = ""  # X-Request-Id: the client's or made here; logged, sent upstream, returned
+    sent: bool = False  # a request went upstream for it (a client that leaves before is charged nothing)
+    stalled: str = ""  # why its stream was cut for a client that does not read (gateway/stalls.py)
+    upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
 
 
 class Scheduler:
@@ -135,7 +142,6 @@ class Scheduler:
         self.backends = [Backend(b) for b in cfg.backends]
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/health.py)
         # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
         self.shared = (
@@ -151,16 +157,10 @@ class Scheduler:
         policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
         self.ledger = Ledger(policy, self.tenants, cfg.weights(), peers=self.shared)
 
-    def _metric(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, looked up once (prometheus_client's lookup costs a few µs each time)."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
     # ---- arrivals -----------------------------------------------------------------------------------------------
-    def new_ticket(self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> Ticket:
+    def new_ticket(
+        self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1, request_id: str = ""
+    ) -> Ticket:
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
         now = time.monotonic()
         return Ticket(
@@ -171,11 +171,13 @@ class Scheduler:
             now,
             asyncio.get_running_loop().create_future(),
             deadline=now + self.cfg.queue_ttl_s,
+            request_id=request_id,
         )
 
     def submit(self, t: Ticket) -> str | None:
         """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected"): it never entered the
         ledger, and nothing is left to settle."""
+        self.metrics.arrived(t.tenant)
         if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
             outcome = "queue_full"
         else:
@@ -189,7 +191,7 @@ class Scheduler:
                 return None
             outcome = "rejected"
         t.outcome = outcome
-        self._metric(self.metrics.requests, t.tenant, outcome).inc()
+        self.metrics.refused(t.tenant, outcome)
         return outcome
 
     # ---- admission ----------------------------------------------------------------------------------------------
@@ -202,7 +204,7 @@ class Scheduler:
         now = time.monotonic()
         for req in self.ledger.admit(self._fits):
             t: Ticket = req.item
-            self._metric(self.metrics.queue_wait, t.tenant).observe(now - t.queued_at)
+            self.metrics.waited(t.tenant, now - t.queued_at)
             if not t.admitted.done():
                 assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
@@ -212,7 +214,7 @@ class Scheduler:
 
     def _wake_after_cooldown(self, now: float) -> None:
         """While a backend cools down, dispatch again when it is back, so queued requests are not stranded."""
-        later = [b.down_until for b in self.backends if now < b.down_until < math.inf]
+        later = [x for b in self.backends for x in (b.down_until, b.busy_until) if now < x < math.inf]
         if not later or not self.ledger.num_queued:
             return
         at = min(later) + 0.01
@@ -240,8 +242,11 @@ class Scheduler:
             return t.admitted.result()
         if timeout_s is None:
             timeout_s = max(0.0, t.deadline - time.monotonic())
+        # NOTE: asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the client left) that
+        # lands as the admission does, and the request would go upstream for nobody
         try:
-            return await asyncio.wait_for(asyncio.shield(t.admitted), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(t.admitted)
         except TimeoutError:
             return t.admitted.result() if t.admitted.done() else None
 
@@ -278,6 +283,15 @@ class Scheduler:
         self.ledger.requeue(t.req)
         self.dispatch()
         return True
+
+    def backend_busy(self, b: Backend, retry_after_s: float) -> float:
+        """`b` answered 429/503 with `Retry-After`: no request is sent to it for that long (at most
+        `retry_after_max_s`). Returns the seconds it is skipped."""
+        wait = min(max(retry_after_s, 0.0), self.cfg.retry_after_max_s)
+        if wait > 0:
+            b.busy_until = max(b.busy_until, time.monotonic() + wait)
+            log.info("backend %s is busy: skipped for %g s (Retry-After)", b.name, wait)
+        return wait
 
     def backend_ok(self, b: Backend) -> None:
         """`b` answered: it is up."""
@@ -319,10 +333,8 @@ class Scheduler:
         ):
             return False
         t.outcome = ending.outcome
-        if req.admitted:
-            self._metric(self.metrics.prompt_tokens, t.tenant).inc(req.prompt_tokens)
-            self._metric(self.metrics.output_tokens, t.tenant).inc(req.output_done)
-        self._metric(self.metrics.requests, t.tenant, ending.outcome).inc()
+        admitted = req.admitted
+        self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
         self._release(t)
         self.dispatch()
         return True

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core import Account, Ledger, Request
-from .config import redact
+from .config import redact, redact_text
 from .redis_scripts import LEAVE_LUA, SYNC_LUA
 
 log = logging.getLogger("fairserve.gateway.state")
@@ -145,14 +145,16 @@ class SharedState:
                 self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0
             )
         except ValueError as e:
-            raise SharedStateError(f"bad shared state URL {redact(self.settings.url)!r}: {e}") from None
+            raise SharedStateError(redact_text(f"bad shared state URL {redact(self.settings.url)!r}: {e}")) from None
         self._sync_script = self._client.register_script(SYNC_LUA)
         self._leave_script = self._client.register_script(LEAVE_LUA)
         try:
             await self._client.ping()
         except (RedisError, OSError) as e:
             await self._client.aclose()
-            raise SharedStateError(f"cannot reach the shared state at {redact(self.settings.url)}: {e}") from None
+            raise SharedStateError(
+                redact_text(f"cannot reach the shared state at {redact(self.settings.url)}: {e}")
+            ) from None
         await self.sync()
         if not self.up:
             raise SharedStateError(f"the shared state at {redact(self.settings.url)} did not answer a sync")
@@ -393,7 +395,9 @@ class SharedState:
 
     def _degrade(self, e: Exception) -> None:
         if self.up:
-            log.warning("shared state at %s lost (%s): serving from local state", redact(self.settings.url), e)
+            log.warning(
+                "shared state at %s lost (%s): serving from local state", redact(self.settings.url), redact_text(str(e))
+            )
         self.up = False
         self._elsewhere = frozenset()
         if self.clock() >= self.lease_until:
@@ -425,11 +429,11 @@ async def probe(url: str, timeout_s: float = 2.0) -> None:
     try:
         client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     except ValueError as e:
-        raise SharedStateError(f"bad shared state URL {redact(url)!r}: {e}") from None
+        raise SharedStateError(redact_text(f"bad shared state URL {redact(url)!r}: {e}")) from None
     try:
         await client.ping()
     except (RedisError, OSError) as e:
-        raise SharedStateError(f"cannot reach the shared state at {redact(url)}: {e}") from None
+        raise SharedStateError(redact_text(f"cannot reach the shared state at {redact(url)}: {e}")) from None
     finally:
         await client.aclose()
 
