@@ -67,6 +67,13 @@ def sweep(out: Path, args: list[str], what: str) -> float:
     return wall
 
 
+def table(out: Path) -> list[str]:
+    """The sweep's table.csv without the commit it names (a commit between two sweeps of the same code changes no
+    result; the code version stays in)."""
+    lines = (out / "table.csv").read_text().splitlines()
+    return [lines[0].partition(", commit ")[0], *lines[1:]]
+
+
 def runs(out: Path) -> dict[str, int]:
     d = out / "runs"
     return {p.name: p.stat().st_mtime_ns for p in d.glob("*.json")} if d.is_dir() else {}
@@ -115,15 +122,14 @@ def side_by_side(work: Path, ways: dict[str, list[str]], rounds: int) -> dict[st
     """Each way's wall times over `rounds`, the order rotated each round; every table must be the first one's."""
     walls: dict[str, list[float]] = {w: [] for w in ways}
     names = list(ways)
-    reference: str | None = None
+    reference: list[str] | None = None
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             out = work / f"side-{r}-{len(walls[name])}-{names.index(name)}"
             walls[name].append(sweep(out, ways[name], f"the side-by-side sweep ({name})"))
-            table = (out / "table.csv").read_text()
             if reference is None:
-                reference = table
-            elif table != reference:
+                reference = table(out)
+            elif table(out) != reference:
                 sys.exit(f"sweep.py: the side-by-side sweep ({name}) wrote another table")
             shutil.rmtree(out)
     return walls
@@ -168,15 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     on_ray = ["--ray", ray_address] if ray_address else []
     try:
         local_s = sweep(work / "local", [*seeds, *jobs], "the local sweep")
-        table = (work / "local" / "table.csv").read_text()
+        reference = table(work / "local")
         sim = run_seconds(work / "local")
         shutil.rmtree(work / "resumed", ignore_errors=True)
         res = interrupted(work / "resumed", [*seeds, *jobs], total, a.stop_at)
-        same_resumed = (work / "resumed" / "table.csv").read_text() == table
+        same_resumed = table(work / "resumed") == reference
         ray_s, same_ray = None, True
         if on_ray:
             ray_s = sweep(work / "ray", [*seeds, *on_ray], "the Ray sweep")
-            same_ray = (work / "ray" / "table.csv").read_text() == table
+            same_ray = table(work / "ray") == reference
         if a.figure:
             shutil.copyfile(work / "local" / FIGURE, a.figure)
         side = ["--seeds", str(side_seeds), "--no-figures"]
