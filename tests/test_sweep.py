@@ -3,6 +3,7 @@ code change or a changed trace, the confidence interval over seeds, and the file
 (The Ray executor is tested against a real cluster in tests_ray/.)"""
 
 import csv
+import fcntl
 import json
 import math
 import os
@@ -35,14 +36,17 @@ def sweep(out: Path, *extra: str) -> int:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    """One sweep shared by the tests that read it: 2 policies x 2 pools x 2 weightings x 3 seeds, with figures."""
-    out = tmp_path_factory.mktemp("sweep") / "out"
-    assert sweep(out, "--seeds", "3", *WEIGHTS) == 0
+    """One sweep shared by the tests that read it (they copy it to change it): 2 policies x 2 pools x 2 weightings x
+    3 seeds, with figures; made once per session, also across pytest-xdist workers."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # NOTE: the session's folder, above each worker's own
+    out = root / "shared-sweep"
+    with open(root / "shared-sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "sweep.json").exists():
+            assert sweep(out, "--seeds", "3", *WEIGHTS) == 0
     return out
-
-
-# NOTE: the tests reading the one shared sweep run on one pytest-xdist worker (--dist loadgroup), so it runs once
-SHARED = pytest.mark.xdist_group("sweep")
 
 
 def run_files(out: Path) -> dict[str, int]:
@@ -74,7 +78,6 @@ def test_t_quantiles_match_the_tables_and_the_interval_covers_95_percent():
     assert 0.935 <= covered / 3000 <= 0.965
 
 
-@SHARED
 def test_the_table_aggregates_each_point_over_its_seeds(swept):
     runs, rows = table(swept / "runs.csv"), table(swept / "table.csv")
     assert len(runs) == 24 and len(rows) == 8 and {r["seed"] for r in runs} == {"0", "1", "2"}
@@ -95,7 +98,6 @@ def test_the_table_aggregates_each_point_over_its_seeds(swept):
     assert all(by["fcfs", kv] > 1.5 * by["vtc", kv] for kv in ("5000", "10000"))
 
 
-@SHARED
 def test_every_file_records_version_seeds_and_configuration(swept):
     manifest = json.loads((swept / "sweep.json").read_text())
     config, version = manifest["config"], manifest["fairserve"]
@@ -122,7 +124,6 @@ def test_every_file_records_version_seeds_and_configuration(swept):
             assert f"fairserve {version}" in text and json.dumps(config, sort_keys=True) in text
 
 
-@SHARED
 def test_resuming_runs_only_what_is_missing(swept, tmp_path, capsys):
     out = tmp_path / "out"
     shutil.copytree(swept, out)
@@ -173,7 +174,6 @@ def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path, 
     assert len(after) == 32 and all(after[n] == t for n, t in stored.items())
 
 
-@SHARED
 def test_a_code_change_without_a_version_bump_runs_everything_again(swept, tmp_path, monkeypatch, capsys):
     src = tmp_path / "fairserve"
     shutil.copytree(PACKAGE, src, ignore=shutil.ignore_patterns("__pycache__"))
