@@ -266,7 +266,7 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
                 a.peak = 0
 
         placement = {"alice": [(g1, HEAVY)], "bob": [(g2, LIGHT), (g3, LIGHT)]}
-        got = asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
+        asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
         bob_ok = [o for o in outcomes if o == "ok"]
         assert len(bob_ok) > 20
         # every bob request ended ok; the only failures are alice's streams cut by the kill, one per stream
