@@ -5,7 +5,9 @@
 #   ./dev.sh test   run the whole test suite: tests/ in .venv (on FAIRSERVE_TEST_WORKERS pytest-xdist workers, 2),
 #                   then (when no arguments are given) the real-vLLM tier tests_vllm/ in a separate venv with vLLM's
 #                   CPU build (scripts/vllm_cpu_env.sh: created once, ~3 minutes, cached outside the checkout).
-#                   FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
+#                   FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI); then the Ray tier tests_ray/
+#                   (scripts/ray_tests.sh: its venv created once, ~35 s, cached outside the checkout;
+#                   FAIRSERVE_RAY_TIER=0 leaves it out, not in CI)
 #   ./dev.sh test-vllm  run only the real-vLLM tier; arguments go to its pytest
 #   ./dev.sh lint   ruff and mypy only (`./dev.sh test` without arguments runs them first)
 #   ./dev.sh serve  run `fairserve serve` (an OpenAI server on transformers, scheduled by VTC); arguments pass through
@@ -82,6 +84,7 @@ case "${1:-}" in
         [ $# -gt 0 ] || scripts/py312_tests.sh || rc=$?  # the mass-disconnect test under Python 3.12 too
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }
+            scripts/ray_tests.sh || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }  # the Ray tier (fairserve sweep --ray)
         fi
         exit "$rc" ;;
     test-vllm) shift; vllm_tier "$@" ;;
