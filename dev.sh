@@ -80,7 +80,8 @@ case "${1:-}" in
         if [ $# -eq 0 ]; then
             lint || rc=$?
         fi
-        "$VENV/bin/python" -m pytest -n "${FAIRSERVE_TEST_WORKERS:-2}" --dist loadgroup "$@" || rc=$?
+        # NOTE: a test file runs on one worker (loadfile): the README's recipes share fixed ports, one at a time
+        "$VENV/bin/python" -m pytest -n "${FAIRSERVE_TEST_WORKERS:-2}" --dist loadfile "$@" || rc=$?
         [ $# -gt 0 ] || scripts/py312_tests.sh || rc=$?  # the mass-disconnect test under Python 3.12 too
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }

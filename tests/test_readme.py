@@ -30,8 +30,6 @@ def test_every_block_is_annotated_and_a_change_would_show():
     assert fake[0].code == "echo B\n" and fake[1].run is None
 
 
-# NOTE: one worker runs every block, one after another: the recipes listen on the same fixed ports
-@pytest.mark.xdist_group("readme")
 @pytest.mark.parametrize("block", RUN, ids=lambda b: f"line-{b.line}")
 def test_readme_block_runs(block: Block, tmp_path: Path):
     for tool, installer in NEEDS.items():
