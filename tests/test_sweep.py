@@ -147,7 +147,8 @@ def test_resuming_runs_only_what_is_missing(swept, tmp_path, capsys):
 
 def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path, capsys):
     out = tmp_path / "out"
-    args = ["sweep", "--policy", "vtc,fcfs,lcf,drr", "--workload", "overload", "--duration", "30", "--kv-tokens",
+    # NOTE: 300 s workloads: runs of a few ms each could all finish before the signal arrives
+    args = ["sweep", "--policy", "vtc,fcfs,lcf,drr", "--workload", "overload", "--duration", "300", "--kv-tokens",
             "5000,10000", "--seeds", "4", "--out", str(out), "--no-progress", "--no-figures"]  # fmt: skip
     cmd = [sys.executable, "-m", "fairserve", *args, "--jobs", "2"]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
