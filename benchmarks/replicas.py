@@ -1,18 +1,25 @@
-"""Overhead of shared state (Redis) on one gateway replica, measured side by side in one run: the same emulator
-behind `fairserve gateway` without `--state` and with `--state redis://...` (a local redis-server this script starts).
+"""Shared state (Redis) across gateway replicas, in three parts (`--parts`, default all), each measured side by side
+in one run against a local redis-server this script starts (loopback only, stopped at the end):
 
-Reports, per gateway: latency of a whole short stream (p50/p99, ms) with one request at a time, the most streamed
-requests per second with many at a time, and (with --state) Redis round trips per request during the load; then the
-time of one sync as the number of tenants grows (--tenants), with nothing or 10 tenants changed since the last one.
-Targets (issue 10): <= 0.5 ms p50 added, >= 0.9x throughput.
-Run: .venv/bin/python benchmarks/replicas.py [--requests 400] [--concurrency 32] [--rounds 5] [--tenants 10,1000]
+- overhead: the same instant emulator behind `fairserve gateway` without `--state` and with `--state redis://...`:
+  latency of a whole short stream (p50/p99, ms) one request at a time, the most streamed requests per second with
+  many at a time, and Redis round trips per request. Targets: <= 0.5 ms p50 added, >= 0.9x throughput.
+- fleet: three replicas sharing Redis against one gateway on the same two emulated backends (max_requests=20 each)
+  and the same traffic (`overload`, each client pinned to one replica), rounds interleaved (benchmarks/fleet.py).
+  Goals: >= 0.95x the throughput; backends at their limit in >= 95% of 100 ms samples taken while anything is
+  queued; the below-share client's mean time to first token within 1.5x of one gateway's.
+- sync: the time of one sync as the number of tenants grows (--tenants), with nothing or 10 tenants changed.
+Run: .venv/bin/python benchmarks/replicas.py [--parts overhead,fleet,sync] [--rounds 5] [--fleet-rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +27,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_overhead import load_args, measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
+from fleet import fleet  # noqa: E402
+from gateway_overhead import measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
 from support.processes import serve  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
@@ -37,14 +45,14 @@ async def sync_ms(url: str, tenants: int, changed: int, rounds: int = 20) -> flo
     names = [f"t{i}" for i in range(tenants)]
 
     def replica() -> SharedState:
-        ledger = Ledger(make_policy("vtc"), names)
         backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
-        return SharedState(
+        state = SharedState(
             StateSettings(url, interval_s=600, prefix=f"bench{tenants}-{changed}"),
-            ledger,
             backends,
             tokens_of=lambda r: r.prompt_tokens,
         )
+        Ledger(make_policy("vtc"), names, peers=state)
+        return state
 
     reader, writer = replica(), replica()
     await reader.start()
@@ -69,51 +77,83 @@ def round_trips(base: str) -> int:
     return httpx.get(base + "/healthz").json()["shared_state"]["round_trips"]
 
 
-def main() -> int:
-    a = load_args("replicas.py", __doc__, tenants=True)
-    if a is None:
-        return 2
-    import shutil
-    import tempfile
+def parse_args() -> argparse.Namespace | None:
+    p = argparse.ArgumentParser(prog="replicas.py", description=__doc__.splitlines()[0])
+    p.add_argument("--parts", type=lambda v: v.split(","), default=list(PARTS), help="overhead,fleet,sync")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--fleet-rounds", type=int, default=3)
+    p.add_argument("--fleet-duration", type=float, default=150.0, help="workload seconds per replay")
+    p.add_argument("--time-scale", type=float, default=10.0, help="of the emulators and the replay")
+    p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000])
+    a = p.parse_args()
+    if min(a.requests, a.concurrency, a.rounds, a.fleet_rounds) < 1 or set(a.parts) - set(PARTS):
+        print(f"replicas.py: --parts from {','.join(PARTS)}; counts must be >= 1", file=sys.stderr)
+        return None
+    return a
 
-    binary = shutil.which("redis-server")
-    if binary is None:
-        print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
-        return 1
+
+PARTS = ("overhead", "fleet", "sync")
+
+
+def overhead(redis_url: str, a: argparse.Namespace) -> None:
     rows: dict[str, list] = {"gateway": [], "gateway --state": []}
     trips: list[float] = []
     common = ["--tenant=a:key-a", "--no-access-log"]
-    with tempfile.TemporaryDirectory() as tmp, serve("emulate", "--time-scale", "1000000") as emulator:
-        redis = RedisServer(binary, free_port(), tmp)
-        redis.start()
-        try:
-            backend = f"--backend={emulator},max_requests=256"
-            with (
-                serve("gateway", backend, *common) as plain,
-                serve("gateway", backend, *common, "--state", redis.url) as shared,
-            ):
-                for _ in range(a.rounds):  # interleaved, so both see the same machine
-                    rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
-                    before = round_trips(shared)
-                    rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
-                    # NOTE: measure() sends 20 warm-up + requests/4 one at a time + requests at once
-                    trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
-            costs = {(n, c): asyncio.run(sync_ms(redis.url, n, c)) for n in a.tenants for c in (0, 10)}
-        finally:
-            redis.stop()
+    with serve("emulate", "--time-scale", "1000000") as emulator:
+        backend = f"--backend={emulator},max_requests=256"
+        with (
+            serve("gateway", backend, *common) as plain,
+            serve("gateway", backend, *common, "--state", redis_url) as shared,
+        ):
+            for _ in range(a.rounds):  # interleaved, so both see the same machine
+                rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
+                before = round_trips(shared)
+                rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
+                # NOTE: measure() sends 20 warm-up + requests/4 one at a time + requests at once
+                trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
     stats = table("gateway", rows)
     g, s = stats["gateway"], stats["gateway --state"]
     print(
         f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
         f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
-        f"the sync every 20 ms)"
+        f"the sync every 20 ms)\n"
     )
-    print()
+
+
+def sync_table(redis_url: str, a: argparse.Namespace) -> None:
+    costs = {(n, c): asyncio.run(sync_ms(redis_url, n, c)) for n in a.tenants for c in (0, 10)}
     print("| tenants | one sync, nothing changed (ms) | one sync, 10 tenants changed (ms) |")
     print("|---:|---:|---:|")
     for n in a.tenants:
         print(f"| {n:,} | {costs[n, 0]:.2f} | {costs[n, 10]:.2f} |")
-    return 0
+    print()
+
+
+def main() -> int:
+    a = parse_args()
+    if a is None:
+        return 2
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
+        return 1
+    status = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(binary, free_port(), tmp)
+        redis.start()
+        try:
+            if "overhead" in a.parts:
+                overhead(redis.url, a)
+            if "fleet" in a.parts:
+                status |= fleet(serve, redis.url, a.fleet_rounds, "overload", a.fleet_duration, a.time_scale, 20)
+                print()
+            if "sync" in a.parts:
+                sync_table(redis.url, a)
+        finally:
+            redis.stop()
+    return status
 
 
 if __name__ == "__main__":

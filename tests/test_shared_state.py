@@ -57,7 +57,9 @@ class Replica:
         interval_s: float = 0.01,
         hold_s: float = 0.5,
         clock: Clock | None = None,
+        early_syncs: bool = False,
     ) -> None:
+        self.early_syncs = early_syncs
         self.backends = [
             Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
             for i, (r, t) in enumerate(limits)
@@ -83,7 +85,11 @@ class Replica:
         return req.item is not None
 
     def admit(self) -> None:
+        """Admit what fits; with `early_syncs`, as the scheduler dispatches: the shared state may then sync early
+        (tests that step the syncs by hand leave it off)."""
         self.running += self.ledger.admit(self._fits)
+        if self.early_syncs:
+            self.state.waiting()
 
     def finish(self, k: int | None = None) -> None:
         done, self.running = (self.running, []) if k is None else (self.running[:k], self.running[k:])
@@ -167,11 +173,11 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             assert pulled[-1] == {"t9"} and b.ledger.weights["t9"] == 3.0
             redis.stop()
             redis.start()  # empty: a new epoch; each replica writes back what it knows
+            n = len(pulled)
             for r in (a, b):
                 for _ in range(3):  # the first sync on a pooled connection finds it closed
                     if await r.state.sync():
                         break
-            n = len(pulled)
             for r in (a, b, b, b):
                 await r.state.sync()
             assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
@@ -200,6 +206,39 @@ def test_a_reset_on_one_replica_zeroes_the_counters_on_all(redis):
                 assert r.ledger.accounts["heavy"].service == 100  # service received stays
 
     run(main())
+
+
+def test_a_sync_whose_answer_is_lost_and_that_is_sent_again_charges_once(redis):
+    """Redis stalls (SIGSTOP) while a sync is on its way: the replica gives up waiting, Redis runs the script late,
+    and the replica sends the sync again. The shared service is what was served, not twice the stalled batch."""
+
+    async def main():
+        async with started(redis, 1) as (a,):
+            key = a.state.settings.prefix + ":s"
+            a.arrive("heavy", prompt=100)  # charged 100 at admission
+            redis.pause()
+            try:
+                assert not await a.state.sync()  # times out: its answer is lost
+            finally:
+                redis.resume()
+            # the stalled script did run: Redis has the charge although the replica never heard back
+            assert await eventually(lambda: a.state._client.hget(key, "heavy")) == b"100"
+            a.finish()  # + 10 for the output, charged while the first sync's answer was lost
+            for _ in range(3):  # the first sync on a pooled connection may find it closed
+                if await a.state.sync():
+                    break
+            assert a.state.up
+            assert float(await a.state._client.hget(key, "heavy")) == 110 == a.ledger.accounts["heavy"].service
+
+    run(main())
+
+
+async def eventually(read, timeout_s: float = 5.0):
+    """`await read()` until it gives something other than None, within a bound (None if it never does)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := await read()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return value
 
 
 def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
@@ -237,6 +276,68 @@ def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
                 await a.state.sync()
                 await b.state.sync()
             assert len(b.running) == 2 and a.backends[0].limit == 0
+
+    run(main())
+
+
+def test_two_replicas_with_one_tenant_each_keep_the_backend_full(redis):
+    """Each replica's queue holds one tenant, both backlogged, their counters close (what VTC keeps them): as
+    requests end and the replicas sync in turn, the backend's whole limit stays in use, and service alternates."""
+
+    async def main():
+        async with started(redis, limits=((4, None),), interval_s=600) as (a, b):
+            a.arrive("heavy", n=40)
+            b.arrive("light", n=40)
+            for r in (a, b, a, b):
+                await r.state.sync()
+            in_use = []
+            for _ in range(30):
+                for r in (a, b):
+                    r.finish(1)
+                    await r.state.sync()
+                    r.admit()
+                in_use.append(a.backends[0].requests + b.backends[0].requests)
+            assert min(in_use[2:]) >= 3 and sorted(in_use)[len(in_use) // 2] == 4, in_use
+            assert abs(a.counter("heavy") - a.counter("light")) <= 3 * 20  # within a few requests (20 each)
+
+    run(main())
+
+
+def test_a_replica_waiting_for_capacity_syncs_at_its_interval_not_back_to_back(redis):
+    """Early syncs move capacity: one when a replica starts waiting, none for every dispatch while it waits."""
+
+    async def main():
+        async with started(redis, limits=((2, None),), interval_s=0.05, early_syncs=True) as (a, b):
+            a.arrive("heavy", n=4)
+            for r in (a, a):
+                await r.state.sync()
+            a.admit()
+            b.arrive("light", n=3)  # one runs on b's spare; two wait: a keeps the rest of the limit busy
+            start = b.state.round_trips
+            await asyncio.sleep(0.5)
+            assert b.ledger.num_queued == 2 and b.state.status()["waiting_for_capacity"]
+            assert b.state.round_trips - start <= 0.5 / 0.05 + 3, b.state.round_trips - start
+
+    run(main())
+
+
+def test_status_shows_each_backends_limit_and_this_replicas_lease(redis):
+    async def main():
+        async with started(redis, limits=((4, None), (3, 90))) as (a, b):
+            a.arrive("heavy", n=6)
+            await a.state.sync()
+            a.admit()
+            rows = a.state.status()["backends"]
+            assert [(x["url"], x["limit_requests"], x["limit_tokens"]) for x in rows] == [
+                ("http://b0", 4, None),
+                ("http://b1", 3, 90),
+            ]
+            assert [x["lease_requests"] for x in rows] == [x.limit for x in a.backends]
+            assert rows[1]["lease_tokens"] == a.backends[1].token_limit and rows[1]["lease_tokens"] <= 90
+            assert (
+                sum(x["lease_requests"] for x in rows) + sum(x["lease_requests"] for x in b.state.status()["backends"])
+                <= 7
+            )
 
     run(main())
 

@@ -208,7 +208,7 @@ class Scheduler:
             if not t.admitted.done():
                 assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
-        if self.shared is not None and self.ledger.num_queued:
+        if self.shared is not None:  # NOTE: also with nothing queued: lease room this replica cannot use may move
             self.shared.waiting()
         self._wake_after_cooldown(now)
 

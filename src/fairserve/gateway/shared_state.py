@@ -23,10 +23,16 @@ writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_wei
 backends' limits.
 
 Fairness across replicas: this is the ledger's `Peers`; the counter lift uses the smallest counter among tenants
-backlogged anywhere (`lift_floor`), and a replica admits its queue's head only while that head's counter is no
-larger than the smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not
-admit shrinks its lease to what it has in flight, so the capacity flows to the replica holding the globally smallest
-counter.
+backlogged anywhere (`lift_floor`). A replica whose head may be admitted but finds no lease with room reports itself
+waiting, with that head's tenant (`P:st`); a replica admits its head unless another replica waits for a different
+tenant with a smaller counter (`may_admit`). One that may not admit shrinks its lease to what it has in flight and
+reports no wait, so the capacity flows to the replica holding the smallest waiting counter, and two replicas that
+each see the other first do not both stand still. A replica syncs early when it starts waiting, and when it holds
+lease room it cannot use while others wait (`waiting`).
+
+A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
+per replica): a sync whose answer was lost is sent again with the same batch, which Redis applies only if it did
+not already, so a timed-out sync that Redis ran late never charges twice.
 
 Leases are safe against every interleaving of a replica's admissions with its syncs: while a sync is in flight the
 replica admits only within `keep` (at most its lease, at least what it has in flight), and the script never sets
@@ -117,6 +123,15 @@ class SharedState:
         self.lease_until = 0.0  # self.clock() until which the leases of the last sync surely count
         self.replicas = 1  # live replicas at the last sync
         self._elsewhere: frozenset[str] = frozenset()  # tenants backlogged on another live replica
+        # the heads of other live replicas that may admit them but have no lease with room: (counter, tenant),
+        # smallest first; while one of them is smaller than this replica's head, this replica does not admit
+        self._starved: list[tuple[float, str]] = []
+        self._sent_starved = False  # the last sync reported this replica starved
+        # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
+        # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
+        self._token = uuid.uuid4().hex[:12]
+        self._batch = 0
+        self._unanswered: tuple[int, list[Any], dict[str, tuple[float, float]], bool] | None = None
         self._epoch, self._seq = "", 0  # what the last answer was up to (only later changes are sent)
         self._restore = False  # send every tenant next time: Redis lost its data
         self._weights: dict[str, float] = {}  # admin changes not yet sent
@@ -171,7 +186,8 @@ class SharedState:
             self._task = None
         if self._client is not None:
             try:
-                await self._leave_script(args=[self.settings.prefix, self.replica, *(b.cfg.url for b in self.backends)])
+                urls = (b.cfg.url for b in self.backends)
+                await self._leave_script(args=[self.settings.prefix, self.replica, self._token, *urls])
             except Exception:  # NOTE: leaving is best effort: the TTL ends whatever is left
                 pass
             await self._client.aclose()
@@ -212,32 +228,32 @@ class SharedState:
             acct.lift = net if acct.lift is None else max(acct.lift, net)
         return floor
 
-    def floor_elsewhere(self) -> float | None:
-        """The smallest counter among tenants backlogged on other live replicas (as of the last sync)."""
-        accounts = self.ledger.accounts
-        counters = [accounts[t].counter for t in self._elsewhere if t in accounts]
-        return min(counters) if counters else None
-
     def may_admit(self, req: Request) -> bool:
-        """Whether this replica may admit `req`, its queue's head: its counter is no larger than any counter
-        backlogged elsewhere. Always True while degraded (no fresh view of the others)."""
-        if not self.up or not self._elsewhere:
+        """Whether this replica may admit `req`, its queue's head: unless another replica waits for capacity to
+        admit a different tenant with a smaller counter (as of the last sync), this replica uses its leases.
+        Always True while degraded (no fresh view of the others)."""
+        if not self.up:
             return True
-        floor = self.floor_elsewhere()
-        return floor is None or req.account.counter <= floor
+        for counter, tenant in self._starved:
+            if tenant != req.tenant:
+                return req.account.counter <= counter
+        return True
 
     def waiting(self) -> None:
-        """The scheduler's dispatch left requests queued: sync early if a larger lease could admit the head."""
+        """The scheduler dispatched: sync early when that can move capacity, that is when this replica has become
+        starved (its head may be admitted, no lease has room, and the last sync did not say so), or when it holds
+        lease room it cannot use while other replicas wait."""
         if not self.up or self._wake.is_set():
             return
         head = self.ledger.peek()
-        if (
-            head is not None
-            and self.may_admit(head)
-            and any(
+        if head is not None and self.may_admit(head):
+            if not self._sent_starved and any(
                 b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
                 for b in self.backends
-            )
+            ):
+                self._wake.set()
+        elif any(wr or wt for wr, wt in self._others_wait.values()) and any(
+            b.requests < b.limit for b in self.backends
         ):
             self._wake.set()
 
@@ -254,19 +270,19 @@ class SharedState:
         self._reset = True
 
     # ---- the sync -----------------------------------------------------------------------------------------------
-    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]], list[tuple[int, int | None]]]:
-        s = self.settings
-        accounts = self.ledger.accounts
+    def _batch_args(self) -> tuple[list[Any], dict[str, tuple[float, float]]]:
+        """This sync's additive part: the charges and lifts since the last answer, weights set, a reset."""
         snap: dict[str, tuple[float, float]] = {}
         charges: list[Any] = []
         n = 0
-        for tenant, acct in accounts.items():
+        for tenant, acct in self.ledger.accounts.items():
             snap[tenant] = (acct.counter, acct.service)
             base = acct.synced
             ds = acct.service - base if base is not None else acct.service
             lift = acct.lift
             if not ds and lift is None and base is not None and not self._restore:
                 continue
+            acct.lift = None  # NOTE: sent with this batch, and with it again if its answer is lost
             dc = ds / acct.weight
             charges += [
                 tenant,
@@ -278,10 +294,23 @@ class SharedState:
             ]
             n += 1
         weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
+        return [n, *charges, len(self._weights), *weights], snap
+
+    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]], list[tuple[int, int | None]]]:
+        s = self.settings
+        if self._unanswered is None:
+            batch, snap = self._batch_args()
+            self._batch += 1
+            self._unanswered = (self._batch, batch, snap, self._reset)
+            self._weights, self._reset = {}, False
+        number, batch, snap, reset = self._unanswered
+        accounts = self.ledger.accounts
         seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
         queued = [t for t, a in accounts.items() if a.queued]
         head = self.ledger.peek()
         eligible = head is not None and self.may_admit(head)
+        # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room
+        self._sent_starved = eligible
         demand_r = self.ledger.num_queued if eligible else 0
         demand_t = sum(self.tokens_of(r) for r in self.ledger.queued()) if eligible else 0
         spare_r = s.spare if eligible or head is None else 0
@@ -300,36 +329,36 @@ class SharedState:
             s.prefix,
             self.replica,
             int(s.ttl_s * 1000),
-            "1" if self._reset else "0",
             int(s.hold_s * 1000),
             int(self.clock() * 1000) if self._redis_now else "",
             self._epoch,
             self._seq,
-            n,
-            *charges,
-            len(self._weights),
-            *weights,
+            f"{self._token}:{number}",
+            "1" if reset else "0",
+            *batch,
             len(self._seed),
             *seed,
             len(queued),
             *queued,
+            head.tenant if eligible and head is not None else "",
             len(self.backends),
             *backends,
         ]
         return args, snap, keeps
 
     async def sync(self) -> bool:
-        """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer."""
+        """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer. After a
+        sync whose answer was lost, the first answered one carries only that sync's batch again: a second round
+        trip then flushes what was charged since."""
         async with self._sync_lock:  # NOTE: one at a time, or an older answer could overwrite a newer lease
-            return await self._sync()
+            retry = self._unanswered is not None
+            ok = await self._sync()
+            if ok and retry:
+                ok = await self._sync()
+            return ok
 
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
-        lifts = {a: a.lift for a in self.ledger.accounts.values() if a.lift is not None}
-        for a in lifts:
-            a.lift = None
-        weights, reset = self._weights, self._reset
-        self._weights, self._reset = {}, False
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
@@ -339,13 +368,10 @@ class SharedState:
             self.round_trips += 1
             reply = await self._sync_script(args=args)
         except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
-            # the charges stay unflushed (the base did not move); lifts, weights and resets are sent again
-            for a, v in lifts.items():
-                a.lift = v if a.lift is None else max(v, a.lift)
-            self._weights = {**weights, **self._weights}
-            self._reset = self._reset or reset
+            # the batch stays unanswered: sent again as it is (Redis may have run it, and then skips it)
             self._degrade(e)
             return False
+        self._unanswered = None
         self._seed = {}
         self._apply(reply, snap)
         if not self.up and self.last_sync:
@@ -357,7 +383,7 @@ class SharedState:
         return True
 
     def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
-        changed, elsewhere, leases, replicas, epoch, seq = reply
+        changed, elsewhere, leases, replicas, epoch, seq, starved = reply
         # NOTE: only the tenants changed since the last answer: the others' local values are the global ones already
         rows = [
             (_text(t), _num(c), _num(s), _num(w)) for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)
@@ -386,6 +412,7 @@ class SharedState:
             self._seed = dict(self.ledger.weights)  # set where unset, as at start
         self._epoch, self._seq = epoch, int(seq)
         self._elsewhere = frozenset(_text(t) for t in elsewhere)
+        self._starved = sorted((float(c), _text(t)) for t, c in zip(starved[0::2], starved[1::2], strict=True))
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
             gr, wr, gt, wt = leases[4 * k : 4 * k + 4]
@@ -400,6 +427,7 @@ class SharedState:
             )
         self.up = False
         self._elsewhere = frozenset()
+        self._starved = []
         if self.clock() >= self.lease_until:
             # NOTE: the others stop counting this replica's leases now; with no view of them, an equal share
             n = max(self.replicas, 1)
@@ -418,6 +446,18 @@ class SharedState:
             "replicas": self.replicas,
             "round_trips": self.round_trips,
             "last_sync_age_s": round(self.clock() - self.last_sync, 3) if self.last_sync else None,
+            "waiting_for_capacity": self.up and self._sent_starved,  # as the last sync reported it
+            # each backend's limit (over all replicas) and this replica's lease of it
+            "backends": [
+                {
+                    "url": redact(b.cfg.url),
+                    "limit_requests": b.cfg.max_inflight_requests,
+                    "lease_requests": b.limit,
+                    "limit_tokens": b.cfg.max_inflight_tokens,
+                    "lease_tokens": b.token_limit,
+                }
+                for b in self.backends
+            ],
         }
 
 
