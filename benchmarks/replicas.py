@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -39,38 +40,63 @@ from fairserve.gateway.scheduler import Backend  # noqa: E402
 from fairserve.gateway.shared_state import SharedState, StateSettings  # noqa: E402
 
 
-async def sync_ms(url: str, tenants: int, changed: int, rounds: int = 20) -> float:
-    """Median wall time of one replica's sync() (its Lua round trip and the Python on both sides) with `tenants`
-    tenants in Redis and `changed` of them charged since the last sync, another replica charging them."""
+@dataclass
+class SyncCost:
+    wall_ms: float  # median time of one sync() as the replica sees it: its Python, the round trip, the script
+    cpu_ms: float  # median CPU time of this process during one sync(): the replica's own part
+    redis_ms: float  # mean time Redis spent in the script per call (INFO commandstats)
+
+
+def bench_replica(url: str, prefix: str, names: list[str]) -> SharedState:
+    """A replica without HTTP: a ledger of `names` and one backend, syncing only when told to."""
+    backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
+    state = SharedState(StateSettings(url, interval_s=600, prefix=prefix), backends, tokens_of=lambda r: 1)
+    Ledger(state.track(make_policy("vtc")), names, peers=state)
+    return state
+
+
+def charge(state: SharedState, tenants: list[str], key: object) -> None:
+    """One request of each of `tenants`, admitted and finished: 10 prompt tokens, 10 output tokens."""
+    for tenant in tenants:
+        req = state.ledger.arrive((key, tenant), tenant, 10, 10)
+        assert req is not None
+        state.ledger.pop()
+        state.ledger.output(req, 10)
+        state.ledger.settle(req)
+
+
+async def evalsha_usec(client) -> tuple[int, float]:
+    stats = await client.info("commandstats")
+    row = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+    return int(row["calls"]), float(row["usec"])
+
+
+async def sync_cost(url: str, tenants: int, changed: int, rounds: int = 40) -> SyncCost:
+    """One replica's sync() with `tenants` tenants, `changed` of them charged on it since its last sync and
+    `changed` others charged by another replica (so the answer carries them): both sync in turn, `rounds` times."""
     names = [f"t{i}" for i in range(tenants)]
-
-    def replica() -> SharedState:
-        backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
-        state = SharedState(
-            StateSettings(url, interval_s=600, prefix=f"bench{tenants}-{changed}"),
-            backends,
-            tokens_of=lambda r: r.prompt_tokens,
-        )
-        Ledger(make_policy("vtc"), names, peers=state)
-        return state
-
-    reader, writer = replica(), replica()
+    reader, writer = (bench_replica(url, f"bench{tenants}-{changed}", names) for _ in range(2))
     await reader.start()
     await writer.start()
-    times = []
+    walls, cpus, redis_us = [], [], []
     for k in range(rounds):
-        for j in range(changed):
-            tenant = names[(k * changed + j) % tenants]
-            req = writer.ledger.arrive((k, j), tenant, 10, 10)
-            writer.ledger.pop()
-            writer.ledger.settle(req)
+        picks = [names[(k * 2 * changed + j) % tenants] for j in range(2 * changed)]
+        charge(writer, picks[changed:], k)
         await writer.sync()
-        t = time.perf_counter()
+        charge(reader, picks[:changed], k)
+        calls0, usec0 = await evalsha_usec(reader._client)
+        c, t = time.process_time(), time.perf_counter()
         await reader.sync()
-        times.append(time.perf_counter() - t)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+        calls1, usec1 = await evalsha_usec(reader._client)
+        if calls1 == calls0 + 1:  # NOTE: the INFO calls themselves are not scripts
+            redis_us.append(usec1 - usec0)
     await reader.stop()
     await writer.stop()
-    return statistics.median(times) * 1000
+    return SyncCost(
+        statistics.median(walls) * 1000, statistics.median(cpus) * 1000, statistics.mean(redis_us or [0]) / 1000
+    )
 
 
 def round_trips(base: str) -> int:
@@ -86,7 +112,7 @@ def parse_args() -> argparse.Namespace | None:
     p.add_argument("--fleet-rounds", type=int, default=3)
     p.add_argument("--fleet-duration", type=float, default=150.0, help="workload seconds per replay")
     p.add_argument("--time-scale", type=float, default=10.0, help="of the emulators and the replay")
-    p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000])
+    p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000, 100000])
     a = p.parse_args()
     if min(a.requests, a.concurrency, a.rounds, a.fleet_rounds) < 1 or set(a.parts) - set(PARTS):
         print(f"replicas.py: --parts from {','.join(PARTS)}; counts must be >= 1", file=sys.stderr)
@@ -123,11 +149,17 @@ def overhead(redis_url: str, a: argparse.Namespace) -> None:
 
 
 def sync_table(redis_url: str, a: argparse.Namespace) -> None:
-    costs = {(n, c): asyncio.run(sync_ms(redis_url, n, c)) for n in a.tenants for c in (0, 10)}
-    print("| tenants | one sync, nothing changed (ms) | one sync, 10 tenants changed (ms) |")
-    print("|---:|---:|---:|")
+    costs = {(n, c): asyncio.run(sync_cost(redis_url, n, c)) for n in a.tenants for c in (0, 10)}
+    print(
+        "| tenants | nothing changed: sync | 10 changed here, 10 elsewhere: sync | of it on the replica (CPU) "
+        "| of it in Redis |"
+    )
+    print("|---:|---:|---:|---:|---:|")
     for n in a.tenants:
-        print(f"| {n:,} | {costs[n, 0]:.2f} | {costs[n, 10]:.2f} |")
+        idle, busy = costs[n, 0], costs[n, 10]
+        print(
+            f"| {n:,} | {idle.wall_ms:.2f} ms | {busy.wall_ms:.2f} ms | {busy.cpu_ms:.2f} ms | {busy.redis_ms:.3f} ms |"
+        )
     print()
 
 

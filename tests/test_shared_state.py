@@ -4,127 +4,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.redis_server import redis_server
+from support.state_replicas import Clock, Replica, prefix, run, started
 
-from fairserve.core import Ledger, make_policy
-from fairserve.gateway.config import BackendConfig
-from fairserve.gateway.scheduler import Backend, claim
-from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings, _text
-
-_prefixes = itertools.count()
+from fairserve.gateway.shared_state import SharedStateError, _text
 
 
 @pytest.fixture(scope="module")
 def redis():
     with redis_server() as server:
         yield server
-
-
-class Clock:
-    """A clock the test steps (`advance`): the replicas' timers and the expiries in Redis both read it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Replica:
-    """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP. Admission
-    uses the gateway's own capacity check (`scheduler.claim`)."""
-
-    def __init__(
-        self,
-        url: str,
-        prefix: str,
-        limits=((4, None), (4, None)),
-        ttl_s: float = 3.0,
-        spare: int = 1,
-        policy: str = "vtc",
-        tenants=("heavy", "light"),
-        interval_s: float = 0.01,
-        hold_s: float = 0.5,
-        clock: Clock | None = None,
-        early_syncs: bool = False,
-    ) -> None:
-        self.early_syncs = early_syncs
-        self.backends = [
-            Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
-            for i, (r, t) in enumerate(limits)
-        ]
-        self.state = SharedState(
-            StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare, hold_s=hold_s),
-            self.backends,
-            tokens_of=lambda r: r.prompt_tokens,
-            on_change=self.admit,
-            clock=clock,
-        )
-        self.ledger = Ledger(make_policy(policy), tenants, peers=self.state)
-        self.ids = itertools.count()
-        self.running = []
-
-    def arrive(self, tenant: str, prompt: int = 10, n: int = 1) -> None:
-        for _ in range(n):
-            self.ledger.arrive(next(self.ids), tenant, prompt, 10)
-        self.admit()
-
-    def _fits(self, req) -> bool:
-        req.item = claim(self.backends, req, req.prompt_tokens, self.state)
-        return req.item is not None
-
-    def admit(self) -> None:
-        """Admit what fits; with `early_syncs`, as the scheduler dispatches: the shared state may then sync early
-        (tests that step the syncs by hand leave it off)."""
-        self.running += self.ledger.admit(self._fits)
-        if self.early_syncs:
-            self.state.waiting()
-
-    def finish(self, k: int | None = None) -> None:
-        done, self.running = (self.running, []) if k is None else (self.running[:k], self.running[k:])
-        for req in done:
-            req.item.requests -= 1
-            req.item.tokens -= req.prompt_tokens
-            self.ledger.output(req, 5)
-            self.ledger.settle(req)
-        self.admit()
-
-    def counter(self, tenant: str) -> float:
-        return self.ledger.accounts[tenant].counter
-
-
-def prefix() -> str:
-    return f"t{next(_prefixes)}"
-
-
-@contextlib.asynccontextmanager
-async def started(redis, n: int = 2, **kw) -> AsyncIterator[list[Replica]]:
-    """`n` replicas sharing a key prefix of their own (and a `Clock`, when given as `clock=`), started; stopped on the
-    way out, also when the test fails."""
-    p = prefix()
-    rs = [Replica(redis.url, p, **kw) for _ in range(n)]
-    try:
-        for r in rs:
-            await r.state.start()
-        yield rs
-    finally:
-        for r in rs:
-            await r.state.stop()
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def test_counters_service_and_weights_are_shared(redis):
@@ -159,7 +53,10 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
         async with started(redis, tenants=tenants, interval_s=600) as (a, b):
             pulled: list[set[str]] = []
             apply = b.state._apply
-            b.state._apply = lambda reply, snap: (pulled.append({_text(t) for t in reply[0][0::4]}), apply(reply, snap))
+            b.state._apply = lambda reply, *rest: (
+                pulled.append({_text(t) for t in reply[0][0::4]}),
+                apply(reply, *rest),
+            )
             await b.state.sync()
             assert pulled[-1] == set()  # b read everything at start; nothing changed since
             a.arrive("t7", prompt=100)
@@ -183,8 +80,8 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
             assert b.counter("t7") == 100 and b.ledger.weights["t9"] == 3.0
             key = a.state.settings.prefix  # Redis has the counter and the admin's weight back
-            assert float(await a.state._client.hget(key + ":c", "t7")) == 100
-            assert float(await a.state._client.hget(key + ":w", "t9")) == 3.0
+            assert float(await a.state._client.hget(key + ":t", "c:t7")) == 100
+            assert float(await a.state._client.hget(key + ":t", "w:t9")) == 3.0
 
     run(main())
 
@@ -214,7 +111,7 @@ def test_a_sync_whose_answer_is_lost_and_that_is_sent_again_charges_once(redis):
 
     async def main():
         async with started(redis, 1) as (a,):
-            key = a.state.settings.prefix + ":s"
+            key, field = a.state.settings.prefix + ":t", "s:heavy"
             a.arrive("heavy", prompt=100)  # charged 100 at admission
             redis.pause()
             try:
@@ -222,13 +119,13 @@ def test_a_sync_whose_answer_is_lost_and_that_is_sent_again_charges_once(redis):
             finally:
                 redis.resume()
             # the stalled script did run: Redis has the charge although the replica never heard back
-            assert await eventually(lambda: a.state._client.hget(key, "heavy")) == b"100"
+            assert await eventually(lambda: a.state._client.hget(key, field)) == b"100"
             a.finish()  # + 10 for the output, charged while the first sync's answer was lost
             for _ in range(3):  # the first sync on a pooled connection may find it closed
                 if await a.state.sync():
                     break
             assert a.state.up
-            assert float(await a.state._client.hget(key, "heavy")) == 110 == a.ledger.accounts["heavy"].service
+            assert float(await a.state._client.hget(key, field)) == 110 == a.ledger.accounts["heavy"].service
 
     run(main())
 
@@ -248,7 +145,7 @@ def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
             a.arrive("x", prompt=10)  # queued on a: x is backlogged there
             await a.state.sync()
             await b.state.sync()
-            assert b.state._elsewhere == {"x"}
+            assert [t for _, t in b.state._floor] == ["x"]  # backlogged anywhere: x, on a
             b.arrive("y", prompt=10)  # b: y goes from nothing queued to queued; lifted to x's counter...
             assert b.counter("y") >= 500  # ...(500), then admitted on b's slot and charged 10
             # without the shared floor the lift would look at b's own queue only (empty): no lift at all
@@ -361,7 +258,7 @@ def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(
             a.state._client = None
             clock.advance(0.7)  # past the TTL
             await c.state.sync()
-            assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
+            assert sum(x.requests for x in c.backends) == 4 and "heavy" not in {t for _, t in c.state._floor}
             await c.state.stop()
 
     run(main())

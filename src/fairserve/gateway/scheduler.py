@@ -155,6 +155,8 @@ class Scheduler:
             else None
         )
         policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
+        if self.shared is not None:
+            policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
         self.ledger = Ledger(policy, self.tenants, cfg.weights(), peers=self.shared)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------

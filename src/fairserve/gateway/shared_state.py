@@ -1,24 +1,19 @@
 """Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis.
 
-Every replica pointing at the same Redis URL shares:
-- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`);
-- which tenants are backlogged on which live replica (sorted set `P:b`, member `tenant\\nreplica`, scored by the
-  time it expires): a dead replica's backlog is gone within `ttl_s`;
-- the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases
-  of all live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and
-  a dead replica's lease stops counting after `ttl_s`;
-- the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
-  tenant scored by the number of the sync that last changed it): a sync answers only the tenants changed since the
-  replica's last answer, so its cost follows the changes, not the number of tenants;
-- `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
-  grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
+What Redis holds, and the scripts that read and write it, are in `redis_scripts.py`.
+
+A sync costs what changed, on the replica and in Redis: the replica sends the accounts changed since its last sync
+(`Changes`, fed by the policy's hooks: no pass over all accounts) and its backlog's changes; Redis answers the
+global values of those, of at most `PULL` tenants changed elsewhere (the oldest changes first: under heavy churn
+the other tenants' local copies catch up within a few syncs, and a tenant's copy is refreshed whenever this replica
+charges it or it becomes backlogged here), of every weight set by an admin, and the two smallest counters
+backlogged anywhere. Only a counter reset, and a first sync (of a replica, or after Redis lost its data), read or
+write every tenant.
 
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
-within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
-request waits for a lease): one Lua script, one round trip, which adds this replica's charges since the last sync,
-refreshes its backlog and liveness, resizes its leases, and answers the global counter, service and weight of every
-tenant changed since this replica's last answer, who is backlogged elsewhere, and the new leases. The replica then
+within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when capacity
+should move): one Lua script, one round trip, which adds this replica's charges since the last sync, updates its
+backlog and liveness, resizes its leases, and answers the global values above and the new leases. The replica then
 writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_weight`) and its leases into its
 backends' limits.
 
@@ -56,9 +51,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core import Account, Ledger, Request
+from ..core import Account, Ledger, Policy, Request
 from .config import redact, redact_text
-from .redis_scripts import LEAVE_LUA, SYNC_LUA
+from .redis_scripts import LEAVE_LUA, SYNC_LUA, sync_args
+from .shared_changes import Changes, _text
 
 log = logging.getLogger("fairserve.gateway.state")
 
@@ -66,6 +62,7 @@ DEFAULT_INTERVAL_S = 0.02  # how often charges are flushed and global counters p
 DEFAULT_TTL_S = 3.0  # a silent replica's leases and backlog stop counting after this long
 DEFAULT_SPARE = 1  # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
 DEFAULT_HOLD_S = 0.5  # after Redis lost its data: no lease grows until every live replica had time to report
+PULL = 64  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
 
 
 class SharedStateError(Exception):
@@ -94,10 +91,10 @@ class StateSettings:
 
 class SharedState:
     """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
-    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger attaches itself
-    (`Ledger(..., peers=shared)`) and asks it for the lift's floor. The scheduler calls `may_admit` (synchronous, no
-    I/O), `waiting` when a queued request waits for a lease, `set_weight` and `reset` (admin); everything else
-    happens in `sync()`."""
+    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger is built over `track(policy)` and
+    attaches itself (`Ledger(shared.track(policy), ..., peers=shared)`), and asks it for the lift's floor. The
+    scheduler calls `may_admit` (synchronous, no I/O), `waiting` after each dispatch, `set_weight` and `reset`
+    (admin); everything else happens in `sync()`."""
 
     def __init__(
         self,
@@ -122,7 +119,8 @@ class SharedState:
         self.last_sync = 0.0  # self.clock() of the last successful sync
         self.lease_until = 0.0  # self.clock() until which the leases of the last sync surely count
         self.replicas = 1  # live replicas at the last sync
-        self._elsewhere: frozenset[str] = frozenset()  # tenants backlogged on another live replica
+        self.changes = Changes(tokens_of)  # what changed here since the last sync
+        self._floor: list[tuple[float, str]] = []  # the two smallest counters backlogged on any replica
         # the heads of other live replicas that may admit them but have no lease with room: (counter, tenant),
         # smallest first; while one of them is smaller than this replica's head, this replica does not admit
         self._starved: list[tuple[float, str]] = []
@@ -130,9 +128,10 @@ class SharedState:
         # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
         # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
         self._token = uuid.uuid4().hex[:12]
-        self._batch = 0
-        self._unanswered: tuple[int, list[Any], dict[str, tuple[float, float]], bool] | None = None
-        self._epoch, self._seq = "", 0  # what the last answer was up to (only later changes are sent)
+        self._number = 0
+        self._unanswered: tuple[int, list[Any], list[Any], dict[Account, tuple[float, float]], bool] | None = None
+        self._epoch, self._seq, self._wseq = "", "0", "0"  # what the last answer was up to (only later changes come)
+        self._generation: str | None = None  # of counter resets, as of the last answer
         self._restore = False  # send every tenant next time: Redis lost its data
         self._weights: dict[str, float] = {}  # admin changes not yet sent
         self._seed: dict[str, float] = {}  # configured weights: set in Redis if not set there (`attach`)
@@ -205,25 +204,31 @@ class SharedState:
             await self.sync()
 
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
+    def track(self, policy: Policy) -> Policy:
+        """`policy`, watched for what changes (build the ledger over it): a sync then sends only that."""
+        return self.changes.track(policy)
+
     def attach(self, ledger: Ledger) -> None:
         """The ledger whose counters this replica shares (called by `Ledger(..., peers=self)`)."""
         if not ledger.policy.capabilities.shares_counters:
             raise ValueError(f"shared state needs a policy that shares its counters, not {ledger.policy.name!r}")
+        if not Changes.tracked(ledger):
+            raise ValueError("shared state: build the ledger over SharedState.track(policy)")
         self.ledger = ledger
         self._seed = dict(ledger.weights)
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
-        """The lift's floor: the smallest counter among tenants backlogged here or on another live replica."""
-        accounts = self.ledger.accounts
+        """The lift's floor: the smallest counter among tenants backlogged here or on any live replica (as of the
+        last sync: the smallest two, so that the tenant's own is passed over)."""
+        self.changes.mark(acct)
         floor = local_floor
-        for other in self._elsewhere:
-            if other != acct.tenant:
-                c = accounts[other].counter if other in accounts else 0.0
-                if floor is None or c < floor:
-                    floor = c
+        for c, tenant in self._floor:
+            if tenant != acct.tenant:
+                floor = c if floor is None else min(floor, c)
+                break
         if floor is not None and floor > acct.counter:
             # NOTE: net of the charges since the last sync, which the sync adds after applying the lift
-            base = acct.synced if acct.synced is not None else acct.service
+            base = acct.synced if acct.synced is not None else 0.0
             net = floor - (acct.service - base) / acct.weight
             acct.lift = net if acct.lift is None else max(acct.lift, net)
         return floor
@@ -266,56 +271,38 @@ class SharedState:
         self._weights[tenant] = weight
 
     def reset(self) -> None:
-        """Every counter to 0 on every replica (with the next sync)."""
+        """Every counter to 0 on every replica (with the next sync), this one's already reset by the caller."""
         self._reset = True
+        self._drop_lifts()
+
+    def _drop_lifts(self) -> None:
+        """The counters were reset here: lifts not yet sent no longer hold."""
+        for acct in self.ledger.accounts.values():  # NOTE: O(tenants), as a reset is
+            acct.lift = None
+        self.changes.counters_reset()
 
     # ---- the sync -----------------------------------------------------------------------------------------------
-    def _batch_args(self) -> tuple[list[Any], dict[str, tuple[float, float]]]:
-        """This sync's additive part: the charges and lifts since the last answer, weights set, a reset."""
-        snap: dict[str, tuple[float, float]] = {}
-        charges: list[Any] = []
-        n = 0
-        for tenant, acct in self.ledger.accounts.items():
-            snap[tenant] = (acct.counter, acct.service)
-            base = acct.synced
-            ds = acct.service - base if base is not None else acct.service
-            lift = acct.lift
-            if not ds and lift is None and base is not None and not self._restore:
-                continue
-            acct.lift = None  # NOTE: sent with this batch, and with it again if its answer is lost
-            dc = ds / acct.weight
-            charges += [
-                tenant,
-                repr(ds),
-                repr(dc),
-                "" if lift is None else repr(lift),
-                repr(acct.counter - dc),
-                repr(acct.service - ds),
-            ]
-            n += 1
-        weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
-        return [n, *charges, len(self._weights), *weights], snap
-
-    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]], list[tuple[int, int | None]]]:
+    def _args(self) -> tuple[list[Any], dict[Account, tuple[float, float]], list[tuple[int, int | None]]]:
         s = self.settings
         if self._unanswered is None:
-            batch, snap = self._batch_args()
-            self._batch += 1
-            self._unanswered = (self._batch, batch, snap, self._reset)
+            charges, snap = self.changes.batch(self.ledger, self._restore)
+            weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
+            self._number += 1
+            self._unanswered = (self._number, charges, weights, snap, self._reset)
             self._weights, self._reset = {}, False
-        number, batch, snap, reset = self._unanswered
-        accounts = self.ledger.accounts
-        seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
-        queued = [t for t, a in accounts.items() if a.queued]
+        else:  # NOTE: the same batch again, and the whole backlog: Redis may not have had the last changes
+            self.changes.full = True
+            self.changes.backlog_changes(self.ledger, ())
+        number, charges, weights, snap, reset = self._unanswered
         head = self.ledger.peek()
         eligible = head is not None and self.may_admit(head)
         # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room
         self._sent_starved = eligible
         demand_r = self.ledger.num_queued if eligible else 0
-        demand_t = sum(self.tokens_of(r) for r in self.ledger.queued()) if eligible else 0
+        demand_t = self.changes.queued_tokens if eligible else 0
         spare_r = s.spare if eligible or head is None else 0
         spare_t = int(spare_r * self._mean_tokens) + spare_r
-        backends: list[Any] = []
+        backends: list[list[Any]] = []
         keeps: list[tuple[int, int | None]] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
@@ -324,26 +311,25 @@ class SharedState:
             keep_r = min(b.limit, need_r + (0 if wait_r else spare_r))
             keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
             keeps.append((keep_r, keep_t))
-            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
-        args = [
+            backends.append(
+                [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
+            )
+        args = sync_args(
             s.prefix,
             self.replica,
             int(s.ttl_s * 1000),
             int(s.hold_s * 1000),
             int(self.clock() * 1000) if self._redis_now else "",
-            self._epoch,
-            self._seq,
+            (self._epoch, self._seq, self._wseq, PULL),
             f"{self._token}:{number}",
-            "1" if reset else "0",
-            *batch,
-            len(self._seed),
-            *seed,
-            len(queued),
-            *queued,
+            reset,
+            charges,
+            weights,
+            [x for t, w in self._seed.items() for x in (t, repr(w))],
+            self.changes.sent,
             head.tenant if eligible and head is not None else "",
-            len(self.backends),
-            *backends,
-        ]
+            backends,
+        )
         return args, snap, keeps
 
     async def sync(self) -> bool:
@@ -359,6 +345,7 @@ class SharedState:
 
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
+        reset = self._unanswered is not None and self._unanswered[4]
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
@@ -369,11 +356,12 @@ class SharedState:
             reply = await self._sync_script(args=args)
         except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
             # the batch stays unanswered: sent again as it is (Redis may have run it, and then skips it)
+            self.changes.full = True
             self._degrade(e)
             return False
         self._unanswered = None
         self._seed = {}
-        self._apply(reply, snap)
+        self._apply(reply, snap, reset)
         if not self.up and self.last_sync:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
@@ -382,36 +370,23 @@ class SharedState:
         self.on_change()
         return True
 
-    def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
-        changed, elsewhere, leases, replicas, epoch, seq, starved = reply
-        # NOTE: only the tenants changed since the last answer: the others' local values are the global ones already
-        rows = [
-            (_text(t), _num(c), _num(s), _num(w)) for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)
-        ]
-        for tenant, c, s, w in rows:
-            acct = self.ledger.accounts.get(tenant)
-            if acct is None:
-                continue
-            if w is not None and tenant not in self._weights and w != acct.weight:
-                try:
-                    self.ledger.set_weight(tenant, w)
-                except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
-                    log.warning("shared state: ignored the weight of %r: %s", tenant, e)
-            if c is None:
-                continue
-            c0, s0 = snap.get(tenant, (acct.counter, acct.service))
-            service = s or 0.0
-            # NOTE: what this replica charged while the sync was in flight stays on top of the global values
-            self.ledger.apply_remote(tenant, c + (acct.counter - c0), service + (acct.service - s0))
-            acct.synced = service
+    def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
+        rows, floor, starved, leases, replicas, epoch, seq, wseq, generation, known = reply
+        self.changes.apply(self.ledger, rows, snap, self._weights)
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
-        # no other replica has yet), with the charges not yet sent on top
+        # no other replica has yet), with the charges not yet sent on top, and its whole backlog
         self._restore = bool(self._epoch) and epoch != self._epoch
         if self._restore:
             self._seed = dict(self.ledger.weights)  # set where unset, as at start
-        self._epoch, self._seq = epoch, int(seq)
-        self._elsewhere = frozenset(_text(t) for t in elsewhere)
+        generation = _text(generation)
+        if not self._restore and not reset and self._generation not in (None, generation):
+            self.ledger.reset()  # NOTE: another replica's admin reset: O(tenants), as a reset is
+            self._drop_lifts()
+        if self._restore or not int(known) and self.changes.sent[0] != "=":  # NOTE: Redis forgot this replica
+            self.changes.full = True
+        self._epoch, self._seq, self._wseq, self._generation = epoch, _text(seq), _text(wseq), generation
+        self._floor = [(float(c), _text(t)) for t, c in zip(floor[0::2], floor[1::2], strict=True)]
         self._starved = sorted((float(c), _text(t)) for t, c in zip(starved[0::2], starved[1::2], strict=True))
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
@@ -426,7 +401,7 @@ class SharedState:
                 "shared state at %s lost (%s): serving from local state", redact(self.settings.url), redact_text(str(e))
             )
         self.up = False
-        self._elsewhere = frozenset()
+        self._floor = []
         self._starved = []
         if self.clock() >= self.lease_until:
             # NOTE: the others stop counting this replica's leases now; with no view of them, an equal share
@@ -476,12 +451,3 @@ async def probe(url: str, timeout_s: float = 2.0) -> None:
         raise SharedStateError(redact_text(f"cannot reach the shared state at {redact(url)}: {e}")) from None
     finally:
         await client.aclose()
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _num(v: Any) -> float | None:
-    """A number from the script's answer; None where it answered "" (not set)."""
-    return float(v) if v not in (b"", "") else None
