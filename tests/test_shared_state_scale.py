@@ -67,13 +67,33 @@ def test_an_answer_carries_at_most_pull_tenants_changed_elsewhere_and_the_rest_f
             pulled = []
             apply = a.state.changes.apply
             a.state.changes.apply = lambda ledger, rows, *rest: (
-                pulled.append(len(rows) // 4),
+                pulled.append(len(rows[0])),
                 apply(ledger, rows, *rest),
             )
             for _ in range(5):
                 assert await a.state.sync()
             assert max(pulled) <= PULL and sum(pulled) >= len(busy)
             assert all(a.counter(t) == 17 for t in busy)  # 7 prompt + 5 output tokens x 2
+
+    run(main())
+
+
+def test_a_tenant_backlogged_here_and_charged_elsewhere_comes_with_the_next_answer(redis):
+    async def main():
+        async with started(redis, limits=((1, None),), tenants=TENANTS, interval_s=600) as (a, b):
+            a.arrive("t0", n=3)  # one slot: t0 waits on a, backlogged
+            assert await a.state.sync()
+            assert a.ledger.accounts["t0"].queued >= 2
+            base = a.counter("t0")
+            for t in (*TENANTS[2 : 2 + 3 * PULL], "t0"):  # t0 last: the newest of many changes elsewhere
+                req = b.ledger.arrive(("x", t), t, 7, 5)
+                b.ledger.pop()
+                b.ledger.output(req, 5)
+                b.ledger.settle(req)
+            assert await b.state.sync()
+            assert await a.state.sync()  # one answer: at most PULL of the others, but t0 surely
+            assert a.counter("t0") == base + 17
+            assert sum(a.counter(t) > 0 for t in TENANTS[2 : 2 + 3 * PULL]) <= PULL
 
     run(main())
 

@@ -1,15 +1,18 @@
-"""The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
-(`shared_state.py` calls them), and `sync_args`, the one place that lays out a sync's arguments.
+"""The atomic part of the shared state across gateway replicas: one Lua script Redis runs in one step per sync
+(`shared_state.py` calls it), and `sync_args` / `leave_args`, the one place that lays out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
-- each tenant's virtual counter, service and weight (hash `P:t`, fields `c:TENANT`, `s:TENANT`, `w:TENANT`);
-- which tenants are backlogged on which live replica (a set per replica, `P:bk:REPLICA`; `P:bn`, how many live
-  replicas backlog each tenant) and, for the lift, the tenants backlogged anywhere scored by counter (sorted set
-  `P:f:`, read in O(log n)): a dead replica's backlog is gone within `ttl_s`;
+- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
+- which tenants are backlogged on which live replica (a set per replica, `P:bk:REPLICA`, and per tenant,
+  `P:bt:TENANT`; a dead replica's backlog is gone within `ttl_s`), the tenants backlogged on a replica that another
+  one charged since its last sync (`P:d:REPLICA`, in its next answer, so that the counters it orders its queue by
+  are never more than a sync late), and for the lift the tenants backlogged anywhere scored by counter (sorted set
+  `P:f:`, read in O(log n));
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases
-  of all live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and
-  a dead replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads);
+  (hashes `P:gr:URL` requests, `P:gt:URL` tokens) and its demand the lease does not cover (`P:ur:URL`,
+  `P:ut:URL`), with their sums over the live replicas (`P:sum`; `P:urls`, the backends seen): the leases of all
+  live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
+  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads);
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
@@ -18,9 +21,10 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
-A sync costs what changed: every step below touches the tenants this replica charged, lifted, or whose backlog it
-changed, the replicas (a few per backend), and at most `pull` tenants changed elsewhere. Nothing walks all tenants
-except a counter reset and the first sync of a replica (or of a Redis that lost its data), which reads them all."""
+A sync costs what changed: every step touches the tenants this replica charged, lifted, or whose backlog it
+changed, at most `pull` tenants changed elsewhere, the replicas waiting for capacity, and a few keys per backend;
+a replica that expired is read once, by the sync that finds it expired. Nothing walks all tenants except a counter
+reset and the first sync of a replica (or of a Redis that lost its data), which reads them all."""
 
 from typing import Any
 
@@ -47,13 +51,16 @@ from typing import Any
 #      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {tenants (flat: tenant, counter, service, weight; "" where unset): those charged or newly backlogged
-#          here and those changed since `since`, floor (flat: tenant, counter: the two smallest counters backlogged
-#          on any live replica), starved elsewhere (flat: tenant, counter, per other live replica that waits),
-#          leases (r, others waiting r (0/1), t, others waiting t per backend), live replicas, epoch, since,
-#          weights since, reset generation, known (0: Redis had forgotten this replica, and with it its backlog)}.
+# Returns {tenants: those charged or newly backlogged here, those backlogged here and charged elsewhere, those
+#          changed since `since`; their counters and services (three lists in the same order; nil where unset),
+#          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
+#          tenant, counter: the two smallest counters backlogged on any live replica), starved elsewhere (flat:
+#          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
+#          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
+#          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
 # NOTE: the floor lives in one sorted set per parent (`P:f:` + the parent's path, "" at the top), so that groups of
-# tenants can join the same structure.
+# tenants can join the same structure. Lua's own work (making strings, calling commands) is most of a script's time:
+# hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
 SYNC_LUA = """
 local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -63,52 +70,63 @@ local t = redis.call('TIME')
 local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local i = 12
 local function nxt() i = i + 1; return ARGV[i] end
--- a tenant's counter, service and weight are the fields c:TENANT, s:TENANT, w:TENANT of one hash
-local T, V, WV, SEQ = p .. ':t', p .. ':v', p .. ':wv', p .. ':seq'
-local F, BN, ST, R = p .. ':f:', p .. ':bn', p .. ':st', p .. ':r'
+local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
+local F, ST, R, SUM = p .. ':f:', p .. ':st', p .. ':r', p .. ':sum'
 local fmt = '%.17g'
+local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
+local rows, listed = {}, {}
+local function row(tenant)
+  if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
+end
+-- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
+-- backlogged anywhere scored by counter (`P:f:`)
+local function backlog(r, tenant)
+  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
+      and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
+    redis.call('ZADD', F, redis.call('HGET', C, tenant) or '0', tenant)
+  end
+end
+local function unbacklog(r, tenant)
+  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
+    redis.call('ZREM', F, tenant)
+  end
+end
+-- a replica gone (expired, or left): its leases and unmet demand (`P:gK:URL`, `P:uK:URL`, K = r requests, t
+-- tokens) leave their sums (`P:sum`, fields gK:URL, uK:URL), its backlog and its wait stop counting
+local function drop(r)
+  for _, url in ipairs(redis.call('SMEMBERS', p .. ':urls')) do
+    for _, f in ipairs({'gr:', 'ur:', 'gt:', 'ut:'}) do
+      local v = redis.call('HGET', p .. ':' .. f .. url, r)
+      if v then
+        -- NOTE: never an increment of "-0", which HINCRBY refuses
+        if v ~= '0' then redis.call('HINCRBY', SUM, f .. url, -tonumber(v)) end
+        redis.call('HDEL', p .. ':' .. f .. url, r)
+      end
+    end
+  end
+  local key = p .. ':bk:' .. r
+  for _, tenant in ipairs(redis.call('SMEMBERS', key)) do unbacklog(r, tenant) end
+  redis.call('DEL', key, p .. ':d:' .. r)
+  redis.call('HDEL', ST, r)
+  redis.call('ZREM', R, r)
+end
+if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
+  drop(rid)
+  redis.call('HDEL', p .. ':sn', batch)
+  redis.call('ZREM', p .. ':seen', batch)
+  return 1
+end
 local current = redis.call('GET', p .. ':e')
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
   if epoch ~= '' then redis.call('SET', p .. ':hold', now + hold_ms) end
 end
-local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
-local rows, listed = {}, {}
-local function row(tenant)
-  if not listed[tenant] then listed[tenant] = true; table.insert(rows, tenant) end
-end
--- the backlog: each replica's set `P:bk:REPLICA`, how many live replicas backlog each tenant (`P:bn`), and the
--- tenants backlogged anywhere scored by counter (`P:f:`)
-local function backlog(key, tenant)
-  if redis.call('SADD', key, tenant) == 1 and redis.call('HINCRBY', BN, tenant, 1) == 1 then
-    redis.call('ZADD', F, redis.call('HGET', T, 'c:' .. tenant) or '0', tenant)
-  end
-end
-local function unbacklog(tenant)
-  if redis.call('HINCRBY', BN, tenant, -1) <= 0 then
-    redis.call('HDEL', BN, tenant)
-    redis.call('ZREM', F, tenant)
-  end
-end
--- replicas: a dead one's backlog and wait stop counting (its leases, below)
-local live, replicas, known = {}, 1, 0
-local all = redis.call('ZRANGE', R, 0, -1, 'WITHSCORES')
-for j = 1, #all, 2 do
-  local r = all[j]
-  if tonumber(all[j + 1]) > now then
-    live[r] = true
-    if r == rid then known = 1 else replicas = replicas + 1 end
-  else
-    local key = p .. ':bk:' .. r
-    for _, tenant in ipairs(redis.call('SMEMBERS', key)) do unbacklog(tenant) end
-    redis.call('DEL', key)
-    redis.call('HDEL', ST, r)
-    redis.call('ZREM', R, r)
-  end
-end
-live[rid] = true
+-- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
+local known = redis.call('ZSCORE', R, rid) and 1 or 0
 redis.call('ZADD', R, now + ttl, rid)
+local replicas = redis.call('ZCARD', R)
 local hold = tonumber(redis.call('GET', p .. ':hold') or '-1') > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
@@ -124,49 +142,56 @@ if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas
 end
 if fresh and reset == '1' then
   redis.call('INCR', p .. ':rg')
-  for _, field in ipairs(redis.call('HKEYS', T)) do
-    if string.sub(field, 1, 2) == 'c:' then redis.call('HSET', T, field, '0') end
+  local all = redis.call('HKEYS', C)
+  for a = 1, #all, 1000 do
+    local set = {}
+    for j = a, math.min(a + 999, #all) do set[#set + 1] = all[j]; set[#set + 1] = '0' end
+    redis.call('HSET', C, unpack(set))
   end
   for _, tenant in ipairs(redis.call('ZRANGE', F, 0, -1)) do redis.call('ZADD', F, 0, tenant) end
 end
 -- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
-local charged = {}
-for _ = 1, tonumber(nxt()) do
-  table.insert(charged, {nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())})
+local names, charged = {}, {}
+for j = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  names[j] = tenant
+  charged[j] = {tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())}
+  row(tenant)
 end
-if fresh and #charged > 0 then
-  local k = redis.call('INCRBY', SEQ, #charged) - #charged
-  for a = 1, #charged, 500 do
-    local b = math.min(a + 499, #charged)
-    local fields, set, floor, log = {}, {}, {}, {}
+if fresh and #names > 0 then
+  local k = redis.call('INCRBY', SEQ, #names) - #names
+  for a = 1, #names, 1000 do
+    local b = math.min(a + 999, #names)
+    local oc, os = redis.call('HMGET', C, unpack(names, a, b)), redis.call('HMGET', S, unpack(names, a, b))
+    local backlogged = redis.call('ZMSCORE', F, unpack(names, a, b))
+    local setc, sets, floor, log = {}, {}, {}, {}
     for j = a, b do
-      table.insert(fields, 'c:' .. charged[j][1])
-      table.insert(fields, 's:' .. charged[j][1])
-    end
-    local old = redis.call('HMGET', T, unpack(fields))
-    for j = a, b do
-      local tenant, ds, dc, lift, bc, bs = unpack(charged[j])
-      local q = 2 * (j - a)
-      local c, s = tonumber(old[q + 1] or bc), tonumber(old[q + 2] or bs)
+      local tenant, q = names[j], j - a + 1
+      local ds, dc, lift, bc, bs = unpack(charged[j])
+      local c, s = tonumber(oc[q] or bc), tonumber(os[q] or bs)
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
       local cs = string.format(fmt, c + dc)
       k = k + 1
-      for _, x in ipairs({'c:' .. tenant, cs, 's:' .. tenant, string.format(fmt, s + ds)}) do table.insert(set, x) end
-      table.insert(floor, cs)
-      table.insert(floor, tenant)
-      table.insert(log, k)
-      table.insert(log, tenant)
+      setc[2 * q - 1], setc[2 * q] = tenant, cs
+      sets[2 * q - 1], sets[2 * q] = tenant, string.format(fmt, s + ds)
+      log[2 * q - 1], log[2 * q] = k, tenant
+      if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
+        floor[#floor + 1], floor[#floor + 2] = cs, tenant
+        for _, r in ipairs(redis.call('SMEMBERS', p .. ':bt:' .. tenant)) do
+          if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
+        end
+      end
     end
-    redis.call('HSET', T, unpack(set))
-    redis.call('ZADD', F, 'XX', unpack(floor))
+    redis.call('HSET', C, unpack(setc))
+    redis.call('HSET', S, unpack(sets))
+    if #floor > 0 then redis.call('ZADD', F, unpack(floor)) end
     redis.call('ZADD', V, unpack(log))
   end
 end
-for _, c in ipairs(charged) do row(c[1]) end
 for _ = 1, tonumber(nxt()) do
   local tenant, w = nxt(), nxt()
   if fresh then
-    redis.call('HSET', T, 'w:' .. tenant, w)
+    redis.call('HSET', W, tenant, w)
     touch(tenant)
     redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
   end
@@ -174,7 +199,10 @@ for _ = 1, tonumber(nxt()) do
 end
 for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
-  if redis.call('HSETNX', T, 'w:' .. tenant, nxt()) == 1 then touch(tenant) end
+  if redis.call('HSETNX', W, tenant, nxt()) == 1 then
+    touch(tenant)
+    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+  end
 end
 local bk = p .. ':bk:' .. rid
 if mode == '=' then
@@ -182,145 +210,108 @@ if mode == '=' then
   for _ = 1, tonumber(nxt()) do
     local tenant = nxt()
     want[tenant] = true
-    backlog(bk, tenant)
+    backlog(rid, tenant)
     row(tenant)
   end
   for _, tenant in ipairs(redis.call('SMEMBERS', bk)) do
     if not want[tenant] then
       redis.call('SREM', bk, tenant)
-      unbacklog(tenant)
+      unbacklog(rid, tenant)
     end
   end
 else
   for _ = 1, tonumber(nxt()) do
     local tenant = nxt()
-    backlog(bk, tenant)
+    backlog(rid, tenant)
     row(tenant)
   end
 end
 for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
-  if redis.call('SREM', bk, tenant) == 1 then unbacklog(tenant) end
+  if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
 end
+-- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved = nxt()
 if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
 local waiting, heads = {}, {}
 local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
-  if st[j] ~= rid and live[st[j]] then table.insert(heads, st[j + 1]) end
+  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] end
 end
 if #heads > 0 then
-  local fields = {}
-  for _, tenant in ipairs(heads) do table.insert(fields, 'c:' .. tenant) end
-  local counters = redis.call('HMGET', T, unpack(fields))
+  local counters = redis.call('HMGET', C, unpack(heads))
   for j, tenant in ipairs(heads) do
-    table.insert(waiting, tenant)
-    table.insert(waiting, counters[j] or '0')
+    waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
   end
-end
-local function others(key, need_key)
-  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
-  local held, unmet, old, all, needs = 0, 0, 0, redis.call('HGETALL', key), {}
-  local nall = redis.call('HGETALL', need_key)
-  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
-  for j = 1, #all, 2 do
-    local r = all[j]
-    if r == rid then
-      old = tonumber(all[j + 1])
-    else
-      if live[r] then
-        local g = tonumber(all[j + 1])
-        held = held + g
-        unmet = unmet + math.max(0, (needs[r] or 0) - g)
-      else
-        redis.call('HDEL', key, r)
-        redis.call('HDEL', need_key, r)
-      end
-    end
-  end
-  return held, unmet, old
 end
 local leases = {}
-local function lease(suffix, url, limit, used, need, spare, keep)
+local function lease(k, url, limit, used, need, spare, keep)
   -- at least what is in flight and what the replica may admit before it reads this answer (never more than the
   -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
-  -- else is waiting for
-  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
-  local held, unmet, old = others(key, need_key)
+  -- else is waiting for. The others' leases and unmet demand are the sums less this replica's part.
+  local g_key, u_key = p .. ':g' .. k .. ':' .. url, p .. ':u' .. k .. ':' .. url
+  local gf, uf = 'g' .. k .. ':' .. url, 'u' .. k .. ':' .. url
+  local sums = redis.call('HMGET', SUM, gf, uf)
+  local old, old_u = redis.call('HGET', g_key, rid), tonumber(redis.call('HGET', u_key, rid) or '0')
+  if not old then redis.call('SADD', p .. ':urls', url) end
+  old = tonumber(old or '0')
+  local held, unmet = tonumber(sums[1] or '0') - old, tonumber(sums[2] or '0') - old_u
   local g = used
   if not hold then
     g = math.max(used, math.min(need, limit - held))
     g = g + math.max(0, math.min(spare, limit - held - unmet - g))
   end
   g = math.max(g, math.min(keep, old))
-  redis.call('HSET', key, rid, g)
-  redis.call('HSET', need_key, rid, need)
-  table.insert(leases, g)
-  table.insert(leases, unmet > 0 and 1 or 0)
+  local u = math.max(0, need - g)
+  redis.call('HSET', g_key, rid, g)
+  redis.call('HSET', u_key, rid, u)
+  if g ~= old then redis.call('HINCRBY', SUM, gf, g - old) end
+  if u ~= old_u then redis.call('HINCRBY', SUM, uf, u - old_u) end
+  leases[#leases + 1] = g
+  leases[#leases + 1] = unmet > 0 and 1 or 0
 end
 for _ = 1, tonumber(nxt()) do
   local url, lr, lt, ur, ut, nr, nt, sr, st, kr, kt = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
     tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
     tonumber(nxt())
   lease('r', url, lr, ur, nr, sr, kr)
-  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else table.insert(leases, 0); table.insert(leases, 0) end
+  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else leases[#leases + 1] = 0; leases[#leases + 1] = 0 end
 end
 -- what changed elsewhere: the oldest changes first, at most `pull` (all tenants for a replica new to this data)
-local nsince, nwsince
+for _, tenant in ipairs(redis.call('SMEMBERS', p .. ':d:' .. rid)) do row(tenant) end
+redis.call('DEL', p .. ':d:' .. rid)
+-- weights: only those set (by an admin, or seeded) since `weights since` (every tenant's for a replica new to this
+-- data), as the other changes do not move them
+local nsince, nwsince, wrows
 if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
-  nsince, nwsince = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0'
+  nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
 else
-  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
-  for j = 1, #got, 2 do row(got[j]) end
-  nsince = #got == 2 * pull and got[#got] or (redis.call('GET', SEQ) or '0')
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'LIMIT', 0, pull)
+  for _, tenant in ipairs(got) do row(tenant) end
+  nsince = #got == pull and redis.call('ZSCORE', V, got[#got]) or (redis.call('GET', SEQ) or '0')
   local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
-  for j = 1, #wgot, 2 do row(wgot[j]) end
+  wrows = {}
+  for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
   nwsince = #wgot > 0 and wgot[#wgot] or wsince
 end
-local out = {}
-for k = 1, #rows, 1000 do  -- NOTE: in chunks, as unpack() has a limit
-  local chunk, fields = {}, {}
-  for j = k, math.min(k + 999, #rows) do
-    local tenant = rows[j]
-    table.insert(chunk, tenant)
-    table.insert(fields, 'c:' .. tenant)
-    table.insert(fields, 's:' .. tenant)
-    table.insert(fields, 'w:' .. tenant)
+local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
+  if #list <= 1000 then return #list > 0 and redis.call('HMGET', key, unpack(list)) or {} end
+  local out = {}
+  for a = 1, #list, 1000 do
+    for _, v in ipairs(redis.call('HMGET', key, unpack(list, a, math.min(a + 999, #list)))) do out[#out + 1] = v end
   end
-  local got = redis.call('HMGET', T, unpack(fields))
-  for j, tenant in ipairs(chunk) do
-    table.insert(out, tenant)
-    table.insert(out, got[3 * j - 2] or '')
-    table.insert(out, got[3 * j - 1] or '')
-    table.insert(out, got[3 * j] or '')
-  end
+  return out
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
-return {out, floor, waiting, leases, replicas, current, nsince, nwsince, redis.call('GET', p .. ':rg') or '0', known}
+return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
+  nsince, nwsince, redis.call('GET', p .. ':rg') or '0', known}
 """
-
-# Leaving: this replica's leases, backlog and wait stop counting at once. ARGV: prefix, replica, batch token,
-# backend URLs...
-LEAVE_LUA = """
-local p, rid, token = ARGV[1], ARGV[2], ARGV[3]
-redis.call('ZREM', p .. ':r', rid)
-redis.call('HDEL', p .. ':st', rid)
-redis.call('HDEL', p .. ':sn', token)
-redis.call('ZREM', p .. ':seen', token)
-local key = p .. ':bk:' .. rid
-for _, tenant in ipairs(redis.call('SMEMBERS', key)) do
-  if redis.call('HINCRBY', p .. ':bn', tenant, -1) <= 0 then
-    redis.call('HDEL', p .. ':bn', tenant)
-    redis.call('ZREM', p .. ':f:', tenant)
-  end
-end
-redis.call('DEL', key)
-for k = 4, #ARGV do
-  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
-end
-return 1
-"""
+# The answer's parts, in order (the comment above SYNC_LUA says what each holds).
+ANSWER = (
+    "tenants", "counters", "services", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
+    "since", "weights_since", "generation", "known",
+)  # fmt: skip
 
 
 def sync_args(
@@ -367,3 +358,9 @@ def sync_args(
         len(backends),
         *(x for b in backends for x in b),
     ]
+
+
+def leave_args(prefix: str, replica: str, token: str) -> list[Any]:
+    """SYNC_LUA's ARGV for leaving: the replica's leases, backlog and wait stop counting at once, and the numbers of
+    its batches (`token`) are forgotten."""
+    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave"]

@@ -107,22 +107,31 @@ class Changes:
         return charges, snap
 
     def apply(
-        self, ledger: Ledger, rows: list[Any], snap: dict[Account, tuple[float, float]], pending: dict[str, float]
+        self,
+        ledger: Ledger,
+        rows: list[list[Any]],
+        weights: list[list[Any]],
+        snap: dict[Account, tuple[float, float]],
+        pending: dict[str, float],
     ) -> None:
-        """The global (counter, service, weight) of the tenants in an answer's `rows` into the ledger, with what
-        this replica changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight
-        `pending` (set here, not yet sent) stays."""
+        """An answer into the ledger: the weights set since the last one (`weights`: tenants, weights), then the
+        global counter and service of the tenants in `rows` (tenants, counters, services), with what this replica
+        changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight `pending` (set here,
+        not yet sent) stays."""
         accounts = ledger.accounts
-        for tenant, c, s, w in zip(*(rows[k::4] for k in range(4)), strict=True):
+        for tenant, w in zip(*weights, strict=True):
+            acct = accounts.get(_text(tenant))
+            weight = _num(w)
+            if acct is None or weight is None or acct.tenant in pending or weight == acct.weight:
+                continue
+            try:
+                ledger.set_weight(acct.tenant, weight)
+            except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
+                log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
+        for tenant, c, s in zip(*rows, strict=True):
             acct = accounts.get(_text(tenant))
             if acct is None:
                 continue
-            weight = _num(w)
-            if weight is not None and acct.tenant not in pending and weight != acct.weight:
-                try:
-                    ledger.set_weight(acct.tenant, weight)
-                except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
-                    log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
             counter = _num(c)
             if counter is None:
                 continue
@@ -158,5 +167,5 @@ def _text(v: Any) -> str:
 
 
 def _num(v: Any) -> float | None:
-    """A number from the script's answer; None where it answered "" (not set)."""
-    return float(v) if v not in (b"", "") else None
+    """A number from the script's answer; None where it answered nil (not set)."""
+    return float(v) if v is not None else None

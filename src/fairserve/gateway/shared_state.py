@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 from ..core import Account, Ledger, Policy, Request
 from .config import redact, redact_text
-from .redis_scripts import LEAVE_LUA, SYNC_LUA, sync_args
+from .redis_scripts import SYNC_LUA, leave_args, sync_args
 from .shared_changes import Changes, _text
 
 log = logging.getLogger("fairserve.gateway.state")
@@ -62,7 +62,7 @@ DEFAULT_INTERVAL_S = 0.02  # how often charges are flushed and global counters p
 DEFAULT_TTL_S = 3.0  # a silent replica's leases and backlog stop counting after this long
 DEFAULT_SPARE = 1  # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
 DEFAULT_HOLD_S = 0.5  # after Redis lost its data: no lease grows until every live replica had time to report
-PULL = 64  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
+PULL = 32  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
 
 
 class SharedStateError(Exception):
@@ -140,7 +140,6 @@ class SharedState:
         self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
         self._client: Any = None
         self._sync_script: Any = None
-        self._leave_script: Any = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._wake = asyncio.Event()
@@ -161,7 +160,6 @@ class SharedState:
         except ValueError as e:
             raise SharedStateError(redact_text(f"bad shared state URL {redact(self.settings.url)!r}: {e}")) from None
         self._sync_script = self._client.register_script(SYNC_LUA)
-        self._leave_script = self._client.register_script(LEAVE_LUA)
         try:
             await self._client.ping()
         except (RedisError, OSError) as e:
@@ -185,8 +183,7 @@ class SharedState:
             self._task = None
         if self._client is not None:
             try:
-                urls = (b.cfg.url for b in self.backends)
-                await self._leave_script(args=[self.settings.prefix, self.replica, self._token, *urls])
+                await self._sync_script(args=leave_args(self.settings.prefix, self.replica, self._token))
             except Exception:  # NOTE: leaving is best effort: the TTL ends whatever is left
                 pass
             await self._client.aclose()
@@ -371,8 +368,23 @@ class SharedState:
         return True
 
     def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
-        rows, floor, starved, leases, replicas, epoch, seq, wseq, generation, known = reply
-        self.changes.apply(self.ledger, rows, snap, self._weights)
+        (
+            tenants,
+            counters,
+            services,
+            weighted,
+            weights,
+            floor,
+            starved,
+            leases,
+            replicas,
+            epoch,
+            seq,
+            wseq,
+            generation,
+            known,
+        ) = reply
+        self.changes.apply(self.ledger, [tenants, counters, services], [weighted, weights], snap, self._weights)
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
         # no other replica has yet), with the charges not yet sent on top, and its whole backlog
