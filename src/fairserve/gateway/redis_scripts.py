@@ -9,8 +9,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
   are never more than a sync late), and for the lift the tenants backlogged anywhere scored by counter (sorted set
   `P:f:`, read in O(log n));
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens) and its demand the lease does not cover (`P:ur:URL`,
-  `P:ut:URL`), with their sums over the live replicas (`P:sum`; `P:urls`, the backends seen): the leases of all
+  (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
+  (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
   live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
   replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads);
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
@@ -71,7 +71,7 @@ local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[
 local i = 12
 local function nxt() i = i + 1; return ARGV[i] end
 local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
-local F, ST, R, SUM = p .. ':f:', p .. ':st', p .. ':r', p .. ':sum'
+local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
 local fmt = '%.17g'
 local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
 local rows, listed = {}, {}
@@ -91,16 +91,16 @@ local function unbacklog(r, tenant)
     redis.call('ZREM', F, tenant)
   end
 end
--- a replica gone (expired, or left): its leases and unmet demand (`P:gK:URL`, `P:uK:URL`, K = r requests, t
--- tokens) leave their sums (`P:sum`, fields gK:URL, uK:URL), its backlog and its wait stop counting
+-- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
+-- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
 local function drop(r)
   for _, url in ipairs(redis.call('SMEMBERS', p .. ':urls')) do
-    for _, f in ipairs({'gr:', 'ur:', 'gt:', 'ut:'}) do
-      local v = redis.call('HGET', p .. ':' .. f .. url, r)
-      if v then
-        -- NOTE: never an increment of "-0", which HINCRBY refuses
-        if v ~= '0' then redis.call('HINCRBY', SUM, f .. url, -tonumber(v)) end
-        redis.call('HDEL', p .. ':' .. f .. url, r)
+    for _, k in ipairs({'r', 't'}) do
+      local key = p .. ':l' .. k .. ':' .. url
+      local v = redis.call('HMGET', key, 'g', 'u', 'g:' .. r, 'u:' .. r)
+      if v[3] then
+        redis.call('HSET', key, 'g', tonumber(v[1]) - tonumber(v[3]), 'u', tonumber(v[2]) - tonumber(v[4]))
+        redis.call('HDEL', key, 'g:' .. r, 'u:' .. r)
       end
     end
   end
@@ -249,13 +249,11 @@ local function lease(k, url, limit, used, need, spare, keep)
   -- at least what is in flight and what the replica may admit before it reads this answer (never more than the
   -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
   -- else is waiting for. The others' leases and unmet demand are the sums less this replica's part.
-  local g_key, u_key = p .. ':g' .. k .. ':' .. url, p .. ':u' .. k .. ':' .. url
-  local gf, uf = 'g' .. k .. ':' .. url, 'u' .. k .. ':' .. url
-  local sums = redis.call('HMGET', SUM, gf, uf)
-  local old, old_u = redis.call('HGET', g_key, rid), tonumber(redis.call('HGET', u_key, rid) or '0')
-  if not old then redis.call('SADD', p .. ':urls', url) end
-  old = tonumber(old or '0')
-  local held, unmet = tonumber(sums[1] or '0') - old, tonumber(sums[2] or '0') - old_u
+  local key, gf, uf = p .. ':l' .. k .. ':' .. url, 'g:' .. rid, 'u:' .. rid
+  local v = redis.call('HMGET', key, 'g', 'u', gf, uf)
+  if not v[3] then redis.call('SADD', p .. ':urls', url) end
+  local old, old_u = tonumber(v[3] or '0'), tonumber(v[4] or '0')
+  local held, unmet = tonumber(v[1] or '0') - old, tonumber(v[2] or '0') - old_u
   local g = used
   if not hold then
     g = math.max(used, math.min(need, limit - held))
@@ -263,10 +261,9 @@ local function lease(k, url, limit, used, need, spare, keep)
   end
   g = math.max(g, math.min(keep, old))
   local u = math.max(0, need - g)
-  redis.call('HSET', g_key, rid, g)
-  redis.call('HSET', u_key, rid, u)
-  if g ~= old then redis.call('HINCRBY', SUM, gf, g - old) end
-  if u ~= old_u then redis.call('HINCRBY', SUM, uf, u - old_u) end
+  if g ~= old or u ~= old_u or not v[3] then
+    redis.call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
+  end
   leases[#leases + 1] = g
   leases[#leases + 1] = unmet > 0 and 1 or 0
 end
@@ -278,8 +275,11 @@ for _ = 1, tonumber(nxt()) do
   if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else leases[#leases + 1] = 0; leases[#leases + 1] = 0 end
 end
 -- what changed elsewhere: the oldest changes first, at most `pull` (all tenants for a replica new to this data)
-for _, tenant in ipairs(redis.call('SMEMBERS', p .. ':d:' .. rid)) do row(tenant) end
-redis.call('DEL', p .. ':d:' .. rid)
+local d = redis.call('SMEMBERS', p .. ':d:' .. rid)
+if #d > 0 then
+  for _, tenant in ipairs(d) do row(tenant) end
+  redis.call('DEL', p .. ':d:' .. rid)
+end
 -- weights: only those set (by an admin, or seeded) since `weights since` (every tenant's for a replica new to this
 -- data), as the other changes do not move them
 local nsince, nwsince, wrows
