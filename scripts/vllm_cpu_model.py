@@ -1,4 +1,5 @@
-"""Build (once) the small random Llama that vLLM's CPU build can load, for the real-vLLM tests and benchmark.
+"""Build (once) the small random Llama that vLLM's CPU build can load, for the real-vLLM tests and benchmark; and
+random LoRA adapters for it (`lora_adapter`).
 
     python scripts/vllm_cpu_model.py [DIR]      # default: $FAIRSERVE_VLLM_MODEL or ~/.cache/fairserve/vllm-cpu-model
 
@@ -43,6 +44,32 @@ def build(path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     stamp.write_text(VERSION + "\n")  # last: an interrupted build is redone
+    return path
+
+
+def lora_adapter(path: Path, seed: int, rank: int = 8) -> Path:
+    """A random rank-`rank` LoRA adapter of the model's attention projections (q, k, v, o) at `path`, in PEFT's
+    layout (`adapter_model.safetensors` + `adapter_config.json`), which vLLM loads with `enable_lora=True`.
+    Written with torch and safetensors (vLLM's dependencies); peft is not needed."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    head = PRESET.hidden // PRESET.heads
+    out = {"q_proj": PRESET.hidden, "k_proj": PRESET.kv_heads * head, "v_proj": PRESET.kv_heads * head}
+    out["o_proj"] = PRESET.hidden
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(PRESET.layers):
+        for module, features in out.items():
+            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{name}.lora_A.weight"] = torch.randn(rank, PRESET.hidden, generator=gen) * 0.5
+            tensors[f"{name}.lora_B.weight"] = torch.randn(features, rank, generator=gen) * 0.5
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {"r": rank, "lora_alpha": 2 * rank, "target_modules": list(out), "bias": "none", "peft_type": "LORA"}
+    (path / "adapter_config.json").write_text(json.dumps(config))
     return path
 
 

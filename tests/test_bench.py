@@ -36,6 +36,12 @@ class Fake:
         self.app = FastAPI()
         self.app.post("/v1/completions")(self.handle)
         self.app.post("/v1/chat/completions")(self.handle)
+        self.app.get("/v1/models")(self.models)
+
+    async def models(self, request: Request):
+        if request.headers.get("authorization") == "Bearer badkey":
+            return JSONResponse({"error": {"message": "bad key", "type": "invalid_request_error"}}, status_code=401)
+        return {"object": "list", "data": [{"id": "m", "object": "model"}]}
 
     async def handle(self, request: Request):
         body = await request.json()
@@ -333,3 +339,27 @@ def test_cli_client_xargs_reaches_the_server(fake, capsys):
     seen = f.seen[before:]
     assert seen and all(s["body"]["vllm_xargs"] == {"tenant": s["client"]} for s in seen)
     assert "client-0" in capsys.readouterr().out
+
+
+def test_an_unreachable_target_or_a_refused_key_is_one_error_before_the_run(fake, capsys):
+    from fairserve.api.server import free_port
+    from fairserve.cli import main
+
+    _, url = fake
+    common = ["--workload", "overload", "--duration", "2", "--time-scale", "20", "--no-progress"]
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for target, keys, message in [
+        (nowhere, "*=fast", f"cannot reach the target {nowhere}"),
+        (url, "client-0=fast,client-1=badkey", "refused the API key of client 'client-1'"),
+    ]:
+        start = time.monotonic()
+        assert main(["bench", "--target", target, "--keys", keys, *common]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert time.monotonic() - start < 5  # at once, not after the workload's duration
+    # with --wait: it waits for the target, then gives up with the same error
+    assert main(["bench", "--target", nowhere, "--keys", "*=fast", "--wait", "0.5", *common]) == 2
+    capsys.readouterr()
+    f, _ = fake
+    assert main(["bench", "--target", url, "--keys", "*=fast", *common]) == 0
+    assert f.seen[-1]["body"]["model"] == "m"  # no --model: the one the target lists

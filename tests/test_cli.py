@@ -131,3 +131,44 @@ def test_simulate_tree_flags(capsys):
         assert main(["simulate", "--workload", "two-orgs", "--duration", "60", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--nonsense"], ["simulate", "--wrong-flag"], ["bench", "--wrong"], ["top", "--wrong=3"]]
+)
+def test_an_unknown_option_is_named_first(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    flag = argv[-1].split("=")[0]
+    assert f"unrecognized arguments: {flag}" in err, err
+    assert "required" not in err
+
+
+def test_version(capsys):
+    from fairserve import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fairserve {__version__}"
+    assert __version__[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["emulate", "--listen", "127.0.0.1:{port}"],
+        ["gateway", "--backend", "http://127.0.0.1:9", "--tenant", "a:key-a", "--listen", "127.0.0.1:{port}"],
+    ],
+)
+def test_a_port_in_use_is_one_line(argv, capsys):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main([a.format(port=port) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fairserve: error: cannot listen on 127.0.0.1:{port}: the address is already in use"], err

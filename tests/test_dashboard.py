@@ -71,6 +71,20 @@ def test_rate_covers_the_window_before_each_sample():
     assert [t["name"] for t in doc["tenants"]] == ["a"] and doc["tenants"][0]["rate"] == 0.0
 
 
+def test_after_an_idle_gap_the_rate_is_over_the_gap_not_the_last_one_before_it():
+    clock, h = Clock(), History()
+    h.clock = clock
+    for second in range(1, 4):  # 1,000 service/s for 3 s
+        clock.now += 1
+        h.sample(view({"a": 1000.0 * second}), ["a"])
+    clock.now += 120  # nothing happened for two minutes (top --once, or the page opened again)
+    doc = snapshot(view({"a": 3000.0}), ["a"], h)
+    assert doc["tenants"][0]["rate"] == 0.0 and doc["history"]["rates"]["a"][-1] == 0.0
+    clock.now += 10
+    doc = snapshot(view({"a": 3500.0}), ["a"], h)  # 500 more over 10 s
+    assert doc["tenants"][0]["rate"] == pytest.approx(50.0)
+
+
 def test_snapshot_reports_fairness_among_backlogged_tenants():
     v = view({"a": 10.0, "b": 30.0, "c": 99.0}, queued={"a": 1, "b": 2})
     doc = snapshot(v, ["a", "b", "c"], History(), backends=lambda: [{"url": "u"}])
@@ -104,6 +118,7 @@ def test_dashboard_data_page_and_owners_on_the_gateway():
         assert srcs and all(s.startswith("/dashboard/") for s in srcs)  # nothing from elsewhere
         for src in srcs:
             assert HTTP.get(base + src).status_code == 200
+        assert '<link rel="icon" href="/dashboard/' in page.text  # else a browser asks for /favicon.ico: a 404
         assert "/admin/dashboard" in HTTP.get(base + "/dashboard/dashboard.js").text
 
         r = HTTP.post(base + "/admin/owners", json={"keys": [KEYS["alice"], "nope"]}, headers=ADMIN_H)

@@ -113,6 +113,8 @@ def test_dashboard_live_in_a_browser(browser, gateway):
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     requested: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
+    missing: list[str] = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
     with traffic(gateway):
         page.goto(gateway + "/dashboard")
         assert "alice" not in page.content() and page.locator("#board").is_hidden()  # no data without the key
@@ -159,4 +161,5 @@ def test_dashboard_live_in_a_browser(browser, gateway):
         page.screenshot(path=str(shot), full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert not any(ADMIN in u or KEYS["alice"] in u for u in requested)  # the key never goes in a URL
+    assert missing == []  # not even a favicon
     page.close()

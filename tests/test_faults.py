@@ -152,6 +152,7 @@ def test_backend_killed_and_restarted_under_load_loses_nothing():
             proc.wait()
             down = wait_until(lambda: HTTP.get(base + "/healthz").status_code == 503, 10)
             assert down, HTTP.get(base + "/healthz").text
+            assert HTTP.get(base + "/livez").status_code == 200  # not ready, but alive: no restart for an outage
             health = HTTP.get(base + "/health")
             assert health.status_code == 503 and "no backend is healthy" in health.json()["reason"]
             late = [Stream(base, "alice", 10)]  # arrives while the backend is down: it waits

@@ -183,15 +183,20 @@ def test_run_raises_one_line_value_errors(argv, words):
     assert "\n" not in str(e.value)
 
 
-def test_run_serves_with_uvicorn(monkeypatch):
+def test_run_serves_with_uvicorn(monkeypatch, capsys):
     import uvicorn
+
+    from fairserve.api.server import free_port
 
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
-    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--listen", "127.0.0.1:9999")) == 0
-    assert seen["host"] == "127.0.0.1" and seen["port"] == 9999 and seen["app"].title == "fairserve gateway"
+    port = free_port()
+    listen = ("--listen", f"127.0.0.1:{port}")
+    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", *listen)) == 0
+    assert seen["host"] == "127.0.0.1" and seen["port"] == port and seen["app"].title == "fairserve gateway"
     assert seen["access_log"] is True
-    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log")) == 0
+    assert "1 tenant, 1 backend, policy vtc" in capsys.readouterr().err
+    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log", *listen)) == 0
     assert seen["access_log"] is False
 
 

@@ -95,7 +95,7 @@ def test_the_query_form_of_a_redis_password_is_shown_nowhere():
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1 and "cannot reach the shared state" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "cannot reach the shared state" in proc.stderr, proc.stderr
     assert SECRET not in proc.stderr and "password=***" in proc.stderr
     with redis_server() as server:
         with socket.create_connection(("127.0.0.1", server.port)) as s:  # the password the URL carries

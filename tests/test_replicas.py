@@ -229,7 +229,7 @@ def gateway_process(urls, state: str):
     )
 
 
-def test_unreachable_redis_at_start_is_one_line_and_exit_1(backends):
+def test_unreachable_redis_at_start_is_one_line_and_exit_2(backends):
     _, urls = backends
     proc = subprocess.run(
         [
@@ -248,7 +248,7 @@ def test_unreachable_redis_at_start_is_one_line_and_exit_1(backends):
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fairserve: error: cannot reach the shared state at redis://")
 

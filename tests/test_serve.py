@@ -122,6 +122,17 @@ def test_errors_are_openai_shaped(server):
     assert r.status_code == 400
     r = post(None, content=b"{" + b" " * (5 * 1024 * 1024) + b"}")
     assert r.status_code == 413
+    r = post({"prompt": "x", "model": "gpt-9"})  # as vLLM: an unknown model is a 404, not another model's answer
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found" and "gpt-9" in r.text
+    with pytest.raises(openai.NotFoundError, match="does not exist") as e:
+        client(url).completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    assert e.value.code == "model_not_found"
+    for status, response in (
+        (404, httpx.get(url + "/v1/nothing-here")),
+        (405, httpx.delete(url + "/v1/completions")),
+    ):
+        err = response.json()["error"]  # one shape everywhere, as the gateway and the emulator answer
+        assert response.status_code == status and set(err) == {"message", "type", "param", "code"}, response.text
 
 
 def test_disconnect_cancels_in_the_engine(server):
@@ -227,6 +238,7 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
         def broken():
             raise RuntimeError("scheduler bug")
 
+        assert httpx.get(url + "/livez").status_code == 200
         engine.queue.policy.peek = broken
         r = httpx.post(
             url + "/v1/completions",
@@ -243,6 +255,7 @@ def test_engine_failure_is_a_clear_error_not_a_hang():
         )
         assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
         assert httpx.get(url + "/healthz").status_code == 503
+        assert httpx.get(url + "/livez").json() == {"status": "failed"}  # only a restart brings the loop back
 
 
 def test_cli_serves_and_exits_on_interrupt():

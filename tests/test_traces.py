@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairserve.workloads import Arrival, WorkloadError, load_trace
+from fairserve.workloads.real import PACKAGED_ARENA_TRACE
 from fairserve.workloads.traces import assign_clients
 
-ARENA = Path(__file__).parents[2] / "shared" / "traces" / "arena_27clients_10min.csv"
 FAIRSERVE_HEADER = "arrival_time_s,client,prompt_tokens,output_tokens\n"
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -213,9 +213,7 @@ def test_fairserve_csv_round_trip(rows):
 
 
 def test_real_arena_trace():
-    if not ARENA.exists():
-        pytest.skip(f"{ARENA} not present")
-    w = load_trace(ARENA)
+    w = load_trace(PACKAGED_ARENA_TRACE)  # the copy fairserve ships (NOTICE)
     assert w.name == "arena_27clients_10min"
     assert len(w.arrivals) == 1500 and len({a.client for a in w.arrivals}) == 27
     assert w.arrivals[0] == Arrival(0.0, "client-13", 13, 199)

@@ -9,7 +9,10 @@ import pytest
 from support.vllm_fakes import FakeRequest, Status, make_queue, service
 
 from fairserve.core import DEFAULT_TENANT, VTC
-from fairserve.engines.vllm_scheduler import VTCConfig, VTCRequestQueue, client_of_request, prefilled_tokens
+from fairserve.engines import vllm_queue
+from fairserve.engines.vllm_lora import lora_id
+from fairserve.engines.vllm_scheduler import VTCConfig, VTCRequestQueue, prefilled_tokens, tenant_of_request
+from fairserve.engines.vllm_tenants import MAX_DEPTH, parse_sources, path_problem
 
 
 def drain_order(q: VTCRequestQueue, n: int) -> list[str]:
@@ -250,21 +253,112 @@ def test_weights_one_to_two():
 
 
 def test_client_identification():
-    assert client_of_request(FakeRequest("x", "alice")) == "alice"
-    assert client_of_request(FakeRequest("x", extra_args={"fairserve_client": 7})) == "7"
-    assert client_of_request(FakeRequest("x", extra_args={"other": 1})) == DEFAULT_TENANT
-    assert client_of_request(FakeRequest("x")) == DEFAULT_TENANT
-    assert client_of_request(FakeRequest("bob::cmpl-1")) == "bob"  # id carries it
-    assert client_of_request(FakeRequest("bob::cmpl-1", "alice")) == "alice"  # extra_args wins
-    assert client_of_request(FakeRequest("x", extra_args={"tenant": "t1"}), key="tenant") == "t1"
+    assert tenant_of_request(FakeRequest("x", "alice")) == "alice"
+    assert tenant_of_request(FakeRequest("x", extra_args={"fairserve_client": 7})) == "7"
+    assert tenant_of_request(FakeRequest("x", extra_args={"other": 1})) == DEFAULT_TENANT
+    assert tenant_of_request(FakeRequest("x")) == DEFAULT_TENANT
+    assert tenant_of_request(FakeRequest("bob::cmpl-1")) == "bob"  # id carries it
+    assert tenant_of_request(FakeRequest("bob::cmpl-1", "alice")) == "alice"  # extra_args wins
+    assert tenant_of_request(FakeRequest("x", extra_args={"tenant": "t1"}), key="tenant") == "t1"
     no_params = FakeRequest("x")
     no_params.sampling_params = None  # pooling requests
-    assert client_of_request(no_params) == DEFAULT_TENANT
+    assert tenant_of_request(no_params) == DEFAULT_TENANT
 
     q = make_queue()
     q.add_request(FakeRequest("r1"))
     q.add_request(FakeRequest("r2", "alice"))
     assert set(q.accounts()) == {DEFAULT_TENANT, "alice"}
+
+
+def test_tenant_sources_in_order_the_adapter_by_default_after_xargs():
+    named = FakeRequest("bob::1", "alice", lora=("sql", 3))
+    adapter = FakeRequest("bob::2", lora=("sql", 3))
+    assert [tenant_of_request(r) for r in (named, adapter, FakeRequest("bob::3"))] == ["alice", "sql", "bob"]
+    assert tenant_of_request(FakeRequest("x", lora=(" ", 3))) == DEFAULT_TENANT  # a blank name names nothing
+    lora_first = parse_sources("lora, xargs", "FAIRSERVE_TENANT_FROM")
+    assert lora_first == ("lora", "xargs") and parse_sources("", "X") == ("xargs", "lora", "id")
+    assert tenant_of_request(named, sources=lora_first) == "sql"
+    assert tenant_of_request(FakeRequest("bob::4"), sources=lora_first) == DEFAULT_TENANT  # ids not asked
+    for bad in ("xargs,header", "id,id", "lora,"):
+        with pytest.raises(ValueError, match="FAIRSERVE_TENANT_FROM"):
+            parse_sources(bad, "FAIRSERVE_TENANT_FROM")
+    assert lora_id(adapter) == 3 and lora_id(named) == 3 and lora_id(FakeRequest("x")) == 0
+
+
+def test_tenant_paths_give_each_group_its_share():
+    q = make_queue()
+    for i in range(6):
+        for user in ("u1", "u2", "u3"):
+            q.add_request(FakeRequest(f"big/{user}-{i}", f"big/{user}", prompt=10, max_tokens=0))
+        q.add_request(FakeRequest(f"small/u1-{i}", "small/u1", prompt=10, max_tokens=0))
+    order = drain_order(q, 12)  # "big/u1-0" -> "big/u1"
+    assert order.count("small/u1") == 6, order  # half of the service, against three users in the other group
+    view = q.engine_queue.view()
+    assert view.groups["big"].service == view.groups["small"].service == 60.0
+
+
+def test_a_request_runs_at_the_priority_it_names_only_if_its_tenant_allows_it():
+    q = make_queue(priorities={"free": 1}, allowed={"pro/a": frozenset({0, 2})})
+    x = FakeRequest("x", "pro/a", priority=2)  # allowed: runs at 2
+    y = FakeRequest("y", "pro/a", priority=1)  # not allowed: runs at its own level, 0
+    z = FakeRequest("z", "free/b")  # names 0 (vLLM's default): not allowed, runs at its group's 1
+    for r in (x, y, z):
+        q.add_request(r)
+    assert [r.priority for r in (x, y, z)] == [2, 0, 1]  # written back: what vLLM's preemption reads
+    assert [q.pop_request().request_id for _ in range(3)] == ["y", "z", "x"]
+    y.status, y.num_preemptions = Status.PREEMPTED, 1
+    q.prepend_request(y)  # preempted: back at its level, first
+    q.add_request(FakeRequest("w", "free/b"))
+    assert q.pop_request() is y
+
+
+def test_a_tenant_that_cannot_be_one_is_queued_as_the_default_tenant_without_a_scheduler():
+    q = make_queue()
+    q.add_request(FakeRequest("a-0", "org/team"))
+    q.add_request(FakeRequest("a-1", "org"))  # a group's name
+    q.add_request(FakeRequest("a-2", "a//b"))
+    assert set(q.accounts()) == {"org/team", DEFAULT_TENANT} and q.accounts()[DEFAULT_TENANT].queued == 2
+    refused: list[str] = []
+    q.on_refused = refused.append  # what the scheduler does: vLLM fails them
+    q.add_request(FakeRequest("a-3", "org/team/x"))  # through a tenant
+    assert refused == ["a-3"] and len(q) == 3
+    assert path_problem("a/" * MAX_DEPTH + "a") and path_problem("x" * 300) and path_problem("/a")
+    assert path_problem("a/b c/d") is None and path_problem(f"{DEFAULT_TENANT}/x")
+
+
+# ---- the pass's hold (the LoRA-slot rule) -------------------------------------------------------------------------
+def test_held_requests_are_not_shown_and_come_back_in_place_uncharged():
+    q = make_queue()
+    x, y, z = (FakeRequest(f"t-{n}", "t", lora=(name, i)) for n, (name, i) in enumerate([("a", 1), ("b", 2), ("a", 1)]))
+    u = FakeRequest("u-0", "u", lora=("a", 1))
+    for r in (x, y, z, u):
+        q.add_request(r)
+    q.hold_back(lambda r: lora_id(r) == 1)
+    assert q and q.peek_request() is y  # x (first) is held back, the policy's order otherwise
+    skipped = [q.pop_request()]  # vLLM skips y (say its LoRA gets no slot)
+    assert not q and len(q) == 0  # every other request is held: vLLM sees an empty queue
+    with pytest.raises(IndexError):
+        q.peek_request()
+    q.prepend_requests(skipped)
+    q.end_pass()
+    assert len(q) == 4 and service(q) == {"t": 0.0, "u": 0.0} and q.ledger.counters == {"t": 0.0, "u": 0.0}
+    assert [q.pop_request().request_id for _ in range(4)] == ["t-0", "u-0", "t-1", "t-2"]  # as before the pass
+
+
+def test_the_hold_is_bounded_per_pass_and_a_held_request_can_be_cancelled(monkeypatch):
+    monkeypatch.setattr(vllm_queue, "MAX_HELD", 2)
+    q = make_queue()
+    held = [FakeRequest(f"a-{i}", "a", lora=("a", 1)) for i in range(3)]
+    for r in (*held, FakeRequest("base-0", "base")):
+        q.add_request(r)
+    q.hold_back(lambda r: lora_id(r) == 1)
+    assert q.peek_request().request_id == "base-0"  # a-0 is held (its tenant was first), then base's turn
+    q.pop_request()
+    assert not q  # a-1 held too; a-2 would be the third: the pass ends here
+    q.remove_requests([held[0]])  # aborted while held
+    q.end_pass()
+    assert [r.request_id for r in q] and len(q) == 2 and q.accounts()["a"].running == 0
+    assert q.pop_request() is held[1] and service(q)["a"] == 10.0
 
 
 def test_known_request_added_again_is_a_requeue_and_unknown_prepend_is_an_arrival():
@@ -322,3 +416,43 @@ def test_config_from_env():
         VTCConfig.from_env({"FAIRSERVE_POLICY": "nope"}).make_policy()
     with pytest.raises(ValueError, match="rejects requests"):
         VTCConfig.from_env({"FAIRSERVE_POLICY": "rpm:5"}).make_policy()
+
+
+def test_config_of_the_tree_priorities_sources_and_lora_rule():
+    cfg = VTCConfig.from_env(
+        {
+            "FAIRSERVE_WEIGHTS": "pro=3,pro/acme=2",
+            "FAIRSERVE_PRIORITIES": "free=1, pro=0",
+            "FAIRSERVE_ALLOWED_PRIORITIES": "pro/acme/x=0|1, anonymous=0|1|2",
+            "FAIRSERVE_TENANT_FROM": "lora,xargs",
+            "FAIRSERVE_LORA_WAIT_STEPS": "5",
+        }
+    )
+    assert cfg.priorities == {"free": 1, "pro": 0} and cfg.allowed == {"pro/acme/x": {0, 1}, "anonymous": {0, 1, 2}}
+    assert cfg.tenant_from == ("lora", "xargs") and cfg.lora_wait == 5 and cfg.uses_priorities
+    ledger = VTCRequestQueue.from_config(cfg).ledger
+    assert ledger.groups["pro"].weight == 3 and ledger.allowed_priorities("anonymous") == {0, 1, 2}
+    cfg.check_engine("priority")
+    with pytest.raises(ValueError, match="--scheduling-policy priority"):
+        cfg.check_engine("fcfs")
+    plain = VTCConfig.from_env({})
+    assert (
+        plain.lora_wait == 32
+        and not plain.uses_priorities
+        and VTCConfig.from_env({"FAIRSERVE_LORA_WAIT_STEPS": "off"}).lora_wait is None
+    )
+    plain.check_engine("fcfs")
+    bad = {
+        "FAIRSERVE_PRIORITIES": "free=high",
+        "FAIRSERVE_ALLOWED_PRIORITIES": "a=",
+        "FAIRSERVE_TENANT_FROM": "xargs,cookie",
+        "FAIRSERVE_LORA_WAIT_STEPS": "-1",
+    }
+    for name, value in [*bad.items(), ("FAIRSERVE_ALLOWED_PRIORITIES", "a=0|x"), ("FAIRSERVE_LORA_WAIT_STEPS", "soon")]:
+        with pytest.raises(ValueError, match=name):
+            VTCConfig.from_env({name: value})
+    with pytest.raises(ValueError, match="does not order by priority"):
+        VTCConfig.from_env({"FAIRSERVE_POLICY": "fcfs", "FAIRSERVE_PRIORITIES": "a=1"})
+    conflict = VTCConfig.from_env({"FAIRSERVE_WEIGHTS": "pro/a=2", "FAIRSERVE_ALLOWED_PRIORITIES": "pro=0|1"})
+    with pytest.raises(ValueError, match="FAIRSERVE_ALLOWED_PRIORITIES: 'pro' is a group"):
+        VTCRequestQueue.from_config(conflict)

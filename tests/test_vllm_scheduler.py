@@ -3,6 +3,7 @@ installed, the real classes."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections import deque
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from fairserve.engines.vllm_scheduler import SCHEDULER_PATH, VTCRequestQueue, sc
 # ---- the scheduler subclass over fakes of vLLM's Scheduler and AsyncScheduler -----------------------------------
 class FakeScheduler:
     """The parts of vllm.v1.core.sched.scheduler.Scheduler (0.33) the subclass hooks into, reduced to one
-    request per slot and one token per decode step."""
+    request per slot and one token per decode step; LoRA slots checked as vLLM's waiting loop does."""
 
     def __init__(
         self, vllm_config, kv_cache_config=None, structured_output_manager=None, block_size=16, **kwargs
@@ -25,7 +26,10 @@ class FakeScheduler:
         self.waiting: deque = deque()  # stands in for FCFSRequestQueue; replaced by the subclass
         self.running: list = []
         self.requests: dict = {}
+        self.ended: dict = {}  # the requests finish_requests ended, by id
         self.max_running = vllm_config.max_running
+        self.lora_config = vllm_config.lora_config
+        self.grammar_compile_error_reqs: set[str] = set()  # failed (FINISHED_ERROR) at the next update_from_output
         self.zero_tokens: set[str] = set()  # ids that get 0 new tokens this pass (e.g. the token budget is spent)
         self.skips_zero_token_head = True  # vLLM 0.33 skips such a request; 0.32 stops admitting
 
@@ -38,13 +42,25 @@ class FakeScheduler:
         for r in self.running:
             scheduled[r.request_id] = 1
         skipped: deque = deque()
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request}
         while self.waiting and len(self.running) < self.max_running:
-            if self.waiting.peek_request().request_id in self.zero_tokens:
+            head = self.waiting.peek_request()
+            if head.request_id in self.zero_tokens:
                 if not self.skips_zero_token_head:
                     break
                 skipped.appendleft(self.waiting.pop_request())  # 0.33's skip_request
                 continue
+            if (
+                self.lora_config
+                and head.lora_request
+                and len(loras) == self.lora_config.max_loras
+                and head.lora_request.lora_int_id not in loras
+            ):
+                skipped.appendleft(self.waiting.pop_request())  # "Scheduling would exceed max_loras, skip."
+                continue
             r = self.waiting.pop_request()
+            if r.lora_request:
+                loras.add(r.lora_request.lora_int_id)
             self.running.append(r)
             scheduled[r.request_id] = r.num_prompt_tokens - r.num_computed_tokens
             r.num_computed_tokens = r.num_prompt_tokens
@@ -71,11 +87,17 @@ class FakeScheduler:
                 self._free_request(r)
                 done.append(r)
         self.running = [r for r in self.running if r not in done]
+        if self.grammar_compile_error_reqs:
+            failed = sorted(self.grammar_compile_error_reqs)
+            self.grammar_compile_error_reqs.clear()
+            self.finish_requests(failed, Status.FINISHED_ERROR)
+            done += [self.ended[rid] for rid in failed]
         return {0: [r.request_id for r in done]}
 
     def finish_requests(self, request_ids, status) -> None:
         for rid in request_ids:
             r = self.requests[rid]
+            self.ended[rid] = r
             if r.status == Status.RUNNING:
                 self.running.remove(r)
             else:
@@ -91,8 +113,14 @@ class FakeAsyncScheduler(FakeScheduler):
     pass
 
 
-def config(async_scheduling: bool | None, max_running: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling), max_running=max_running)
+def config(
+    async_scheduling: bool | None, max_running: int = 1, policy: str = "fcfs", max_loras: int | None = None
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling, policy=policy),
+        max_running=max_running,
+        lora_config=None if max_loras is None else SimpleNamespace(max_loras=max_loras),
+    )
 
 
 def step(s, tokens: int = 1) -> dict:
@@ -103,8 +131,9 @@ def step(s, tokens: int = 1) -> dict:
 
 @pytest.fixture
 def classes(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("FAIRSERVE_")]:
+        monkeypatch.delenv(name)
     monkeypatch.setenv("FAIRSERVE_POLICY", "vtc")
-    monkeypatch.delenv("FAIRSERVE_WEIGHTS", raising=False)
     return scheduler_classes(FakeScheduler, FakeAsyncScheduler)
 
 
@@ -177,6 +206,125 @@ def test_head_with_no_tokens_this_pass_is_not_charged(classes, skips):
     s.zero_tokens = set()
     out = s.schedule()
     assert "h-0" in out.num_scheduled_tokens and s.fairserve.ledger.service["heavy"] == 100.0  # charged once
+
+
+def run(s, max_steps: int = 500) -> list[str]:
+    """Step until every request is done; the admission order."""
+    admitted: list[str] = []
+    for _ in range(max_steps):
+        out = s.schedule()
+        admitted += [rid for rid in out.num_scheduled_tokens if rid not in admitted]
+        s.update_from_output(out, SimpleNamespace(sampled={rid: [0] for rid in out.num_scheduled_tokens}))
+        if not s.requests:
+            return admitted
+    raise AssertionError("the scheduler did not finish")
+
+
+def adapter_backlogs(s, base: int = 0) -> None:
+    """Adapter a's 8 requests of uneven lengths (a always has one running: it keeps the one slot), b's 4."""
+    for i in range(8):
+        s.add_request(FakeRequest(f"a-{i}", prompt=10, max_tokens=3 + (5 * i) % 7, lora=("a", 1)))
+    for i in range(4):
+        s.add_request(FakeRequest(f"b-{i}", prompt=10, max_tokens=4, lora=("b", 2)))
+    for i in range(base):
+        s.add_request(FakeRequest(f"base-{i}", "base", prompt=10, max_tokens=4))
+
+
+def test_without_the_lora_slot_rule_the_lowest_counter_adapter_starves(classes, monkeypatch):
+    monkeypatch.setenv("FAIRSERVE_LORA_WAIT_STEPS", "off")
+    vtc, _ = classes
+    s = vtc(config(True, max_running=2, max_loras=1))
+    adapter_backlogs(s)
+    order = run(s)
+    # b has the smaller counter from the second admission on, yet waits for all of a: a never leaves the slot
+    assert max(order.index(f"a-{i}") for i in range(8)) < min(order.index(f"b-{i}") for i in range(4)), order
+    assert s.fairserve_slots.held_steps == 0
+
+
+def test_the_lora_slot_rule_serves_both_adapters_in_turns(classes, monkeypatch):
+    monkeypatch.setenv("FAIRSERVE_LORA_WAIT_STEPS", "1")
+    vtc, _ = classes
+    s = vtc(config(True, max_running=2, max_loras=1))
+    adapter_backlogs(s)
+    order = run(s)
+    assert s.fairserve_slots.held_steps > 0
+    assert order == ["a-0", "a-1", "b-0", "b-1", "b-2", "b-3", "a-2", "a-3", "a-4", "a-5", "a-6", "a-7"]
+    acc = s.fairserve_accounts()  # held requests were put back uncharged: every request charged once
+    assert set(acc) == {"a", "b"}  # the adapters are the tenants (nothing else named one)
+    assert acc["a"].service == sum(10 + 2 * (3 + (5 * i) % 7) for i in range(8))
+    assert acc["b"].service == 4 * (10 + 2 * 4) and acc["a"].queued == acc["b"].running == 0
+
+
+def test_base_model_requests_are_not_held_back(classes, monkeypatch):
+    monkeypatch.setenv("FAIRSERVE_LORA_WAIT_STEPS", "0")
+    vtc, _ = classes
+    s = vtc(config(True, max_running=3, max_loras=1))
+    for i, tokens in enumerate((2, 8, 8, 2)):
+        s.add_request(FakeRequest(f"a-{i}", prompt=10, max_tokens=tokens, lora=("a", 1)))
+    s.add_request(FakeRequest("b-0", prompt=10, max_tokens=2, lora=("b", 2)))
+    step(s)  # a-0, a-1, a-2 run; b-0 blocked at the head
+    s.add_request(FakeRequest("base-0", "base", prompt=10, max_tokens=2))
+    order = run(s)  # a-0 ends first: room for one
+    assert order[3:] == ["base-0", "b-0", "a-3"], order  # a-3 held back until b had its turn; base-0 was not
+
+
+def test_the_rule_waits_k_steps_and_lets_go(classes, monkeypatch):
+    monkeypatch.setenv("FAIRSERVE_LORA_WAIT_STEPS", "3")
+    vtc, _ = classes
+    s = vtc(config(True, max_running=2, max_loras=1))
+    adapter_backlogs(s)
+    slots = s.fairserve_slots
+    blocked = []
+    while s.requests:
+        step(s)
+        blocked.append(slots.blocked)
+        if any(r.request_id.startswith("b-") for r in s.running):
+            break
+    assert blocked[:4] == [1, 2, 3, 4]  # b blocked at the head from the first step; held back a after 3
+    assert slots.held_steps >= 1 and not slots.holding  # b holds the slot: the rule let go
+
+
+def test_priorities_need_vllms_priority_scheduling_policy(classes, monkeypatch):
+    vtc, _ = classes
+    vtc(config(True, policy="fcfs"))  # no priorities: either policy
+    monkeypatch.setenv("FAIRSERVE_ALLOWED_PRIORITIES", "a=0|1")
+    with pytest.raises(ValueError, match="--scheduling-policy priority"):
+        vtc(config(True, policy="fcfs"))
+    assert vtc(config(True, policy="priority")).fairserve.ledger.allowed_priorities("a") == {0, 1}
+
+
+def test_priority_levels_are_strict_and_vllm_sees_the_level_a_request_runs_at(classes, monkeypatch):
+    monkeypatch.setenv("FAIRSERVE_PRIORITIES", "free=1")
+    monkeypatch.setenv("FAIRSERVE_ALLOWED_PRIORITIES", "pro/hi=0|1,lo=0|1")
+    vtc, _ = classes
+    s = vtc(config(True, max_running=1, policy="priority"))
+    s.add_request(FakeRequest("hi-0", "pro/hi", prompt=100, max_tokens=1))
+    run(s)  # pro/hi's counter: 102
+    lo = [FakeRequest(f"lo-{i}", "lo", prompt=10, max_tokens=1, priority=1) for i in range(3)]
+    hi = [FakeRequest(f"hi-{i}", "pro/hi", prompt=10, max_tokens=1) for i in range(1, 3)]  # priority 0
+    free = FakeRequest("free-0", "free/bob", prompt=1, max_tokens=1)  # names 0 (vLLM's default): not allowed
+    for r in (*lo, free, *hi):
+        s.add_request(r)
+    assert free.priority == 1 and [r.priority for r in lo] == [1, 1, 1]  # what vLLM's preemption reads
+    order = run(s)
+    # pro/hi has the highest counter, and is served first: the better level. At level 0, free/bob's counter (0)
+    # would have put it first
+    assert order[:2] == ["hi-1", "hi-2"] and set(order[2:]) == {"free-0", "lo-0", "lo-1", "lo-2"}, order
+
+
+def test_a_tenant_that_cannot_be_one_fails_its_request(classes):
+    vtc, _ = classes
+    s = vtc(config(True, max_running=2))
+    s.add_request(FakeRequest("ok-0", "org/team", prompt=5, max_tokens=1))
+    bad = [FakeRequest("bad-0", "org", max_tokens=1), FakeRequest("bad-1", "org/team/x"), FakeRequest("bad-2", "a//b")]
+    for r in bad:
+        s.add_request(r)
+    assert s.grammar_compile_error_reqs == {"bad-0", "bad-1", "bad-2"} and len(s.waiting) == 1
+    done = step(s)
+    assert set(done[0]) == {"ok-0", "bad-0", "bad-1", "bad-2"}
+    assert all(r.status == Status.FINISHED_ERROR for r in bad) and not s.requests
+    view = s.fairserve.engine_queue.view()
+    assert set(view.tenants) == {"org/team"} and view.groups["org"].service == 5 + 2
 
 
 # ---- the real thing, where vLLM is installed ---------------------------------------------------------------------

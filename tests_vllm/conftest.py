@@ -62,3 +62,12 @@ def engines(model_dir):
     pool = Engines(model_dir)
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="session")
+def adapters(tmp_path_factory) -> dict[str, Path]:
+    """Two random LoRA adapters of the test model, written here (nothing is downloaded)."""
+    import vllm_cpu_model
+
+    root = tmp_path_factory.mktemp("lora")
+    return {name: vllm_cpu_model.lora_adapter(root / name, seed) for name, seed in (("a", 1), ("b", 2))}

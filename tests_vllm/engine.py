@@ -12,31 +12,59 @@ from typing import Any
 from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH
 
 W_P, W_Q = 1.0, 2.0  # FAIRSERVE_WP / FAIRSERVE_WQ defaults
+LORA: dict[str, Any] = {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
 
 
 @dataclass(frozen=True)
 class Job:
     rid: str
-    client: str
+    client: str | None  # None: named by nothing but its adapter (if any)
     prompt: int  # prompt tokens
     max_tokens: int
+    priority: int = 0  # vLLM's request priority
+    at_step: int = 0  # added before this engine step (0: before the first)
+    lora: str | None = None  # the LoRA adapter's name (a key of `drive`'s `loras`)
+    seed: int | None = None  # of the prompt's tokens; default: the job's position
 
 
 @dataclass
 class Run:
     finished_at: dict[str, int] = field(default_factory=dict)  # request id -> engine step it finished in
     outputs: dict[str, int] = field(default_factory=dict)  # request id -> output tokens produced
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> the output token ids
+    admitted: list[str] = field(default_factory=list)  # request ids in the order vLLM first scheduled them
+    admitted_at: dict[str, int] = field(default_factory=dict)  # request id -> the engine step that was
+    priority: dict[str, int] = field(default_factory=dict)  # request id -> vLLM's `priority` once it was queued
+    preempted: dict[str, int] = field(default_factory=dict)  # request id -> times vLLM preempted it
     steps: int = 0
     preemptions: int = 0
     service_at: list[dict[str, float]] = field(default_factory=list)  # each client's service after each step
+    queued_at: list[dict[str, int]] = field(default_factory=list)  # each client's queued requests after each step
+    counter_at: list[dict[str, float]] = field(default_factory=list)  # each node's counter (groups too) after each
 
 
 # engine settings: small batches, so requests queue; name -> (VTC?, extra LLM arguments, environment)
 CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
-    "vtc": (True, {}, {"FAIRSERVE_WEIGHTS": "w2=2"}),
+    # priorities need vLLM's priority scheduling policy (its preemption victims): the tenants below may name 0 or 1
+    "vtc": (
+        True,
+        {"scheduling_policy": "priority"},
+        {
+            "FAIRSERVE_WEIGHTS": "w2=2",
+            "FAIRSERVE_PRIORITIES": "free=1",
+            "FAIRSERVE_ALLOWED_PRIORITIES": "prio-hi=0|1",
+        },
+    ),
     "default": (False, {}, {}),
     # 7 usable blocks of 32 tokens: a few long requests cannot all stay resident, vLLM preempts
-    "tiny-kv": (True, {"num_gpu_blocks_override": 8, "block_size": 32, "max_model_len": 128}, {}),
+    "tiny-kv": (
+        True,
+        {"num_gpu_blocks_override": 8, "block_size": 32, "max_model_len": 128, "scheduling_policy": "priority"},
+        {"FAIRSERVE_PRIORITIES": "vic-lo=1"},
+    ),
+    # one LoRA slot for the adapters of the tests (tests_vllm/test_lora.py); the tenant is the adapter
+    "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),  # test_lora.K
+    "lora-default": (False, LORA, {}),
 }
 
 
@@ -88,22 +116,39 @@ def prompt_ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n)]
 
 
-def drive(llm: Any, jobs: Iterable[Job], abort: dict[str, int] | None = None, max_steps: int = 5000) -> Run:
-    """Add every job (in order) to the engine, then step it until all are done. `abort`: request id -> the step
-    after which it is aborted (as vLLM does when a client goes away)."""
+def drive(
+    llm: Any,
+    jobs: Iterable[Job],
+    abort: dict[str, int] | None = None,
+    max_steps: int = 5000,
+    loras: dict[str, Any] | None = None,
+) -> Run:
+    """Add the jobs to the engine (in order, each before its `at_step`) and step it until all are done. `abort`:
+    request id -> the step after which it is aborted (as vLLM does when a client goes away); `loras`: adapter name
+    -> vLLM's `LoRARequest`."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
     sched = scheduler_of(llm)
     run = Run()
-    for i, job in enumerate(jobs):
-        params = SamplingParams(
-            max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0, extra_args={CLIENT_ARG: job.client}
-        )
-        engine.add_request(job.rid, {"prompt_token_ids": prompt_ids(job.prompt, i)}, params)
+    pending = list(enumerate(jobs))
     abort = dict(abort or {})
+    ids: dict[str, str] = {}  # vLLM's engine-core request id ("<id>-<8 hex>") -> the job's
     preempted: dict[str, int] = {}
-    produced: dict[str, int] = {}  # output tokens so far (vLLM's engine core keys requests by an internal id)
+    produced: dict[str, int] = {}  # output tokens so far
+
+    def add_due() -> None:  # the jobs due before the next step
+        while pending and pending[0][1].at_step <= run.steps + 1:
+            i, job = pending.pop(0)
+            extra = {} if job.client is None else {CLIENT_ARG: job.client}
+            params = SamplingParams(max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0, extra_args=extra)
+            prompt = {"prompt_token_ids": prompt_ids(job.prompt, i if job.seed is None else job.seed)}
+            lora = None if job.lora is None else (loras or {})[job.lora]
+            engine.add_request(job.rid, prompt, params, lora_request=lora, priority=job.priority)
+        for rid, req in sched.requests.items():
+            if rid not in ids:
+                ids[rid] = rid.rsplit("-", 1)[0]
+                run.priority[ids[rid]] = req.priority  # as the scheduler left it once queued
 
     def abort_due() -> None:
         for rid, step in list(abort.items()):
@@ -112,21 +157,44 @@ def drive(llm: Any, jobs: Iterable[Job], abort: dict[str, int] | None = None, ma
                 engine.abort_request([rid])
                 del abort[rid]
 
-    abort_due()  # step 0: before the first step, still waiting
-    while engine.has_unfinished_requests():
-        run.steps += 1
-        if run.steps > max_steps:
-            raise AssertionError(f"the engine did not finish in {max_steps} steps")
-        for out in engine.step():
-            produced[out.request_id] = len(out.outputs[0].token_ids)
-            if out.finished and out.request_id not in run.outputs:
-                run.finished_at[out.request_id] = run.steps
-                run.outputs[out.request_id] = len(out.outputs[0].token_ids)
-        for rid, req in sched.requests.items():
-            preempted[rid] = max(preempted.get(rid, 0), req.num_preemptions)
-        abort_due()
-        if hasattr(sched, "fairserve"):
-            run.service_at.append(dict(sched.fairserve.ledger.service))
+    schedule = sched.schedule
+
+    def recording_schedule(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        for new in out.scheduled_new_reqs:
+            rid = ids.get(new.req_id, new.req_id)
+            if rid not in run.admitted_at:
+                run.admitted.append(rid)
+                run.admitted_at[rid] = run.steps
+        return out
+
+    sched.schedule = recording_schedule
+    try:
+        add_due()
+        abort_due()  # step 0: before the first step, still waiting
+        while pending or engine.has_unfinished_requests():
+            run.steps += 1
+            if run.steps > max_steps:
+                raise AssertionError(f"the engine did not finish in {max_steps} steps")
+            for out in engine.step():
+                produced[out.request_id] = len(out.outputs[0].token_ids)
+                if out.finished and out.request_id not in run.outputs:
+                    run.finished_at[out.request_id] = run.steps
+                    run.outputs[out.request_id] = len(out.outputs[0].token_ids)
+                    run.tokens[out.request_id] = list(out.outputs[0].token_ids)
+            for rid, req in sched.requests.items():
+                job_id = ids.get(rid, rid)
+                preempted[job_id] = max(preempted.get(job_id, 0), req.num_preemptions)
+            abort_due()
+            if hasattr(sched, "fairserve"):
+                view = sched.fairserve.engine_queue.view()
+                run.service_at.append({t: v.service for t, v in view.tenants.items()})
+                run.queued_at.append({t: v.queued for t, v in view.tenants.items()})
+                run.counter_at.append({t: v.counter for t, v in (view.tenants | view.groups).items()})
+            add_due()
+    finally:
+        del sched.schedule
+    run.preempted = {rid: n for rid, n in preempted.items() if n}
     run.preemptions = sum(preempted.values())
     return run
 

@@ -55,7 +55,12 @@ def stop(proc: subprocess.Popen) -> None:
 def vllm_server(model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="INFO")
+    env = dict(
+        os.environ,
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        VLLM_LOGGING_LEVEL="INFO",
+        FAIRSERVE_ALLOWED_PRIORITIES="srv/mixed=1|2",
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -78,6 +83,8 @@ def vllm_server(model_dir, tmp_path_factory):
         "--dtype",
         "float32",
         "--no-enable-prefix-caching",
+        "--scheduling-policy",
+        "priority",
     ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -128,13 +135,22 @@ def test_openai_server_takes_the_client_from_vllm_xargs(vllm_server):
     assert "waiting queue ordered by vtc" in log.read_text()
     named = asyncio.run(
         completion_order(
-            url, {"vllm_xargs": {"fairserve_client": "srv-heavy"}}, {"vllm_xargs": {"fairserve_client": "srv-light"}}
+            url, {"vllm_xargs": {"fairserve_client": "srv/heavy"}}, {"vllm_xargs": {"fairserve_client": "srv/light"}}
         )
     )
     # without xargs every request is the client "default": the same server serves them first come, first served
     anonymous = asyncio.run(completion_order(url, {}, {}))
     assert light_median_position(named) < 6, named  # before most of the 10 heavy requests
     assert light_median_position(anonymous) >= 10, anonymous  # after all of them
+
+
+def test_openai_server_honours_the_priority_a_tenant_may_name(vllm_server):
+    """One tenant (FAIRSERVE_ALLOWED_PRIORITIES=srv/mixed=1|2): its backlog at priority 2 (the body's `priority`),
+    then two requests at 1 (vLLM's `X-Vllm-Priority` header), which overtake the backlog's waiting requests."""
+    url, _ = vllm_server
+    mixed = {"vllm_xargs": {"fairserve_client": "srv/mixed"}}
+    order = asyncio.run(completion_order(url, mixed | {"priority": 2}, mixed, headers_light={"X-Vllm-Priority": "1"}))
+    assert light_median_position(order) < 6, order  # one tenant: without priorities, first come, first served
 
 
 # ---- gateway -> real vLLM, the tenant named to the engine -----------------------------------------------------------
@@ -179,7 +195,7 @@ def test_gateway_names_the_tenant_to_the_engine(vllm_server, tmp_path):
             cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src"))
         )
     try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/v1/models", log, timeout=60)
+        wait_ready(proc, f"http://127.0.0.1:{port}/healthz", log, timeout=60)
         # the gateway forwards at once (64 in flight): the order is the engine's, by the tenants it was told
         order = asyncio.run(
             completion_order(

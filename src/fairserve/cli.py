@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .argtypes import positive
 from .core import check_nodes, check_policy, describe, make_cost, parse_priorities, parse_weights
 from .metrics import Summary, summarize, summary_table
@@ -24,7 +25,13 @@ SERVICES = ("emulate", "gateway", "serve", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fairserve", description="Fair sharing of an LLM server among many clients.")
+    p = argparse.ArgumentParser(
+        prog="fairserve",
+        description="Fair sharing of an LLM server among many clients.",
+        epilog="Exit status: 0 done; 1 failed while running; 2 refused to start (bad flags, config or files, a port "
+        "in use, an unreachable target or Redis); 130 interrupted. See the README.",
+    )
+    p.add_argument("--version", action="version", version=f"fairserve {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser(
         "simulate",
@@ -98,8 +105,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The `--options` in `argv` that neither the command nor its subcommand defines (nor abbreviates), so that
+    they are named before argparse complains about a missing required argument."""
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+    chosen = next((t for t in argv if not t.startswith("-")), None)
+    target = subs.choices.get(chosen, parser) if subs is not None and chosen is not None else parser
+    known = [s for a in target._actions for s in a.option_strings]  # noqa: SLF001
+    flags = [t.split("=", 1)[0] for t in argv if t.startswith("--") and t != "--"]
+    return [f for f in flags if not any(k.startswith(f) for k in known)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if unknown := unknown_options(parser, argv):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args = parser.parse_args(argv)
     try:
         if args.command in SERVICES:
@@ -110,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, WorkloadError, ValueError, OSError) as e:
         print(f"fairserve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # NOTE: servers stop on Ctrl-C themselves (after their drain) and return 0
+        print("fairserve: interrupted", file=sys.stderr)
+        return 130
 
 
 def _simulate(args: argparse.Namespace) -> int:

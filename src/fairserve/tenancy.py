@@ -233,7 +233,7 @@ class Accounts(Protocol):
 
 MAX_OWNER_KEYS = 1000  # keys one `POST /admin/owners` may ask about
 
-# NOTE: the page is static and loads nothing but its own two files; the data comes by fetch() with the admin key
+# NOTE: the page is static and loads only its own files; the data comes by fetch() with the admin key
 _PAGE_HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -245,6 +245,7 @@ _ASSETS = {
     "": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard.css": ("dashboard.css", "text/css"),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 
 

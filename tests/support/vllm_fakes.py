@@ -23,7 +23,14 @@ class FakeRequest:
     """The fields of vllm.v1.request.Request the integration reads."""
 
     def __init__(
-        self, rid: str, client: str | None = None, prompt: int = 10, max_tokens: int = 4, extra_args: dict | None = None
+        self,
+        rid: str,
+        client: str | None = None,
+        prompt: int = 10,
+        max_tokens: int = 4,
+        extra_args: dict | None = None,
+        priority: int = 0,
+        lora: tuple[str, int] | None = None,
     ) -> None:
         self.request_id = rid
         args = dict(extra_args or {})
@@ -36,6 +43,8 @@ class FakeRequest:
         self.num_preemptions = 0
         self.arrival_time = 0.0
         self.status = Status.WAITING
+        self.priority = priority  # vLLM's: 0 unless the client names another
+        self.lora_request = None if lora is None else SimpleNamespace(lora_name=lora[0], lora_int_id=lora[1])
         self._output_token_ids: list[int] = []
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import socket
 import threading
@@ -151,6 +152,19 @@ def server_options(
         "timeout_graceful_shutdown": drain_timeout_s,
         "h11_max_incomplete_event_size": max_header_bytes,
     }
+
+
+def check_listen_free(host: str, port: int) -> None:
+    """ValueError with one line if `host:port` cannot be listened on (in use, or not an address of this machine),
+    before a server prints that it listens there."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # NOTE: as uvicorn binds: a TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            why = "the address is already in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+            raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

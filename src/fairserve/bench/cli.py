@@ -23,6 +23,7 @@ from .runner import (
     XARGS_CLIENT_KEY,
     BenchRecord,
     place,
+    preflight,
     resolve_keys,
     run_bench,
 )
@@ -106,7 +107,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--duration", type=positive(float, "a number"), metavar="S", help="keep only the first S workload seconds"
     )
     p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model name to send (default: %(default)s)")
+    p.add_argument(
+        "--model", help=f"model name to send (default: the first the target lists at /v1/models, else {DEFAULT_MODEL})"
+    )
     p.add_argument(
         "--timeout",
         type=positive(float, "a number"),
@@ -127,6 +130,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="KEY",
         help='also name the client in each request body as "vllm_xargs": {KEY: CLIENT} (KEY defaults '
         f"to {XARGS_CLIENT_KEY}), for vLLM with fairserve's scheduler, which sees no API keys",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for the target to answer before the run (a server just started); default 0",
     )
     p.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
     p.add_argument("--plots", metavar="DIR", help="write service_rate.png and response_time.png to DIR")
@@ -170,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
         weights = parse_weights(args.weights) or workload.weights or {}
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
+    pinned = (
+        dict(zip((a.client for a in workload.arrivals), urls, strict=True)) if args.placement == "by-client" else {}
+    )
+    listed = preflight(urls, key_of, pinned, max(0.0, args.wait))
+    model = args.model or (listed[0] if listed else DEFAULT_MODEL)
     print(
         f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
         f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
@@ -182,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
             keys,
             time_scale=args.time_scale,
             endpoint=args.endpoint,
-            model=args.model,
+            model=model,
             timeout_s=args.timeout,
             max_inflight=args.max_inflight,
             xargs_key=args.client_xargs,
@@ -198,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         meta = {
             "target": args.target,
             "endpoint": args.endpoint,
-            "model": args.model,
+            "model": model,
             "workload": workload.name,
             "time_scale": args.time_scale,
             "weights": weights,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,38 @@ def resolve_keys(keys: Mapping[str, str], clients: Iterable[str]) -> dict[str, s
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ValueError(f"no API key for client(s) {shown}; add CLIENT=KEY to --keys or a default *=KEY")
     return {c: keys.get(c, default or "") for c in names}
+
+
+def preflight(
+    urls: Sequence[str], key_of: Mapping[str, str], placement: Mapping[str, str], wait_s: float = 0.0
+) -> list[str]:
+    """Before a run: each target answers `GET /v1/models` with every key sent to it; returns the model ids the first
+    target lists. ValueError with one line when a target cannot be reached (within `wait_s` seconds, to let a server
+    just started come up) or refuses a key (401, 403): a run against it would only count failures."""
+    models: list[str] = []
+    deadline = time.monotonic() + wait_s
+    with httpx.Client(timeout=5.0) as client:
+        for url in dict.fromkeys(urls):
+            base = url.rsplit("/v1/", 1)[0]
+            for name, key in {c: k for c, k in key_of.items() if placement.get(c, url) == url}.items():
+                while True:
+                    try:
+                        r = client.get(base + "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+                        break
+                    except httpx.HTTPError as e:
+                        if time.monotonic() >= deadline:
+                            raise ValueError(
+                                f"cannot reach the target {base}: {_one_line(str(e)) or type(e).__name__}"
+                            ) from None
+                        time.sleep(0.2)
+                if r.status_code in (401, 403):
+                    raise ValueError(
+                        f"the target {base} refused the API key of client {name!r} (HTTP {r.status_code}); check --keys"
+                    )
+                if not models and r.status_code == 200:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        models = [str(m["id"]) for m in r.json()["data"]]
+    return models
 
 
 def endpoint_url(target: str, endpoint: str) -> str:

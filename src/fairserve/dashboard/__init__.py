@@ -52,6 +52,8 @@ class History:
             if now - s.t > RATE_WINDOW_S:
                 break
             first = s
+        if first is None and self.samples:  # NOTE: after a gap: the rate over the gap, not the last one before it
+            first = self.samples[-1]
         rate = None
         if first is not None:
             dt = now - first.t
@@ -92,8 +94,8 @@ def snapshot(
     rows, known = [], set(tenants)
     for t in tenants:
         if t in view.tenants:
-            series = rates.get(t) or [None]
-            rows.append({**view.tenants[t].row(), "rate": series[-1] or 0.0})
+            now = history.samples[-1].rate or {}  # the rate at this sample, never an older one's
+            rows.append({**view.tenants[t].row(), "rate": _round(now.get(t)) or 0.0})
     return {
         "policy": view.policy,
         "tenants": rows,

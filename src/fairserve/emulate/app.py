@@ -8,13 +8,12 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
+from ..api.handlers import install as install_error_handlers
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..api.streaming import EventStream
 from ..core import DEFAULT_TENANT, RequestState
@@ -41,10 +40,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="fairserve emulate", lifespan=lifespan)
     app.state.emulator = emulator
-    app.add_exception_handler(BadRequest, _bad_request)
-    app.add_exception_handler(RequestValidationError, _invalid)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _server_error)
+    install_error_handlers(app, "the emulator")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -60,6 +56,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
     @app.get("/healthz")
     @app.get("/health")
+    @app.get("/livez")
     async def healthz() -> dict:
         return {
             "status": "ok",
@@ -174,26 +171,3 @@ class DroppedResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True})
-
-
-async def _bad_request(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, BadRequest)
-    return error_response(400, exc.message, param=exc.param)
-
-
-async def _invalid(request: Request, exc: Exception) -> Response:
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    first = errors[0] if errors else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    return error_response(
-        400, f"Invalid request: {first.get('msg', 'bad input')}" + (f" ({where})" if where else ""), param=where or None
-    )
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers) if exc.headers else None)
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    return error_response(500, f"Internal error in the emulator ({type(exc).__name__}); see the server log.")

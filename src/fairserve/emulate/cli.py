@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     import uvicorn
 
+    from ..api.server import check_listen_free
     from .app import create_app
 
+    check_listen_free(host, port)
     uvicorn.run(create_app(config), host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
     return 0

@@ -19,7 +19,7 @@ same request holds it across the three (uncontended: ~0.1 µs).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 from ..core import DEFAULT_TENANT, Ledger, LedgerView, Policy, Request, RequestState, TenantView
@@ -46,9 +46,16 @@ class EngineQueue(Generic[T]):
     """Requests waiting in (and admitted by) one engine, in the order of `policy`."""
 
     def __init__(
-        self, policy: Policy, tenants: tuple[str, ...] = (), weights: Mapping[str, float] | None = None
+        self,
+        policy: Policy,
+        tenants: tuple[str, ...] = (),
+        weights: Mapping[str, float] | None = None,
+        priorities: Mapping[str, int] | None = None,
+        allowed: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
-        self.ledger = Ledger(policy, tenants, weights)
+        """Weights and priorities by node path (a tenant or a group); `allowed`: by tenant, the priorities its
+        requests may name (`core.Ledger`)."""
+        self.ledger = Ledger(policy, tenants, weights, priorities=priorities, allowed=allowed)
         self.lock = threading.RLock()
 
     @property
@@ -64,15 +71,22 @@ class EngineQueue(Generic[T]):
         client: str | None = None,
         max_tokens: int | None = None,
         now: float = 0.0,
+        priority: int | None = None,
     ) -> bool:
-        """A new request. False if the policy rejected it (rate limits): the engine should fail it."""
+        """A new request; `priority` is the one it names (the ledger decides the one it runs at, readable as
+        `request(request_id).priority`). False if the policy rejected it (rate limits): the engine should fail it.
+        ValueError if `client` cannot be a tenant of this tree (it names a group, or runs through a tenant)."""
+        req = Request(
+            id=request_id,
+            tenant=client or client_of(request_id),
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            arrival_s=now,
+            priority=priority,
+            item=item,
+        )
         with self.lock:
-            return (
-                self.ledger.arrive(
-                    request_id, client or client_of(request_id), prompt_tokens, max_tokens, now, item=item
-                )
-                is not None
-            )
+            return self.ledger.add(req)
 
     def peek(self) -> T | None:
         """The engine object of the request the policy admits next."""

@@ -153,7 +153,7 @@ class Gateway:
 
 _FAST = {path: kind for kind, path in PATHS.items()}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-_OPEN = frozenset({"/healthz", "/health"})  # what load balancers read: never throttled
+_OPEN = frozenset({"/healthz", "/health", "/livez"})  # what load balancers and probes read: never throttled
 
 
 class _GatewayApp(FastAPI):
@@ -289,6 +289,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def healthz() -> Response:
         status, doc = gw.health_report()
         return JSONResponse(doc, status_code=status)
+
+    # NOTE: liveness is the process alone: /healthz is 503 through a backend outage, which the gateway queues through
+    @app.get("/livez")
+    async def livez() -> dict:
+        return {"status": "ok"}
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -208,10 +208,11 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Config problems raise ValueError with one line."""
     import uvicorn
 
-    from ..api.server import server_options
+    from ..api.server import check_listen_free, server_options
     from .app import create_app
 
     cfg = config_from_args(args)
+    check_listen_free(cfg.host, cfg.port)
     if cfg.state is not None:
         import asyncio
 
@@ -219,13 +220,12 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             asyncio.run(probe(cfg.state))
-        except SharedStateError as e:
-            print(f"fairserve: error: {e}", file=sys.stderr)
-            return 1
+        except SharedStateError as e:  # NOTE: it cannot start: as bad input, exit 2 (README's table)
+            raise ValueError(str(e)) from None
     app = create_app(cfg)  # NOTE: before the banner: a snapshot that cannot be restored stops it here
     print(
-        f"fairserve gateway: {len(cfg.tenants)} tenants, {len(cfg.backends)} backends, policy {cfg.policy}, "
-        f"listening on {cfg.scheme}://{cfg.listen}",
+        f"fairserve gateway: {_n(len(cfg.tenants), 'tenant')}, {_n(len(cfg.backends), 'backend')}, "
+        f"policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",
         file=sys.stderr,
     )
     # NOTE: the gateway's own lines (request ids, cut streams, backends up and down) at the chosen level too
@@ -249,6 +249,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"fairserve: error: TLS: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from ..api.config import Strict, check_listen
 from ..api.config import build_config as _build
@@ -66,8 +66,11 @@ def has_credentials(url: str) -> bool:
 
 class BackendConfig(Strict):
     url: str
-    max_inflight_requests: int = Field(32, ge=1)
-    max_inflight_tokens: int | None = Field(None, ge=1)  # prompt + max_tokens of the requests in flight
+    # NOTE: `max_requests` / `max_tokens`, the flag's names (`--backend URL,max_requests=N`), work in TOML too
+    max_inflight_requests: int = Field(32, ge=1, validation_alias=AliasChoices("max_inflight_requests", "max_requests"))
+    max_inflight_tokens: int | None = Field(
+        None, ge=1, validation_alias=AliasChoices("max_inflight_tokens", "max_tokens")
+    )  # prompt + max_tokens of the requests in flight
     api_key: str | None = None  # sent upstream as `Authorization: Bearer`
     adaptive: bool = False  # limit in-flight requests from the backend's /metrics
     metrics_url: str | None = None  # default: URL/metrics (gateway/capacity.py)

@@ -172,6 +172,12 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
             },
             "/healthz": {"get": health_op},
             "/health": {"get": health_op},
+            "/livez": {
+                "get": {
+                    "summary": "Liveness: 200 while the process answers, whatever the backends' state",
+                    "responses": {"200": _json({"type": "object", "required": ["status"]}, "the process is alive")},
+                }
+            },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics_responses}},
             "/admin/tenants": {
                 "get": {

@@ -16,6 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_body, error_response
+from ..api.handlers import install as install_error_handlers
+from ..api.handlers import unknown_model
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..api.streaming import EventStream
 from ..core import DEFAULT_TENANT, make_policy
@@ -109,6 +111,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         if isinstance(raw, Response):  # 408 (a stalled upload) or 413
             return raw
         call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
+        if (missing := unknown_model(call.model, [cfg.model_name])) is not None:
+            return missing
         input_ids = encode(call)
         if not input_ids:
             raise BadRequest("The prompt is empty.", "messages" if chat else "prompt")
@@ -206,21 +210,19 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         }
         return JSONResponse(body, status_code=200 if why is None else 503)
 
+    # NOTE: a stopped generation loop never restarts itself, so here liveness and readiness agree (minus the detail)
+    @app.get("/livez")
+    async def livez() -> Response:
+        why = engine.failure()
+        return JSONResponse({"status": "ok" if why is None else "failed"}, status_code=200 if why is None else 503)
+
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         if (denied := metrics_denied(request, cfg.metrics_key)) is not None:
             return denied
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, exc: BadRequest) -> Response:
-        return error_response(400, exc.message, param=exc.param)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        log.error("unexpected error on %s %s: %r", request.method, request.url.path, exc)
-        return error_response(500, f"internal error ({type(exc).__name__}); see the server log", code="internal_error")
-
+    install_error_handlers(app, "fairserve serve")
     return app
 
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     import uvicorn
 
-    from ..api.server import server_options
+    from ..api.server import check_listen_free, server_options
     from ..engines.hf_models import ModelError
 
     try:
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelError as e:
         raise ValueError(str(e)) from None
     tenants = f"{len(cfg.tenants)} tenants" if cfg.tenants else f"no API keys (one tenant {DEFAULT_TENANT!r})"
+    check_listen_free(cfg.host, cfg.port)
     print(
         f"fairserve serve: {cfg.engine} engine, model {cfg.model}, policy {cfg.policy}, {tenants}, "
         f"KV pool {cfg.num_blocks * cfg.page_size} tokens, listening on http://{cfg.listen}",

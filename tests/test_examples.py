@@ -1,0 +1,38 @@
+"""The example configurations in examples/ load as they are (a typo in one fails here, not on a user's machine)."""
+
+from pathlib import Path
+
+from fairserve.gateway.config import load_config as load_gateway
+from fairserve.serve.config import load_config as load_serve
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_the_gateway_example():
+    cfg = load_gateway(EXAMPLES / "gateway.toml")
+    assert [t.name for t in cfg.tenants] == ["search", "chatbot", "batch"] and cfg.weights()["search"] == 2
+    assert len(cfg.backends) == 2 and cfg.metrics_key and cfg.state is None
+
+
+def test_the_replicas_example():
+    cfg = load_gateway(EXAMPLES / "replicas.toml", {"listen": "127.0.0.1:8082"})
+    assert cfg.state == "redis://127.0.0.1:6379/0" and cfg.listen == "127.0.0.1:8082"
+
+
+def test_the_serve_example():
+    cfg = load_serve(EXAMPLES / "serve.toml")
+    assert cfg.model == "tiny-random" and cfg.num_blocks * cfg.page_size == 16384 and len(cfg.tenants) == 2
+
+
+def test_every_example_is_tested():
+    assert {p.name for p in EXAMPLES.glob("*.toml")} == {"gateway.toml", "replicas.toml", "serve.toml"}
+
+
+def test_a_backend_takes_the_flags_names_in_toml_too(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text(
+        'tenants = [{ name = "a", api_keys = ["k"] }]\n'
+        'backends = [{ url = "http://127.0.0.1:8001", max_requests = 5, max_tokens = 900 }]\n'
+    )
+    backend = load_gateway(path).backends[0]
+    assert (backend.max_inflight_requests, backend.max_inflight_tokens) == (5, 900)
