@@ -125,6 +125,7 @@ class SharedState:
         # smallest first; while one of them is smaller than this replica's head, this replica does not admit
         self._starved: list[tuple[float, str]] = []
         self._sent_starved = False  # the last sync reported this replica starved
+        self._gained = False  # the last answer grew a lease: a replica starved again may sync early again
         # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
         # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
         self._token = uuid.uuid4().hex[:12]
@@ -243,13 +244,13 @@ class SharedState:
 
     def waiting(self) -> None:
         """The scheduler dispatched: sync early when that can move capacity, that is when this replica has become
-        starved (its head may be admitted, no lease has room, and the last sync did not say so), or when it holds
-        lease room it cannot use while other replicas wait."""
+        starved (its head may be admitted, no lease has room, and the last sync did not say so or its answer grew
+        a lease: never back to back for nothing), or when it holds lease room it cannot use while others wait."""
         if not self.up or self._wake.is_set():
             return
         head = self.ledger.peek()
         if head is not None and self.may_admit(head):
-            if not self._sent_starved and any(
+            if (not self._sent_starved or self._gained) and any(
                 b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
                 for b in self.backends
             ):
@@ -343,6 +344,7 @@ class SharedState:
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
         reset = self._unanswered is not None and self._unanswered[4]
+        before = [(b.limit, b.token_limit or 0) for b in self.backends]
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
@@ -359,6 +361,9 @@ class SharedState:
         self._unanswered = None
         self._seed = {}
         self._apply(reply, snap, reset)
+        self._gained = any(
+            b.limit > r or (b.token_limit or 0) > t for b, (r, t) in zip(self.backends, before, strict=True)
+        )
         if not self.up and self.last_sync:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
