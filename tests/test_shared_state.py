@@ -138,6 +138,14 @@ async def eventually(read, timeout_s: float = 5.0):
     return value
 
 
+async def until(condition, timeout_s: float = 5.0) -> None:
+    """Wait until `condition()` holds, within a bound."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
     async def main():
         async with started(redis, limits=((1, None),), tenants=("x", "y", "z")) as (a, b):
@@ -214,6 +222,25 @@ def test_a_replica_waiting_for_capacity_syncs_at_its_interval_not_back_to_back(r
             await asyncio.sleep(0.5)
             assert b.ledger.num_queued == 2 and b.state.status()["waiting_for_capacity"]
             assert b.state.round_trips - start <= 0.5 / 0.05 + 3, b.state.round_trips - start
+
+    run(main())
+
+
+def test_a_replica_waiting_for_capacity_syncs_as_soon_as_another_gives_it_back(redis):
+    """No periodic syncs (interval 600 s): what moves the capacity is a's early sync giving it back, and the wake-up
+    that sync publishes to b, which is waiting for it."""
+
+    async def main():
+        async with started(redis, limits=((4, None),), interval_s=600, early_syncs=True) as (a, b):
+            a.arrive("heavy", prompt=100, n=6)  # a takes what b's spare leaves: 3 running, 3 queued
+            await until(lambda: sum(x.requests for x in a.backends) == 3)
+            b.arrive("light", n=3)  # one runs on b's spare, two wait: b reports itself waiting
+            await until(lambda: b.state.status()["waiting_for_capacity"])
+            await a.state.sync()  # a hears that b waits for a smaller counter: heavy may not be admitted
+            trips = b.state.round_trips
+            a.finish(1)  # a's slot is free and a may not use it: a gives it back at once, b is woken
+            await until(lambda: b.ledger.num_queued == 1)
+            assert sum(x.requests for x in b.backends) == 2 and b.state.round_trips - trips <= 3
 
     run(main())
 

@@ -12,7 +12,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
   (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
   (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
   live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
-  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads);
+  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads; a sync that
+  gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
@@ -112,6 +113,8 @@ local function drop(r)
 end
 if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
   drop(rid)
+  local st = redis.call('HGETALL', ST)
+  for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
   redis.call('HDEL', p .. ':sn', batch)
   redis.call('ZREM', p .. ':seen', batch)
   return 1
@@ -244,7 +247,7 @@ if #heads > 0 then
     waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
   end
 end
-local leases = {}
+local leases, released = {}, false
 local function lease(k, url, limit, used, need, spare, keep)
   -- at least what is in flight and what the replica may admit before it reads this answer (never more than the
   -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
@@ -264,6 +267,7 @@ local function lease(k, url, limit, used, need, spare, keep)
   if g ~= old or u ~= old_u or not v[3] then
     redis.call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
   end
+  if g < old and unmet > 0 then released = true end
   leases[#leases + 1] = g
   leases[#leases + 1] = unmet > 0 and 1 or 0
 end
@@ -273,6 +277,12 @@ for _ = 1, tonumber(nxt()) do
     tonumber(nxt())
   lease('r', url, lr, ur, nr, sr, kr)
   if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else leases[#leases + 1] = 0; leases[#leases + 1] = 0 end
+end
+-- room given back while others wait: the waiting replicas sync now rather than at their next interval
+if released then
+  for j = 1, #st, 2 do
+    if st[j] ~= rid then redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
+  end
 end
 -- what changed elsewhere: the oldest changes first, at most `pull` (all tenants for a replica new to this data)
 local d = redis.call('SMEMBERS', p .. ':d:' .. rid)

@@ -142,6 +142,8 @@ class SharedState:
         self._client: Any = None
         self._sync_script: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._pubsub: Any = None
         self._stopping = False
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
@@ -171,7 +173,9 @@ class SharedState:
         await self.sync()
         if not self.up:
             raise SharedStateError(f"the shared state at {redact(self.settings.url)} did not answer a sync")
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        self._listener = loop.create_task(self._listen())
 
     async def stop(self) -> None:
         """Stop syncing and leave: this replica's leases and backlog stop counting at once (best effort)."""
@@ -182,6 +186,15 @@ class SharedState:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._listener is not None:
+            self._stopping = True
+            # NOTE: closing its connection ends the listener: redis-py's pub/sub read may not end on a cancel
+            if self._pubsub is not None:
+                await self._pubsub.aclose()
+            done, _ = await asyncio.wait({self._listener}, timeout=1.0)
+            if not done:
+                self._listener.cancel()
+            self._listener = None
         if self._client is not None:
             try:
                 await self._sync_script(args=leave_args(self.settings.prefix, self.replica, self._token))
@@ -200,6 +213,23 @@ class SharedState:
                 pass
             self._wake.clear()
             await self.sync()
+
+    async def _listen(self) -> None:
+        """Wake-ups: another replica's sync gave back capacity this replica waits for (pub/sub on `P:wake:REPLICA`),
+        so it syncs now rather than at its next interval."""
+        client = self._client
+        while not self._stopping:
+            pubsub = self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(f"{self.settings.prefix}:wake:{self.replica}")
+                async for _ in pubsub.listen():
+                    self._wake.set()
+            except Exception:  # NOTE: Redis lost: the sync loop reports it; listen again once it may be back
+                if not self._stopping:
+                    await asyncio.sleep(0.1)
+            finally:
+                self._pubsub = None
+                await pubsub.aclose()
 
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
     def track(self, policy: Policy) -> Policy:
