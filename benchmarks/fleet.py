@@ -116,10 +116,11 @@ def report(runs: dict[str, list[Run]]) -> int:
     for name, rs in runs.items():
         for k, r in enumerate(rs, 1):
             t0, t1 = r.ttft_s.get("client-0"), r.ttft_s.get("client-1")
+            jain = "n/a" if r.jain is None else f"{r.jain:.3f}"  # NOTE: None: fewer than two clients backlogged
             print(
                 f"| {name} ({k}) | {r.service_per_s:,.0f} | {r.shares.get('client-0', 0):.3f} | "
                 f"{r.shares.get('client-1', 0):.3f} | {t0 or 0:.2f} s | {t1 or 0:.2f} s | {r.diff:,.0f} | "
-                f"{r.jain or 0:.3f} | {r.at_limit:.0%} ({r.samples}) | {r.at_limit_gw:.0%} | {r.held:.0f} |"
+                f"{jain} | {r.at_limit:.0%} ({r.samples}) | {r.at_limit_gw:.0%} | {r.held:.0f} |"
             )
     one, three = "one gateway", "three replicas"
     ratio = med(three, lambda r: r.service_per_s) / med(one, lambda r: r.service_per_s)
