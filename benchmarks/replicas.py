@@ -79,11 +79,11 @@ async def sync_cost(url: str, tenants: int, here: int, elsewhere: int, rounds: i
     `elsewhere` others charged by another replica (so the answer carries them): both sync in turn, `rounds` times."""
     names = [f"t{i}" for i in range(tenants)]
     reader, writer = (bench_replica(url, f"bench{tenants}-{here}-{elsewhere}", names) for _ in range(2))
-    await reader.start()
     await writer.start()
     charge(writer, names, "seed")  # NOTE: every tenant known to Redis, as in a gateway that has run a while
     await writer.sync()
-    await reader.sync()
+    await reader.start()  # NOTE: its first sync reads every tenant: then it is up to date
+    await writer.sync()
     walls, cpus, redis_us = [], [], []
     for k in range(rounds):
         picks = [names[(k * (here + elsewhere) + j) % tenants] for j in range(here + elsewhere)]
