@@ -23,7 +23,8 @@ waiting, with that head's tenant (`P:st`); a replica admits its head unless anot
 tenant with a smaller counter (`may_admit`). One that may not admit shrinks its lease to what it has in flight and
 reports no wait, so the capacity flows to the replica holding the smallest waiting counter, and two replicas that
 each see the other first do not both stand still. A replica syncs early when it starts waiting, and when it holds
-lease room it cannot use while others wait (`waiting`).
+lease room it cannot use while others wait (`waiting`); that sync wakes the waiting replicas (pub/sub, `_listen`),
+which sync at once.
 
 A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
 per replica): a sync whose answer was lost is sent again with the same batch, which Redis applies only if it did
