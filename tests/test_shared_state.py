@@ -236,6 +236,7 @@ def test_a_replica_waiting_for_capacity_syncs_as_soon_as_another_gives_it_back(r
             await until(lambda: sum(x.requests for x in a.backends) == 3)
             b.arrive("light", n=3)  # one runs on b's spare, two wait: b reports itself waiting
             await until(lambda: b.state.status()["waiting_for_capacity"])
+            await b.state.sync()  # NOTE: the status says what the sync sent: this one has surely reached Redis
             await a.state.sync()  # a hears that b waits for a smaller counter: heavy may not be admitted
             trips = b.state.round_trips
             a.finish(1)  # a's slot is free and a may not use it: a gives it back at once, b is woken
