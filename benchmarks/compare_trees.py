@@ -5,16 +5,23 @@ Each repeat runs, for both trees in turn (alternating which goes first), one pro
 step (400 requests from 20 tenants, `advance()` until idle). The table gives medians over repeats and the ratio
 after/before. Make the "before" tree with `git worktree add /tmp/before REV`.
 
+`--reproduce` instead times `fairserve reproduce` (full, or `--quick` with `--quick`; 1 worker process), each tree's
+in turn: CPU seconds (user + system of the process and its children) and wall seconds, with the load average.
+
 Run: .venv/bin/python benchmarks/compare_trees.py /tmp/before . [--repeats 10] [--workloads real,overload]
+     .venv/bin/python benchmarks/compare_trees.py /tmp/before . --reproduce [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 TIME_SIM = """
@@ -43,6 +50,44 @@ print("emulator-step-us", sys.argv[1], (time.perf_counter() - t0) / steps * 1e6)
 """
 
 
+def time_reproduce(tree: Path, quick: bool) -> tuple[float, float]:
+    """One `fairserve reproduce` of `tree` in a child process (1 worker): (CPU seconds, wall seconds)."""
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "fairserve", "reproduce", "--out", out, "--jobs", "1", "--no-progress"]
+        start = time.perf_counter()
+        subprocess.run(cmd + (["--quick"] if quick else []), env=env, check=True, capture_output=True)
+        wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, wall
+
+
+def compare_reproduce(trees: dict[str, Path], repeats: int, quick: bool) -> int:
+    cpu: dict[str, list[float]] = {"before": [], "after": []}
+    wall: dict[str, list[float]] = {"before": [], "after": []}
+    loads = [os.getloadavg()[0]]
+    for i in range(repeats):
+        for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            c, w = time_reproduce(trees[name], quick)
+            cpu[name].append(c)
+            wall[name].append(w)
+            loads.append(os.getloadavg()[0])
+    mode = "--quick" if quick else "full"
+    print(f"`fairserve reproduce` ({mode}, 1 worker), {repeats} interleaved repeats, medians (min-max)")
+    print(f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores\n")
+    print("| tree | CPU s | wall s |")
+    print("|---|---:|---:|")
+    for name in ("before", "after"):
+        print(
+            f"| {name} | {statistics.median(cpu[name]):.1f} ({min(cpu[name]):.1f}-{max(cpu[name]):.1f}) "
+            f"| {statistics.median(wall[name]):.1f} ({min(wall[name]):.1f}-{max(wall[name]):.1f}) |"
+        )
+    ratio = statistics.median(cpu["after"]) / statistics.median(cpu["before"])
+    print(f"\nCPU after / before: {ratio:.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path, help="the checkout measured first (its src/ is imported)")
@@ -50,11 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--workloads", default="real,overload")
     ap.add_argument("--policies", default="vtc,fcfs")
+    ap.add_argument("--reproduce", action="store_true", help="time `fairserve reproduce` instead")
+    ap.add_argument("--quick", action="store_true", help="with --reproduce: its --quick suite")
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {a.repeats}")
     trees = {"before": a.before.resolve(), "after": a.after.resolve()}
     for name, tree in trees.items():
         if not (tree / "src" / "fairserve").is_dir():
             ap.error(f"{name}: {tree} has no src/fairserve")
+    if a.reproduce:
+        return compare_reproduce(trees, a.repeats, a.quick)
     times: dict[tuple[str, str, str], list[float]] = {}
     for i in range(a.repeats):
         for name in ("before", "after") if i % 2 == 0 else ("after", "before"):

@@ -3,11 +3,15 @@
 Synthetic traces, generated here: Poisson arrivals at 3 requests/s, prompt and output lengths uniform in 16-512,
 each request's client drawn uniformly. Two tables:
 
-1. requests x clients: `simulate()` alone (FCFS / VTC, in this process) and the whole command
-   `fairserve simulate --trace FILE --drain --policy P` (a child process: wall time, peak memory, and whether the
-   largest backlogged difference came out exact or as a bracket). The 1,000,000-request row runs VTC only.
+1. requests x clients, run until every request is done, each in a child process doing what
+   `fairserve simulate --trace FILE --drain --policy P` does: load the trace, `simulate()` (its seconds, and the
+   process's peak memory by then), the summary (its own seconds, the peak memory after it, and whether the largest
+   backlogged difference came out exact or as a bracket). The 1,000,000-request row runs VTC only.
 2. the hot loop: a fixed number of requests from 10 to 100,000 clients, `simulate()` alone, microseconds per
-   request, FCFS and VTC interleaved, median of --repeats (per-step work must not grow with clients).
+   request, FCFS and VTC interleaved, median of --repeats (per-request work must not grow with clients).
+
+Targets: `simulate()` of 100,000 requests from 10,000 clients <= 4 s and of 1,000,000 from 100,000 <= 45 s under
+VTC, with peak memory below 2.3 GiB.
 
 Run: .venv/bin/python benchmarks/scale.py [--quick] [--no-million] [--min-requests N] [--no-loop]
      [--loop-requests N] [--repeats 3]
@@ -55,28 +59,48 @@ def write_trace(path: Path, requests: int, clients: int, seed: int = 0) -> Path:
 
 
 def time_simulate(workload: Workload, policy: str) -> float:
-    start = time.perf_counter()
+    """CPU seconds of `simulate()` until every request is done."""
+    start = time.process_time()
     simulate(workload, policy, drain=True)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 CHILD = """
 import resource, sys, time
-from fairserve.cli import main
-t = time.perf_counter()
-rc = main(sys.argv[1:])
-print(f"@@ {time.perf_counter() - t} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
-sys.exit(rc)
+from fairserve.cli import format_summary
+from fairserve.core import make_cost
+from fairserve.metrics import summarize
+from fairserve.sim import simulate
+from fairserve.workloads import load_trace
+clock = time.process_time  # NOTE: CPU seconds: on a shared machine, wall time depends on the other processes
+t0, w0 = clock(), time.perf_counter()
+workload = load_trace(sys.argv[1])
+t1 = clock()
+result = simulate(workload, sys.argv[2], drain=True)
+t2, w2 = clock(), time.perf_counter()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+summary = summarize(result.records, result.end_s, 1.0, 2.0, workload.weights, cost=make_cost(None, 1.0, 2.0))
+t3 = clock()
+print(format_summary(result, summary))
+print(f"@@ {t1 - t0} {t2 - t1} {t3 - t2} {peak} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} {w2 - w0}")
 """
 
 
-def run_command(trace: Path, policy: str) -> dict:
-    """`fairserve simulate --trace … --drain` in a child: seconds, peak MiB, and its difference line."""
-    argv = ["simulate", "--trace", str(trace), "--drain", "--policy", policy]
-    out = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, check=True).stdout
-    seconds, rss_kib = re.search(r"^@@ (\S+) (\d+)$", out, re.M).groups()
-    diff = re.search(r"^max service difference between backlogged clients: (.*)$", out, re.M).group(1)
-    return {"s": float(seconds), "mib": int(rss_kib) / 1024, "diff": diff}
+def run_child(trace: Path, policy: str) -> dict:
+    """What `fairserve simulate --trace … --drain` does, phase by phase, in a child: seconds and peak MiB."""
+    out = subprocess.run([sys.executable, "-c", CHILD, str(trace), policy], capture_output=True, text=True, check=True)
+    found = re.search(r"^@@ (\S+) (\S+) (\S+) (\d+) (\d+) (\S+)$", out.stdout, re.M)
+    load, sim, summary, peak_sim, peak, wall = found.groups()
+    diff = re.search(r"^max service difference between backlogged clients: (.*)$", out.stdout, re.M).group(1)
+    return {
+        "load": float(load),
+        "sim": float(sim),
+        "summary": float(summary),
+        "sim_mib": int(peak_sim) / 1024,
+        "mib": int(peak) / 1024,
+        "wall": float(wall),
+        "diff": diff,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,30 +121,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     with tempfile.TemporaryDirectory() as tmp:
         print(
-            "| requests | clients | `simulate()` FCFS / VTC | `fairserve simulate --trace … --drain`: FCFS | VTC "
-            "| largest backlogged difference (VTC) |"
+            "CPU seconds of each phase (wall seconds of loading + simulating in brackets), in a child process per row\n"
         )
-        print("|---:|---:|---|---|---|---|")
+        print(
+            "| requests | clients | policy | `simulate()` | peak memory by then | summary | peak memory | load "
+            "| largest backlogged difference |"
+        )
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---|")
         for requests, clients, policies in rows:
             trace = write_trace(Path(tmp) / f"scale-{requests}-{clients}.csv", requests, clients)
-            workload = load_trace(trace)
-            alone = {p: time_simulate(workload, p) for p in policies}
-            del workload
-            cmd = {p: run_command(trace, p) for p in policies}
-
-            def cell(p, cmd=cmd):
-                return f"{cmd[p]['s']:.1f} s, {cmd[p]['mib']:,.0f} MiB" if p in cmd else "—"
-
-            print(
-                f"| {requests:,} | {clients:,} | {' / '.join(f'{alone[p]:.1f} s' for p in policies)}"
-                f"{' (VTC only)' if len(policies) == 1 else ''} | {cell('fcfs')} | {cell('vtc')} "
-                f"| {cmd['vtc']['diff']} |",
-                flush=True,
-            )
+            for p in policies:
+                c = run_child(trace, p)
+                print(
+                    f"| {requests:,} | {clients:,} | {p} | {c['sim']:.1f} s ({c['wall']:.1f} s) "
+                    f"| {c['sim_mib']:,.0f} MiB | {c['summary']:.1f} s | {c['mib']:,.0f} MiB | {c['load']:.1f} s "
+                    f"| {c['diff']} |",
+                    flush=True,
+                )
         if a.no_loop:
             return 0
         print(
-            f"\nhot loop: {loop_n:,} requests, `simulate()` alone, microseconds per request "
+            f"\nhot loop: {loop_n:,} requests, `simulate()` alone, CPU microseconds per request "
             f"(median of {a.repeats}, FCFS and VTC interleaved)\n"
         )
         print("| clients | FCFS | VTC | VTC / FCFS |")

@@ -1,9 +1,15 @@
-"""Simulator speed: wall seconds of `simulate(workload, policy)` and simulated seconds per wall second.
+"""Simulator speed: the event-driven engine side by side with the step-by-step oracle (tests/support/oracle.py, the
+loop the engine replaced), in one run, interleaved, medians over repeats; the two give the same records (checked).
 
-Workloads are built once, outside the timing. Runs are interleaved (every workload × policy once per repeat) so
-machine noise hits them alike; the table reports the median over repeats (and the fastest). Target: >= 2,000x real
-time, i.e. the 10-minute `real` trace in <= 0.3 s. `real` needs the Arena trace; it is skipped, with a message,
-when the trace is missing.
+1. Each (workload, policy) as `simulate()` runs it (its pool, preset and weights, up to its duration): oracle and
+   engine CPU seconds, the speed-up, × real time. Then `overload` with 2,048-token outputs run until every request
+   is done (long outputs: hundreds of decode steps per request).
+2. Cost against tokens: each workload run until every request is done, with its outputs as they are and with every
+   output ×10 (requests that no longer fit the pool are rejected, as by the engine): the engine's seconds and the
+   ratio, the decode steps (×10 and more).
+
+Targets: >= 3x the oracle on `real` and `overload` under VTC, >= 10x on the long-output run, <= 1.3x the time with
+every output x10. `real` needs the Arena trace; it is skipped, with a message, when the trace is missing.
 
 Run: .venv/bin/python benchmarks/simspeed.py [--quick] [--workloads real,overload] [--policies fcfs,vtc] [--repeats 5]
 """
@@ -12,31 +18,74 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import statistics
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fairserve.core import check_policy
-from fairserve.sim import simulate
-from fairserve.workloads import ALL_WORKLOADS, Workload, WorkloadError, get_workload
+from support.oracle import StepEngine  # noqa: E402
+
+from fairserve.core import Ledger, check_policy, make_policy  # noqa: E402
+from fairserve.sim import SimEngine, SimResult, engine_config, get_latency_model  # noqa: E402
+from fairserve.workloads import ALL_WORKLOADS, DEFAULT_LATENCY_PROFILE, Workload, WorkloadError, get_workload  # noqa: E402
 
 WORKLOADS = ("real", "overload", "overload-multi")
 POLICIES = ("fcfs", "vtc")
-TARGET_X = 2_000.0
+TARGET_X, LONG_TARGET_X, TOKENS_TARGET = 3.0, 10.0, 1.3
 
 
 def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def longer(workload: Workload, factor: float = 0, to: int = 0) -> Workload:
+    """The workload with every output `factor` times longer (or `to` tokens long)."""
+    arrivals = [replace(a, output_tokens=to or round(a.output_tokens * factor)) for a in workload.arrivals]
+    return replace(workload, arrivals=arrivals)
+
+
+def run(kind: type, workload: Workload, policy: str, drain: bool) -> tuple[float, SimResult]:
+    """One simulation as `simulate()` builds it, timed in CPU seconds (on a shared machine, wall time depends on the
+    other processes)."""
+    profile = workload.latency_profile or DEFAULT_LATENCY_PROFILE
+    ledger = Ledger(make_policy(policy), weights=workload.weights)
+    engine = kind(ledger, get_latency_model(profile), engine_config(profile, workload.kv_tokens))
+    gc.collect()
+    start = time.process_time()
+    result = engine.run(workload.arrivals, until_s=None if drain else workload.duration_s)
+    return time.process_time() - start, result
+
+
+def side_by_side(workload: Workload, policy: str, drain: bool, repeats: int) -> dict:
+    walls: dict[str, list[float]] = {"oracle": [], "engine": []}
+    results = {}
+    for i in range(repeats):
+        for name in ("oracle", "engine") if i % 2 == 0 else ("engine", "oracle"):
+            wall, results[name] = run(StepEngine if name == "oracle" else SimEngine, workload, policy, drain)
+            walls[name].append(wall)
+    a, b = results["oracle"], results["engine"]
+    same = a.records == b.records and (a.end_s, a.decode_steps, a.busy_s) == (b.end_s, b.decode_steps, b.busy_s)
+    return {
+        "oracle": statistics.median(walls["oracle"]),
+        "engine": statistics.median(walls["engine"]),
+        "sim_s": b.end_s,
+        "steps": b.decode_steps,
+        "same": same,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 repeats (< 20 s)")
+    ap.add_argument("--quick", action="store_true", help="2 repeats, no long-output or x10 runs (< 20 s)")
     ap.add_argument(
         "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from: {', '.join(ALL_WORKLOADS)}"
     )
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy specs")
-    ap.add_argument("--repeats", type=int, help="timed runs per (workload, policy); default 5 (quick: 2)")
+    ap.add_argument("--repeats", type=int, help="timed runs per engine and case; default 5 (quick: 2)")
     a = ap.parse_args(argv)
     names, policies = _csv(a.workloads), _csv(a.policies)
     repeats = a.repeats if a.repeats is not None else (2 if a.quick else 5)
@@ -52,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
             check_policy(p)
         except ValueError as e:
             ap.error(str(e))
-
     workloads: dict[str, Workload] = {}
     for name in names:
         try:
@@ -61,37 +109,48 @@ def main(argv: list[str] | None = None) -> int:
             print(f"> skipped `{name}`: {e}\n")
     if not workloads:
         ap.error("no workload could be built")
-
-    runs = [(w, p) for w in workloads for p in policies]
-    walls: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
-    sim_s: dict[tuple[str, str], float] = {}
-    steps: dict[tuple[str, str], int] = {}
-    simulate(workloads[runs[0][0]], policies[0])  # warm-up (imports, caches)
-    for _ in range(repeats):
-        for w, p in runs:
-            gc.collect()
-            t0 = time.perf_counter()
-            res = simulate(workloads[w], p)
-            walls[w, p].append(time.perf_counter() - t0)
-            sim_s[w, p], steps[w, p] = res.end_s, res.decode_steps
+    run(SimEngine, next(iter(workloads.values())), policies[0], False)  # warm-up (imports, caches)
 
     print(
-        f"Simulator speed, median (and fastest) of {repeats} runs; simulated seconds = result.end_s. "
-        f"Target: >= {TARGET_X:,.0f}x real time.\n"
+        f"Simulator speed, median of {repeats} interleaved runs each; oracle = the step-by-step loop "
+        f"(tests/support/oracle.py). Target: >= {TARGET_X:g}x under VTC on real and overload.\n"
     )
-    print(
-        "| workload | policy | requests | decode steps | simulated s | wall s (median) | wall s (min) "
-        "| × real time | steps / wall s | target |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for w, p in runs:
-        med, low = float(np.median(walls[w, p])), min(walls[w, p])
-        speed = sim_s[w, p] / med
-        verdict = "met" if speed >= TARGET_X else "NOT met"
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; CPU seconds\n")
+    print("| workload | policy | decode steps | oracle s | engine s | speed-up | × real time | same records |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    cases = [(w, p, workloads[w], False) for w in workloads for p in policies]
+    if not a.quick and "overload" in workloads:
+        cases.append(("overload, 2,048-token outputs, drained", "vtc", longer(workloads["overload"], to=2048), True))
+    for label, policy, workload, drain in cases:
+        r = side_by_side(workload, policy, drain, repeats if not drain else max(1, min(repeats, 3)))
         print(
-            f"| {w} | {p} | {len(workloads[w].arrivals):,} | {steps[w, p]:,} | {sim_s[w, p]:.1f} | {med:.3f} "
-            f"| {low:.3f} | {speed:,.0f}× | {steps[w, p] / med:,.0f} | {verdict} |"
+            f"| {label} | {policy} | {r['steps']:,} | {r['oracle']:.3f} | {r['engine']:.3f} "
+            f"| {r['oracle'] / r['engine']:.1f}× | {r['sim_s'] / r['engine']:,.0f}× | {'yes' if r['same'] else 'NO'} |",
+            flush=True,
         )
+    if a.quick:
+        return 0
+    print(
+        f"\nCost against tokens: each workload until every request is done, outputs as they are and ×10, "
+        f"the engine alone, median of {repeats}. Target: <= {TOKENS_TARGET:g}x.\n"
+    )
+    print("| workload | policy | decode steps ×1 / ×10 | engine s ×1 | engine s ×10 | ×10 / ×1 |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, workload in workloads.items():
+        for policy in policies:
+            walls: dict[int, list[float]] = {1: [], 10: []}
+            steps = {}
+            for _ in range(repeats):
+                for factor in (1, 10):
+                    wall, res = run(SimEngine, longer(workload, factor), policy, True)
+                    walls[factor].append(wall)
+                    steps[factor] = res.decode_steps
+            one, ten = statistics.median(walls[1]), statistics.median(walls[10])
+            print(
+                f"| {name} | {policy} | {steps[1]:,} / {steps[10]:,} | {one:.3f} | {ten:.3f} | {ten / one:.2f}× |",
+                flush=True,
+            )
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -19,6 +19,7 @@ from fairserve.core import RequestState
 from fairserve.emulate import EmulatorConfig, Fault, create_app
 from fairserve.emulate.cli import add_parser, address, config_from_args, run
 from fairserve.emulate.config import FaultDraw
+from fairserve.emulate.driver import MIN_SLEEP_S
 from fairserve.sim import get_latency_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog, twice."  # 13 estimated tokens
@@ -138,6 +139,34 @@ def test_simulated_time_follows_wall_time_times_scale():
             assert wall >= 0.8 * sim / scale  # paced: never ahead of the scaled clock
             if scale > 1:
                 assert wall < sim / 5  # much faster than the profiled GPU (100x expected: a wide margin)
+
+
+def test_each_token_is_handed_over_at_its_simulated_time():
+    """The delivery contract (emulate/driver.py): a token reaches its handler no more than MIN_SLEEP_S before
+    start + its simulated time / time_scale, and, while the driver keeps up, within a few ms after."""
+    scale, max_tokens = 2.0, 40
+    model = get_latency_model("a10g-llama2-7b")
+    with emulator(time_scale=scale) as (url, em):
+        seen = []
+        hand = em._hand
+
+        def record(job, produced):
+            if produced > job.delivered:
+                seen.append((time.monotonic(), job.delivered, produced))
+            hand(job, produced)
+
+        em._hand = record
+        rid = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": max_tokens}).json()["id"]
+        req, p = em.jobs[rid].req, estimate_tokens(PROMPT) + em.engine.config.prompt_extra_tokens
+    token_s = [req.first_token_s]  # the simulated time of each token: the end of the step that produced it
+    for g in range(1, max_tokens):
+        token_s.append(token_s[-1] + model.decode_step_s(1, p + g))
+    assert token_s[-1] == pytest.approx(req.finish_s)
+    due = [em._start + s / scale for s in token_s]
+    assert sum(produced - before for _, before, produced in seen) == max_tokens
+    assert all(t >= due[produced - 1] - MIN_SLEEP_S - 1e-4 for t, _, produced in seen)  # never early
+    late = sorted(t - due[k] for t, before, produced in seen for k in range(before, produced))
+    assert late[len(late) // 2] < 0.010  # NOTE: the median: a loaded machine may delay a few wake-ups
 
 
 def test_disconnect_cancels_in_the_engine():

@@ -148,3 +148,21 @@ def test_server_prompt_is_longer_than_the_clients():
     assert engine.kv_used == 0
     with pytest.raises(ValueError):
         EngineConfig(prompt_extra_tokens=-1)
+
+
+def test_decode_steps_between_events_are_one_move():
+    """Cost grows with events, not tokens: three long requests take thousands of decode steps, which the engine
+    evaluates a run at a time (the model's vectorised `decode_steps_s`), not one `decode_step_s` call per step."""
+
+    class Counting(ConstantLatency):
+        calls = 0
+
+        def decode_step_s(self, batch_size, context_tokens):
+            Counting.calls += 1
+            return super().decode_step_s(batch_size, context_tokens)
+
+    lat = Counting(prefill_s_fixed=0.1, decode_s=0.01)
+    engine = SimEngine(Ledger(make_policy("vtc")), lat, EngineConfig(kv_tokens=20_000))
+    res = engine.run([Arrival(0.0, c, 100, 5000) for c in "abc"])
+    assert res.decode_steps == 4999 and all(r.status == "finished" for r in res.records)
+    assert Counting.calls < 100

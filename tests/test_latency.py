@@ -25,6 +25,7 @@ from fairserve.sim.latency import (
     ProfileRow,
     RooflineLatency,
     StepOverhead,
+    decode_steps_s,
     default_kv_tokens,
     fit_errors,
     fit_linear_latency,
@@ -162,6 +163,28 @@ def test_monotone_and_positive(
     if name != "constant":  # ConstantLatency() has zero prefill cost by default
         assert p > 0
     assert m.prefill_s([]) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(LATENCY_MODELS), st.integers(1, 300), st.integers(0, 200_000), st.integers(1, 400))
+def test_a_run_of_decode_steps_is_each_step_bit_for_bit(name: str, batch: int, context: int, steps: int) -> None:
+    """The vectorised durations are the one-by-one ones exactly (the engine adds them in the same order), for every
+    preset (the A10G's large-batch jump included) and for a model that only has decode_step_s."""
+    models: list[LatencyModel] = [get_latency_model(name), replace(A10G_LLAMA2_7B, large_batch_from=batch // 2)]
+    for model in models:
+        one_by_one = [model.decode_step_s(batch, context + batch * k) for k in range(steps)]
+        assert model.decode_steps_s(batch, context, steps).tolist() == one_by_one
+        assert decode_steps_s(model, batch, context, steps).tolist() == one_by_one
+
+    class OnlyOneStep:
+        name = "only-one-step"
+
+        def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+            return 0.01 + 1e-6 * context_tokens
+
+    assert decode_steps_s(OnlyOneStep(), batch, context, 3).tolist() == [
+        0.01 + 1e-6 * (context + batch * k) for k in range(3)
+    ]
 
 
 def test_constant_latency_by_hand() -> None:

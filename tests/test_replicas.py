@@ -262,12 +262,18 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         (g1, p1), (g2, _), (g3, _) = (stack.enter_context(gateway_process(urls, state)) for _ in range(3))
         outcomes: list[str] = []
 
+        peaks_before: list[int] = []
+
         async def kill_replica_1():
             await asyncio.sleep(1.0)
             p1.kill()  # no goodbye: its leases must expire (TTL 3 s)
+            await asyncio.sleep(4.0)  # the TTL and a sweep: from here on the live replicas hold every slot
+            peaks_before.extend(a.peak for a in apps)
+            for a in apps:
+                a.peak = 0
 
         placement = {"alice": [(g1, HEAVY)], "bob": [(g2, LIGHT), (g3, LIGHT)]}
-        got = asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
+        asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
         bob_ok = [o for o in outcomes if o == "ok"]
         assert len(bob_ok) > 20
         # every bob request ended ok; the only failures are alice's streams cut by the kill, one per stream
@@ -277,9 +283,9 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         # (idle now: their spare), and bob got more than the half he had while alice was served
         leases = [httpx.get(g + "/healthz").json()["backends"] for g in (g2, g3)]
         assert [sum(x[j]["limit_requests"] for x in leases) for j in range(2)] == [LIMIT, LIMIT], leases
-        end = max(at for at, _ in got["bob"])
-        assert sum(n for at, n in got["bob"] if at > end - 1.0) >= 0.6 * 2 * LIMIT / DELAY_S
-        assert max(a.peak for a in apps) <= LIMIT  # over the whole run, the hand-over included
+        # NOTE: slots in use, not tokens per second: a rate would measure the machine's load as much as the leases
+        assert [a.peak for a in apps] == [LIMIT, LIMIT], "bob alone did not fill both backends in the last second"
+        assert max(peaks_before) <= LIMIT  # over the whole run, the hand-over included
         # NOTE: the dead replica leaves the live set at its next expiry sweep: wait for it, within a bound
         assert wait_until(
             lambda: (lambda st: st["up"] and st["replicas"] == 2)(httpx.get(g2 + "/healthz").json()["shared_state"]),

@@ -21,7 +21,7 @@ class CliError(Exception):
 
 
 # subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
-SERVICES = ("emulate", "gateway", "serve", "bench")
+SERVICES = ("emulate", "gateway", "serve", "bench", "sweep")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,17 @@
 """The real-time driver: one asyncio task runs a `SimEngine`, with simulated time following wall time × time_scale.
 
-After each `engine.advance()` the driver sleeps until the wall time of the new `engine.now` (scheduled against an
-absolute start, so there is no drift) and then delivers the tokens the step produced to their jobs. When many steps
-are due at once (a large time_scale, or a slow event loop) it catches up without sleeping, yielding to the event loop
-every few milliseconds. Everything runs on the event loop's thread, so the engine needs no lock.
+The engine's online contract is three calls: `submit(req)` (the request joins at the engine's clock), `advance_to(t)`
+(every iteration of the router loop that starts before simulated time t; the engine moves from event to event, and
+its clock ends at or past t, within the step in progress) and `cancel(req)` (charged the tokens produced by the
+engine's clock). The driver calls `advance_to(now)` with the simulated time of the wall clock, sleeps until the wall
+time of the engine's clock (scheduled against an absolute start, so there is no drift) and then hands every token
+produced so far to its job.
+
+Delivery: a token produced at simulated time s (the end of its decode step, or its prefill) is handed over at wall
+time start + s / time_scale, never more than `MIN_SLEEP_S` (2 ms) before; after it by the event loop's own delay
+while the driver keeps up (tests/test_emulate.py measures it). When the driver falls behind (a large time_scale, a
+busy loop) it catches up without sleeping, every step due at once, yielding to the event loop every few
+milliseconds. Everything runs on the event loop's thread, so the engine needs no lock.
 """
 
 from __future__ import annotations
@@ -98,10 +106,12 @@ class Emulator:
             raise TooLarge(why)
 
     def submit(self, id: str, client: str, prompt_tokens: int, max_tokens: int) -> Job:
-        """A request arrives now. Its job's `req.state` is REJECTED if the policy refused it (rate limits)."""
+        """A request arrives now. Its job's `req.state` is REJECTED if the policy refused it (rate limits).
+        It joins the engine at its clock: the end of the step in progress, or, idle, the wall clock's time."""
         self.check_fits(prompt_tokens, max_tokens)
         eng = self.engine
-        eng.now = max(eng.now, self.sim_now())
+        if not eng.running and not eng.ledger.num_queued:
+            eng.now = max(eng.now, self.sim_now())  # NOTE: an idle engine's clock follows the wall clock
         req = SimRequest(
             id=id,
             tenant=client,
@@ -155,10 +165,11 @@ class Emulator:
         assert wake is not None
         yielded = time.monotonic()
         while True:
-            if not eng.advance():
+            if not eng.running and not eng.ledger.num_queued:
                 wake.clear()
                 await wake.wait()
                 continue
+            eng.advance_to(self.sim_now())
             wall = time.monotonic()
             delay = self._start + eng.now / scale - wall
             if delay > MIN_SLEEP_S:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ..sweep.runner import LocalRunner, Runner
 from . import plots, report
 from .experiments import ALL_EXPERIMENTS, Experiment, Results
 from .runs import REAL, RunSpec, run, trace_available
@@ -34,8 +34,8 @@ def _draw(args: tuple[str, Results, Path]) -> list[tuple[str, str]]:
     return plots.draw(BY_NAME[name], res, out_dir)
 
 
-def _map(pool: Executor | None, fn: Callable, items: list, desc: str, progress: bool) -> list:
-    it: Iterable = pool.map(fn, items) if pool else map(fn, items)
+def _map(runner: Runner, fn: Callable, items: list, desc: str, progress: bool) -> list:
+    it = runner.imap(fn, items)
     return list(tqdm(it, total=len(items), desc=desc, unit="", disable=not progress, leave=False))
 
 
@@ -54,19 +54,15 @@ def reproduce(
     experiments = select(only)
     have_real = trace_available(trace)
     specs = list(dict.fromkeys(r for e in experiments for r in e.runs if have_real or r.workload != REAL))
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else None
-    try:
-        outs = _map(pool, _simulate, [(s, quick, trace) for s in specs], "simulating", progress)
+    with LocalRunner(jobs) as runner:  # the runner of `fairserve sweep`: this process, or worker processes
+        outs = _map(runner, _simulate, [(s, quick, trace) for s in specs], "simulating", progress)
         res = Results({(s.workload, s.name): o for s, o in zip(specs, outs, strict=False)})
         ran = [e for e in experiments if e.runs and all((r.workload, r.name) in res for r in e.runs)]
         subsets = [
             (e.name, Results({k: v for k, v in res.items() if k in {(r.workload, r.name) for r in e.runs}}), out_dir)
             for e in ran
         ]
-        drawn = dict(zip((e.name for e in ran), _map(pool, _draw, subsets, "drawing", progress), strict=False))
-    finally:
-        if pool:
-            pool.shutdown()
+        drawn = dict(zip((e.name for e in ran), _map(runner, _draw, subsets, "drawing", progress), strict=False))
     findings = []
     for exp in experiments:
         if exp.runs and exp.name not in drawn:

@@ -4,6 +4,13 @@ The loop is the S-LoRA / LightLLM router's: with nothing running, admit a batch 
 to `max_wait_steps` steps, then try to admit a mini-batch (prefill and merge it), and keep decoding if nothing fits.
 Time advances by the latency model's prefill and decode-step durations; arrivals join the policy at step boundaries
 (with their true arrival time).
+
+The engine moves from event to event: arrivals, admissions, finishes, preemptions. Between two events the batch does
+not change, so a run of decode steps is one move: their durations come from the latency model in one vectorised
+call and are added in order, as the step-by-step loop adds them (so every time is the same float); the next finish is
+the top of a heap; the next step at which an admission could succeed is computed instead of tried step by step
+(`_next_try`); charges are made when a decision reads the counters, not at every step. The records are the
+step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the oracle).
 """
 
 from __future__ import annotations
@@ -11,16 +18,23 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
+import numpy as np
+
+from ..core.account import SEP
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
-from .latency import LatencyModel
+from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
+from .latency import LatencyModel, decode_steps_s
 
 Mode = Literal["reserve", "paged"]
+RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
+SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
 
 
 @dataclass(frozen=True)
@@ -41,11 +55,11 @@ class EngineConfig:
         if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
             raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
 
-    @property
+    @cached_property
     def prefill_tokens(self) -> int:
         return self.batch_max_tokens if self.batch_max_tokens else max(self.kv_tokens // 6, 3072)
 
-    @property
+    @cached_property
     def wait_steps(self) -> int:
         if self.max_wait_steps is not None:
             return self.max_wait_steps
@@ -80,8 +94,27 @@ class SimResult:
     config: EngineConfig
 
 
-class SimEngine:
-    """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation."""
+def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
+    """Why a request of this size could never be admitted, or None if it can be."""
+    prompt = prompt_tokens + cfg.prompt_extra_tokens
+    pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
+    if prompt + output_tokens >= pool:
+        return (
+            f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
+            f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
+            "Reduce the prompt or max_tokens."
+        )
+    if prompt > cfg.prefill_tokens:
+        return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
+    return None
+
+
+class SimEngine(Forecast):
+    """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
+
+    Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
+    iteration of the router loop that starts before t: the clock ends at or past t, by less than one step),
+    `cancel` (charged the tokens produced by the clock); `advance()` is one iteration."""
 
     def __init__(
         self,
@@ -92,26 +125,42 @@ class SimEngine:
     ) -> None:
         self.ledger = ledger
         self.latency = latency
-        self.config = config or EngineConfig()
-        self.observer = observer  # called after every prefill and decode step (tests, tracing)
+        self.config = cfg = config or EngineConfig()
+        self.observer = observer  # called after every prefill and decode step (the engine then moves step by step)
         self.now = 0.0
         self.step = 0  # decode steps so far
         self.kv_used = 0  # = sum over running requests of server prompt + generated tokens
-        self._extra = self.config.prompt_extra_tokens
+        self._extra = cfg.prompt_extra_tokens
+        self._kv, self._paged, self._wait = cfg.kv_tokens, cfg.mode == "paged", cfg.wait_steps
+        self._prefill_max, self._running_max = cfg.prefill_tokens, cfg.running_max
+        self._per_client = 0 if self._paged else cfg.reserve_per_client_tokens
         self.running: dict[SimRequest, None] = {}  # admission order (paged mode evicts the newest)
+        self._tenants: dict[str, list[SimRequest]] = {}  # the running requests by tenant
         self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
-        self._index: ReserveIndex | None = None  # cached per running set (reserve mode)
+        self._index = ReserveIndex() if cfg.mode == "reserve" else None  # the running set (reserve mode)
         self.prefills = self.preemptions = 0
         self.busy_s = 0.0
-        # charge before every decision, or only when requests end
-        self._eager = ledger.policy.capabilities.orders_by_counter
+        caps = ledger.policy.capabilities
+        if not caps.orders_by_counter:
+            self._charging = Charging.AT_END
+        else:
+            self._charging = Charging.LAZY if exact_charges(ledger) else Charging.EVERY_STEP
+        self._lifts = caps.lifts
+        self._charged: dict[str, int] = {}  # LAZY: the step up to which each running tenant is charged
+        self._needs, self._lefts = Sizes(), Sizes()  # LAZY: the queued requests' prefill sizes and tokens to go
         self._waited = 0  # decode steps since the last admission
-        self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()`
+        self._next_try = 0  # no admission can succeed before this step (until the next event)
+        self._refused: Request | None = None  # the policy's next request, which did not fit at the last try
+        self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()` / `advance_to()`
+        self._pending: list[SimRequest] = []  # run(): the arrivals, in order, of which `_arrived` are submitted
+        self._arrived = 0
+        self._horizon = float("inf")
 
     @property
     def kv_free(self) -> int:
         return self.config.kv_tokens - self.kv_used
 
+    # ---- offline -----------------------------------------------------------------------------------------------
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         """Simulate until every request is done, or until `until_s` (the rest is reported `unfinished`)."""
         reqs = [
@@ -127,21 +176,20 @@ class SimEngine:
             for i, a in enumerate(arrivals)
         ]
         reqs.sort(key=lambda r: r.arrival_s)
-        n, i = len(reqs), 0
-        horizon = float("inf") if until_s is None else until_s
+        self._pending, self._horizon = reqs, float("inf") if until_s is None else until_s
         while True:
-            while i < n and reqs[i].arrival_s <= self.now:
-                self.submit(reqs[i])
-                i += 1
-            if self.now >= horizon:
+            upcoming = self._arrive()
+            if self.now >= self._horizon:
                 break
-            if not self.advance():
-                if i == n:
+            self.just_finished.clear()
+            if not self._advance(min(upcoming, self._horizon)):
+                if upcoming == float("inf"):
                     break
-                self.now = min(max(self.now, reqs[i].arrival_s), horizon)  # idle until the next arrival
+                self.now = min(max(self.now, upcoming), self._horizon)  # idle until the next arrival
+        self._pending = []
         self._sync()
         return SimResult(
-            [_record(r, self.step, self.now) for r in reqs],
+            [record_of(r, self.step, self.now) for r in reqs],
             self.ledger,
             self.now,
             self.step,
@@ -151,69 +199,124 @@ class SimEngine:
             self.config,
         )
 
+    def _arrive(self) -> float:
+        """Submit the pending arrivals due by now (offline); returns when the next one is due."""
+        pending, i, now = self._pending, self._arrived, self.now
+        while i < len(pending) and pending[i].arrival_s <= now:
+            self.submit(pending[i])
+            i += 1
+        self._arrived = i
+        return pending[i].arrival_s if i < len(pending) else float("inf")
+
+    # ---- online ------------------------------------------------------------------------------------------------
     def advance(self) -> bool:
         """One iteration of the router loop: admit and prefill a (mini-)batch, or one decode step. Returns False when
         there is nothing to do (nothing running, nothing queued); `now` moves by the work's duration."""
         self.just_finished.clear()
-        if not self.running:
-            if self.ledger.num_queued == 0:
-                return False
-            self._waited = 0
-            if not self._admit():
-                raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
-            return True
-        if self._waited >= self.config.wait_steps and self.ledger.num_queued and self._admit():
-            self._waited = 0
-            return True
-        self._decode()
-        self._waited += 1
-        return True
+        return self._advance(-float("inf"))
 
-    def cancel(self, req: SimRequest) -> None:
-        """The client went away: drop a queued request, or stop a running one (it is charged what it produced)."""
-        if req.state is RequestState.RUNNING:
-            req.generated = req.generated_at(self.step)
-            self._index = None
-            del self.running[req]
-            self.kv_used -= req.prompt_tokens + self._extra + req.generated
-            self.ledger.output(req, req.generated - req.output_done)
-        self.ledger.settle(req, cancelled=True)
-
-    # ---- events -------------------------------------------------------------------------------------------------
-    def too_large(self, prompt_tokens: int, output_tokens: int) -> str | None:
-        """Why a request of this size could never be admitted, or None if it can be."""
-        cfg = self.config
-        prompt = prompt_tokens + self._extra
-        pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
-        if prompt + output_tokens >= pool:
-            return (
-                f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
-                f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
-                "Reduce the prompt or max_tokens."
-            )
-        if prompt > cfg.prefill_tokens:
-            return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
-        return None
+    def advance_to(self, t: float) -> None:
+        """Every iteration of the router loop that starts before `t`: afterwards `now` >= t (past it by less than
+        the last step), or the engine is idle and `now` = t. `just_finished` holds the requests that finished."""
+        self.just_finished.clear()
+        while self.now < t:
+            if not self._advance(t):
+                self.now = t
+                break
 
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
-        if self.too_large(req.prompt_tokens, req.output_tokens) is not None:
+        prompt = req.prompt_tokens + self._extra  # NOTE: too_large(), inline: every arrival passes here
+        if prompt + req.output_tokens >= self._kv - self._per_client or prompt > self._prefill_max:
             req.state = RequestState.REJECTED  # it could never be admitted
             return
-        if self._eager and self.running:
-            self._sync()  # the counter lift compares against up-to-date counters
+        charging, acct = self._charging, self.ledger.accounts.get(req.tenant)
+        if charging is Charging.LAZY and acct is None and SEP in req.tenant:
+            self._sync()  # NOTE: the first tenant in a group: lazy charges no longer give the policy's choice
+            self._charging = charging = Charging.EVERY_STEP
+            self._next_try = 0
+        was_backlogged = acct is not None and acct.queued > 0
+        if charging is Charging.EVERY_STEP:
+            if self.running:
+                self._sync()
+        elif charging is Charging.LAZY and self._lifts and not was_backlogged:
+            self._head()  # the lift reads the smallest backlogged counter and this tenant's own
+            self._charge(req.tenant)
         self.ledger.add(req, now=req.arrival_s)
+        if req.state is not QUEUED:
+            return
+        if charging is Charging.LAZY:
+            self._queue_sizes(req, True)
+        if self._next_try > self.step and self.running:
+            # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
+            # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
+            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.peek() is req:
+                hi = min(self._next_try, self._quiet_steps_cap())
+                self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
-    def _admit(self) -> bool:
-        cfg, running = self.config, list(self.running)
-        if self._eager:
+    def cancel(self, req: SimRequest) -> None:
+        """The client went away: drop a queued request, or stop a running one (it is charged what it produced)."""
+        if req.state is RUNNING:
+            req.generated = req.generated_at(self.step)
+            self._stop(req)
+            self.ledger.output(req, req.generated - req.output_done)
+        elif req.state is QUEUED and self._charging is Charging.LAZY:
+            self._queue_sizes(req, False)
+        self.ledger.settle(req, cancelled=True)
+        self._next_try = 0
+
+    def too_large(self, prompt_tokens: int, output_tokens: int) -> str | None:
+        """Why a request of this size could never be admitted, or None if it can be."""
+        return too_large(self.config, prompt_tokens, output_tokens)
+
+    # ---- the router loop ---------------------------------------------------------------------------------------
+    def _advance(self, until: float) -> bool:
+        """Iterations of the router loop until the clock reaches `until` (an arrival, the horizon, advance_to's
+        target; at least one): each admits and prefills a (mini-)batch, or decodes every step up to the next event
+        or the first step that ends at or after `until`. False when there is nothing to do (nothing running,
+        nothing queued)."""
+        while True:
+            if not self.running:
+                if self.ledger.num_queued == 0:
+                    return False
+                self._waited = 0
+                if not self._admit():
+                    raise RuntimeError("nothing fits an empty engine")  # oversized requests are rejected earlier
+            elif self._waited >= self._wait and self.ledger.num_queued and self.step >= self._next_try:
+                self._try(until)
+            else:
+                self._decode(until)
+            if self.now >= until or self.observer:
+                return True
+
+    def _try(self, until: float) -> None:
+        """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
+        head = None
+        if self._charging is not Charging.EVERY_STEP:  # NOTE: a try that would fail is not needed to know it
+            head = self._first()
+            first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
+            if first != self.step:
+                self._refused = head
+                self._next_try = self._when_admission_can_succeed(self.step + 1, first)
+                self._decode(until)
+                return
+        if self._admit(head):
+            self._waited = 0
+            if self._charging is not Charging.EVERY_STEP and self.ledger.num_queued and self.running:
+                self._refused = self._first()  # NOTE: after the prefill's charges; it did not fit this round
+                self._next_try = self._when_admission_can_succeed(self.step + self._wait)
+            return
+        self._next_try = self._when_admission_can_succeed(self.step + 1)
+        self._decode(until)
+
+    def _admit(self, first: Request | None = None) -> bool:
+        """One admission round (`first`: the policy's next request, if just looked up)."""
+        cfg, lazy = self.config, self._charging is Charging.LAZY
+        if self._charging is Charging.EVERY_STEP:
             self._sync()
-        if cfg.mode == "reserve":
-            if self._index is None:
-                self._index = ReserveIndex(
-                    [(r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in running]
-                )
-            budget: ReserveBudget | PagedBudget = ReserveBudget(
+        budget: ReserveBudget | PagedBudget
+        if self._index is not None:
+            budget = ReserveBudget(
                 self._index,
                 self.step,
                 cfg.kv_tokens,
@@ -221,14 +324,24 @@ class SimEngine:
                 cfg.running_max,
                 self._extra,
                 cfg.reserve_per_client_tokens,
-                {r.tenant for r in running},
+                self._tenants,
             )
         else:
             budget = PagedBudget(
-                self.kv_used, len(running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
+                self.kv_used, len(self.running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
             )
-        # NOTE: this engine's ledger holds only SimRequests, so what it admits is one
-        batch: list[SimRequest] = self.ledger.admit(budget.try_add)  # type: ignore[arg-type, assignment]
+        batch: list[SimRequest] = []
+        peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
+        while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
+            req, first = first or peek(), None
+            if req is None or not budget.try_add(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
+                break
+            pop()
+            if lazy:
+                self._queue_sizes(req, False)  # type: ignore[arg-type]
+            batch.append(req)  # type: ignore[arg-type]
+        self._refused = req
+        budget.close()
         if batch:
             self._prefill(batch)
         return bool(batch)
@@ -249,40 +362,136 @@ class SimEngine:
             r.step_base = step
             self.kv_used += r.prompt_tokens + self._extra + r.generated
             self.running[r] = None
-            r.end_step = step + r.output_tokens - r.generated
+            self._start(r)
+            r.end_step = step + r.output_tokens - r.generated  # NOTE: the reserve index has it (ReserveBudget.close)
             if r.end_step == step:
                 self._finish(r)
             else:
                 heapq.heappush(self._ends, (r.end_step, r.seq, r))
-        self._index = None
+        self._next_try = 0
         if self.observer:
             self.observer(self)
 
-    def _decode(self) -> None:
-        if self.config.mode == "paged":
-            while self.kv_used + len(self.running) > self.config.kv_tokens:
-                self._preempt(next(reversed(self.running)))
-            if not self.running:
-                return
+    def _decode(self, until: float) -> None:
+        """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary,
+        and the steps go on if they change nothing that is due."""
         n = len(self.running)
-        dt = self.latency.decode_step_s(n, self.kv_used)
-        self.now += dt
-        self.busy_s += dt
-        self.step += 1
-        self.kv_used += n
-        ends, step = self._ends, self.step
-        while ends and ends[0][0] <= step:
-            r = heapq.heappop(ends)[2]
-            if r.state is RequestState.RUNNING:
-                r.generated = r.generated_at(step)
-                self._finish(r)
+        if self._paged and self.kv_used + n > self._kv:
+            while self.kv_used + len(self.running) > self._kv:
+                self._preempt(next(reversed(self.running)))
+            n = len(self.running)
+            if not n:
+                self._waited += 1
+                return
+        steps = max(1, self._quiet_steps(n))  # NOTE: an iteration that decodes decodes at least one step
+        while True:
+            done = self._run_steps(n, steps, until)
+            self.step = step = self.step + done
+            self.kv_used += n * done
+            self._waited += done
+            ends = self._ends
+            if ends and ends[0][0] <= step:
+                while ends and ends[0][0] <= step:
+                    e, _, r = heapq.heappop(ends)
+                    if r.state is RUNNING and r.end_step == e:  # NOTE: a preempted run's entry drops here
+                        r.generated = r.generated_at(step)
+                        self._finish(r)
+                break
+            if self.observer or self.now >= self._horizon:
+                break
+            if not (self._arrived < len(self._pending) and self._pending[self._arrived].arrival_s <= self.now):
+                break  # the steps planned are done, or the clock reached `until`
+            until = min(self._arrive(), self._horizon)
+            steps = self._quiet_steps(n)
+            if steps < 1:
+                break  # the arrivals made a try due
         if self.observer:
             self.observer(self)
+
+    def _quiet_steps(self, n: int) -> int:
+        """The decode steps from now to the next event: a finish, an admission that may succeed, the pool running
+        out (paged). 0 if a try is due now."""
+        if self.observer:
+            return 1
+        step = self.step
+        steps = self._next_finish() - step
+        if self._paged:
+            room = (self._kv - self.kv_used - n) // n + 1
+            if room < steps:
+                steps = room
+        if self.ledger.num_queued:
+            wait = self._wait - self._waited
+            try_in = self._next_try - step
+            if wait < try_in:
+                wait = try_in
+            if wait < steps:
+                steps = wait
+        return steps
+
+    def _run_steps(self, n: int, steps: int, until: float) -> int:
+        """Decode `steps` steps of the batch (stopping after the first that ends at or after `until`); returns how
+        many. Durations are added one at a time, in order, exactly as a loop over the steps adds them."""
+        now, busy, kv, one = self.now, self.busy_s, self.kv_used, self.latency.decode_step_s
+        dt = one(n, kv)
+        if dt > 0 and until - now < (SHORT_RUN - 1) * dt:
+            steps = min(steps, SHORT_RUN)  # NOTE: steps only grow longer with the context: `until` comes first
+        done = 0
+        if steps <= SHORT_RUN:
+            while True:
+                now += dt
+                busy += dt
+                kv += n
+                done += 1
+                if done == steps or now >= until:
+                    break
+                dt = one(n, kv)
+        else:
+            while done < steps and now < until:
+                take = steps - done
+                if dt > 0 and until != float("inf"):
+                    take = min(take, max(SHORT_RUN, int((until - now) / dt) + 2))
+                dts = decode_steps_s(self.latency, n, kv, take)
+                busy_dts = dts.copy()
+                dts[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
+                np.cumsum(dts, out=dts)
+                take = min(take, int(np.searchsorted(dts, until, side="left")) + 1)
+                now = float(dts[take - 1])
+                busy_dts[0] += busy
+                busy = float(np.cumsum(busy_dts[:take])[-1])
+                kv += n * take
+                done += take
+                dt = one(n, kv)
+        self.now, self.busy_s = now, busy
+        return done
+
+    # ---- requests starting and stopping ------------------------------------------------------------------------
+    def _start(self, r: SimRequest) -> None:
+        group = self._tenants.get(r.tenant)
+        if self._charging is Charging.LAZY:
+            if group:
+                self._charge(r.tenant)
+            self._charged[r.tenant] = self.step
+            self.ledger.output(r, r.generated - r.output_done)  # its first token: now its tenant is up to date
+        if group is None:
+            self._tenants[r.tenant] = [r]
+        else:
+            group.append(r)
+
+    def _stop(self, r: SimRequest) -> None:
+        """Take a running request out of the batch (it ends or is preempted)."""
+        del self.running[r]
+        group = self._tenants[r.tenant]
+        group.remove(r)
+        if not group:
+            del self._tenants[r.tenant]
+            self._charged.pop(r.tenant, None)
+        if self._index is not None:
+            self._index.remove(r.end_step, r.prompt_tokens + self._extra + r.output_tokens)
+        self.kv_used -= r.prompt_tokens + self._extra + r.generated
+        self._next_try = 0
 
     def _finish(self, r: SimRequest) -> None:
-        self._index = None
-        del self.running[r]
-        self.kv_used -= r.prompt_tokens + self._extra + r.generated
+        self._stop(r)
         r.finish_s = r.last_token_s = self.now
         self.ledger.output(r, r.generated - r.output_done)
         self.ledger.settle(r)
@@ -291,26 +500,19 @@ class SimEngine:
     def _preempt(self, r: SimRequest) -> None:
         """Evict-and-recompute, as vLLM: free its KV cache; it re-prefills prompt + generated tokens later."""
         r.generated = r.generated_at(self.step)
-        self._index = None
-        del self.running[r]
-        self.kv_used -= r.prompt_tokens + self._extra + r.generated
-        self._ends = [e for e in self._ends if e[2] is not r]
-        heapq.heapify(self._ends)
+        self._stop(r)
         self.ledger.output(r, r.generated - r.output_done)
         self.ledger.requeue(r)
         self.preemptions += 1
-
-    def _sync(self) -> None:
-        """Charge every running request for the tokens decoded since its last charge."""
-        step, output = self.step, self.ledger.output
-        for r in self.running:
-            n = r.generated + step - r.step_base - r.output_done
-            if n:
-                output(r, n)
+        if self._charging is Charging.LAZY:
+            self._queue_sizes(r, True)
 
 
-def _record(r: SimRequest, step: int, end_s: float) -> RequestRecord:
-    status = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}.get(r.state, "unfinished")
+_STATUS = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}
+
+
+def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
+    status = _STATUS.get(r.state, "unfinished")
     if r.state is RequestState.RUNNING:
         r.last_token_s = end_s
     return RequestRecord(

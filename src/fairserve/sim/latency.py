@@ -1,10 +1,13 @@
 """GPU latency models for the continuous-batching simulator.
 
 The simulator asks a `LatencyModel` for (a) `prefill_s(prompt_lens)`: one prefill pass over a mini-batch of new
-requests, which also yields each request's first output token, and (b) `decode_step_s(batch_size, context_tokens)`:
+requests, which also yields each request's first output token, (b) `decode_step_s(batch_size, context_tokens)`:
 one decode step of the running batch, where context_tokens = sum over running requests of (prompt tokens + tokens
-generated so far). decode_step_s runs ~20,000 times per simulated 10 minutes, so it is a few float operations on
-precomputed constants. An empty prefill costs 0; decode expects batch_size >= 1.
+generated so far), and (c) `decode_steps_s(batch_size, context_tokens, steps)`: the durations of that many
+consecutive decode steps of an unchanged batch (the context grows by batch_size a step), as one numpy array whose
+values are bit for bit those (b) gives one by one: the engine adds them in order, as a step-by-step loop would, so a
+run of many steps costs one vectorised evaluation. (b) is a few float operations on precomputed constants. An empty
+prefill costs 0; decode expects batch_size >= 1.
 
 Every model adds a `StepOverhead` to each pass: the server's work outside the model forward (sampling, device -> host
 syncs, Python bookkeeping, handing tokens to the detokenizer), which a forward-only profile or a roofline does not see.
@@ -25,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from ..workloads.base import DEFAULT_KV_TOKENS, DEFAULT_LATENCY_PROFILE
 from .hardware import GPUS, MODELS, GpuSpec, ModelSpec
@@ -47,6 +52,7 @@ __all__ = [
     "LATENCY_MODELS",
     "get_latency_model",
     "default_kv_tokens",
+    "decode_steps_s",
     "PROFILE_FILENAME",
     "ProfileRow",
     "profile_rows",
@@ -64,6 +70,23 @@ class LatencyModel(Protocol):
     def prefill_s(self, prompt_lens: Sequence[int]) -> float: ...
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float: ...
+
+    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray: ...
+
+
+def decode_steps_s(model: Any, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
+    """`model.decode_steps_s(...)`; for a model that only has `decode_step_s`, its values one by one."""
+    many = getattr(model, "decode_steps_s", None)
+    if many is not None:
+        return np.asarray(many(batch_size, context_tokens, steps), dtype=float)
+    one = model.decode_step_s
+    return np.array([one(batch_size, context_tokens + batch_size * k) for k in range(steps)], dtype=float)
+
+
+def _contexts(batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
+    """The context of each of `steps` decode steps (it grows by one token per request per step), as floats: whole
+    numbers, exact (as Python turns an int into a float before multiplying)."""
+    return np.arange(context_tokens, context_tokens + batch_size * steps, batch_size, dtype=np.float64)
 
 
 def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
@@ -131,6 +154,9 @@ class ConstantLatency:
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.decode_s
 
+    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
+        return np.full(steps, self.decode_s)
+
 
 @dataclass(frozen=True, slots=True)
 class LinearLatency:
@@ -176,6 +202,15 @@ class LinearLatency:
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         t = self._dec0 + self.decode_per_seq_s * batch_size + self.decode_per_context_token_s * context_tokens
         return t + self.large_batch_s if batch_size > self.large_batch_from else t
+
+    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
+        # NOTE: the same operations in the same order as decode_step_s, so every value is the same float
+        t = _contexts(batch_size, context_tokens, steps)
+        np.multiply(t, self.decode_per_context_token_s, out=t)
+        np.add(t, self._dec0 + self.decode_per_seq_s * batch_size, out=t)
+        if batch_size > self.large_batch_from:
+            np.add(t, self.large_batch_s, out=t)
+        return t
 
     def forward_only(self) -> LinearLatency:
         """The same model without the server overhead: what a forward-only profile measures."""
@@ -228,6 +263,12 @@ class RooflineLatency:
         compute = self._tok_flop * batch_size + self._attn_flop * context_tokens
         memory = self._w_mem + self._kv_mem * context_tokens
         return (compute if compute > memory else memory) + self.overhead.decode_s
+
+    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
+        ctx = _contexts(batch_size, context_tokens, steps)
+        compute = self._tok_flop * batch_size + self._attn_flop * ctx
+        memory = self._w_mem + self._kv_mem * ctx
+        return np.where(compute > memory, compute, memory) + self.overhead.decode_s
 
     @property
     def decode_overhead_s(self) -> float:
@@ -322,7 +363,7 @@ def default_kv_tokens(name: str = DEFAULT_LATENCY_PROFILE) -> int:
     raise _unknown(name)
 
 
-# ---- fitting the profile (used by benchmarks/fit_profile.py and tests; needs numpy, imported lazily) ----
+# ---- fitting the profile (used by benchmarks/fit_profile.py and tests) ----
 
 PROFILE_FILENAME = "a10g_llama2_7b_batch_profile.json"
 
@@ -368,8 +409,6 @@ def load_profile(path: str | Path) -> list[ProfileRow]:
 def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[float]:
     """argmin_{c >= 0} sum(((F c - y) / y)^2), exactly: the optimum is the unconstrained fit on its support, so try
     every support (2^k, k <= 3) and keep the best feasible one."""
-    import numpy as np
-
     y = np.asarray(targets, dtype=float)
     a = np.asarray(features, dtype=float) / y[:, None]
     ones = np.ones_like(y)

@@ -1,0 +1,344 @@
+"""A sweep's grid, from a small TOML file and/or flags: the swept axes (policies, workloads or traces, KV pool sizes,
+weights, seeds) and the options every run shares; `SweepConfig.points()` is one `Point` per run."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core import check_nodes, check_policy, make_cost, parse_weights
+from ..sim import get_latency_model
+from ..sim.engine import Mode
+from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as given: one line for a human (the CLI prints it as `fairserve: error: ...`)."""
+
+
+Weights = tuple[tuple[str, float], ...]  # (tenant or group path, weight), sorted; None: the workload's own
+DEFAULT = "default"  # in `kv_tokens` and `weights`: the workload's own pool or weights
+ENGINE_MODES = ("reserve", "paged")
+KEYS = (
+    "policies",
+    "workloads",
+    "traces",
+    "trace_format",
+    "kv_tokens",
+    "weights",
+    "seeds",
+    "duration",
+    "cost",
+    "w_p",
+    "w_q",
+    "engine_mode",
+    "profile",
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a run's requests come from: a named workload, or a trace file."""
+
+    kind: str  # "workload" | "trace"
+    name: str  # the workload's name, or the trace's absolute path
+    label: str  # shown in tables and figures: the name, or the path as given
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name}
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every run of a sweep shares."""
+
+    duration_s: float | None = None  # named workloads only; traces run to their own length
+    trace_format: str = "auto"
+    cost: str = "linear"
+    w_p: float = 1.0
+    w_q: float = 2.0
+    engine_mode: Mode = "reserve"
+    profile: str | None = None  # latency model; None: the workload's
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid."""
+
+    policy: str
+    source: Source
+    kv_tokens: int | None  # None: the workload's pool
+    weights: Weights | None
+    seed: int
+    options: Options
+
+    def spec(self) -> dict[str, Any]:
+        """Everything that decides the run's outcome, as JSON (with the workload file's hash: the run's identity)."""
+        return {
+            "policy": self.policy,
+            "source": self.source.to_dict(),
+            "kv_tokens": self.kv_tokens,
+            "weights": [list(w) for w in self.weights] if self.weights is not None else None,
+            "seed": self.seed,
+            **asdict(self.options),
+        }
+
+    @property
+    def group(self) -> tuple[str, str, str, str]:
+        """The point without its seed, as labels: (policy, workload, kv_tokens, weights); a table row."""
+        return (self.policy, self.source.label, kv_label(self.kv_tokens), weights_label(self.weights))
+
+
+AXES = ("policy", "workload", "kv_tokens", "weights")  # the columns of `Point.group`
+
+
+def kv_label(kv: int | None) -> str:
+    return DEFAULT if kv is None else str(kv)
+
+
+def weights_label(w: Weights | None) -> str:
+    return DEFAULT if w is None else ",".join(f"{k}={v:g}" for k, v in w)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    policies: tuple[str, ...]
+    workloads: tuple[str, ...] = ()
+    traces: tuple[str, ...] = ()  # absolute paths
+    trace_labels: tuple[str, ...] = ()  # the paths as given
+    kv_tokens: tuple[int | None, ...] = (None,)
+    weights: tuple[Weights | None, ...] = (None,)
+    seeds: tuple[int, ...] = (0,)
+    options: Options = field(default_factory=Options)
+
+    @property
+    def sources(self) -> list[Source]:
+        return [Source("workload", w, w) for w in self.workloads] + [
+            Source("trace", t, label) for t, label in zip(self.traces, self.trace_labels, strict=True)
+        ]
+
+    def points(self) -> list[Point]:
+        """Policy-major grid order, seeds innermost (the table's order)."""
+        return [
+            Point(p, s, kv, w, seed, self.options)
+            for p, s, kv, w, seed in itertools.product(
+                self.policies, self.sources, self.kv_tokens, self.weights, self.seeds
+            )
+        ]
+
+    @property
+    def swept(self) -> list[str]:
+        """The axes of `AXES` other than the policy with more than one value."""
+        sizes = {"workload": len(self.sources), "kv_tokens": len(self.kv_tokens), "weights": len(self.weights)}
+        return [a for a in AXES[1:] if sizes[a] > 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full configuration, as recorded in every result file (and readable back by `from_mapping`)."""
+        return {
+            "policies": list(self.policies),
+            "workloads": list(self.workloads),
+            "traces": list(self.traces),
+            "kv_tokens": [DEFAULT if kv is None else kv for kv in self.kv_tokens],
+            "weights": [weights_label(w) for w in self.weights],
+            "seeds": list(self.seeds),
+            "duration": self.options.duration_s,
+            "trace_format": self.options.trace_format,
+            "cost": self.options.cost,
+            "w_p": self.options.w_p,
+            "w_q": self.options.w_q,
+            "engine_mode": self.options.engine_mode,
+            "profile": self.options.profile,
+        }
+
+
+def seeds_text(seeds: tuple[int, ...]) -> str:
+    """'0-49 (50 seeds)', or the list."""
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]} ({len(seeds)} seeds)"
+    return ", ".join(map(str, seeds)) + f" ({len(seeds)} seed{'s' if len(seeds) != 1 else ''})"
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """A sweep file's keys (see docs/sweeps.md), with trace paths made relative to the file's folder."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise SweepError(f"sweep file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SweepError(f"{path}: not a valid TOML file: {e}") from None
+    unknown = [k for k in doc if k not in KEYS]
+    if unknown:
+        raise SweepError(f"{path}: unknown key {unknown[0]!r}; the keys are: {', '.join(KEYS)}")
+    if "traces" in doc:
+        doc["traces"] = [(str(p.parent / t), t) if isinstance(t, str) else t for t in _list(doc["traces"], "traces")]
+    return doc
+
+
+def from_mapping(values: Mapping[str, Any]) -> SweepConfig:
+    """A checked `SweepConfig` from TOML-like values (lists, or comma-separated text; see docs/sweeps.md)."""
+    policies = tuple(_names(values.get("policies"), "policies"))
+    if not policies:
+        raise SweepError("a sweep needs at least one policy (policies = [...] or --policy)")
+    workloads = tuple(_names(values.get("workloads"), "workloads"))
+    traces = [(t, t) if isinstance(t, str) else tuple(t) for t in _list(values.get("traces", []), "traces")]
+    if not workloads and not traces:
+        raise SweepError(
+            "a sweep needs a workload or a trace (workloads = [...] or traces = [...]; --workload, --trace)"
+        )
+    options = _options(values)
+    config = SweepConfig(
+        policies=policies,
+        workloads=workloads,
+        traces=tuple(str(Path(t).resolve()) for t, _ in traces),
+        trace_labels=tuple(label for _, label in traces),
+        kv_tokens=tuple(_kv(v) for v in _list(values.get("kv_tokens", [DEFAULT]), "kv_tokens")),
+        weights=tuple(_weights(v) for v in _list(values.get("weights", [DEFAULT]), "weights")),
+        seeds=parse_seeds(values.get("seeds", 1)),
+        options=options,
+    )
+    _check(config)
+    return config
+
+
+def parse_seeds(value: Any) -> tuple[int, ...]:
+    """N (seeds 0 to N-1), "A-B" (A to B inclusive), or a list ("1,5,9" or [1, 5, 9]); seeds are integers >= 0."""
+    bad = SweepError(f"seeds: expected N, A-B or a list of integers >= 0, got {value!r}")
+    if isinstance(value, str) and "," not in value:
+        a, dash, b = value.strip().partition("-")
+        try:
+            if dash:
+                lo, hi = int(a), int(b)
+                if not 0 <= lo <= hi:
+                    raise bad
+                return tuple(range(lo, hi + 1))
+            value = int(a)
+        except ValueError:
+            raise bad from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise SweepError(f"seeds: a count must be at least 1, got {value}")
+        return tuple(range(value))
+    items = _list(value, "seeds")
+    try:
+        seeds = tuple(int(s) for s in items if not isinstance(s, bool | float))
+    except (TypeError, ValueError):
+        raise bad from None
+    if not seeds or len(seeds) != len(items) or min(seeds) < 0:
+        raise bad
+    _unique(seeds, "seeds")
+    return seeds
+
+
+def _list(value: Any, key: str) -> list[Any]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise SweepError(f"{key}: expected a list, got {value!r}")
+
+
+def _names(value: Any, key: str) -> list[str]:
+    names = _list(value if value is not None else [], key)
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise SweepError(f"{key}: expected names, got {value!r}")
+    names = [n.strip() for n in names]
+    _unique(names, key)
+    return names
+
+
+def _unique(items: Any, key: str) -> None:
+    seen: set[Any] = set()
+    for item in items:
+        if item in seen:
+            raise SweepError(f"{key} lists {item!r} twice")
+        seen.add(item)
+
+
+def _kv(value: Any) -> int | None:
+    if value == DEFAULT:
+        return None
+    try:
+        kv = int(value) if not isinstance(value, bool | float) else math.nan
+    except (TypeError, ValueError):
+        kv = math.nan
+    if not (isinstance(kv, int) and kv > 0):
+        raise SweepError(f"kv_tokens: expected whole numbers of tokens > 0 or {DEFAULT!r}, got {value!r}")
+    return kv
+
+
+def _weights(value: Any) -> Weights | None:
+    if value in (DEFAULT, "", None) or value == {}:
+        return None
+    if isinstance(value, Mapping):
+        value = ",".join(f"{k}={v}" for k, v in value.items())
+    if not isinstance(value, str):
+        raise SweepError(f"weights: expected NODE=W,... text, a table or {DEFAULT!r}, got {value!r}")
+    parsed = parse_weights(value, "weights")
+    assert parsed is not None  # NOTE: non-empty text parses to a dict or raises
+    return tuple(sorted(parsed.items()))
+
+
+def _number(values: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    v = values.get(key, default)
+    if v is None:
+        return None
+    try:
+        x = float(v) if not isinstance(v, bool) else math.nan
+    except (TypeError, ValueError):
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise SweepError(f"{key}: expected a number > 0, got {v!r}")
+    return x
+
+
+def _options(values: Mapping[str, Any]) -> Options:
+    fmt = values.get("trace_format", "auto")
+    if fmt not in TRACE_FORMATS:
+        raise SweepError(f"trace_format: expected one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
+    given = values.get("engine_mode", "reserve")
+    if given not in ENGINE_MODES:
+        raise SweepError(f"engine_mode: expected one of {', '.join(ENGINE_MODES)}, got {given!r}")
+    mode: Mode = "reserve" if given == "reserve" else "paged"
+    w_p, w_q = _number(values, "w_p", 1.0), _number(values, "w_q", 2.0)
+    assert w_p is not None and w_q is not None
+    return Options(
+        duration_s=_number(values, "duration", None),
+        trace_format=fmt,
+        cost=str(values.get("cost", "linear")),
+        w_p=w_p,
+        w_q=w_q,
+        engine_mode=mode,
+        profile=values.get("profile"),
+    )
+
+
+def _check(config: SweepConfig) -> None:
+    """Every name and value is checked before the first (slow) run."""
+    for spec in config.policies:
+        check_policy(spec)
+    for name in config.workloads:
+        if name not in ALL_WORKLOADS:
+            raise SweepError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOADS)}")
+    for path, label in zip(config.traces, config.trace_labels, strict=True):
+        if not Path(path).is_file():
+            raise SweepError(f"trace file not found: {label}")
+    opts = config.options
+    make_cost(opts.cost, opts.w_p, opts.w_q)
+    if opts.profile is not None:
+        get_latency_model(opts.profile)
+    _unique(config.kv_tokens, "kv_tokens")
+    _unique(config.weights, "weights")
+    given = [w for w in config.weights if w is not None]
+    if given:
+        from .work import load_workload  # NOTE: builds each source once, for its tenant names
+
+        for source in config.sources:
+            tenants = {a.client for a in load_workload(source, config.seeds[0], opts).arrivals}
+            for w in given:
+                check_nodes(tenants, [k for k, _ in w], f"weights ({source.label})")
