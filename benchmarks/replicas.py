@@ -1,26 +1,38 @@
-"""Overhead of shared state (Redis) on one gateway replica, measured side by side in one run: the same emulator
-behind `fairserve gateway` without `--state` and with `--state redis://...` (a local redis-server this script starts).
+"""Shared state (Redis) across gateway replicas, in three parts (`--parts`, default all), each measured side by side
+in one run against a local redis-server this script starts (loopback only, stopped at the end):
 
-Reports, per gateway: latency of a whole short stream (p50/p99, ms) with one request at a time, the most streamed
-requests per second with many at a time, and (with --state) Redis round trips per request during the load; then the
-time of one sync as the number of tenants grows (--tenants), with nothing or 10 tenants changed since the last one.
-Targets (issue 10): <= 0.5 ms p50 added, >= 0.9x throughput.
-Run: .venv/bin/python benchmarks/replicas.py [--requests 400] [--concurrency 32] [--rounds 5] [--tenants 10,1000]
+- overhead: the same instant emulator behind `fairserve gateway` without `--state` and with `--state redis://...`:
+  latency of a whole short stream (p50/p99, ms) one request at a time, the most streamed requests per second with
+  many at a time, and Redis round trips per request. Targets: <= 0.5 ms p50 added, >= 0.9x throughput.
+- fleet: three replicas sharing Redis against one gateway on the same two emulated backends (max_requests=20 each)
+  and the same traffic (`overload`, each client pinned to one replica), rounds interleaved (benchmarks/fleet.py).
+  Goals: >= 0.95x the throughput; backends at their limit in >= 95% of 100 ms samples taken while anything is
+  queued; the below-share client's mean time to first token within 1.5x of one gateway's.
+- sync: the time of one sync as the number of tenants grows (--tenants), with nothing changed, 10 tenants charged on
+  this replica, and 10 more charged elsewhere; the replica's CPU and Redis's time in the script (INFO commandstats).
+  Goals at 10,000 tenants with 10 changed: <= 0.5 ms on the replica, <= 0.2 ms in Redis; flat in the tenants.
+  (The load of many replicas on one Redis: benchmarks/redis_load.py.)
+Run: .venv/bin/python benchmarks/replicas.py [--parts overhead,fleet,sync] [--rounds 5] [--fleet-rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_overhead import load_args, measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
+from fleet import fleet  # noqa: E402
+from gateway_overhead import measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
 from support.processes import serve  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
@@ -31,89 +43,157 @@ from fairserve.gateway.scheduler import Backend  # noqa: E402
 from fairserve.gateway.shared_state import SharedState, StateSettings  # noqa: E402
 
 
-async def sync_ms(url: str, tenants: int, changed: int, rounds: int = 20) -> float:
-    """Median wall time of one replica's sync() (its Lua round trip and the Python on both sides) with `tenants`
-    tenants in Redis and `changed` of them charged since the last sync, another replica charging them."""
+@dataclass
+class SyncCost:
+    wall_ms: float  # median time of one sync() as the replica sees it: its Python, the round trip, the script
+    cpu_ms: float  # median CPU time of this process during one sync(): the replica's own part
+    redis_ms: float  # median time Redis spent in the script (INFO commandstats before and after each sync)
+
+
+def bench_replica(url: str, prefix: str, names: list[str]) -> SharedState:
+    """A replica without HTTP: a ledger of `names` and one backend, syncing only when told to."""
+    backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
+    state = SharedState(StateSettings(url, interval_s=600, prefix=prefix), backends, tokens_of=lambda r: 1)
+    Ledger(state.track(make_policy("vtc")), names, peers=state)
+    return state
+
+
+def charge(state: SharedState, tenants: list[str], key: object) -> None:
+    """One request of each of `tenants`, admitted and finished: 10 prompt tokens, 10 output tokens."""
+    for tenant in tenants:
+        req = state.ledger.arrive((key, tenant), tenant, 10, 10)
+        assert req is not None
+        state.ledger.pop()
+        state.ledger.output(req, 10)
+        state.ledger.settle(req)
+
+
+async def evalsha_usec(client) -> tuple[int, float]:
+    stats = await client.info("commandstats")
+    row = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+    return int(row["calls"]), float(row["usec"])
+
+
+async def sync_cost(url: str, tenants: int, here: int, elsewhere: int, rounds: int = 40) -> SyncCost:
+    """One replica's sync() with `tenants` tenants, `here` of them charged on it since its last sync and
+    `elsewhere` others charged by another replica (so the answer carries them): both sync in turn, `rounds` times."""
     names = [f"t{i}" for i in range(tenants)]
-
-    def replica() -> SharedState:
-        ledger = Ledger(make_policy("vtc"), names)
-        backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
-        return SharedState(
-            StateSettings(url, interval_s=600, prefix=f"bench{tenants}-{changed}"),
-            ledger,
-            backends,
-            tokens_of=lambda r: r.prompt_tokens,
-        )
-
-    reader, writer = replica(), replica()
-    await reader.start()
+    reader, writer = (bench_replica(url, f"bench{tenants}-{here}-{elsewhere}", names) for _ in range(2))
     await writer.start()
-    times = []
+    charge(writer, names, "seed")  # NOTE: every tenant known to Redis, as in a gateway that has run a while
+    await writer.sync()
+    await reader.start()  # NOTE: its first sync reads every tenant: then it is up to date
+    await writer.sync()
+    walls, cpus, redis_us = [], [], []
     for k in range(rounds):
-        for j in range(changed):
-            tenant = names[(k * changed + j) % tenants]
-            req = writer.ledger.arrive((k, j), tenant, 10, 10)
-            writer.ledger.pop()
-            writer.ledger.settle(req)
+        picks = [names[(k * (here + elsewhere) + j) % tenants] for j in range(here + elsewhere)]
+        charge(writer, picks[here:], k)
         await writer.sync()
-        t = time.perf_counter()
+        charge(reader, picks[:here], k)
+        calls0, usec0 = await evalsha_usec(reader._client)
+        c, t = time.process_time(), time.perf_counter()
         await reader.sync()
-        times.append(time.perf_counter() - t)
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+        calls1, usec1 = await evalsha_usec(reader._client)
+        if calls1 == calls0 + 1:  # NOTE: the INFO calls themselves are not scripts
+            redis_us.append(usec1 - usec0)
     await reader.stop()
     await writer.stop()
-    return statistics.median(times) * 1000
+    return SyncCost(
+        statistics.median(walls) * 1000, statistics.median(cpus) * 1000, statistics.median(redis_us or [0]) / 1000
+    )
 
 
 def round_trips(base: str) -> int:
     return httpx.get(base + "/healthz").json()["shared_state"]["round_trips"]
 
 
-def main() -> int:
-    a = load_args("replicas.py", __doc__, tenants=True)
-    if a is None:
-        return 2
-    import shutil
-    import tempfile
+def parse_args() -> argparse.Namespace | None:
+    p = argparse.ArgumentParser(prog="replicas.py", description=__doc__.splitlines()[0])
+    p.add_argument("--parts", type=lambda v: v.split(","), default=list(PARTS), help="overhead,fleet,sync")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--fleet-rounds", type=int, default=3)
+    p.add_argument("--fleet-duration", type=float, default=150.0, help="workload seconds per replay")
+    p.add_argument("--time-scale", type=float, default=10.0, help="of the emulators and the replay")
+    p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000, 100000])
+    a = p.parse_args()
+    if min(a.requests, a.concurrency, a.rounds, a.fleet_rounds) < 1 or set(a.parts) - set(PARTS):
+        print(f"replicas.py: --parts from {','.join(PARTS)}; counts must be >= 1", file=sys.stderr)
+        return None
+    return a
 
-    binary = shutil.which("redis-server")
-    if binary is None:
-        print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
-        return 1
+
+PARTS = ("overhead", "fleet", "sync")
+
+
+def overhead(redis_url: str, a: argparse.Namespace) -> None:
     rows: dict[str, list] = {"gateway": [], "gateway --state": []}
     trips: list[float] = []
     common = ["--tenant=a:key-a", "--no-access-log"]
-    with tempfile.TemporaryDirectory() as tmp, serve("emulate", "--time-scale", "1000000") as emulator:
-        redis = RedisServer(binary, free_port(), tmp)
-        redis.start()
-        try:
-            backend = f"--backend={emulator},max_requests=256"
-            with (
-                serve("gateway", backend, *common) as plain,
-                serve("gateway", backend, *common, "--state", redis.url) as shared,
-            ):
-                for _ in range(a.rounds):  # interleaved, so both see the same machine
-                    rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
-                    before = round_trips(shared)
-                    rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
-                    # NOTE: measure() sends 20 warm-up + requests/4 one at a time + requests at once
-                    trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
-            costs = {(n, c): asyncio.run(sync_ms(redis.url, n, c)) for n in a.tenants for c in (0, 10)}
-        finally:
-            redis.stop()
+    with serve("emulate", "--time-scale", "1000000") as emulator:
+        backend = f"--backend={emulator},max_requests=256"
+        with (
+            serve("gateway", backend, *common) as plain,
+            serve("gateway", backend, *common, "--state", redis_url) as shared,
+        ):
+            for _ in range(a.rounds):  # interleaved, so both see the same machine
+                rows["gateway"].append(asyncio.run(measure(plain, a.requests, a.concurrency)))
+                before = round_trips(shared)
+                rows["gateway --state"].append(asyncio.run(measure(shared, a.requests, a.concurrency)))
+                # NOTE: measure() sends 20 warm-up + requests/4 one at a time + requests at once
+                trips.append((round_trips(shared) - before) / (20 + a.requests // 4 + a.requests))
     stats = table("gateway", rows)
     g, s = stats["gateway"], stats["gateway --state"]
     print(
         f"added by --state: p50 {s[0] - g[0]:.2f} ms, p99 {s[1] - g[1]:.2f} ms; throughput {s[2] / g[2]:.2f}x; "
         f"Redis round trips per request {statistics.median(trips):.3f} (median of {a.rounds} rounds; includes "
-        f"the sync every 20 ms)"
+        f"the sync every 20 ms)\n"
     )
-    print()
-    print("| tenants | one sync, nothing changed (ms) | one sync, 10 tenants changed (ms) |")
-    print("|---:|---:|---:|")
+
+
+def sync_table(redis_url: str, a: argparse.Namespace) -> None:
+    cases = ((0, 0), (10, 0), (10, 10))  # charged (here, elsewhere) since the last sync
+    costs = {(n, c): asyncio.run(sync_cost(redis_url, n, *c)) for n in a.tenants for c in cases}
+    print(
+        "| tenants | nothing changed: sync | 10 changed: sync | of it on the replica (CPU) | of it in Redis "
+        "| 10 changed here and 10 elsewhere: sync | of it in Redis |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in a.tenants:
-        print(f"| {n:,} | {costs[n, 0]:.2f} | {costs[n, 10]:.2f} |")
-    return 0
+        idle, ten, both = (costs[n, c] for c in cases)
+        print(
+            f"| {n:,} | {idle.wall_ms:.2f} ms | {ten.wall_ms:.2f} ms | {ten.cpu_ms:.2f} ms | {ten.redis_ms:.3f} ms "
+            f"| {both.wall_ms:.2f} ms | {both.redis_ms:.3f} ms |"
+        )
+    print("(medians of 40 syncs; goals at 10,000 tenants, 10 changed: <= 0.5 ms on the replica, <= 0.2 ms in Redis)\n")
+
+
+def main() -> int:
+    a = parse_args()
+    if a is None:
+        return 2
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("replicas.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
+        return 1
+    status = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(binary, free_port(), tmp)
+        redis.start()
+        try:
+            if "overhead" in a.parts:
+                overhead(redis.url, a)
+            if "fleet" in a.parts:
+                status |= fleet(serve, redis.url, a.fleet_rounds, "overload", a.fleet_duration, a.time_scale, 20)
+                print()
+            if "sync" in a.parts:
+                sync_table(redis.url, a)
+        finally:
+            redis.stop()
+    return status
 
 
 if __name__ == "__main__":

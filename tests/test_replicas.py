@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import time
@@ -176,12 +177,14 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
     assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
     assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
-    # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + N·U, U the largest cost
-    # of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both backends
+    # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + (N + ⌈Δ·F⌉)·U, U the
+    # largest cost of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both
+    # backends, F the requests ending per second
     t0, t1 = middle(shared)
     served = sum(n for xs in shared.values() for at, n in xs if t0 <= at < t1)
     u, rate = 16 + 2 * TOKENS, 2 * served / (t1 - t0) * (16 + 2 * TOKENS) / (2 * TOKENS)
-    bound = 2 * u + 2 * 0.01 * rate + 3 * u
+    ending = served / TOKENS / (t1 - t0)
+    bound = 2 * u + 2 * 0.01 * rate + (3 + math.ceil(0.01 * ending)) * u
     gaps = [gap for at, gap in spreads if t0 <= at < t1]
     print(f"largest counter gap while both backlogged: {max(gaps):.0f} (bound {bound:.0f})")
     assert gaps and max(gaps) <= bound, (max(gaps), bound)
@@ -202,6 +205,10 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
                 break
             assert time.monotonic() < deadline, "the weight did not reach the other replica within 1 s"
             time.sleep(0.02)
+        # /healthz under --state: each backend's limit over all replicas, and this replica's lease of it
+        rows = [httpx.get(g + "/healthz").json()["shared_state"]["backends"] for g in (g1, g2)]
+        assert [[x["limit_requests"] for x in r] for r in rows] == [[LIMIT, LIMIT]] * 2, rows
+        assert all(sum(r[j]["lease_requests"] for r in rows) <= LIMIT for j in range(2)), rows
 
 
 def gateway_process(urls, state: str):

@@ -4,121 +4,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.redis_server import redis_server
+from support.state_replicas import Clock, Replica, prefix, run, started
 
-from fairserve.core import Ledger, make_policy
-from fairserve.gateway.config import BackendConfig
-from fairserve.gateway.scheduler import Backend, claim
-from fairserve.gateway.shared_state import SharedState, SharedStateError, StateSettings, _text
-
-_prefixes = itertools.count()
+from fairserve.gateway.shared_state import SharedStateError, _text
 
 
 @pytest.fixture(scope="module")
 def redis():
     with redis_server() as server:
         yield server
-
-
-class Clock:
-    """A clock the test steps (`advance`): the replicas' timers and the expiries in Redis both read it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class Replica:
-    """A ledger, two backends and a link to the shared state: what a gateway replica holds, without HTTP. Admission
-    uses the gateway's own capacity check (`scheduler.claim`)."""
-
-    def __init__(
-        self,
-        url: str,
-        prefix: str,
-        limits=((4, None), (4, None)),
-        ttl_s: float = 3.0,
-        spare: int = 1,
-        policy: str = "vtc",
-        tenants=("heavy", "light"),
-        interval_s: float = 0.01,
-        hold_s: float = 0.5,
-        clock: Clock | None = None,
-    ) -> None:
-        self.backends = [
-            Backend(BackendConfig(url=f"http://b{i}", max_inflight_requests=r, max_inflight_tokens=t))
-            for i, (r, t) in enumerate(limits)
-        ]
-        self.state = SharedState(
-            StateSettings(url, interval_s=interval_s, ttl_s=ttl_s, prefix=prefix, spare=spare, hold_s=hold_s),
-            self.backends,
-            tokens_of=lambda r: r.prompt_tokens,
-            on_change=self.admit,
-            clock=clock,
-        )
-        self.ledger = Ledger(make_policy(policy), tenants, peers=self.state)
-        self.ids = itertools.count()
-        self.running = []
-
-    def arrive(self, tenant: str, prompt: int = 10, n: int = 1) -> None:
-        for _ in range(n):
-            self.ledger.arrive(next(self.ids), tenant, prompt, 10)
-        self.admit()
-
-    def _fits(self, req) -> bool:
-        req.item = claim(self.backends, req, req.prompt_tokens, self.state)
-        return req.item is not None
-
-    def admit(self) -> None:
-        self.running += self.ledger.admit(self._fits)
-
-    def finish(self, k: int | None = None) -> None:
-        done, self.running = (self.running, []) if k is None else (self.running[:k], self.running[k:])
-        for req in done:
-            req.item.requests -= 1
-            req.item.tokens -= req.prompt_tokens
-            self.ledger.output(req, 5)
-            self.ledger.settle(req)
-        self.admit()
-
-    def counter(self, tenant: str) -> float:
-        return self.ledger.accounts[tenant].counter
-
-
-def prefix() -> str:
-    return f"t{next(_prefixes)}"
-
-
-@contextlib.asynccontextmanager
-async def started(redis, n: int = 2, **kw) -> AsyncIterator[list[Replica]]:
-    """`n` replicas sharing a key prefix of their own (and a `Clock`, when given as `clock=`), started; stopped on the
-    way out, also when the test fails."""
-    p = prefix()
-    rs = [Replica(redis.url, p, **kw) for _ in range(n)]
-    try:
-        for r in rs:
-            await r.state.start()
-        yield rs
-    finally:
-        for r in rs:
-            await r.state.stop()
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def test_counters_service_and_weights_are_shared(redis):
@@ -153,7 +53,10 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
         async with started(redis, tenants=tenants, interval_s=600) as (a, b):
             pulled: list[set[str]] = []
             apply = b.state._apply
-            b.state._apply = lambda reply, snap: (pulled.append({_text(t) for t in reply[0][0::4]}), apply(reply, snap))
+            b.state._apply = lambda reply, *rest: (
+                pulled.append({_text(t) for t in reply[0]}),
+                apply(reply, *rest),
+            )
             await b.state.sync()
             assert pulled[-1] == set()  # b read everything at start; nothing changed since
             a.arrive("t7", prompt=100)
@@ -167,11 +70,11 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             assert pulled[-1] == {"t9"} and b.ledger.weights["t9"] == 3.0
             redis.stop()
             redis.start()  # empty: a new epoch; each replica writes back what it knows
+            n = len(pulled)
             for r in (a, b):
                 for _ in range(3):  # the first sync on a pooled connection finds it closed
                     if await r.state.sync():
                         break
-            n = len(pulled)
             for r in (a, b, b, b):
                 await r.state.sync()
             assert set(tenants) <= set().union(*pulled[n:]) and pulled[-1] == set()
@@ -202,6 +105,47 @@ def test_a_reset_on_one_replica_zeroes_the_counters_on_all(redis):
     run(main())
 
 
+def test_a_sync_whose_answer_is_lost_and_that_is_sent_again_charges_once(redis):
+    """Redis stalls (SIGSTOP) while a sync is on its way: the replica gives up waiting, Redis runs the script late,
+    and the replica sends the sync again. The shared service is what was served, not twice the stalled batch."""
+
+    async def main():
+        async with started(redis, 1) as (a,):
+            key, field = a.state.settings.prefix + ":s", "heavy"
+            a.arrive("heavy", prompt=100)  # charged 100 at admission
+            redis.pause()
+            try:
+                assert not await a.state.sync()  # times out: its answer is lost
+            finally:
+                redis.resume()
+            # the stalled script did run: Redis has the charge although the replica never heard back
+            assert await eventually(lambda: a.state._client.hget(key, field)) == b"100"
+            a.finish()  # + 10 for the output, charged while the first sync's answer was lost
+            for _ in range(3):  # the first sync on a pooled connection may find it closed
+                if await a.state.sync():
+                    break
+            assert a.state.up
+            assert float(await a.state._client.hget(key, field)) == 110 == a.ledger.accounts["heavy"].service
+
+    run(main())
+
+
+async def eventually(read, timeout_s: float = 5.0):
+    """`await read()` until it gives something other than None, within a bound (None if it never does)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := await read()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return value
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    """Wait until `condition()` holds, within a bound."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
 def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
     async def main():
         async with started(redis, limits=((1, None),), tenants=("x", "y", "z")) as (a, b):
@@ -209,7 +153,7 @@ def test_lift_uses_the_global_minimum_over_backlogged_tenants(redis):
             a.arrive("x", prompt=10)  # queued on a: x is backlogged there
             await a.state.sync()
             await b.state.sync()
-            assert b.state._elsewhere == {"x"}
+            assert [t for _, t in b.state._floor] == ["x"]  # backlogged anywhere: x, on a
             b.arrive("y", prompt=10)  # b: y goes from nothing queued to queued; lifted to x's counter...
             assert b.counter("y") >= 500  # ...(500), then admitted on b's slot and charged 10
             # without the shared floor the lift would look at b's own queue only (empty): no lift at all
@@ -241,6 +185,88 @@ def test_a_replica_admits_only_while_its_head_is_the_global_minimum(redis):
     run(main())
 
 
+def test_two_replicas_with_one_tenant_each_keep_the_backend_full(redis):
+    """Each replica's queue holds one tenant, both backlogged, their counters close (what VTC keeps them): as
+    requests end and the replicas sync in turn, the backend's whole limit stays in use, and service alternates."""
+
+    async def main():
+        async with started(redis, limits=((4, None),), interval_s=600) as (a, b):
+            a.arrive("heavy", n=40)
+            b.arrive("light", n=40)
+            for r in (a, b, a, b):
+                await r.state.sync()
+            in_use = []
+            for _ in range(30):
+                for r in (a, b):
+                    r.finish(1)
+                    await r.state.sync()
+                    r.admit()
+                in_use.append(a.backends[0].requests + b.backends[0].requests)
+            assert min(in_use[2:]) >= 3 and sorted(in_use)[len(in_use) // 2] == 4, in_use
+            assert abs(a.counter("heavy") - a.counter("light")) <= 3 * 20  # within a few requests (20 each)
+
+    run(main())
+
+
+def test_a_replica_waiting_for_capacity_syncs_at_its_interval_not_back_to_back(redis):
+    """Early syncs move capacity: one when a replica starts waiting, none for every dispatch while it waits."""
+
+    async def main():
+        async with started(redis, limits=((2, None),), interval_s=0.05, early_syncs=True) as (a, b):
+            a.arrive("heavy", n=4)
+            for r in (a, a):
+                await r.state.sync()
+            a.admit()
+            b.arrive("light", n=3)  # one runs on b's spare; two wait: a keeps the rest of the limit busy
+            start = b.state.round_trips
+            await asyncio.sleep(0.5)
+            assert b.ledger.num_queued == 2 and b.state.status()["waiting_for_capacity"]
+            assert b.state.round_trips - start <= 0.5 / 0.05 + 3, b.state.round_trips - start
+
+    run(main())
+
+
+def test_a_replica_waiting_for_capacity_syncs_as_soon_as_another_gives_it_back(redis):
+    """No periodic syncs (interval 600 s): what moves the capacity is a's early sync giving it back, and the wake-up
+    that sync publishes to b, which is waiting for it."""
+
+    async def main():
+        async with started(redis, limits=((4, None),), interval_s=600, early_syncs=True) as (a, b):
+            a.arrive("heavy", prompt=100, n=6)  # a takes what b's spare leaves: 3 running, 3 queued
+            await until(lambda: sum(x.requests for x in a.backends) == 3)
+            b.arrive("light", n=3)  # one runs on b's spare, two wait: b reports itself waiting
+            await until(lambda: b.state.status()["waiting_for_capacity"])
+            await b.state.sync()  # NOTE: the status says what the sync sent: this one has surely reached Redis
+            await a.state.sync()  # a hears that b waits for a smaller counter: heavy may not be admitted
+            trips = b.state.round_trips
+            a.finish(1)  # a's slot is free and a may not use it: a gives it back at once, b is woken
+            await until(lambda: b.ledger.num_queued == 1)
+            assert sum(x.requests for x in b.backends) == 2 and b.state.round_trips - trips <= 3
+
+    run(main())
+
+
+def test_status_shows_each_backends_limit_and_this_replicas_lease(redis):
+    async def main():
+        async with started(redis, limits=((4, None), (3, 90))) as (a, b):
+            a.arrive("heavy", n=6)
+            await a.state.sync()
+            a.admit()
+            rows = a.state.status()["backends"]
+            assert [(x["url"], x["limit_requests"], x["limit_tokens"]) for x in rows] == [
+                ("http://b0", 4, None),
+                ("http://b1", 3, 90),
+            ]
+            assert [x["lease_requests"] for x in rows] == [x.limit for x in a.backends]
+            assert rows[1]["lease_tokens"] == a.backends[1].token_limit and rows[1]["lease_tokens"] <= 90
+            assert (
+                sum(x["lease_requests"] for x in rows) + sum(x["lease_requests"] for x in b.state.status()["backends"])
+                <= 7
+            )
+
+    run(main())
+
+
 def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(redis):
     async def main():
         clock = Clock()
@@ -260,7 +286,7 @@ def test_one_replica_alone_reaches_the_full_limit_and_a_dead_ones_lease_expires(
             a.state._client = None
             clock.advance(0.7)  # past the TTL
             await c.state.sync()
-            assert sum(x.requests for x in c.backends) == 4 and c.state._elsewhere == frozenset()
+            assert sum(x.requests for x in c.backends) == 4 and "heavy" not in {t for _, t in c.state._floor}
             await c.state.stop()
 
     run(main())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -70,6 +71,15 @@ class RedisServer:
                 self.stop()
                 raise AssertionError(f"redis-server did not start on port {self.port}")
             time.sleep(0.05)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its connections but answers nothing until `resume()` (a stalled Redis)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

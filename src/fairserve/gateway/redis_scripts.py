@@ -1,165 +1,376 @@
-"""The atomic parts of the shared state across gateway replicas, as Lua scripts Redis runs in one step each
-(`shared_state.py` calls them; the key layout is described there)."""
+"""The atomic part of the shared state across gateway replicas: one Lua script Redis runs in one step per sync
+(`shared_state.py` calls it), and `sync_args` / `leave_args`, the one place that lays out its arguments.
 
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, reset(0/1), hold_ms, now_ms, epoch, since, then counted
-# sections:
+Every replica pointing at the same Redis URL and key prefix `P` shares:
+- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
+- which tenants are backlogged on which live replica (a set per replica, `P:bk:REPLICA`, and per tenant,
+  `P:bt:TENANT`; a dead replica's backlog is gone within `ttl_s`), the tenants backlogged on a replica that another
+  one charged since its last sync (`P:d:REPLICA`, in its next answer, so that the counters it orders its queue by
+  are never more than a sync late), and for the lift the tenants backlogged anywhere scored by counter (sorted set
+  `P:f:`, read in O(log n));
+- the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
+  (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
+  (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
+  live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
+  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads; a sync that
+  gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
+- the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
+  tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
+  generation of counter resets `P:rg`;
+- `P:sn`, the number of the last batch applied for each replica's token (`P:seen`: when each was last seen, so that
+  the numbers of replicas gone for an hour are forgotten);
+- `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
+  grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
+
+A sync costs what changed: every step touches the tenants this replica charged, lifted, or whose backlog it
+changed, at most `pull` tenants changed elsewhere, the replicas waiting for capacity, and a few keys per backend;
+a replica that expired is read once, by the sync that finds it expired. Nothing walks all tenants except a counter
+reset and the first sync of a replica (or of a Redis that lost its data), which reads them all."""
+
+from typing import Any
+
+# One round trip per sync. ARGV: prefix, replica, ttl_ms, hold_ms, now_ms, epoch, since, weights since, pull, batch,
+# reset (0/1), backlog mode ("+" changes, "=" the whole list), then counted sections:
 #   (now_ms: the time expiries are measured in; "" for Redis's own clock, a test's clock otherwise)
-#   (epoch, since: what this replica last read, as the data's epoch (set when Redis starts it) and its change number:
-#    the answer carries only the tenants changed since then; all of them when the epoch differs. A replica that had
-#    an epoch and finds none, finds that Redis lost its data: for hold_ms no lease grows beyond what its replica has
-#    in flight, so that every replica can report its requests in flight before capacity is handed out again)
+#   (epoch, since, weights since: what this replica last read, as the data's epoch (set when Redis starts it) and
+#    two change numbers (`P:seq` counts every change to a tenant's counter, service or weight, `P:wseq` the weights
+#    set by an admin). The answer carries the tenants changed since `since`, at most `pull` of them, the oldest
+#    changes first, and every weight set since `weights since`; all tenants when the epoch differs. A replica that
+#    had an epoch and finds none, finds that Redis lost its data: for hold_ms no lease grows beyond what its
+#    replica has in flight, so that every replica can report its requests in flight before capacity is handed out
+#    again)
+#   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
+#    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
+#    batch, and Redis, which may have run it, never charges twice)
 #   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
-#   backlogged here: n, then n x tenant
+#   backlog: n tenants now backlogged here (mode "=": all of them), then n tenants no longer backlogged here
+#   starved: the tenant at the head of this replica's queue when it may be admitted but no lease has room, else ""
 #   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
 #                          keep r, keep t)
 #     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
 #      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {changed tenants (flat: tenant, counter, service, weight; "" where unset), tenants backlogged elsewhere,
-#          leases (r, others waiting r (0/1), t, others waiting t per backend), live replicas, epoch, change number}.
-# Every change to a tenant's counter, service or weight gives it the sync's change number in P:v (P:seq counts them).
+# Returns {tenants: those charged or newly backlogged here, those backlogged here and charged elsewhere, those
+#          changed since `since`; their counters and services (three lists in the same order; nil where unset),
+#          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
+#          tenant, counter: the two smallest counters backlogged on any live replica), starved elsewhere (flat:
+#          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
+#          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
+#          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
+# NOTE: the floor lives in one sorted set per parent (`P:f:` + the parent's path, "" at the top), so that groups of
+# tenants can join the same structure. Lua's own work (making strings, calling commands) is most of a script's time:
+# hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
 SYNC_LUA = """
-local p, rid, ttl, reset, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local epoch, since = ARGV[7], ARGV[8]
+local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
+local batch, reset, mode = ARGV[10], ARGV[11], ARGV[12]
 local t = redis.call('TIME')
-local now = tonumber(ARGV[6]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local i = 8
+local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local i = 12
+local function nxt() i = i + 1; return ARGV[i] end
+local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
+local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
+local fmt = '%.17g'
+local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
+local rows, listed = {}, {}
+local function row(tenant)
+  if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
+end
+-- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
+-- backlogged anywhere scored by counter (`P:f:`)
+local function backlog(r, tenant)
+  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
+      and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
+    redis.call('ZADD', F, redis.call('HGET', C, tenant) or '0', tenant)
+  end
+end
+local function unbacklog(r, tenant)
+  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
+    redis.call('ZREM', F, tenant)
+  end
+end
+-- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
+-- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
+local function drop(r)
+  for _, url in ipairs(redis.call('SMEMBERS', p .. ':urls')) do
+    for _, k in ipairs({'r', 't'}) do
+      local key = p .. ':l' .. k .. ':' .. url
+      local v = redis.call('HMGET', key, 'g', 'u', 'g:' .. r, 'u:' .. r)
+      if v[3] then
+        redis.call('HSET', key, 'g', tonumber(v[1]) - tonumber(v[3]), 'u', tonumber(v[2]) - tonumber(v[4]))
+        redis.call('HDEL', key, 'g:' .. r, 'u:' .. r)
+      end
+    end
+  end
+  local key = p .. ':bk:' .. r
+  for _, tenant in ipairs(redis.call('SMEMBERS', key)) do unbacklog(r, tenant) end
+  redis.call('DEL', key, p .. ':d:' .. r)
+  redis.call('HDEL', ST, r)
+  redis.call('ZREM', R, r)
+end
+if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
+  drop(rid)
+  local st = redis.call('HGETALL', ST)
+  for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
+  redis.call('HDEL', p .. ':sn', batch)
+  redis.call('ZREM', p .. ':seen', batch)
+  return 1
+end
 local current = redis.call('GET', p .. ':e')
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
   if epoch ~= '' then redis.call('SET', p .. ':hold', now + hold_ms) end
 end
-local seq = nil
-local function touch(tenant)
-  if not seq then seq = redis.call('INCR', p .. ':seq') end
-  redis.call('ZADD', p .. ':v', seq, tenant)
-end
-local function nxt() i = i + 1; return ARGV[i] end
-local fmt = '%.17g'
-redis.call('ZREMRANGEBYSCORE', p .. ':r', '-inf', now)
+-- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
+local known = redis.call('ZSCORE', R, rid) and 1 or 0
+redis.call('ZADD', R, now + ttl, rid)
+local replicas = redis.call('ZCARD', R)
 local hold = tonumber(redis.call('GET', p .. ':hold') or '-1') > now
-redis.call('ZADD', p .. ':r', now + ttl, rid)
-if reset == '1' then
-  local all = redis.call('HKEYS', p .. ':c')
-  for _, tenant in ipairs(all) do
-    redis.call('HSET', p .. ':c', tenant, '0')
-    touch(tenant)
+-- the batch: applied once (a retried sync carries the same one)
+local colon = string.find(batch, ':', 1, true)
+local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
+local fresh = number > tonumber(redis.call('HGET', p .. ':sn', token) or '-1')
+if fresh then redis.call('HSET', p .. ':sn', token, number) end
+if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas gone for an hour
+  redis.call('ZADD', p .. ':seen', now, token)
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. ':seen', '-inf', now - 3600000)) do
+    redis.call('HDEL', p .. ':sn', old)
+    redis.call('ZREM', p .. ':seen', old)
   end
 end
-for _ = 1, tonumber(nxt()) do
-  local tenant, ds, dc, lift, bc, bs = nxt(), tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())
-  local c = tonumber(redis.call('HGET', p .. ':c', tenant) or bc)
-  local s = tonumber(redis.call('HGET', p .. ':s', tenant) or bs)
-  if lift ~= '' then c = math.max(c, tonumber(lift)) end
-  redis.call('HSET', p .. ':c', tenant, string.format(fmt, c + dc))
-  redis.call('HSET', p .. ':s', tenant, string.format(fmt, s + ds))
-  touch(tenant)
-end
-for _ = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  redis.call('HSET', p .. ':w', tenant, nxt())
-  touch(tenant)
-end
-for _ = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  if redis.call('HSETNX', p .. ':w', tenant, nxt()) == 1 then touch(tenant) end
-end
-local mine = {}
-for _ = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  mine[tenant] = true
-  redis.call('ZADD', p .. ':b', now + ttl, tenant .. '\\n' .. rid)
-end
-redis.call('ZREMRANGEBYSCORE', p .. ':b', '-inf', now)
-local elsewhere, seen = {}, {}
-for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
-  local nl = string.find(m, '\\n', 1, true)
-  local tenant, owner = string.sub(m, 1, nl - 1), string.sub(m, nl + 1)
-  if owner == rid then
-    if not mine[tenant] then redis.call('ZREM', p .. ':b', m) end
-  elseif not seen[tenant] then
-    seen[tenant] = true
-    table.insert(elsewhere, tenant)
+if fresh and reset == '1' then
+  redis.call('INCR', p .. ':rg')
+  local all = redis.call('HKEYS', C)
+  for a = 1, #all, 1000 do
+    local set = {}
+    for j = a, math.min(a + 999, #all) do set[#set + 1] = all[j]; set[#set + 1] = '0' end
+    redis.call('HSET', C, unpack(set))
   end
+  for _, tenant in ipairs(redis.call('ZRANGE', F, 0, -1)) do redis.call('ZADD', F, 0, tenant) end
 end
-local live = {}
-local replicas = redis.call('ZRANGE', p .. ':r', 0, -1)
-for _, r in ipairs(replicas) do live[r] = true end
-local function others(key, need_key)
-  -- the leases of the other live replicas, and their demand the leases do not cover; forgets dead replicas
-  local held, unmet, all, needs = 0, 0, redis.call('HGETALL', key), {}
-  local nall = redis.call('HGETALL', need_key)
-  for j = 1, #nall, 2 do needs[nall[j]] = tonumber(nall[j + 1]) end
-  for j = 1, #all, 2 do
-    local r = all[j]
-    if r ~= rid then
-      if live[r] then
-        local g = tonumber(all[j + 1])
-        held = held + g
-        unmet = unmet + math.max(0, (needs[r] or 0) - g)
-      else
-        redis.call('HDEL', key, r)
-        redis.call('HDEL', need_key, r)
+-- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
+local names, charged = {}, {}
+for j = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  names[j] = tenant
+  charged[j] = {tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())}
+  row(tenant)
+end
+if fresh and #names > 0 then
+  local k = redis.call('INCRBY', SEQ, #names) - #names
+  for a = 1, #names, 1000 do
+    local b = math.min(a + 999, #names)
+    local oc, os = redis.call('HMGET', C, unpack(names, a, b)), redis.call('HMGET', S, unpack(names, a, b))
+    local backlogged = redis.call('ZMSCORE', F, unpack(names, a, b))
+    local setc, sets, floor, log = {}, {}, {}, {}
+    for j = a, b do
+      local tenant, q = names[j], j - a + 1
+      local ds, dc, lift, bc, bs = unpack(charged[j])
+      local c, s = tonumber(oc[q] or bc), tonumber(os[q] or bs)
+      if lift ~= '' then c = math.max(c, tonumber(lift)) end
+      local cs = string.format(fmt, c + dc)
+      k = k + 1
+      setc[2 * q - 1], setc[2 * q] = tenant, cs
+      sets[2 * q - 1], sets[2 * q] = tenant, string.format(fmt, s + ds)
+      log[2 * q - 1], log[2 * q] = k, tenant
+      if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
+        floor[#floor + 1], floor[#floor + 2] = cs, tenant
+        for _, r in ipairs(redis.call('SMEMBERS', p .. ':bt:' .. tenant)) do
+          if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
+        end
       end
     end
+    redis.call('HSET', C, unpack(setc))
+    redis.call('HSET', S, unpack(sets))
+    if #floor > 0 then redis.call('ZADD', F, unpack(floor)) end
+    redis.call('ZADD', V, unpack(log))
   end
-  return held, unmet
 end
-local leases = {}
-local function lease(suffix, url, limit, used, need, spare, keep)
+for _ = 1, tonumber(nxt()) do
+  local tenant, w = nxt(), nxt()
+  if fresh then
+    redis.call('HSET', W, tenant, w)
+    touch(tenant)
+    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+  end
+  row(tenant)
+end
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  if redis.call('HSETNX', W, tenant, nxt()) == 1 then
+    touch(tenant)
+    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+  end
+end
+local bk = p .. ':bk:' .. rid
+if mode == '=' then
+  local want = {}
+  for _ = 1, tonumber(nxt()) do
+    local tenant = nxt()
+    want[tenant] = true
+    backlog(rid, tenant)
+    row(tenant)
+  end
+  for _, tenant in ipairs(redis.call('SMEMBERS', bk)) do
+    if not want[tenant] then
+      redis.call('SREM', bk, tenant)
+      unbacklog(rid, tenant)
+    end
+  end
+else
+  for _ = 1, tonumber(nxt()) do
+    local tenant = nxt()
+    backlog(rid, tenant)
+    row(tenant)
+  end
+end
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
+end
+-- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
+local starved = nxt()
+if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
+local waiting, heads = {}, {}
+local st = redis.call('HGETALL', ST)
+for j = 1, #st, 2 do
+  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] end
+end
+if #heads > 0 then
+  local counters = redis.call('HMGET', C, unpack(heads))
+  for j, tenant in ipairs(heads) do
+    waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
+  end
+end
+local leases, released = {}, false
+local function lease(k, url, limit, used, need, spare, keep)
   -- at least what is in flight and what the replica may admit before it reads this answer (never more than the
   -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
-  -- else is waiting for
-  local key, need_key = p .. ':g' .. suffix .. ':' .. url, p .. ':n' .. suffix .. ':' .. url
-  local old = tonumber(redis.call('HGET', key, rid) or '0')
-  local held, unmet = others(key, need_key)
+  -- else is waiting for. The others' leases and unmet demand are the sums less this replica's part.
+  local key, gf, uf = p .. ':l' .. k .. ':' .. url, 'g:' .. rid, 'u:' .. rid
+  local v = redis.call('HMGET', key, 'g', 'u', gf, uf)
+  if not v[3] then redis.call('SADD', p .. ':urls', url) end
+  local old, old_u = tonumber(v[3] or '0'), tonumber(v[4] or '0')
+  local held, unmet = tonumber(v[1] or '0') - old, tonumber(v[2] or '0') - old_u
   local g = used
   if not hold then
     g = math.max(used, math.min(need, limit - held))
     g = g + math.max(0, math.min(spare, limit - held - unmet - g))
   end
   g = math.max(g, math.min(keep, old))
-  redis.call('HSET', key, rid, g)
-  redis.call('HSET', need_key, rid, need)
-  table.insert(leases, g)
-  table.insert(leases, unmet > 0 and 1 or 0)
+  local u = math.max(0, need - g)
+  if g ~= old or u ~= old_u or not v[3] then
+    redis.call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
+  end
+  if g < old and unmet > 0 then released = true end
+  leases[#leases + 1] = g
+  leases[#leases + 1] = unmet > 0 and 1 or 0
 end
 for _ = 1, tonumber(nxt()) do
   local url, lr, lt, ur, ut, nr, nt, sr, st, kr, kt = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
     tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
     tonumber(nxt())
   lease('r', url, lr, ur, nr, sr, kr)
-  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else table.insert(leases, 0); table.insert(leases, 0) end
+  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else leases[#leases + 1] = 0; leases[#leases + 1] = 0 end
 end
-local tenants
-if current == epoch then
-  tenants = redis.call('ZRANGEBYSCORE', p .. ':v', '(' .. since, '+inf')
+-- room given back while others wait: the waiting replicas sync now rather than at their next interval
+if released then
+  for j = 1, #st, 2 do
+    if st[j] ~= rid then redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
+  end
+end
+-- what changed elsewhere: the oldest changes first, at most `pull` (all tenants for a replica new to this data)
+local d = redis.call('SMEMBERS', p .. ':d:' .. rid)
+if #d > 0 then
+  for _, tenant in ipairs(d) do row(tenant) end
+  redis.call('DEL', p .. ':d:' .. rid)
+end
+-- weights: only those set (by an admin, or seeded) since `weights since` (every tenant's for a replica new to this
+-- data), as the other changes do not move them
+local nsince, nwsince, wrows
+if current ~= epoch then
+  for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
+  nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
 else
-  tenants = redis.call('ZRANGE', p .. ':v', 0, -1)
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'LIMIT', 0, pull)
+  for _, tenant in ipairs(got) do row(tenant) end
+  nsince = #got == pull and redis.call('ZSCORE', V, got[#got]) or (redis.call('GET', SEQ) or '0')
+  local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
+  wrows = {}
+  for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
+  nwsince = #wgot > 0 and wgot[#wgot] or wsince
 end
-local changed = {}
-for _, tenant in ipairs(tenants) do
-  table.insert(changed, tenant)
-  table.insert(changed, redis.call('HGET', p .. ':c', tenant) or '')
-  table.insert(changed, redis.call('HGET', p .. ':s', tenant) or '')
-  table.insert(changed, redis.call('HGET', p .. ':w', tenant) or '')
+local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
+  if #list <= 1000 then return #list > 0 and redis.call('HMGET', key, unpack(list)) or {} end
+  local out = {}
+  for a = 1, #list, 1000 do
+    for _, v in ipairs(redis.call('HMGET', key, unpack(list, a, math.min(a + 999, #list)))) do out[#out + 1] = v end
+  end
+  return out
 end
-return {changed, elsewhere, leases, #replicas, current, redis.call('GET', p .. ':seq') or '0'}
+local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
+return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
+  nsince, nwsince, redis.call('GET', p .. ':rg') or '0', known}
 """
+# The answer's parts, in order (the comment above SYNC_LUA says what each holds).
+ANSWER = (
+    "tenants", "counters", "services", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
+    "since", "weights_since", "generation", "known",
+)  # fmt: skip
 
-# Leaving: this replica's leases and backlog stop counting at once. ARGV: prefix, replica, backend URLs...
-LEAVE_LUA = """
-local p, rid = ARGV[1], ARGV[2]
-redis.call('ZREM', p .. ':r', rid)
-for _, m in ipairs(redis.call('ZRANGE', p .. ':b', 0, -1)) do
-  if string.sub(m, -(#rid + 1)) == '\\n' .. rid then redis.call('ZREM', p .. ':b', m) end
-end
-for k = 3, #ARGV do
-  for _, h in ipairs({':gr:', ':gt:', ':nr:', ':nt:'}) do redis.call('HDEL', p .. h .. ARGV[k], rid) end
-end
-return 1
-"""
+
+def sync_args(
+    prefix: str,
+    replica: str,
+    ttl_ms: int,
+    hold_ms: int,
+    now_ms: int | str,
+    read: tuple[str, str, str, int],
+    batch: str,
+    reset: bool,
+    charges: list[Any],
+    weights: list[Any],
+    seeds: list[Any],
+    backlog: tuple[str, list[str], list[str]],
+    starved: str,
+    backends: list[list[Any]],
+) -> list[Any]:
+    """SYNC_LUA's ARGV, in the layout above: `read` = (epoch, since, weights since, pull), `charges`, `weights`,
+    `seeds` flat rows (6, 2 and 2 items each), `backlog` = (mode, now backlogged, no longer), `backends` 11 items
+    each."""
+    mode, added, gone = backlog
+    return [
+        prefix,
+        replica,
+        ttl_ms,
+        hold_ms,
+        now_ms,
+        *read,
+        batch,
+        "1" if reset else "0",
+        mode,
+        len(charges) // 6,
+        *charges,
+        len(weights) // 2,
+        *weights,
+        len(seeds) // 2,
+        *seeds,
+        len(added),
+        *added,
+        len(gone),
+        *gone,
+        starved,
+        len(backends),
+        *(x for b in backends for x in b),
+    ]
+
+
+def leave_args(prefix: str, replica: str, token: str) -> list[Any]:
+    """SYNC_LUA's ARGV for leaving: the replica's leases, backlog and wait stop counting at once, and the numbers of
+    its batches (`token`) are forgotten."""
+    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave"]

@@ -155,6 +155,8 @@ class Scheduler:
             else None
         )
         policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
+        if self.shared is not None:
+            policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
         self.ledger = Ledger(policy, self.tenants, cfg.weights(), peers=self.shared)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class Scheduler:
             if not t.admitted.done():
                 assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
-        if self.shared is not None and self.ledger.num_queued:
+        if self.shared is not None:  # NOTE: also with nothing queued: lease room this replica cannot use may move
             self.shared.waiting()
         self._wake_after_cooldown(now)
 

@@ -1,32 +1,34 @@
 """Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis.
 
-Every replica pointing at the same Redis URL shares:
-- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`);
-- which tenants are backlogged on which live replica (sorted set `P:b`, member `tenant\\nreplica`, scored by the
-  time it expires): a dead replica's backlog is gone within `ttl_s`;
-- the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
-  (hashes `P:gr:URL` requests, `P:gt:URL` tokens; `P:nr:URL`, `P:nt:URL` what each replica needs now): the leases
-  of all live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and
-  a dead replica's lease stops counting after `ttl_s`;
-- the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
-  tenant scored by the number of the sync that last changed it): a sync answers only the tenants changed since the
-  replica's last answer, so its cost follows the changes, not the number of tenants;
-- `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
-  grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
+What Redis holds, and the scripts that read and write it, are in `redis_scripts.py`.
+
+A sync costs what changed, on the replica and in Redis: the replica sends the accounts changed since its last sync
+(`Changes`, fed by the policy's hooks: no pass over all accounts) and its backlog's changes; Redis answers the
+global values of those, of at most `PULL` tenants changed elsewhere (the oldest changes first: under heavy churn
+the other tenants' local copies catch up within a few syncs, and a tenant's copy is refreshed whenever this replica
+charges it or it becomes backlogged here), of every weight set by an admin, and the two smallest counters
+backlogged anywhere. Only a counter reset, and a first sync (of a replica, or after Redis lost its data), read or
+write every tenant.
 
 Nothing on the request path waits for Redis: the replica keeps its own ledger, orders its queue by it, and admits
-within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when a queued
-request waits for a lease): one Lua script, one round trip, which adds this replica's charges since the last sync,
-refreshes its backlog and liveness, resizes its leases, and answers the global counter, service and weight of every
-tenant changed since this replica's last answer, who is backlogged elsewhere, and the new leases. The replica then
+within its lease, all synchronously. A background task calls `sync()` every `interval_s` (and early when capacity
+should move): one Lua script, one round trip, which adds this replica's charges since the last sync, updates its
+backlog and liveness, resizes its leases, and answers the global values above and the new leases. The replica then
 writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_weight`) and its leases into its
 backends' limits.
 
 Fairness across replicas: this is the ledger's `Peers`; the counter lift uses the smallest counter among tenants
-backlogged anywhere (`lift_floor`), and a replica admits its queue's head only while that head's counter is no
-larger than the smallest counter of a tenant backlogged on another replica (`may_admit`); a replica that may not
-admit shrinks its lease to what it has in flight, so the capacity flows to the replica holding the globally smallest
-counter.
+backlogged anywhere (`lift_floor`). A replica whose head may be admitted but finds no lease with room reports itself
+waiting, with that head's tenant (`P:st`); a replica admits its head unless another replica waits for a different
+tenant with a smaller counter (`may_admit`). One that may not admit shrinks its lease to what it has in flight and
+reports no wait, so the capacity flows to the replica holding the smallest waiting counter, and two replicas that
+each see the other first do not both stand still. A replica syncs early when it starts waiting, and when it holds
+lease room it cannot use while others wait (`waiting`); that sync wakes the waiting replicas (pub/sub, `_listen`),
+which sync at once.
+
+A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
+per replica): a sync whose answer was lost is sent again with the same batch, which Redis applies only if it did
+not already, so a timed-out sync that Redis ran late never charges twice.
 
 Leases are safe against every interleaving of a replica's admissions with its syncs: while a sync is in flight the
 replica admits only within `keep` (at most its lease, at least what it has in flight), and the script never sets
@@ -50,9 +52,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core import Account, Ledger, Request
+from ..core import Account, Ledger, Policy, Request
 from .config import redact, redact_text
-from .redis_scripts import LEAVE_LUA, SYNC_LUA
+from .redis_scripts import SYNC_LUA, leave_args, sync_args
+from .shared_changes import Changes, _text
 
 log = logging.getLogger("fairserve.gateway.state")
 
@@ -60,6 +63,7 @@ DEFAULT_INTERVAL_S = 0.02  # how often charges are flushed and global counters p
 DEFAULT_TTL_S = 3.0  # a silent replica's leases and backlog stop counting after this long
 DEFAULT_SPARE = 1  # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
 DEFAULT_HOLD_S = 0.5  # after Redis lost its data: no lease grows until every live replica had time to report
+PULL = 32  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
 
 
 class SharedStateError(Exception):
@@ -88,10 +92,10 @@ class StateSettings:
 
 class SharedState:
     """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
-    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger attaches itself
-    (`Ledger(..., peers=shared)`) and asks it for the lift's floor. The scheduler calls `may_admit` (synchronous, no
-    I/O), `waiting` when a queued request waits for a lease, `set_weight` and `reset` (admin); everything else
-    happens in `sync()`."""
+    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger is built over `track(policy)` and
+    attaches itself (`Ledger(shared.track(policy), ..., peers=shared)`), and asks it for the lift's floor. The
+    scheduler calls `may_admit` (synchronous, no I/O), `waiting` after each dispatch, `set_weight` and `reset`
+    (admin); everything else happens in `sync()`."""
 
     def __init__(
         self,
@@ -116,8 +120,20 @@ class SharedState:
         self.last_sync = 0.0  # self.clock() of the last successful sync
         self.lease_until = 0.0  # self.clock() until which the leases of the last sync surely count
         self.replicas = 1  # live replicas at the last sync
-        self._elsewhere: frozenset[str] = frozenset()  # tenants backlogged on another live replica
-        self._epoch, self._seq = "", 0  # what the last answer was up to (only later changes are sent)
+        self.changes = Changes(tokens_of)  # what changed here since the last sync
+        self._floor: list[tuple[float, str]] = []  # the two smallest counters backlogged on any replica
+        # the heads of other live replicas that may admit them but have no lease with room: (counter, tenant),
+        # smallest first; while one of them is smaller than this replica's head, this replica does not admit
+        self._starved: list[tuple[float, str]] = []
+        self._sent_starved = False  # the last sync reported this replica starved
+        self._gained = False  # the last answer grew a lease: a replica starved again may sync early again
+        # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
+        # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
+        self._token = uuid.uuid4().hex[:12]
+        self._number = 0
+        self._unanswered: tuple[int, list[Any], list[Any], dict[Account, tuple[float, float]], bool] | None = None
+        self._epoch, self._seq, self._wseq = "", "0", "0"  # what the last answer was up to (only later changes come)
+        self._generation: str | None = None  # of counter resets, as of the last answer
         self._restore = False  # send every tenant next time: Redis lost its data
         self._weights: dict[str, float] = {}  # admin changes not yet sent
         self._seed: dict[str, float] = {}  # configured weights: set in Redis if not set there (`attach`)
@@ -126,8 +142,9 @@ class SharedState:
         self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
         self._client: Any = None
         self._sync_script: Any = None
-        self._leave_script: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._pubsub: Any = None
         self._stopping = False
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
@@ -147,7 +164,6 @@ class SharedState:
         except ValueError as e:
             raise SharedStateError(redact_text(f"bad shared state URL {redact(self.settings.url)!r}: {e}")) from None
         self._sync_script = self._client.register_script(SYNC_LUA)
-        self._leave_script = self._client.register_script(LEAVE_LUA)
         try:
             await self._client.ping()
         except (RedisError, OSError) as e:
@@ -158,7 +174,9 @@ class SharedState:
         await self.sync()
         if not self.up:
             raise SharedStateError(f"the shared state at {redact(self.settings.url)} did not answer a sync")
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        self._listener = loop.create_task(self._listen())
 
     async def stop(self) -> None:
         """Stop syncing and leave: this replica's leases and backlog stop counting at once (best effort)."""
@@ -169,9 +187,18 @@ class SharedState:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._listener is not None:
+            self._stopping = True
+            # NOTE: closing its connection ends the listener: redis-py's pub/sub read may not end on a cancel
+            if self._pubsub is not None:
+                await self._pubsub.aclose()
+            done, _ = await asyncio.wait({self._listener}, timeout=1.0)
+            if not done:
+                self._listener.cancel()
+            self._listener = None
         if self._client is not None:
             try:
-                await self._leave_script(args=[self.settings.prefix, self.replica, *(b.cfg.url for b in self.backends)])
+                await self._sync_script(args=leave_args(self.settings.prefix, self.replica, self._token))
             except Exception:  # NOTE: leaving is best effort: the TTL ends whatever is left
                 pass
             await self._client.aclose()
@@ -188,56 +215,79 @@ class SharedState:
             self._wake.clear()
             await self.sync()
 
+    async def _listen(self) -> None:
+        """Wake-ups: another replica's sync gave back capacity this replica waits for (pub/sub on `P:wake:REPLICA`),
+        so it syncs now rather than at its next interval."""
+        client = self._client
+        while not self._stopping:
+            pubsub = self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(f"{self.settings.prefix}:wake:{self.replica}")
+                async for _ in pubsub.listen():
+                    self._wake.set()
+            except Exception:  # NOTE: Redis lost: the sync loop reports it; listen again once it may be back
+                if not self._stopping:
+                    await asyncio.sleep(0.1)
+            finally:
+                self._pubsub = None
+                await pubsub.aclose()
+
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
+    def track(self, policy: Policy) -> Policy:
+        """`policy`, watched for what changes (build the ledger over it): a sync then sends only that."""
+        return self.changes.track(policy)
+
     def attach(self, ledger: Ledger) -> None:
         """The ledger whose counters this replica shares (called by `Ledger(..., peers=self)`)."""
         if not ledger.policy.capabilities.shares_counters:
             raise ValueError(f"shared state needs a policy that shares its counters, not {ledger.policy.name!r}")
+        if not Changes.tracked(ledger):
+            raise ValueError("shared state: build the ledger over SharedState.track(policy)")
         self.ledger = ledger
         self._seed = dict(ledger.weights)
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
-        """The lift's floor: the smallest counter among tenants backlogged here or on another live replica."""
-        accounts = self.ledger.accounts
+        """The lift's floor: the smallest counter among tenants backlogged here or on any live replica (as of the
+        last sync: the smallest two, so that the tenant's own is passed over)."""
+        self.changes.mark(acct)
         floor = local_floor
-        for other in self._elsewhere:
-            if other != acct.tenant:
-                c = accounts[other].counter if other in accounts else 0.0
-                if floor is None or c < floor:
-                    floor = c
+        for c, tenant in self._floor:
+            if tenant != acct.tenant:
+                floor = c if floor is None else min(floor, c)
+                break
         if floor is not None and floor > acct.counter:
             # NOTE: net of the charges since the last sync, which the sync adds after applying the lift
-            base = acct.synced if acct.synced is not None else acct.service
+            base = acct.synced if acct.synced is not None else 0.0
             net = floor - (acct.service - base) / acct.weight
             acct.lift = net if acct.lift is None else max(acct.lift, net)
         return floor
 
-    def floor_elsewhere(self) -> float | None:
-        """The smallest counter among tenants backlogged on other live replicas (as of the last sync)."""
-        accounts = self.ledger.accounts
-        counters = [accounts[t].counter for t in self._elsewhere if t in accounts]
-        return min(counters) if counters else None
-
     def may_admit(self, req: Request) -> bool:
-        """Whether this replica may admit `req`, its queue's head: its counter is no larger than any counter
-        backlogged elsewhere. Always True while degraded (no fresh view of the others)."""
-        if not self.up or not self._elsewhere:
+        """Whether this replica may admit `req`, its queue's head: unless another replica waits for capacity to
+        admit a different tenant with a smaller counter (as of the last sync), this replica uses its leases.
+        Always True while degraded (no fresh view of the others)."""
+        if not self.up:
             return True
-        floor = self.floor_elsewhere()
-        return floor is None or req.account.counter <= floor
+        for counter, tenant in self._starved:
+            if tenant != req.tenant:
+                return req.account.counter <= counter
+        return True
 
     def waiting(self) -> None:
-        """The scheduler's dispatch left requests queued: sync early if a larger lease could admit the head."""
+        """The scheduler dispatched: sync early when that can move capacity, that is when this replica has become
+        starved (its head may be admitted, no lease has room, and the last sync did not say so or its answer grew
+        a lease: never back to back for nothing), or when it holds lease room it cannot use while others wait."""
         if not self.up or self._wake.is_set():
             return
         head = self.ledger.peek()
-        if (
-            head is not None
-            and self.may_admit(head)
-            and any(
+        if head is not None and self.may_admit(head):
+            if (not self._sent_starved or self._gained) and any(
                 b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
                 for b in self.backends
-            )
+            ):
+                self._wake.set()
+        elif any(wr or wt for wr, wt in self._others_wait.values()) and any(
+            b.requests < b.limit for b in self.backends
         ):
             self._wake.set()
 
@@ -250,43 +300,38 @@ class SharedState:
         self._weights[tenant] = weight
 
     def reset(self) -> None:
-        """Every counter to 0 on every replica (with the next sync)."""
+        """Every counter to 0 on every replica (with the next sync), this one's already reset by the caller."""
         self._reset = True
+        self._drop_lifts()
+
+    def _drop_lifts(self) -> None:
+        """The counters were reset here: lifts not yet sent no longer hold."""
+        for acct in self.ledger.accounts.values():  # NOTE: O(tenants), as a reset is
+            acct.lift = None
+        self.changes.counters_reset()
 
     # ---- the sync -----------------------------------------------------------------------------------------------
-    def _args(self) -> tuple[list[Any], dict[str, tuple[float, float]], list[tuple[int, int | None]]]:
+    def _args(self) -> tuple[list[Any], dict[Account, tuple[float, float]], list[tuple[int, int | None]]]:
         s = self.settings
-        accounts = self.ledger.accounts
-        snap: dict[str, tuple[float, float]] = {}
-        charges: list[Any] = []
-        n = 0
-        for tenant, acct in accounts.items():
-            snap[tenant] = (acct.counter, acct.service)
-            base = acct.synced
-            ds = acct.service - base if base is not None else acct.service
-            lift = acct.lift
-            if not ds and lift is None and base is not None and not self._restore:
-                continue
-            dc = ds / acct.weight
-            charges += [
-                tenant,
-                repr(ds),
-                repr(dc),
-                "" if lift is None else repr(lift),
-                repr(acct.counter - dc),
-                repr(acct.service - ds),
-            ]
-            n += 1
-        weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
-        seed = [x for t, w in self._seed.items() for x in (t, repr(w))]
-        queued = [t for t, a in accounts.items() if a.queued]
+        if self._unanswered is None:
+            charges, snap = self.changes.batch(self.ledger, self._restore)
+            weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
+            self._number += 1
+            self._unanswered = (self._number, charges, weights, snap, self._reset)
+            self._weights, self._reset = {}, False
+        else:  # NOTE: the same batch again, and the whole backlog: Redis may not have had the last changes
+            self.changes.full = True
+            self.changes.backlog_changes(self.ledger, ())
+        number, charges, weights, snap, reset = self._unanswered
         head = self.ledger.peek()
         eligible = head is not None and self.may_admit(head)
+        # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room
+        self._sent_starved = eligible
         demand_r = self.ledger.num_queued if eligible else 0
-        demand_t = sum(self.tokens_of(r) for r in self.ledger.queued()) if eligible else 0
+        demand_t = self.changes.queued_tokens if eligible else 0
         spare_r = s.spare if eligible or head is None else 0
         spare_t = int(spare_r * self._mean_tokens) + spare_r
-        backends: list[Any] = []
+        backends: list[list[Any]] = []
         keeps: list[tuple[int, int | None]] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
@@ -295,41 +340,42 @@ class SharedState:
             keep_r = min(b.limit, need_r + (0 if wait_r else spare_r))
             keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
             keeps.append((keep_r, keep_t))
-            backends += [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
-        args = [
+            backends.append(
+                [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
+            )
+        args = sync_args(
             s.prefix,
             self.replica,
             int(s.ttl_s * 1000),
-            "1" if self._reset else "0",
             int(s.hold_s * 1000),
             int(self.clock() * 1000) if self._redis_now else "",
-            self._epoch,
-            self._seq,
-            n,
-            *charges,
-            len(self._weights),
-            *weights,
-            len(self._seed),
-            *seed,
-            len(queued),
-            *queued,
-            len(self.backends),
-            *backends,
-        ]
+            (self._epoch, self._seq, self._wseq, PULL),
+            f"{self._token}:{number}",
+            reset,
+            charges,
+            weights,
+            [x for t, w in self._seed.items() for x in (t, repr(w))],
+            self.changes.sent,
+            head.tenant if eligible and head is not None else "",
+            backends,
+        )
         return args, snap, keeps
 
     async def sync(self) -> bool:
-        """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer."""
+        """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer. After a
+        sync whose answer was lost, the first answered one carries only that sync's batch again: a second round
+        trip then flushes what was charged since."""
         async with self._sync_lock:  # NOTE: one at a time, or an older answer could overwrite a newer lease
-            return await self._sync()
+            retry = self._unanswered is not None
+            ok = await self._sync()
+            if ok and retry:
+                ok = await self._sync()
+            return ok
 
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
-        lifts = {a: a.lift for a in self.ledger.accounts.values() if a.lift is not None}
-        for a in lifts:
-            a.lift = None
-        weights, reset = self._weights, self._reset
-        self._weights, self._reset = {}, False
+        reset = self._unanswered is not None and self._unanswered[4]
+        before = [(b.limit, b.token_limit or 0) for b in self.backends]
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
@@ -339,15 +385,16 @@ class SharedState:
             self.round_trips += 1
             reply = await self._sync_script(args=args)
         except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
-            # the charges stay unflushed (the base did not move); lifts, weights and resets are sent again
-            for a, v in lifts.items():
-                a.lift = v if a.lift is None else max(v, a.lift)
-            self._weights = {**weights, **self._weights}
-            self._reset = self._reset or reset
+            # the batch stays unanswered: sent again as it is (Redis may have run it, and then skips it)
+            self.changes.full = True
             self._degrade(e)
             return False
+        self._unanswered = None
         self._seed = {}
-        self._apply(reply, snap)
+        self._apply(reply, snap, reset)
+        self._gained = any(
+            b.limit > r or (b.token_limit or 0) > t for b, (r, t) in zip(self.backends, before, strict=True)
+        )
         if not self.up and self.last_sync:
             log.warning("shared state at %s is back", redact(self.settings.url))
         self.up = True
@@ -356,36 +403,39 @@ class SharedState:
         self.on_change()
         return True
 
-    def _apply(self, reply: list[Any], snap: dict[str, tuple[float, float]]) -> None:
-        changed, elsewhere, leases, replicas, epoch, seq = reply
-        # NOTE: only the tenants changed since the last answer: the others' local values are the global ones already
-        rows = [
-            (_text(t), _num(c), _num(s), _num(w)) for t, c, s, w in zip(*(changed[k::4] for k in range(4)), strict=True)
-        ]
-        for tenant, c, s, w in rows:
-            acct = self.ledger.accounts.get(tenant)
-            if acct is None:
-                continue
-            if w is not None and tenant not in self._weights and w != acct.weight:
-                try:
-                    self.ledger.set_weight(tenant, w)
-                except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
-                    log.warning("shared state: ignored the weight of %r: %s", tenant, e)
-            if c is None:
-                continue
-            c0, s0 = snap.get(tenant, (acct.counter, acct.service))
-            service = s or 0.0
-            # NOTE: what this replica charged while the sync was in flight stays on top of the global values
-            self.ledger.apply_remote(tenant, c + (acct.counter - c0), service + (acct.service - s0))
-            acct.synced = service
+    def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
+        (
+            tenants,
+            counters,
+            services,
+            weighted,
+            weights,
+            floor,
+            starved,
+            leases,
+            replicas,
+            epoch,
+            seq,
+            wseq,
+            generation,
+            known,
+        ) = reply
+        self.changes.apply(self.ledger, [tenants, counters, services], [weighted, weights], snap, self._weights)
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
-        # no other replica has yet), with the charges not yet sent on top
+        # no other replica has yet), with the charges not yet sent on top, and its whole backlog
         self._restore = bool(self._epoch) and epoch != self._epoch
         if self._restore:
             self._seed = dict(self.ledger.weights)  # set where unset, as at start
-        self._epoch, self._seq = epoch, int(seq)
-        self._elsewhere = frozenset(_text(t) for t in elsewhere)
+        generation = _text(generation)
+        if not self._restore and not reset and self._generation not in (None, generation):
+            self.ledger.reset()  # NOTE: another replica's admin reset: O(tenants), as a reset is
+            self._drop_lifts()
+        if self._restore or not int(known) and self.changes.sent[0] != "=":  # NOTE: Redis forgot this replica
+            self.changes.full = True
+        self._epoch, self._seq, self._wseq, self._generation = epoch, _text(seq), _text(wseq), generation
+        self._floor = [(float(c), _text(t)) for t, c in zip(floor[0::2], floor[1::2], strict=True)]
+        self._starved = sorted((float(c), _text(t)) for t, c in zip(starved[0::2], starved[1::2], strict=True))
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
             gr, wr, gt, wt = leases[4 * k : 4 * k + 4]
@@ -399,7 +449,8 @@ class SharedState:
                 "shared state at %s lost (%s): serving from local state", redact(self.settings.url), redact_text(str(e))
             )
         self.up = False
-        self._elsewhere = frozenset()
+        self._floor = []
+        self._starved = []
         if self.clock() >= self.lease_until:
             # NOTE: the others stop counting this replica's leases now; with no view of them, an equal share
             n = max(self.replicas, 1)
@@ -418,6 +469,18 @@ class SharedState:
             "replicas": self.replicas,
             "round_trips": self.round_trips,
             "last_sync_age_s": round(self.clock() - self.last_sync, 3) if self.last_sync else None,
+            "waiting_for_capacity": self.up and self._sent_starved,  # as the last sync reported it
+            # each backend's limit (over all replicas) and this replica's lease of it
+            "backends": [
+                {
+                    "url": redact(b.cfg.url),
+                    "limit_requests": b.cfg.max_inflight_requests,
+                    "lease_requests": b.limit,
+                    "limit_tokens": b.cfg.max_inflight_tokens,
+                    "lease_tokens": b.token_limit,
+                }
+                for b in self.backends
+            ],
         }
 
 
@@ -436,12 +499,3 @@ async def probe(url: str, timeout_s: float = 2.0) -> None:
         raise SharedStateError(redact_text(f"cannot reach the shared state at {redact(url)}: {e}")) from None
     finally:
         await client.aclose()
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _num(v: Any) -> float | None:
-    """A number from the script's answer; None where it answered "" (not set)."""
-    return float(v) if v not in (b"", "") else None

@@ -1,0 +1,171 @@
+"""What changed on this replica since its last sync with the shared state (gateway/shared_state.py), so that a sync
+costs what changed rather than what exists: the accounts charged, lifted or whose backlog changed, the tokens of
+the requests queued, and the backlog as Redis last heard it. Nothing here is O(tenants) but `everything()`, used
+only when Redis must be told everything again (it lost its data)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..core import Account, Ledger, Policy, Request
+
+log = logging.getLogger("fairserve.gateway.state")
+
+
+class Changes:
+    """Fed by the policy's queue and charge hooks (`track`, installed before the ledger is built) and by the lift.
+    `take()` hands the accounts changed since the last `take()` to the sync being sent and starts afresh."""
+
+    def __init__(self, tokens_of: Callable[[Request], int]) -> None:
+        self.tokens_of = tokens_of
+        # changed since the last sync was sent: each account with its (counter, service) before its first change
+        self.dirty: dict[Account, tuple[float, float]] = {}
+        self.queued_tokens = 0  # capacity tokens of the requests queued
+        self._tokens: dict[Any, int] = {}  # by request id: what `queued_tokens` counted for it
+        self.backlog: set[str] = set()  # the tenants Redis was last told are backlogged here
+        self.full = True  # send the whole backlog next time (at start; after a failed sync; Redis forgot it)
+        self.sent: tuple[str, list[str], list[str]] = ("=", [], [])  # the backlog part of the sync being sent
+
+    def track(self, policy: Policy) -> Policy:
+        """`policy`, its hooks wrapped so that every charge and queue change marks its account (the ledger reads
+        `on_charge` once, when it is built: so this comes first)."""
+        on_charge, enqueue, dequeue, remove = policy.on_charge, policy.enqueue, policy.dequeue, policy.remove
+
+        def charged(acct: Account, amount: float) -> None:
+            if acct not in self.dirty:  # NOTE: the ledger added the amount to the service; the counter is to come
+                self.dirty[acct] = (acct.counter, acct.service - amount)
+            on_charge(acct, amount)
+
+        def queued(req: Request, front: bool) -> None:
+            self.mark(req.account)
+            tokens = self._tokens[req.id] = self.tokens_of(req)
+            self.queued_tokens += tokens
+            enqueue(req, front)
+
+        def left(req: Request, hook: Callable[[Request], None]) -> None:
+            self.mark(req.account)
+            self.queued_tokens -= self._tokens.pop(req.id, 0)
+            hook(req)
+
+        # NOTE: instance attributes shadow the methods; setattr, since mypy forbids assigning to a method
+        setattr(policy, "on_charge", charged)  # noqa: B010
+        setattr(policy, "enqueue", queued)  # noqa: B010
+        setattr(policy, "dequeue", lambda req: left(req, dequeue))  # noqa: B010
+        setattr(policy, "remove", lambda req: left(req, remove))  # noqa: B010
+        setattr(policy, "_shared_changes", self)  # noqa: B010
+        return policy
+
+    @staticmethod
+    def tracked(ledger: Ledger) -> bool:
+        return getattr(ledger.policy, "_shared_changes", None) is not None
+
+    def mark(self, acct: Account) -> None:
+        """`acct` is about to change (a lift, a queue change)."""
+        if acct not in self.dirty:
+            self.dirty[acct] = (acct.counter, acct.service)
+
+    def take(self) -> dict[Account, tuple[float, float]]:
+        taken, self.dirty = self.dirty, {}
+        return taken
+
+    def base(self, acct: Account) -> tuple[float, float]:
+        """`acct`'s (counter, service) as Redis knows them, in local terms: before the changes not yet sent."""
+        return self.dirty.get(acct) or (acct.counter, acct.service)
+
+    def counters_reset(self) -> None:
+        """The ledger's counters were set to 0: the changes not yet sent count from there."""
+        for acct, (_, service) in self.dirty.items():
+            self.dirty[acct] = (acct.counter, service)
+
+    def batch(self, ledger: Ledger, everything: bool) -> tuple[list[Any], dict[Account, tuple[float, float]]]:
+        """A new batch: the charges and lifts of the accounts changed since the last one (of all accounts with
+        `everything`: Redis lost its data) as flat rows, and the values of those it charges as it charges them (its
+        snapshot); the backlog's changes are in `sent`."""
+        changed = self.take()
+        snap: dict[Account, tuple[float, float]] = {}
+        charges: list[Any] = []
+        for acct in ledger.accounts.values() if everything else changed:
+            base = acct.synced
+            ds = acct.service - base if base is not None else acct.service
+            lift = acct.lift
+            if not ds and lift is None and base is not None and not everything:
+                continue
+            snap[acct] = (acct.counter, acct.service)
+            acct.lift = None  # NOTE: sent with this batch, and with it again if its answer is lost
+            dc = ds / acct.weight
+            charges += [
+                acct.tenant,
+                repr(ds),
+                repr(dc),
+                "" if lift is None else repr(lift),
+                repr(acct.counter - dc),
+                repr(acct.service - ds),
+            ]
+        self.backlog_changes(ledger, changed)
+        return charges, snap
+
+    def apply(
+        self,
+        ledger: Ledger,
+        rows: list[list[Any]],
+        weights: list[list[Any]],
+        snap: dict[Account, tuple[float, float]],
+        pending: dict[str, float],
+    ) -> None:
+        """An answer into the ledger: the weights set since the last one (`weights`: tenants, weights), then the
+        global counter and service of the tenants in `rows` (tenants, counters, services), with what this replica
+        changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight `pending` (set here,
+        not yet sent) stays."""
+        accounts = ledger.accounts
+        for tenant, w in zip(*weights, strict=True):
+            acct = accounts.get(_text(tenant))
+            weight = _num(w)
+            if acct is None or weight is None or acct.tenant in pending or weight == acct.weight:
+                continue
+            try:
+                ledger.set_weight(acct.tenant, weight)
+            except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
+                log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
+        for tenant, c, s in zip(*rows, strict=True):
+            acct = accounts.get(_text(tenant))
+            if acct is None:
+                continue
+            counter = _num(c)
+            if counter is None:
+                continue
+            c0, s0 = snap[acct] if acct in snap else self.base(acct)
+            service = _num(s) or 0.0
+            ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0))
+            acct.synced = service
+            if acct in self.dirty:  # NOTE: what changed since counts from these values now
+                self.dirty[acct] = (counter, service)
+
+    def backlog_changes(self, ledger: Ledger, accounts: Any) -> None:
+        """`sent` := ("=", every tenant backlogged here, []) when the whole list is due, else ("+", newly
+        backlogged, no longer backlogged) among `accounts` (those changed); what Redis is told is remembered."""
+        if self.full:
+            self.full = False
+            self.backlog = {t for t, a in ledger.accounts.items() if a.queued}
+            self.sent = ("=", sorted(self.backlog), [])
+            return
+        added, gone = [], []
+        for acct in accounts:
+            t = acct.tenant
+            if acct.queued and t not in self.backlog:
+                added.append(t)
+                self.backlog.add(t)
+            elif not acct.queued and t in self.backlog:
+                gone.append(t)
+                self.backlog.discard(t)
+        self.sent = ("+", added, gone)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _num(v: Any) -> float | None:
+    """A number from the script's answer; None where it answered nil (not set)."""
+    return float(v) if v is not None else None
