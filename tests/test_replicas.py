@@ -237,6 +237,8 @@ def test_unreachable_redis_at_start_is_one_line_and_exit_2(backends):
             "-m",
             "fairserve",
             "gateway",
+            "--listen",
+            f"127.0.0.1:{free_port()}",  # NOTE: not the default 8080, which a README recipe may hold meanwhile
             "--state",
             f"redis://127.0.0.1:{free_port()}/0",
             "--backend",

@@ -145,6 +145,10 @@ def test_resuming_runs_only_what_is_missing(swept, tmp_path, capsys):
     assert "16 stored" in (text := capsys.readouterr().out) and "ran 0 runs" in text
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path, capsys):
     out = tmp_path / "out"
     # NOTE: 300 s workloads: runs of a few ms each could all finish before the signal arrives
@@ -152,8 +156,10 @@ def test_ctrl_c_keeps_every_finished_run_and_the_same_command_resumes(tmp_path, 
             "5000,10000", "--seeds", "4", "--out", str(out), "--no-progress", "--no-figures"]  # fmt: skip
     cmd = [sys.executable, "-m", "fairserve", *args, "--jobs", "2"]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # NOTE: Ctrl-C's default restored in the child: a disposition of SIG_IGN left in this process by an earlier test
+    # would be inherited, and Python keeps an ignored SIGINT ignored
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
     deadline = time.monotonic() + 60
     while len(run_files(out) if (out / "runs").is_dir() else {}) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
