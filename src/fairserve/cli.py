@@ -155,7 +155,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if not policies:
         raise CliError("--policy needs at least one policy")
     for spec in policies:  # validate everything before the first (slow) run
-        entry, _ = check_policy(spec)
+        entry, _ = check_policy(spec, engine_options=True)
         if priorities and not entry.capabilities.tree:
             raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
     make_cost(args.cost, args.w_p, args.w_q)

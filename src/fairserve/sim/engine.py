@@ -16,10 +16,10 @@ step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
 from .latency import LatencyModel, decode_steps_s
+from .preempt import Capped, fair_victims
 
 Mode = Literal["reserve", "paged"]
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
@@ -46,6 +47,11 @@ class EngineConfig:
     running_max: int = 1000
     prompt_extra_tokens: int = 0  # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
     reserve_per_client_tokens: int = 0  # reserve admission: pool held back per distinct client in the batch
+    preempt_delta: float | None = (
+        None  # fairness-triggered preemption: the counter gap that triggers it (sim/preempt.py)
+    )
+    preempt_max: int = 1  # times one request may be preempted for fairness
+    running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
 
     def __post_init__(self) -> None:
         if self.mode not in ("reserve", "paged"):
@@ -54,6 +60,22 @@ class EngineConfig:
             raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
         if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
             raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
+        if self.preempt_delta is not None and not self.preempt_delta >= 0:
+            raise ValueError(f"preempt_delta must be >= 0, got {self.preempt_delta}")
+        if self.preempt_max < 1 or (self.running_cap is not None and self.running_cap < 1):
+            raise ValueError("preempt_max and running_cap must be >= 1")
+
+    def with_options(self, options: Mapping[str, float | int]) -> EngineConfig:
+        """This engine with a policy spec's engine options (`core.registry.split_options`): `preempt`,
+        `preempt-max`, `running-cap`."""
+        if not options:
+            return self
+        return replace(
+            self,
+            preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
+            preempt_max=int(options.get("preempt-max", self.preempt_max)),
+            running_cap=int(options["running-cap"]) if "running-cap" in options else self.running_cap,
+        )
 
     @cached_property
     def prefill_tokens(self) -> int:
@@ -72,6 +94,7 @@ class SimRequest(Request):
     generated: int = 0  # output tokens produced before the current run (non-zero after a preemption)
     step_base: int = 0  # decode-step counter when the current run's prefill finished
     end_step: int = 0  # decode step at which the current run has produced every token
+    fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
     admit_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -92,6 +115,7 @@ class SimResult:
     preemptions: int
     busy_s: float  # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
+    fair_preemptions: int = 0  # of `preemptions`, those for fairness (EngineConfig.preempt_delta)
 
 
 def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
@@ -138,9 +162,13 @@ class SimEngine(Forecast):
         self._tenants: dict[str, list[SimRequest]] = {}  # the running requests by tenant
         self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
         self._index = ReserveIndex() if cfg.mode == "reserve" else None  # the running set (reserve mode)
-        self.prefills = self.preemptions = 0
+        self.prefills = self.preemptions = self.fair_preemptions = 0
         self.busy_s = 0.0
+        self._delta, self._cap = cfg.preempt_delta, cfg.running_cap
+        self._every_try = self._delta is not None or self._cap is not None  # NOTE: no forecast of tries (below)
         caps = ledger.policy.capabilities
+        if self._delta is not None and not caps.shares_counters:
+            raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
         if not caps.orders_by_counter:
             self._charging = Charging.AT_END
         else:
@@ -197,6 +225,7 @@ class SimEngine(Forecast):
             self.preemptions,
             self.busy_s,
             self.config,
+            self.fair_preemptions,
         )
 
     def _arrive(self) -> float:
@@ -292,7 +321,7 @@ class SimEngine(Forecast):
     def _try(self, until: float) -> None:
         """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
         head = None
-        if self._charging is not Charging.EVERY_STEP:  # NOTE: a try that would fail is not needed to know it
+        if self._charging is not Charging.EVERY_STEP and not self._every_try:  # NOTE: a failing try is not needed
             head = self._first()
             first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
             if first != self.step:
@@ -332,9 +361,10 @@ class SimEngine(Forecast):
             )
         batch: list[SimRequest] = []
         peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
+        fits = budget.try_add if self._cap is None else Capped(budget.try_add, self._cap, self._tenants, self._extra)
         while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
             req, first = first or peek(), None
-            if req is None or not budget.try_add(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
+            if req is None or not fits(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
                 break
             pop()
             if lazy:
@@ -344,7 +374,51 @@ class SimEngine(Forecast):
         budget.close()
         if batch:
             self._prefill(batch)
-        return bool(batch)
+            return True
+        if self._delta is not None and req is not None and self.running and self._fair_preempt():
+            return self._admit()
+        return False
+
+    def _fair_preempt(self) -> bool:
+        """The policy's next request did not fit: preempt the running requests `fair_victims` picks, if any."""
+        self._sync()
+        head = cast("SimRequest | None", self.ledger.peek())  # NOTE: the engine's ledger holds only SimRequests
+        assert head is not None and self._delta is not None
+        victims = fair_victims(
+            head, self.running, self.ledger.accounts, self._delta, self.config.preempt_max, self._fits
+        )
+        for r in victims:
+            r.fair_preemptions += 1
+            self.fair_preemptions += 1
+            self._preempt(r)
+        return bool(victims)
+
+    def _fits(self, req: SimRequest, without: list[SimRequest]) -> bool:
+        """Would `req` be admitted into the batch as it is, less the requests `without`?"""
+        cfg, gone = self.config, set(without)
+        rest = [r for r in self.running if r not in gone]
+        budget: ReserveBudget | PagedBudget
+        if self._index is not None:
+            index = ReserveIndex((r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in rest)
+            tenants = {r.tenant for r in rest}
+            budget = ReserveBudget(
+                index,
+                self.step,
+                cfg.kv_tokens,
+                cfg.prefill_tokens,
+                cfg.running_max,
+                self._extra,
+                self._per_client,
+                tenants,
+            )
+        else:
+            freed = sum(r.prompt_tokens + self._extra + r.generated_at(self.step) for r in without)
+            budget = PagedBudget(
+                self.kv_used - freed, len(rest), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
+            )
+        if self._cap is None:
+            return budget.try_add(req)
+        return Capped(budget.try_add, self._cap, self._tenants, self._extra)(req)
 
     def _prefill(self, batch: list[SimRequest]) -> None:
         start = self.now

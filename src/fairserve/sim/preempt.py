@@ -1,0 +1,74 @@
+"""The paper's two suggestions for a tighter bound (§C.3), as engine rules: fairness-triggered preemption and the
+per-tenant running-memory cap. See docs/preemption.md.
+
+- **Preemption** (`EngineConfig.preempt_delta`, the spec option `preempt=DELTA`): when an admission try admits nothing
+  because the policy's next request does not fit, and some running tenant's counter exceeds that request's tenant's by
+  more than DELTA, the engine preempts running requests of such tenants (the highest counter first, newest first
+  within a counter), as few as make the waiting request fit, and only if it then fits; then it admits. Preemption is
+  by recompute: a preempted request gives back its KV cache, goes back to the front of its tenant's queue
+  (`Ledger.requeue`: the charges for its tokens stand, the recompute is not charged) and re-prefills its prompt and
+  the tokens it had. A request is preempted for fairness at most `preempt_max` times (the anti-thrash rule).
+- **The cap** (`EngineConfig.running_cap`, `running-cap=TOKENS`): a tenant's running requests may reserve at most
+  TOKENS of the pool (prompt + max_tokens each); a tenant with nothing running may always start one. Admission
+  follows the policy's order strictly, so a capped tenant's next request stops the round as a request that does not
+  fit does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from ..core.account import Account
+
+if TYPE_CHECKING:
+    from .engine import SimRequest
+
+
+class Capped:
+    """An admission check (`fits(req)`) behind the per-tenant cap on reserved running memory, for one round."""
+
+    __slots__ = ("fits", "cap", "extra", "held")
+
+    def __init__(
+        self, fits: Callable[[SimRequest], bool], cap: int, running: Mapping[str, Iterable[SimRequest]], extra: int
+    ) -> None:
+        self.fits, self.cap, self.extra = fits, cap, extra
+        self.held = {t: sum(r.prompt_tokens + extra + r.output_tokens for r in rs) for t, rs in running.items()}
+
+    def __call__(self, req: SimRequest) -> bool:
+        held = self.held.get(req.tenant, 0)
+        tokens = req.prompt_tokens + self.extra + req.output_tokens
+        if held and held + tokens > self.cap:
+            return False
+        if not self.fits(req):
+            return False
+        self.held[req.tenant] = held + tokens
+        return True
+
+
+def fair_victims(
+    head: SimRequest,
+    running: Iterable[SimRequest],
+    accounts: Mapping[str, Account],
+    delta: float,
+    preempt_max: int,
+    fits: Callable[[SimRequest, list[SimRequest]], bool],
+) -> list[SimRequest]:
+    """The running requests to preempt so that `head` (the policy's next request, which did not fit) is admitted:
+    requests of tenants whose counter exceeds head's tenant's by more than `delta`, not yet preempted `preempt_max`
+    times, the highest counter first and the newest first within one counter, as few as make `fits(head, victims)`
+    true. Empty if even all of them would not make it fit (removing running requests never makes a fit fail)."""
+    floor = accounts[head.tenant].counter + delta
+    candidates = [
+        r
+        for r in reversed(list(running))  # admission order: the newest first
+        if r.tenant != head.tenant and accounts[r.tenant].counter > floor and r.fair_preemptions < preempt_max
+    ]
+    if not candidates or not fits(head, candidates):
+        return []
+    candidates.sort(key=lambda r: -accounts[r.tenant].counter)  # NOTE: stable: the newest first within a counter
+    for n in range(1, len(candidates)):
+        if fits(head, candidates[:n]):
+            return candidates[:n]
+    return candidates
