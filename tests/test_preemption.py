@@ -157,3 +157,23 @@ def test_engine_options_are_the_simulators_only():
         check_policy("vtc:preempt=10")  # the gateway, serve, vLLM: no simulated batch to preempt
     with pytest.raises(ValueError, match="apply to the simulator only"):
         make_policy("vtc:running-cap=100")
+
+
+def test_the_lower_bound_construction_holds_back_every_non_preemptive_order():
+    """On the construction (reserve mode), every order without preemption lets the hog's backlogged service run
+    ahead by more than 0.9·w_q·M (about half of VTC's bound 2·w_q·M): the hog's batch holds the pool while `late`
+    waits; with preemption VTC stays below that lower bound."""
+    from fairserve.metrics.summary import summarize
+    from fairserve.sim import engine_config
+    from fairserve.sim.lower_bound import lower_bound_workload
+
+    cfg = engine_config()
+    wl = lower_bound_workload(cfg)
+    lower = 0.9 * 2 * cfg.kv_tokens
+
+    def diff(spec):
+        return summarize(simulate(wl, spec).records, wl.duration_s).max_backlogged_diff
+
+    assert all(diff(spec) > lower for spec in ("vtc", "lcf", "fcfs"))
+    assert diff("vtc:preempt=500") < lower / 2
+    assert diff("vtc") <= 2 * 2 * cfg.kv_tokens  # VTC's bound still holds
