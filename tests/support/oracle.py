@@ -226,15 +226,22 @@ class StepEngine:
         return fits if self.config.running_cap is None else CapFits(self, fits)
 
     def admit(self) -> bool:
+        admitted = self.admit_round()
+        while self.config.preempt_delta is not None and self.ledger.num_queued and self.running:
+            if self.eager:
+                self._sync()
+            if not self.fair_preempt():
+                break
+            admitted = self.admit_round() or admitted
+        return admitted
+
+    def admit_round(self) -> bool:
         if self.eager:
             self._sync()
         batch: list[SimRequest] = self.ledger.admit(self.fits())  # type: ignore[arg-type, assignment]
         if batch:
             self.prefill(batch)
-            return True
-        if self.config.preempt_delta is not None and self.running and self.fair_preempt():
-            return self.admit()
-        return False
+        return bool(batch)
 
     def fair_preempt(self) -> bool:
         """Plainly: the tenants whose counter is more than DELTA above the next request's tenant's, highest first;

@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal, cast
+from typing import Literal
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
 from .latency import LatencyModel, decode_steps_s
-from .preempt import Capped, fair_victims
+from .preempt import Capped, Preemption
 
 Mode = Literal["reserve", "paged"]
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
@@ -133,7 +133,7 @@ def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str 
     return None
 
 
-class SimEngine(Forecast):
+class SimEngine(Forecast, Preemption):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
     Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
@@ -339,6 +339,15 @@ class SimEngine(Forecast):
         self._decode(until)
 
     def _admit(self, first: Request | None = None) -> bool:
+        """An admission round (`first`: the policy's next request, if just looked up); with preemption on, while the
+        request it stopped at can be made to fit by preempting (sim/preempt.py), preempt and run another round."""
+        admitted = self._round(first)
+        if self._delta is not None:
+            while self._refused is not None and self.running and self._fair_preempt():
+                admitted = self._round() or admitted
+        return admitted
+
+    def _round(self, first: Request | None = None) -> bool:
         """One admission round (`first`: the policy's next request, if just looked up)."""
         cfg, lazy = self.config, self._charging is Charging.LAZY
         if self._charging is Charging.EVERY_STEP:
@@ -374,51 +383,7 @@ class SimEngine(Forecast):
         budget.close()
         if batch:
             self._prefill(batch)
-            return True
-        if self._delta is not None and req is not None and self.running and self._fair_preempt():
-            return self._admit()
-        return False
-
-    def _fair_preempt(self) -> bool:
-        """The policy's next request did not fit: preempt the running requests `fair_victims` picks, if any."""
-        self._sync()
-        head = cast("SimRequest | None", self.ledger.peek())  # NOTE: the engine's ledger holds only SimRequests
-        assert head is not None and self._delta is not None
-        victims = fair_victims(
-            head, self.running, self.ledger.accounts, self._delta, self.config.preempt_max, self._fits
-        )
-        for r in victims:
-            r.fair_preemptions += 1
-            self.fair_preemptions += 1
-            self._preempt(r)
-        return bool(victims)
-
-    def _fits(self, req: SimRequest, without: list[SimRequest]) -> bool:
-        """Would `req` be admitted into the batch as it is, less the requests `without`?"""
-        cfg, gone = self.config, set(without)
-        rest = [r for r in self.running if r not in gone]
-        budget: ReserveBudget | PagedBudget
-        if self._index is not None:
-            index = ReserveIndex((r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in rest)
-            tenants = {r.tenant for r in rest}
-            budget = ReserveBudget(
-                index,
-                self.step,
-                cfg.kv_tokens,
-                cfg.prefill_tokens,
-                cfg.running_max,
-                self._extra,
-                self._per_client,
-                tenants,
-            )
-        else:
-            freed = sum(r.prompt_tokens + self._extra + r.generated_at(self.step) for r in without)
-            budget = PagedBudget(
-                self.kv_used - freed, len(rest), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
-            )
-        if self._cap is None:
-            return budget.try_add(req)
-        return Capped(budget.try_add, self._cap, self._tenants, self._extra)(req)
+        return bool(batch)
 
     def _prefill(self, batch: list[SimRequest]) -> None:
         start = self.now

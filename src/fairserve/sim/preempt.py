@@ -17,12 +17,14 @@ per-tenant running-memory cap. See docs/preemption.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..core.account import Account
+from ..core.ledger import Ledger
+from .budget import PagedBudget, ReserveBudget, ReserveIndex
 
 if TYPE_CHECKING:
-    from .engine import SimRequest
+    from .engine import EngineConfig, SimRequest
 
 
 class Capped:
@@ -72,3 +74,67 @@ def fair_victims(
         if fits(head, candidates[:n]):
             return candidates[:n]
     return candidates
+
+
+class Preemption:
+    """Fairness-triggered preemption in `SimEngine` (a mixin: the engine holds the state it reads)."""
+
+    ledger: Ledger
+    config: EngineConfig
+    step: int
+    kv_used: int
+    running: dict[SimRequest, None]
+    fair_preemptions: int
+    _tenants: dict[str, list[SimRequest]]
+    _index: ReserveIndex | None
+    _delta: float | None
+    _cap: int | None
+    _extra: int
+    _per_client: int
+
+    if TYPE_CHECKING:  # the engine's
+
+        def _sync(self) -> None: ...
+
+        def _preempt(self, r: SimRequest) -> None: ...
+
+    def _fair_preempt(self) -> bool:
+        """The policy's next request was refused: preempt the running requests `fair_victims` picks, if any."""
+        self._sync()
+        head = cast("SimRequest | None", self.ledger.peek())  # NOTE: the engine's ledger holds only SimRequests
+        assert head is not None and self._delta is not None
+        victims = fair_victims(
+            head, self.running, self.ledger.accounts, self._delta, self.config.preempt_max, self._fits
+        )
+        for r in victims:
+            r.fair_preemptions += 1
+            self.fair_preemptions += 1
+            self._preempt(r)
+        return bool(victims)
+
+    def _fits(self, req: SimRequest, without: list[SimRequest]) -> bool:
+        """Would `req` be admitted into the batch as it is, less the requests `without`?"""
+        cfg, gone = self.config, set(without)
+        rest = [r for r in self.running if r not in gone]
+        budget: ReserveBudget | PagedBudget
+        if self._index is not None:
+            index = ReserveIndex((r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in rest)
+            tenants = {r.tenant for r in rest}
+            budget = ReserveBudget(
+                index,
+                self.step,
+                cfg.kv_tokens,
+                cfg.prefill_tokens,
+                cfg.running_max,
+                self._extra,
+                self._per_client,
+                tenants,
+            )
+        else:
+            freed = sum(r.prompt_tokens + self._extra + r.generated_at(self.step) for r in without)
+            budget = PagedBudget(
+                self.kv_used - freed, len(rest), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
+            )
+        if self._cap is None:
+            return budget.try_add(req)
+        return Capped(budget.try_add, self._cap, self._tenants, self._extra)(req)
