@@ -16,16 +16,22 @@ from .engine import EngineConfig
 PROMPT = 8  # tokens: short prompts, so that the pool goes to output tokens (w_q·M dominates w_p·L_in)
 
 
+def output_length(config: EngineConfig, batch: int = 8) -> int:
+    """The output length of the construction's requests: `batch` of them (prompt as the server counts it + output)
+    fill the pool that two tenants leave (reserve admission: the peak stays below it), one more does not fit."""
+    pool = config.kv_tokens - 2 * config.reserve_per_client_tokens  # NOTE: two tenants hold adapter reserves
+    output = (pool - 1) // batch - PROMPT - config.prompt_extra_tokens
+    if output < 2 or PROMPT + config.prompt_extra_tokens > config.prefill_tokens:
+        raise ValueError(f"a pool of {config.kv_tokens} tokens is too small for a batch of {batch}")
+    return output
+
+
 def lower_bound_workload(
     config: EngineConfig, *, batch: int = 8, rounds: int = 6, late_s: float = 1.0, duration_s: float = 360.0
 ) -> Workload:
-    """The construction for the engine `config` (its pool, its server's prompt tokens and per-client reserve): `batch`
-    requests of one size fill the pool (reserve admission: the peak stays below it), one more does not fit."""
-    pool = config.kv_tokens - 2 * config.reserve_per_client_tokens  # NOTE: two tenants hold adapter reserves
-    footprint = (pool - 1) // batch  # prompt as the server counts it + output
-    output = footprint - PROMPT - config.prompt_extra_tokens
-    if output < 2 or PROMPT + config.prompt_extra_tokens > config.prefill_tokens:
-        raise ValueError(f"a pool of {config.kv_tokens} tokens is too small for a batch of {batch}")
+    """The construction for the engine `config` (its pool, its server's prompt tokens and per-client reserve). Every
+    work-conserving order without preemption lets the hog's service run ahead by about w_q·batch·output."""
+    output = output_length(config, batch)
     hog = [Arrival(0.0, "hog", PROMPT, output) for _ in range(batch * rounds)]
     late = [Arrival(late_s, "late", PROMPT, output) for _ in range(batch * rounds)]
     return Workload("lower-bound", hog + late, duration_s=duration_s, kv_tokens=config.kv_tokens)
