@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from support.oracle import StepEngine
 
 from fairserve.core import Ledger, check_policy, make_policy
-from fairserve.sim import EngineConfig, SimEngine, simulate
+from fairserve.sim import EngineConfig, SimEngine, SimRequest, simulate
 from fairserve.sim.latency import ConstantLatency, get_latency_model
 from fairserve.workloads import Arrival, Workload
 
@@ -68,6 +68,41 @@ def test_preemption_and_the_cap_equal_the_step_by_step_engines(s, arrivals, unti
     )
     assert b.ledger.service == a.ledger.service and b.ledger.counters == a.ledger.counters
     event(f"preempted for fairness: {b.fair_preemptions > 0}, {s['config'].mode}")
+
+
+submit = st.tuples(st.just("submit"), st.sampled_from(CLIENTS), st.integers(1, 400), st.integers(1, 300))
+operation = st.tuples(
+    st.floats(0, 3, allow_nan=False),
+    st.one_of(submit, submit, submit, st.tuples(st.just("cancel"), st.integers(0, 10_000))),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(setup, st.integers(1, 40).flatmap(lambda n: st.lists(operation, min_size=n, max_size=n)))
+def test_online_with_preemption_equals_the_step_by_step_engines(s, ops):
+    """As the emulator drives it (submit at the clock, advance_to, cancel a queued, running or preempted request)."""
+    both = build(StepEngine, s), build(SimEngine, s)
+    requests: list[list[SimRequest]] = [[], []]
+    for t, op in sorted(ops, key=lambda o: o[0]):
+        for eng, reqs in zip(both, requests, strict=True):
+            eng.advance_to(t)
+            if op[0] == "submit":
+                req = SimRequest(id=len(reqs), tenant=op[1], prompt_tokens=op[2], max_tokens=op[3], output_tokens=op[3])
+                req.arrival_s = eng.now
+                reqs.append(req)
+                eng.submit(req)
+            elif reqs and not reqs[op[1] % len(reqs)].done:
+                eng.cancel(reqs[op[1] % len(reqs)])
+        for eng in both:
+            eng._sync()
+        assert (both[1].now, both[1].step, both[1].kv_used) == (both[0].now, both[0].step, both[0].kv_used)
+        assert both[1].ledger.service == both[0].ledger.service
+        assert [(r.state, r.generated_at(both[1].step), r.fair_preemptions) for r in requests[1]] == [
+            (r.state, r.generated_at(both[0].step), r.fair_preemptions) for r in requests[0]
+        ]
+    for eng in both:
+        eng.advance_to(float("inf"))
+    assert [(r.state, r.finish_s) for r in requests[1]] == [(r.state, r.finish_s) for r in requests[0]]
 
 
 @settings(max_examples=40, deadline=None)
@@ -148,6 +183,15 @@ def test_the_cap_holds_a_tenant_to_its_share():
 def test_bad_engine_options_get_one_clear_error(spec, message):
     with pytest.raises(ValueError, match=message):
         check_policy(spec, engine_options=True)
+
+
+def test_an_engine_refuses_preemption_without_counters_and_bad_settings():
+    with pytest.raises(ValueError, match="keeps none"):
+        SimEngine(Ledger(make_policy("fcfs")), LATENCIES[1], EngineConfig(preempt_delta=10.0))
+    with pytest.raises(ValueError, match="preempt_delta must be >= 0"):
+        EngineConfig(preempt_delta=-1.0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        EngineConfig(running_cap=0)
 
 
 def test_engine_options_are_the_simulators_only():
