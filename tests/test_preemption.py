@@ -23,7 +23,9 @@ arrival = st.builds(
 workload = st.integers(1, 40).flatmap(lambda n: st.lists(arrival, min_size=n, max_size=n))  # NOTE: sizes spread evenly
 setup = st.fixed_dictionaries(
     {
-        "policy": st.sampled_from(["vtc", "vtc", "lcf", "vtc-predict:oracle"]),
+        "policy": st.sampled_from(
+            ["vtc", "vtc", "lcf", "vtc-predict:oracle", "fcfs", "drr:100"]
+        ),  # the cap only for the last two
         "weights": st.one_of(st.none(), st.dictionaries(st.sampled_from(CLIENTS), st.sampled_from([0.5, 2, 3]))),
         "tree": st.sampled_from([False, False, True]),  # b to d as the group g's tenants
         "cost": st.sampled_from([None, None, "profiled"]),
@@ -45,7 +47,8 @@ setup = st.fixed_dictionaries(
 
 def build(kind, s):
     policy = make_policy(s["policy"], cost=s["cost"])
-    return kind(Ledger(policy, weights=s["weights"]), LATENCIES[s["latency"]], s["config"])
+    cfg = s["config"] if policy.capabilities.shares_counters else replace(s["config"], preempt_delta=None)
+    return kind(Ledger(policy, weights=s["weights"]), LATENCIES[s["latency"]], cfg)
 
 
 def named(s, arrivals):

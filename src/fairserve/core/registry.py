@@ -75,11 +75,7 @@ def describe(*, engine: bool = False) -> str:
     return ", ".join(e.usage for e in _REGISTRY.values() if not (engine and e.capabilities.rejects_at_arrival))
 
 
-ENGINE_OPTIONS: dict[str, tuple[type, str]] = {
-    "preempt": (float, "preempt a running request when a backlogged tenant's counter is below its tenant's by more"),
-    "preempt-max": (int, "times one request may be preempted for fairness (default 1)"),
-    "running-cap": (int, "most KV tokens (prompt + max_tokens) one tenant's running requests may reserve"),
-}
+ENGINE_OPTIONS: dict[str, type] = {"preempt": float, "preempt-max": int, "running-cap": int}  # docs/preemption.md
 
 
 def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
@@ -96,12 +92,12 @@ def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
         key = key.strip().lower()
         if key not in ENGINE_OPTIONS:
             raise ValueError(f"unknown engine option {key!r} in {spec!r}; choose from: {', '.join(ENGINE_OPTIONS)}")
-        kind = ENGINE_OPTIONS[key][0]
+        kind = ENGINE_OPTIONS[key]
         try:
             value = kind(text)
         except ValueError:
             raise ValueError(f"engine option {key!r} in {spec!r}: {text!r} is not {kind.__name__}") from None
-        if not (value >= 0 if key == "preempt" else value >= 1) or value != value:
+        if not (value >= 0 if key == "preempt" else value >= 1):  # NOTE: NaN fails too
             raise ValueError(f"engine option {key!r} in {spec!r} must be {'>= 0' if key == 'preempt' else '>= 1'}")
         options[key] = value
     return ":".join(keep), options

@@ -47,9 +47,7 @@ class EngineConfig:
     running_max: int = 1000
     prompt_extra_tokens: int = 0  # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
     reserve_per_client_tokens: int = 0  # reserve admission: pool held back per distinct client in the batch
-    preempt_delta: float | None = (
-        None  # fairness-triggered preemption: the counter gap that triggers it (sim/preempt.py)
-    )
+    preempt_delta: float | None = None  # preempt at a counter gap above this (sim/preempt.py); None: never
     preempt_max: int = 1  # times one request may be preempted for fairness
     running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
 
