@@ -9,7 +9,7 @@ when the pool runs out), and the requests lost (neither finished nor still queue
 is expected). The goal the issue set: on `overload` (reserve) and `overload-multi` (paged), some DELTA at <= 0.5x
 plain VTC's difference and >= 0.97x its service rate; on the construction, below the non-preemptive lower bound.
 
-Run: .venv/bin/python benchmarks/preemption.py [--deltas 0,500,...] [--caps 2500,...] [--preempt-max 1]
+Run: .venv/bin/python benchmarks/preemption.py [--quick] [--deltas 0,500,...] [--caps 2500,...] [--preempt-max 1]
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ def main() -> None:
     ap.add_argument("--deltas", default=",".join(map(str, DELTAS)))
     ap.add_argument("--caps", default=",".join(map(str, CAPS)))
     ap.add_argument("--preempt-max", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="DELTA 500 and 2000, a cap of 5000 only")
     args = ap.parse_args()
+    if args.quick:
+        args.deltas, args.caps = "500,2000", "5000"
     k = f":preempt-max={args.preempt_max}" if args.preempt_max != 1 else ""
     specs = ["vtc"] + [f"vtc:preempt={d}{k}" for d in _ints(args.deltas)]
     specs += [f"vtc:running-cap={c}" for c in _ints(args.caps)]
