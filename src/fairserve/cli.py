@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default="vtc",
         metavar="P[,P...]",
-        help=f"policies to compare: {describe()}",
+        help=f"policies to compare: {describe()}; each may end in engine options :preempt=DELTA, "
+        ":preempt-max=K, :running-cap=TOKENS (docs/preemption.md)",
     )
     s.add_argument(
         "--weights",
@@ -155,7 +156,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if not policies:
         raise CliError("--policy needs at least one policy")
     for spec in policies:  # validate everything before the first (slow) run
-        entry, _ = check_policy(spec)
+        entry, _ = check_policy(spec, engine_options=True)
         if priorities and not entry.capabilities.tree:
             raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
     make_cost(args.cost, args.w_p, args.w_q)
@@ -217,8 +218,13 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def format_summary(result: SimResult, s: Summary) -> str:
     cfg = result.config
+    rules = ""
+    if cfg.preempt_delta is not None:
+        rules += f", preempt at a counter gap > {cfg.preempt_delta:g} ({result.fair_preemptions} preempted)"
+    if cfg.running_cap is not None:
+        rules += f", running cap {cfg.running_cap:,} tokens per tenant"
     title = (
-        f"policy {result.ledger.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens, "
+        f"policy {result.ledger.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens{rules}, "
         f"simulated {s.duration_s:.0f} s)"
     )
     return summary_table(s, title)

@@ -45,18 +45,25 @@ class Index:
 
 
 class ReserveFits:
-    def __init__(self, engine: StepEngine) -> None:
+    def __init__(self, engine: StepEngine, running: list[SimRequest] | None = None) -> None:
         cfg, self.extra, self.step = engine.config, engine.extra, engine.step
-        if engine.index is None:  # NOTE: cached while the running set stays the same, as the engine always did
-            engine.index = Index([(r.end_step, r.prompt_tokens + self.extra + r.output_tokens) for r in engine.running])
-        self.index = engine.index
+        entries = [
+            (r.end_step, r.prompt_tokens + self.extra + r.output_tokens)
+            for r in (engine.running if running is None else running)
+        ]
+        if running is not None:
+            self.index = Index(entries)
+        else:
+            if engine.index is None:  # NOTE: cached while the running set stays the same, as the engine always did
+                engine.index = Index(entries)
+            self.index = engine.index
         self.kv, self.prefill_left, self.running_max, self.per_client = (
             cfg.kv_tokens,
             cfg.prefill_tokens,
             cfg.running_max,
             cfg.reserve_per_client_tokens,
         )
-        self.clients = {r.tenant for r in engine.running}
+        self.clients = {r.tenant for r in (engine.running if running is None else running)}
 
     def __call__(self, req: SimRequest) -> bool:
         need = req.prompt_tokens + self.extra + req.generated
@@ -74,10 +81,13 @@ class ReserveFits:
 
 
 class PagedFits:
-    def __init__(self, engine: StepEngine) -> None:
+    def __init__(self, engine: StepEngine, running: list[SimRequest] | None = None) -> None:
         cfg, self.extra = engine.config, engine.extra
-        self.free, self.prefill_left = cfg.kv_tokens - engine.kv_used, cfg.prefill_tokens
-        self.slots = cfg.running_max - len(engine.running)
+        used = engine.kv_used  # the running requests' prompts and generated tokens
+        if running is not None:
+            used = sum(r.prompt_tokens + self.extra + r.generated_at(engine.step) for r in running)
+        self.free, self.prefill_left = cfg.kv_tokens - used, cfg.prefill_tokens
+        self.slots = cfg.running_max - len(engine.running if running is None else running)
 
     def __call__(self, req: SimRequest) -> bool:
         need = req.prompt_tokens + self.extra + req.generated
@@ -86,6 +96,25 @@ class PagedFits:
         self.free -= need + 1
         self.prefill_left -= need
         self.slots -= 1
+        return True
+
+
+class CapFits:
+    """The per-tenant cap on reserved running memory (prompt + max_tokens), in front of the pool's check."""
+
+    def __init__(self, engine: StepEngine, inner: ReserveFits | PagedFits) -> None:
+        self.inner, self.cap, self.extra = inner, engine.config.running_cap, engine.extra
+        self.held: dict[str, int] = {}
+        for r in engine.running:
+            self.held[r.tenant] = self.held.get(r.tenant, 0) + r.prompt_tokens + self.extra + r.output_tokens
+
+    def __call__(self, req: SimRequest) -> bool:
+        held, tokens = self.held.get(req.tenant, 0), req.prompt_tokens + self.extra + req.output_tokens
+        if self.cap is not None and held and held + tokens > self.cap:
+            return False
+        if not self.inner(req):
+            return False
+        self.held[req.tenant] = held + tokens
         return True
 
 
@@ -103,7 +132,7 @@ class StepEngine:
         self.running: dict[SimRequest, None] = {}
         self.ends: list[tuple[int, int, SimRequest]] = []
         self.index: Index | None = None  # reserve mode, for the running set as it is
-        self.prefills = self.preemptions = self.waited = 0
+        self.prefills = self.preemptions = self.waited = self.fair_preemptions = 0
         self.eager = ledger.policy.capabilities.orders_by_counter
         self.just_finished: list[SimRequest] = []
 
@@ -136,7 +165,15 @@ class StepEngine:
         self._sync()
         records = [record_of(r, self.step, self.now) for r in reqs]
         return SimResult(
-            records, self.ledger, self.now, self.step, self.prefills, self.preemptions, self.busy_s, self.config
+            records,
+            self.ledger,
+            self.now,
+            self.step,
+            self.prefills,
+            self.preemptions,
+            self.busy_s,
+            self.config,
+            self.fair_preemptions,
         )
 
     # ---- online ---------------------------------------------------------------------------------------------------
@@ -184,14 +221,52 @@ class StepEngine:
         self.waited += 1
         return True
 
+    def fits(self, running: list[SimRequest] | None = None) -> ReserveFits | PagedFits | CapFits:
+        fits = ReserveFits(self, running) if self.config.mode == "reserve" else PagedFits(self, running)
+        return fits if self.config.running_cap is None else CapFits(self, fits)
+
     def admit(self) -> bool:
+        admitted = self.admit_round()
+        while self.config.preempt_delta is not None and self.ledger.num_queued and self.running:
+            if self.eager:
+                self._sync()
+            if not self.fair_preempt():
+                break
+            admitted = self.admit_round() or admitted
+        return admitted
+
+    def admit_round(self) -> bool:
         if self.eager:
             self._sync()
-        fits = ReserveFits(self) if self.config.mode == "reserve" else PagedFits(self)
-        batch: list[SimRequest] = self.ledger.admit(fits)  # type: ignore[arg-type, assignment]
+        batch: list[SimRequest] = self.ledger.admit(self.fits())  # type: ignore[arg-type, assignment]
         if batch:
             self.prefill(batch)
         return bool(batch)
+
+    def fair_preempt(self) -> bool:
+        """Plainly: the tenants whose counter is more than DELTA above the next request's tenant's, highest first;
+        their requests not preempted too often, newest first; the shortest prefix of them whose removal lets the
+        next request fit is preempted (none if all of them would not do)."""
+        head = self.ledger.peek()
+        assert head is not None
+        counter = {t: a.counter for t, a in self.ledger.accounts.items()}
+        over = counter[head.tenant] + self.config.preempt_delta
+        newest_first = list(self.running)[::-1]
+        candidates = [
+            r
+            for r in newest_first
+            if r.tenant != head.tenant and counter[r.tenant] > over and r.fair_preemptions < self.config.preempt_max
+        ]
+        candidates = sorted(candidates, key=lambda r: -counter[r.tenant])
+        for n in range(1, len(candidates) + 1):
+            gone = candidates[:n]
+            if self.fits([r for r in self.running if r not in gone])(head):  # type: ignore[arg-type]
+                for r in gone:
+                    r.fair_preemptions += 1
+                    self.fair_preemptions += 1
+                    self.preempt(r)
+                return True
+        return False
 
     def prefill(self, batch: list[SimRequest]) -> None:
         start = self.now

@@ -1,6 +1,10 @@
 """Policies by name. A policy is one module plus one `register(...)` call; every driver (the CLI, the gateway,
 `serve`, the vLLM plugin) lists and builds policies from here: `make_policy("vtc")`, `make_policy("rpm:5")`,
-`make_policy("vtc-predict:oracle±50")`."""
+`make_policy("vtc-predict:oracle±50")`.
+
+A spec may end in engine options, `:name=value` each (`vtc:preempt=1000:running-cap=4000`): they say how the
+simulated engine treats the running batch (fairness-triggered preemption, the per-tenant running-memory cap), not
+how the policy orders. `split_options` takes them off; only the simulator accepts them."""
 
 from __future__ import annotations
 
@@ -71,13 +75,47 @@ def describe(*, engine: bool = False) -> str:
     return ", ".join(e.usage for e in _REGISTRY.values() if not (engine and e.capabilities.rejects_at_arrival))
 
 
-def check_policy(spec: str) -> tuple[PolicyEntry, Any]:
+ENGINE_OPTIONS: dict[str, type] = {"preempt": float, "preempt-max": int, "running-cap": int}  # docs/preemption.md
+
+
+def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
+    """`name[:argument][:option=value]...` -> (the policy spec, the engine options by name, parsed). ValueError with
+    one line on an unknown option or a bad value."""
+    parts = spec.strip().split(":")
+    keep = [parts[0]]
+    options: dict[str, float | int] = {}
+    for part in parts[1:]:
+        key, eq, text = part.partition("=")
+        if not eq:
+            keep.append(part)
+            continue
+        key = key.strip().lower()
+        if key not in ENGINE_OPTIONS:
+            raise ValueError(f"unknown engine option {key!r} in {spec!r}; choose from: {', '.join(ENGINE_OPTIONS)}")
+        kind = ENGINE_OPTIONS[key]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"engine option {key!r} in {spec!r}: {text!r} is not {kind.__name__}") from None
+        if not (value >= 0 if key == "preempt" else value >= 1):  # NOTE: NaN fails too
+            raise ValueError(f"engine option {key!r} in {spec!r} must be {'>= 0' if key == 'preempt' else '>= 1'}")
+        options[key] = value
+    return ":".join(keep), options
+
+
+def check_policy(spec: str, *, engine_options: bool = False) -> tuple[PolicyEntry, Any]:
     """Parse `name[:argument]` without building the policy: (its entry, the parsed argument or None). ValueError with
-    one line naming the registered policies on a bad spec."""
+    one line naming the registered policies on a bad spec. Engine options (`split_options`) are accepted only with
+    `engine_options` (the simulator's drivers), and must then suit the policy."""
+    spec, options = split_options(spec)
+    if options and not engine_options:
+        raise ValueError(f"engine options ({', '.join(options)}) apply to the simulator only (fairserve simulate)")
     name, _, arg = spec.strip().partition(":")
     entry = _REGISTRY.get(name.lower())
     if entry is None:
         raise ValueError(f"unknown policy {spec!r}; choose one of: {describe()}")
+    if "preempt" in options and not entry.capabilities.shares_counters:
+        raise ValueError(f"preempt= compares tenants' counters: policy {entry.name!r} keeps none; use vtc")
     if entry.argument is None:
         if arg:
             raise ValueError(f"policy {entry.name!r} takes no argument (got {spec!r})")

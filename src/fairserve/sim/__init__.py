@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..core import Ledger, Policy, make_policy
+from ..core.registry import check_policy, split_options
 from ..workloads import DEFAULT_KV_TOKENS, Workload
 from .engine import EngineConfig, Mode, SimEngine, SimRequest, SimResult
 from .latency import (
@@ -60,7 +61,11 @@ def simulate(
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
     profile, its weights and priorities, by tenant or group path) and stop at its duration; `drain=True` runs until
     every request is done. A preset name brings its server's token-level effects; a `LatencyModel` object runs with
-    none."""
+    none. A policy spec may end in engine options (`vtc:preempt=DELTA`, `:running-cap=TOKENS`; sim/preempt.py)."""
+    options: dict[str, float | int] = {}
+    if isinstance(policy, str):
+        check_policy(policy, engine_options=True)  # NOTE: preempt= needs a policy with counters
+        policy, options = split_options(policy)
     name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_PROFILE)
     model = get_latency_model(name) if isinstance(name, str) else name
     kv = kv_tokens if kv_tokens is not None else workload.kv_tokens
@@ -68,6 +73,7 @@ def simulate(
         config = engine_config(name, kv, mode)
     else:
         config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
+    config = config.with_options(options)
     if isinstance(policy, str):
         policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed)
     ledger = Ledger(

@@ -16,8 +16,8 @@ step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
@@ -31,6 +31,7 @@ from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
 from .latency import LatencyModel, decode_steps_s
+from .preempt import Capped, Preemption
 
 Mode = Literal["reserve", "paged"]
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
@@ -46,6 +47,9 @@ class EngineConfig:
     running_max: int = 1000
     prompt_extra_tokens: int = 0  # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
     reserve_per_client_tokens: int = 0  # reserve admission: pool held back per distinct client in the batch
+    preempt_delta: float | None = None  # preempt at a counter gap above this (sim/preempt.py); None: never
+    preempt_max: int = 1  # times one request may be preempted for fairness
+    running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
 
     def __post_init__(self) -> None:
         if self.mode not in ("reserve", "paged"):
@@ -54,6 +58,22 @@ class EngineConfig:
             raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
         if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
             raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
+        if self.preempt_delta is not None and not self.preempt_delta >= 0:
+            raise ValueError(f"preempt_delta must be >= 0, got {self.preempt_delta}")
+        if self.preempt_max < 1 or (self.running_cap is not None and self.running_cap < 1):
+            raise ValueError("preempt_max and running_cap must be >= 1")
+
+    def with_options(self, options: Mapping[str, float | int]) -> EngineConfig:
+        """This engine with a policy spec's engine options (`core.registry.split_options`): `preempt`,
+        `preempt-max`, `running-cap`."""
+        if not options:
+            return self
+        return replace(
+            self,
+            preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
+            preempt_max=int(options.get("preempt-max", self.preempt_max)),
+            running_cap=int(options["running-cap"]) if "running-cap" in options else self.running_cap,
+        )
 
     @cached_property
     def prefill_tokens(self) -> int:
@@ -72,6 +92,7 @@ class SimRequest(Request):
     generated: int = 0  # output tokens produced before the current run (non-zero after a preemption)
     step_base: int = 0  # decode-step counter when the current run's prefill finished
     end_step: int = 0  # decode step at which the current run has produced every token
+    fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
     admit_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -92,6 +113,7 @@ class SimResult:
     preemptions: int
     busy_s: float  # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
+    fair_preemptions: int = 0  # of `preemptions`, those for fairness (EngineConfig.preempt_delta)
 
 
 def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
@@ -109,7 +131,7 @@ def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str 
     return None
 
 
-class SimEngine(Forecast):
+class SimEngine(Forecast, Preemption):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
     Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
@@ -138,9 +160,13 @@ class SimEngine(Forecast):
         self._tenants: dict[str, list[SimRequest]] = {}  # the running requests by tenant
         self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
         self._index = ReserveIndex() if cfg.mode == "reserve" else None  # the running set (reserve mode)
-        self.prefills = self.preemptions = 0
+        self.prefills = self.preemptions = self.fair_preemptions = 0
         self.busy_s = 0.0
+        self._delta, self._cap = cfg.preempt_delta, cfg.running_cap
+        self._every_try = self._delta is not None or self._cap is not None  # NOTE: no forecast of tries (below)
         caps = ledger.policy.capabilities
+        if self._delta is not None and not caps.shares_counters:
+            raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
         if not caps.orders_by_counter:
             self._charging = Charging.AT_END
         else:
@@ -197,6 +223,7 @@ class SimEngine(Forecast):
             self.preemptions,
             self.busy_s,
             self.config,
+            self.fair_preemptions,
         )
 
     def _arrive(self) -> float:
@@ -292,7 +319,7 @@ class SimEngine(Forecast):
     def _try(self, until: float) -> None:
         """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
         head = None
-        if self._charging is not Charging.EVERY_STEP:  # NOTE: a try that would fail is not needed to know it
+        if self._charging is not Charging.EVERY_STEP and not self._every_try:  # NOTE: a failing try is not needed
             head = self._first()
             first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
             if first != self.step:
@@ -310,6 +337,15 @@ class SimEngine(Forecast):
         self._decode(until)
 
     def _admit(self, first: Request | None = None) -> bool:
+        """An admission round (`first`: the policy's next request, if just looked up); with preemption on, while the
+        request it stopped at can be made to fit by preempting (sim/preempt.py), preempt and run another round."""
+        admitted = self._round(first)
+        if self._delta is not None:
+            while self._refused is not None and self.running and self._fair_preempt():
+                admitted = self._round() or admitted
+        return admitted
+
+    def _round(self, first: Request | None = None) -> bool:
         """One admission round (`first`: the policy's next request, if just looked up)."""
         cfg, lazy = self.config, self._charging is Charging.LAZY
         if self._charging is Charging.EVERY_STEP:
@@ -332,9 +368,10 @@ class SimEngine(Forecast):
             )
         batch: list[SimRequest] = []
         peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
+        fits = budget.try_add if self._cap is None else Capped(budget.try_add, self._cap, self._tenants, self._extra)
         while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
             req, first = first or peek(), None
-            if req is None or not budget.try_add(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
+            if req is None or not fits(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
                 break
             pop()
             if lazy:

@@ -70,6 +70,7 @@ class Forecast:
     _ends: list[tuple[int, int, SimRequest]]
     _index: ReserveIndex | None
     _charging: Charging
+    _every_try: bool
     _charged: dict[str, int]
     _needs: Sizes
     _lefts: Sizes
@@ -129,8 +130,8 @@ class Forecast:
         again at a step the reserve index computes (in paged mode, not before the pool grows); another request can
         only be first if the next one's tenant is charged past the others, and only fit where the smallest queued
         sizes fit (`first`: when the next request first fits, if known)."""
-        if self._charging is Charging.EVERY_STEP:
-            return lo  # NOTE: the counters must take every step's charges, as step by step
+        if self._charging is Charging.EVERY_STEP or self._every_try:
+            return lo  # NOTE: every step's charges count, as step by step; preemption and the cap are not forecast
         head = self._refused
         if head is None:
             return NEVER
