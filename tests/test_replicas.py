@@ -173,7 +173,8 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         f"peaks {peaks_shared} {peaks_independent}"
     )
     assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
-    assert abs(s3 - s1) <= 0.05, (s3, s1)  # shared state: as fair as one gateway
+    # NOTE: each share against the goal, not against each other: two 3 s measurements differ by up to twice their noise
+    assert abs(s3 - 0.5) < 0.05, (s3, s1)  # shared state: as fair as one gateway
     assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
     assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
     assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
