@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from fairserve.core.ledger import Ledger
 from fairserve.core.request import RequestState
-from fairserve.sim.engine import EngineConfig, SimRequest, SimResult, record_of, too_large
+from fairserve.sim.engine import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 from fairserve.sim.latency import LatencyModel
 
 RUNNING = RequestState.RUNNING
@@ -137,19 +137,7 @@ class StepEngine:
         self.just_finished: list[SimRequest] = []
 
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
-        reqs = [
-            SimRequest(
-                id=i,
-                tenant=a.client,
-                prompt_tokens=a.prompt_tokens,
-                max_tokens=a.output_tokens,
-                predicted_output=a.output_tokens,
-                arrival_s=a.arrival_s,
-                output_tokens=a.output_tokens,
-            )
-            for i, a in enumerate(arrivals)
-        ]
-        reqs.sort(key=lambda r: r.arrival_s)
+        reqs = sim_requests(arrivals)
         n, i = len(reqs), 0
         horizon = float("inf") if until_s is None else until_s
         while True:

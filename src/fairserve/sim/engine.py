@@ -131,6 +131,24 @@ def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str 
     return None
 
 
+def sim_requests(arrivals: Iterable) -> list[SimRequest]:
+    """One `SimRequest` per arrival (`id` = its index), in arrival order (stable for ties)."""
+    reqs = [
+        SimRequest(
+            id=i,
+            tenant=a.client,
+            prompt_tokens=a.prompt_tokens,
+            max_tokens=a.output_tokens,
+            predicted_output=a.output_tokens,
+            arrival_s=a.arrival_s,
+            output_tokens=a.output_tokens,
+        )
+        for i, a in enumerate(arrivals)
+    ]
+    reqs.sort(key=lambda r: r.arrival_s)
+    return reqs
+
+
 class SimEngine(Forecast, Preemption):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
@@ -189,19 +207,7 @@ class SimEngine(Forecast, Preemption):
     # ---- offline -----------------------------------------------------------------------------------------------
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         """Simulate until every request is done, or until `until_s` (the rest is reported `unfinished`)."""
-        reqs = [
-            SimRequest(
-                id=i,
-                tenant=a.client,
-                prompt_tokens=a.prompt_tokens,
-                max_tokens=a.output_tokens,
-                predicted_output=a.output_tokens,
-                arrival_s=a.arrival_s,
-                output_tokens=a.output_tokens,
-            )
-            for i, a in enumerate(arrivals)
-        ]
-        reqs.sort(key=lambda r: r.arrival_s)
+        reqs = sim_requests(arrivals)
         self._pending, self._horizon = reqs, float("inf") if until_s is None else until_s
         while True:
             upcoming = self._arrive()
