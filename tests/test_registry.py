@@ -18,7 +18,8 @@ from fairserve.core import (
     policy_names,
     register,
 )
-from fairserve.core.registry import unregister
+from fairserve.core.cost import make_cost
+from fairserve.core.registry import split_options, unregister
 
 
 class LIFO(Policy):
@@ -126,3 +127,35 @@ def test_a_policy_with_an_argument_gets_it_parsed_with_the_cost_and_seed():
     finally:
         unregister("lifo-n")
         unregister("lifo-d")
+
+
+def test_engine_options_are_parsed_after_the_argument_and_refused_with_one_line():
+    spec = "vtc-predict:oracle:preempt=500:preempt-max=1:running-cap=1"  # the smallest values allowed
+    assert split_options(spec) == ("vtc-predict:oracle", {"preempt": 500.0, "preempt-max": 1, "running-cap": 1})
+    assert split_options("vtc:preempt=0") == ("vtc", {"preempt": 0.0})
+    for bad, message in [
+        ("vtc:preempt=5=5", "engine option 'preempt' in 'vtc:preempt=5=5': '5=5' is not float"),
+        (
+            "vtc:slack=3",
+            "unknown engine option 'slack' in 'vtc:slack=3'; choose from: preempt, preempt-max, running-cap",
+        ),
+        ("vtc:preempt=-1", "engine option 'preempt' in 'vtc:preempt=-1' must be >= 0"),
+        ("vtc:preempt-max=0", "engine option 'preempt-max' in 'vtc:preempt-max=0' must be >= 1"),
+        ("vtc:preempt=nan", "must be >= 0"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            split_options(bad)
+        assert message in str(e.value), (bad, str(e.value))
+    with pytest.raises(ValueError, match=r"engine options \(preempt, running-cap\) apply to the simulator only"):
+        check_policy("vtc:preempt=5:running-cap=9")
+    assert check_policy("vtc:preempt=5:running-cap=9", engine_options=True)[0].name == "vtc"
+
+
+def test_a_bad_argument_is_named_and_every_policy_gets_its_cost():
+    with pytest.raises(ValueError, match=r"^policy 'fcfs' takes no argument \(got 'fcfs:3'\)$"):
+        check_policy("fcfs:3")
+    with pytest.raises(ValueError, match=r"^bad argument in policy 'rpm:many': 'many' is not a number$"):
+        check_policy("rpm:many")
+    for name in ("fcfs", "vtc"):
+        assert make_policy(name, w_p=0.5, w_q=3).cost.prompt(10) == 5
+        assert make_policy(name, cost="profiled").cost.name == make_cost("profiled").name != "linear"
