@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairserve.sim.budget import ReserveBudget, ReserveIndex, reserve_peak
-from fairserve.sim.engine import SimRequest
+from fairserve.sim.requests import SimRequest
 
 running = st.lists(st.tuples(st.integers(1, 500), st.integers(1, 400), st.integers(0, 399)), max_size=25)
 

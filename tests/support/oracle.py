@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 
 from fairserve.core.ledger import Ledger
 from fairserve.core.request import RequestState
-from fairserve.sim.engine import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 from fairserve.sim.latency import LatencyModel
+from fairserve.sim.requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
 RUNNING = RequestState.RUNNING
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..core import Ledger, Policy, make_policy
 from ..core.registry import check_policy, split_options
 from ..workloads import DEFAULT_KV_TOKENS, Workload
-from .engine import EngineConfig, Mode, SimEngine, SimRequest, SimResult
+from .engine import SimEngine
 from .latency import (
     DEFAULT_LATENCY_PROFILE,
     LATENCY_MODELS,
@@ -14,6 +14,7 @@ from .latency import (
     get_latency_model,
     server_tokens,
 )
+from .requests import EngineConfig, Mode, SimRequest, SimResult
 
 __all__ = [
     "EngineConfig",

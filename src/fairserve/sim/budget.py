@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import SimRequest
+    from .requests import SimRequest
 
 NONE = -(1 << 62)  # the maximum of no terms (an int, so the arithmetic stays exact)
 CLEAN = 1 << 62  # ReserveIndex._from when nothing is out of date

@@ -16,137 +16,21 @@ step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Literal
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from ..core.account import SEP
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
-from ..records import RequestRecord
-from ..workloads.base import DEFAULT_KV_TOKENS
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
 from .latency import LatencyModel, decode_steps_s
 from .preempt import Capped, Preemption
+from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
-Mode = Literal["reserve", "paged"]
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool (A10G + Llama-2-7b in the paper)
-    batch_max_tokens: int | None = None  # prefill budget per round; None = max(kv_tokens // 6, 3072)
-    max_wait_steps: int | None = None  # decode steps between admission rounds; None = 10 (reserve), 0 (paged)
-    mode: Mode = "reserve"
-    running_max: int = 1000
-    prompt_extra_tokens: int = 0  # the server tokenizes a p-token prompt as p + this (latency.ServerTokens)
-    reserve_per_client_tokens: int = 0  # reserve admission: pool held back per distinct client in the batch
-    preempt_delta: float | None = None  # preempt at a counter gap above this (sim/preempt.py); None: never
-    preempt_max: int = 1  # times one request may be preempted for fairness
-    running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("reserve", "paged"):
-            raise ValueError(f"engine mode must be 'reserve' or 'paged', got {self.mode!r}")
-        if self.kv_tokens < 2:
-            raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
-        if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
-            raise ValueError("prompt_extra_tokens and reserve_per_client_tokens must be >= 0")
-        if self.preempt_delta is not None and not self.preempt_delta >= 0:
-            raise ValueError(f"preempt_delta must be >= 0, got {self.preempt_delta}")
-        if self.preempt_max < 1 or (self.running_cap is not None and self.running_cap < 1):
-            raise ValueError("preempt_max and running_cap must be >= 1")
-
-    def with_options(self, options: Mapping[str, float | int]) -> EngineConfig:
-        """This engine with a policy spec's engine options (`core.registry.split_options`): `preempt`,
-        `preempt-max`, `running-cap`."""
-        if not options:
-            return self
-        return replace(
-            self,
-            preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
-            preempt_max=int(options.get("preempt-max", self.preempt_max)),
-            running_cap=int(options["running-cap"]) if "running-cap" in options else self.running_cap,
-        )
-
-    @cached_property
-    def prefill_tokens(self) -> int:
-        return self.batch_max_tokens if self.batch_max_tokens else max(self.kv_tokens // 6, 3072)
-
-    @cached_property
-    def wait_steps(self) -> int:
-        if self.max_wait_steps is not None:
-            return self.max_wait_steps
-        return 10 if self.mode == "reserve" else 0
-
-
-@dataclass(slots=True, eq=False, kw_only=True)
-class SimRequest(Request):
-    output_tokens: int  # the true length; the client sends max_tokens = output_tokens (ignore_eos)
-    generated: int = 0  # output tokens produced before the current run (non-zero after a preemption)
-    step_base: int = 0  # decode-step counter when the current run's prefill finished
-    end_step: int = 0  # decode step at which the current run has produced every token
-    fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
-    admit_s: float | None = None
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    last_token_s: float | None = None
-
-    def generated_at(self, step: int) -> int:
-        """Output tokens produced by decode step `step` (the prefill produced one)."""
-        return self.generated + (step - self.step_base) if self.state is RequestState.RUNNING else self.generated
-
-
-@dataclass
-class SimResult:
-    records: list[RequestRecord]
-    ledger: Ledger
-    end_s: float
-    decode_steps: int
-    prefills: int
-    preemptions: int
-    busy_s: float  # time spent prefilling or decoding (the rest the engine was idle)
-    config: EngineConfig
-    fair_preemptions: int = 0  # of `preemptions`, those for fairness (EngineConfig.preempt_delta)
-
-
-def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
-    """Why a request of this size could never be admitted, or None if it can be."""
-    prompt = prompt_tokens + cfg.prompt_extra_tokens
-    pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
-    if prompt + output_tokens >= pool:
-        return (
-            f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
-            f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
-            "Reduce the prompt or max_tokens."
-        )
-    if prompt > cfg.prefill_tokens:
-        return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
-    return None
-
-
-def sim_requests(arrivals: Iterable) -> list[SimRequest]:
-    """One `SimRequest` per arrival (`id` = its index), in arrival order (stable for ties)."""
-    reqs = [
-        SimRequest(
-            id=i,
-            tenant=a.client,
-            prompt_tokens=a.prompt_tokens,
-            max_tokens=a.output_tokens,
-            predicted_output=a.output_tokens,
-            arrival_s=a.arrival_s,
-            output_tokens=a.output_tokens,
-        )
-        for i, a in enumerate(arrivals)
-    ]
-    reqs.sort(key=lambda r: r.arrival_s)
-    return reqs
 
 
 class SimEngine(Forecast, Preemption):
@@ -549,25 +433,3 @@ class SimEngine(Forecast, Preemption):
         self.preemptions += 1
         if self._charging is Charging.LAZY:
             self._queue_sizes(r, True)
-
-
-_STATUS = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}
-
-
-def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
-    status = _STATUS.get(r.state, "unfinished")
-    if r.state is RequestState.RUNNING:
-        r.last_token_s = end_s
-    return RequestRecord(
-        id=r.id,
-        client=r.tenant,
-        arrival_s=r.arrival_s,
-        admit_s=r.admit_s,
-        first_token_s=r.first_token_s,
-        finish_s=r.finish_s,
-        last_token_s=r.last_token_s,
-        prompt_tokens=r.prompt_tokens,
-        output_tokens=r.generated_at(step) if r.admit_s is not None else 0,
-        max_tokens=r.output_tokens,
-        status=status,
-    )

@@ -26,7 +26,7 @@ from ..core.request import Request, RequestState
 from .budget import ReserveIndex
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig, SimRequest
+    from .requests import EngineConfig, SimRequest
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 NEVER = 1 << 62  # a step that never comes

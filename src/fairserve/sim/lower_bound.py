@@ -11,7 +11,7 @@ Without preemption, the hog's batch decodes about M output tokens (w_q·M servic
 from __future__ import annotations
 
 from ..workloads import Arrival, Workload
-from .engine import EngineConfig
+from .requests import EngineConfig
 
 PROMPT = 8  # tokens: short prompts, so that the pool goes to output tokens (w_q·M dominates w_p·L_in)
 

@@ -24,7 +24,7 @@ from ..core.ledger import Ledger
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 
 if TYPE_CHECKING:
-    from .engine import EngineConfig, SimRequest
+    from .requests import EngineConfig, SimRequest
 
 
 class Capped:
