@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core import check_nodes, check_policy, make_cost, parse_weights
 from ..sim import get_latency_model
-from ..sim.engine import Mode
+from ..sim.requests import Mode
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
 
 
