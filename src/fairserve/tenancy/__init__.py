@@ -1,0 +1,46 @@
+"""Tenancy, shared by every server in front of a ledger (`fairserve gateway`, `fairserve serve`): tenant config and
+flags (`config`), API keys and Bearer auth (`auth`), the admin API with the live dashboard (`admin`), and the
+per-tenant Prometheus collector (`metrics`).
+
+The admin API and the collector read the ledger's `view()` and change it through `set_weight` / `reset`, whatever
+owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
+"""
+
+from .admin import MAX_OWNER_KEYS, Accounts, admin_denied, admin_router
+from .auth import AuthThrottle, bearer, metrics_denied, same_key
+from .config import (
+    MAX_COST,
+    SERVER_SCALARS,
+    TenantConfig,
+    TenantsMixin,
+    add_server_arguments,
+    check_tenants,
+    parse_tenant,
+    tenants_from_flags,
+)
+from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
+
+__all__ = [
+    "MAX_COST",
+    "MAX_OWNER_KEYS",
+    "SERVER_SCALARS",
+    "TENANT_FAMILIES",
+    "JAIN_HELP",
+    "METRICS_WINDOW_S",
+    "SPREAD_HELP",
+    "Accounts",
+    "AuthThrottle",
+    "TenantActivity",
+    "TenantCollector",
+    "TenantConfig",
+    "TenantsMixin",
+    "add_server_arguments",
+    "admin_denied",
+    "admin_router",
+    "bearer",
+    "check_tenants",
+    "metrics_denied",
+    "parse_tenant",
+    "same_key",
+    "tenants_from_flags",
+]
