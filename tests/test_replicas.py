@@ -270,7 +270,13 @@ def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, 
         async def kill_replica_1():
             await asyncio.sleep(1.0)
             p1.kill()  # no goodbye: its leases must expire (TTL 3 s)
-            await asyncio.sleep(4.0)  # the TTL and a sweep: from here on the live replicas hold every slot
+            async with httpx.AsyncClient() as c:
+                # NOTE: from the moment the live replicas' leases hold every slot, bob alone must fill both backends
+                for _ in range(100):
+                    docs = [(await c.get(g + "/healthz")).json()["backends"] for g in (g2, g3)]
+                    if [sum(x[j]["limit_requests"] for x in docs) for j in range(2)] == [LIMIT, LIMIT]:
+                        break
+                    await asyncio.sleep(0.05)
             peaks_before.extend(a.peak for a in apps)
             for a in apps:
                 a.peak = 0
