@@ -1,5 +1,6 @@
 """The atomic part of the shared state across gateway replicas: one Lua script Redis runs in one step per sync
-(`shared_state.py` calls it), and `sync_args` / `leave_args`, the one place that lays out its arguments.
+(`shared_state.py` fills it, `shared_link.py` sends it), and `sync_args` / `leave_args`, the one place that lays
+out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
 - each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
