@@ -120,18 +120,22 @@ if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotte
   redis.call('ZREM', p .. ':seen', batch)
   return 1
 end
-local current = redis.call('GET', p .. ':e')
+-- NOTE: the few single values a sync reads, in one call (a script's time is mostly its calls)
+local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg')
+local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
-  if epoch ~= '' then redis.call('SET', p .. ':hold', now + hold_ms) end
+  if epoch ~= '' then
+    hold_until = now + hold_ms
+    redis.call('SET', p .. ':hold', hold_until)
+  end
 end
 -- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
 for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
-local known = redis.call('ZSCORE', R, rid) and 1 or 0
-redis.call('ZADD', R, now + ttl, rid)
+local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
 local replicas = redis.call('ZCARD', R)
-local hold = tonumber(redis.call('GET', p .. ':hold') or '-1') > now
+local hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
 local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
@@ -145,7 +149,7 @@ if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas
   end
 end
 if fresh and reset == '1' then
-  redis.call('INCR', p .. ':rg')
+  generation = redis.call('INCR', p .. ':rg')
   local all = redis.call('HKEYS', C)
   for a = 1, #all, 1000 do
     local set = {}
@@ -316,7 +320,7 @@ local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
 return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
-  nsince, nwsince, redis.call('GET', p .. ':rg') or '0', known}
+  nsince, nwsince, generation, known}
 """
 # The answer's parts, in order (the comment above SYNC_LUA says what each holds).
 ANSWER = (
