@@ -81,17 +81,28 @@ local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
 end
 -- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
--- backlogged anywhere scored by counter (`P:f:`)
+-- backlogged anywhere scored by counter (`P:f:`; its changes gathered, then written in a few calls by `write_floor()`)
+local fadd, fdel = {}, {}
 local function backlog(r, tenant)
   if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
       and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
-    redis.call('ZADD', F, redis.call('HGET', C, tenant) or '0', tenant)
+    fadd[#fadd + 1] = tenant
   end
 end
 local function unbacklog(r, tenant)
   if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
-    redis.call('ZREM', F, tenant)
+    fdel[#fdel + 1] = tenant
   end
+end
+local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, as unpack() has a limit
+  for a = 1, #fadd, 1000 do
+    local b = math.min(a + 999, #fadd)
+    local counters, set = redis.call('HMGET', C, unpack(fadd, a, b)), {}
+    for j = a, b do set[#set + 1] = counters[j - a + 1] or '0'; set[#set + 1] = fadd[j] end
+    redis.call('ZADD', F, unpack(set))
+  end
+  for a = 1, #fdel, 1000 do redis.call('ZREM', F, unpack(fdel, a, math.min(a + 999, #fdel))) end
+  fadd, fdel = {}, {}
 end
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
 -- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
@@ -114,6 +125,7 @@ local function drop(r)
 end
 if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
   drop(rid)
+  write_floor()
   local st = redis.call('HGETALL', ST)
   for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
   redis.call('HDEL', p .. ':sn', batch)
@@ -133,6 +145,7 @@ if not current then
 end
 -- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
 for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
+write_floor()
 local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
 local replicas = redis.call('ZCARD', R)
 local hold = hold_until > now
@@ -238,6 +251,7 @@ for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
   if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
 end
+write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved = nxt()
 if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
