@@ -316,9 +316,9 @@ if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
   nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
 else
-  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'LIMIT', 0, pull)
-  for _, tenant in ipairs(got) do row(tenant) end
-  nsince = #got == pull and redis.call('ZSCORE', V, got[#got]) or (redis.call('GET', SEQ) or '0')
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
+  for j = 1, #got, 2 do row(got[j]) end
+  nsince = #got > 0 and #got == 2 * pull and got[#got] or (redis.call('GET', SEQ) or '0')
   local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
   wrows = {}
   for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
