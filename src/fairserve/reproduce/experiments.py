@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import trees
+from . import preemption, trees
 from .runs import RunSpec
 from .verdicts import (  # the rules behind each verdict, and the run sets they share with the catalogue
     A10G,
@@ -419,6 +419,22 @@ OWN_FINDINGS += tuple(
         section=trees.SECTION,
     )
     for name, title, question, specs, rule, brief in trees.EXPERIMENTS
+)
+OWN_FINDINGS += tuple(
+    Experiment(
+        name,
+        title,
+        question,
+        tuple(specs),
+        rule,
+        ("preemption_curve",),
+        preemption.SOURCE,
+        scope,
+        own=True,
+        brief=brief,
+        section=preemption.SECTION,
+    )
+    for name, title, question, specs, rule, scope, brief in preemption.EXPERIMENTS
 )
 ALL_EXPERIMENTS: tuple[Experiment, ...] = EXPERIMENTS + OWN_FINDINGS
 
