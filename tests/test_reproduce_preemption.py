@@ -82,8 +82,9 @@ def test_a_run_names_its_mode_and_keeps_its_options():
     assert paged.records != reserve.records and paged.preemptions > paged.fair_preemptions > 0
 
 
-def test_reproduce_writes_the_section_with_its_curve(tmp_path):
-    findings = runner.reproduce(tmp_path, only=["preempt-lower-bound"], quick=True, progress=False)
+def test_reproduce_writes_the_section_with_its_curve(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "run", lambda spec, quick, trace: quick_run(spec))  # NOTE: the runs simulated above
+    findings = runner.reproduce(tmp_path, only=["preempt-lower-bound"], quick=True, jobs=1, progress=False)
     (f,) = findings
     assert f.holds is not None and f.verdict in ("yes", "no")
     ((png, caption),) = f.figures
