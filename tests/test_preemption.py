@@ -275,3 +275,20 @@ def test_the_bound_under_preemption(workload, mode, wait, delta):
     engine.run(arrivals)
     longest_prompt = max(a.prompt_tokens for a in arrivals)
     assert seen["most"] <= 2 * (delta + longest_prompt + 2 * seen["n"] * (cfg.wait_steps + 1))
+
+
+def test_the_emulator_refuses_engine_options_with_one_clear_error(monkeypatch, capsys):
+    """The emulator's engine takes no engine options: `fairserve emulate --policy vtc:preempt=500` exits 2 with one
+    line before it serves anything, rather than serving plain VTC."""
+    import uvicorn
+
+    from fairserve.cli import main
+    from fairserve.emulate.config import EmulatorConfig
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the emulator started serving"))
+    for spec in ("vtc:preempt=500", "vtc:running-cap=5000"):
+        with pytest.raises(ValueError, match="apply to the simulator only"):
+            EmulatorConfig(policy=spec)
+        assert main(["emulate", "--policy", spec, "--listen", "127.0.0.1:18931"]) == 2
+        err = capsys.readouterr().err
+        assert "apply to the simulator only" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
