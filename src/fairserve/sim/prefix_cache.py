@@ -1,0 +1,133 @@
+"""The paged engine's prefix cache: KV blocks named by the prefix they hold, shared while referenced, kept after use
+and evicted least recently used when the pool needs room (vLLM's automatic prefix caching, in block counts).
+
+A block's key names its content and everything before it (vLLM chains a hash over the prefix; here the key of block i
+of a shared prefix is `(prefix_id, i)`, which names the same thing: requests with one `prefix_id` share its first
+`prefix_tokens` prompt tokens). Only full prompt blocks get a key; the partial last block and decode blocks are the
+request's own (`Held.own`) and are freed when it ends. A block is in exactly one place: `free` (no content), `unused`
+(content, no reference: evictable, oldest first) or `refs` (content, referenced by running requests)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_BLOCK_TOKENS = 16  # vLLM's default on GPUs; its CPU build needs a multiple of 32
+
+
+def prompt_keys(
+    prompt_tokens: int, block_tokens: int, own: Hashable, prefix_id: Hashable | None = None, prefix_tokens: int = 0
+) -> list[Hashable]:
+    """The keys of a prompt's full blocks: `(prefix_id, i)` while block i lies inside the shared prefix, then
+    `(own, i)`: a block after one the request does not share is its own (the chain names the whole prefix)."""
+    full, shared = prompt_tokens // block_tokens, 0
+    if prefix_id is not None:
+        shared = min(prefix_tokens, prompt_tokens) // block_tokens
+    return [(prefix_id, i) if i < shared else (own, i) for i in range(full)]
+
+
+@dataclass
+class Held:
+    """What one running request holds: its keyed prompt blocks (each one reference) and its own blocks."""
+
+    keys: list[Hashable] = field(default_factory=list)
+    own: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the cache at admission (not computed by its prefill)
+
+
+class PrefixCache:
+    def __init__(self, num_blocks: int, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
+        if num_blocks < 1 or block_tokens < 1:
+            raise ValueError(f"a prefix cache needs >= 1 block of >= 1 token, got {num_blocks} x {block_tokens}")
+        self.num_blocks, self.block_tokens = num_blocks, block_tokens
+        self.free = num_blocks
+        self.unused: OrderedDict[Hashable, None] = OrderedDict()  # least recently used first
+        self.refs: dict[Hashable, int] = {}
+        self.own = 0  # blocks held by running requests outside any key
+        self.hit_tokens = self.queried_tokens = 0  # over admissions: prompt tokens found / looked up
+
+    @property
+    def available(self) -> int:
+        """Blocks a request could get now: the free ones and the evictable ones."""
+        return self.free + len(self.unused)
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def cached_prefix(self, keys: Sequence[Hashable], prompt_tokens: int) -> int:
+        """How many leading keys are in the cache, at most the blocks before the prompt's last token (as vLLM: the
+        last token is always computed, for the logits of the first output token)."""
+        limit = min(len(keys), (prompt_tokens - 1) // self.block_tokens)
+        n = 0
+        while n < limit and (keys[n] in self.refs or keys[n] in self.unused):
+            n += 1
+        return n
+
+    def admit(self, keys: Sequence[Hashable], prompt_tokens: int, extra_tokens: int = 0) -> Held | None:
+        """Blocks for a prompt (and `extra_tokens` beyond it, e.g. the first output token), reusing its cached
+        prefix; None, with nothing changed, when the pool cannot make room."""
+        hit = self.cached_prefix(keys, prompt_tokens)
+        total = self.blocks_for(prompt_tokens + extra_tokens)
+        fresh = [k for k in keys[hit:] if k not in self.refs and k not in self.unused]
+        reused = [k for k in keys[:hit] if k in self.unused]
+        # NOTE: reused unreferenced blocks leave `unused` without freeing anything, so they do not count as room
+        if total - hit > self.free + len(self.unused) - len(reused):
+            return None
+        for k in keys[:hit]:
+            self._ref(k)
+        self._take(total - hit)
+        held = Held(keys=list(keys[:hit]), own=total - hit, cached_tokens=hit * self.block_tokens)
+        # the prompt's newly computed full blocks get their key: a later request can hit them
+        for k in fresh:
+            self.refs[k] = 1
+        held.keys += fresh
+        held.own -= len(fresh)
+        self.own += held.own
+        self.hit_tokens += held.cached_tokens
+        self.queried_tokens += prompt_tokens
+        return held
+
+    def grow(self, held: Held, blocks: int = 1) -> bool:
+        """`blocks` more own blocks for a running request (decode crossing a block boundary); False if no room."""
+        if blocks > self.available:
+            return False
+        self._take(blocks)
+        held.own += blocks
+        self.own += blocks
+        return True
+
+    def release(self, held: Held) -> None:
+        """The request ended or was preempted: its own blocks are freed, its keyed blocks lose a reference (and are
+        kept while nothing else needs the room). NOTE: tail first, so a prefix's last blocks are evicted before its
+        first ones (as vLLM), and what stays cached is still a prefix."""
+        for k in reversed(held.keys):
+            n = self.refs[k] - 1
+            if n:
+                self.refs[k] = n
+            else:
+                del self.refs[k]
+                self.unused[k] = None
+        self.free += held.own
+        self.own -= held.own
+        held.keys, held.own = [], 0
+
+    def _ref(self, key: Hashable) -> None:
+        if key in self.unused:
+            del self.unused[key]
+            self.refs[key] = 1
+        else:
+            self.refs[key] += 1
+
+    def _take(self, blocks: int) -> None:
+        """Takes `blocks` blocks (the caller checked there is room), evicting the least recently used first."""
+        from_free = min(blocks, self.free)
+        self.free -= from_free
+        for _ in range(blocks - from_free):
+            self.unused.popitem(last=False)
+
+    def check(self) -> None:
+        """Every block is in one place (for tests)."""
+        assert self.free >= 0 and self.own >= 0
+        assert self.free + len(self.unused) + len(self.refs) + self.own == self.num_blocks
+        assert not (self.unused.keys() & self.refs.keys())

@@ -1,0 +1,118 @@
+"""The paged engine's prefix cache (sim/prefix_cache.py): sharing, reference counts, LRU eviction, conservation."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairserve.sim.prefix_cache import PrefixCache, prompt_keys
+
+B = 16
+
+
+def keys(prompt, own, prefix=None, shared=0):
+    return prompt_keys(prompt, B, own, prefix, shared)
+
+
+def test_keys_name_the_shared_prefix_then_the_requests_own_blocks():
+    assert keys(70, "r1", "sys", 40) == [("sys", 0), ("sys", 1), ("r1", 2), ("r1", 3)]
+    assert keys(70, "r1") == [("r1", i) for i in range(4)]  # 70 tokens: 4 full blocks and a partial one
+    assert keys(20, "r1", "sys", 500) == [("sys", 0)]  # a prefix longer than the prompt: the prompt is the prefix
+
+
+def test_a_repeated_prompt_hits_all_but_the_block_of_its_last_token():
+    cache = PrefixCache(64, B)
+    first = cache.admit(keys(100, "a", "doc", 100), 100, extra_tokens=1)
+    assert first.cached_tokens == 0 and len(first.keys) == 6 and first.own == 1  # 6 full blocks + the 7th, own
+    cache.release(first)
+    again = cache.admit(keys(100, "b", "doc", 100), 100, extra_tokens=1)
+    assert again.cached_tokens == 96  # 6 blocks; the 7th holds the last prompt token (always computed)
+    assert cache.admit(keys(97, "c", "doc", 97), 97).cached_tokens == 96  # its last token starts a 7th block
+    assert (cache.hit_tokens, cache.queried_tokens) == (192, 297)
+    exact = PrefixCache(64, B)
+    held = exact.admit(keys(96, "a", "doc", 96), 96)
+    second = exact.admit(keys(96, "b", "doc", 96), 96)
+    assert second.cached_tokens == 80 and second.own == 1  # 96 = 6 blocks: the 6th is recomputed, b's own copy
+    assert exact.refs[("doc", 5)] == 1
+    exact.release(held)
+    exact.check()
+
+
+def test_bad_sizes_are_refused():
+    for blocks, tokens in ((0, 16), (8, 0)):
+        with pytest.raises(ValueError, match="needs >= 1 block"):
+            PrefixCache(blocks, tokens)
+    assert PrefixCache(1, 1).available == 1
+
+
+def test_requests_running_together_share_their_prefix_blocks():
+    cache = PrefixCache(20, B)
+    a = cache.admit(keys(64, "a", "sys", 48), 64)
+    b = cache.admit(keys(64, "b", "sys", 48), 64)
+    assert b.cached_tokens == 48 and cache.refs[("sys", 0)] == 2
+    assert cache.free == 20 - 4 - 1  # a: 4 blocks; b: its own 4th block only
+    cache.release(a)
+    assert cache.refs[("sys", 2)] == 1 and ("a", 3) in cache.unused
+    cache.check()
+
+
+def test_eviction_takes_the_least_recently_used_and_a_prefix_tail_first():
+    cache = PrefixCache(6, B)
+    cache.release(cache.admit(keys(48, "x", "p", 48), 48, extra_tokens=1))  # p0 p1 p2 cached, 1 own freed
+    cache.release(cache.admit(keys(32, "y", "q", 32), 32, extra_tokens=1))  # q0 q1 cached
+    assert list(cache.unused) == [("p", 2), ("p", 1), ("p", 0), ("q", 1), ("q", 0)] and cache.free == 1
+    held = cache.admit(keys(48, "z"), 48)  # 3 blocks: the free one, then p2 and p1
+    assert held is not None and list(cache.unused) == [("p", 0), ("q", 1), ("q", 0)]
+    assert cache.admit(keys(40, "w", "p", 40), 40).cached_tokens == 16  # p0 survived: still a prefix
+    cache.check()
+
+
+def test_a_request_that_does_not_fit_changes_nothing():
+    cache = PrefixCache(4, B)
+    held = cache.admit(keys(48, "a", "s", 48), 48)
+    before = (cache.free, list(cache.unused), dict(cache.refs), cache.own, cache.hit_tokens)
+    assert cache.admit(keys(64, "b", "s", 64), 64, extra_tokens=1) is None  # 5 blocks, 3 of them shared: 2 > 1 free
+    assert (cache.free, list(cache.unused), dict(cache.refs), cache.own, cache.hit_tokens) == before
+    assert cache.grow(held) and not cache.grow(held)
+    cache.check()
+
+
+def test_the_cached_prefix_a_request_reuses_is_no_room_for_its_other_blocks():
+    cache = PrefixCache(4, B)
+    cache.release(cache.admit(keys(48, "a", "s", 48), 48, extra_tokens=1))  # s0 s1 s2 cached, 1 free
+    assert cache.admit(keys(64, "b", "s", 48), 64, extra_tokens=1) is None  # 3 hits + 2 blocks > 4
+    held = cache.admit(keys(64, "c", "s", 48), 64)  # 3 hits + 1 block
+    assert held.cached_tokens == 48 and cache.free == 0 and not cache.unused
+    cache.release(held)
+    assert held.keys == [] and held.own == 0
+    cache.check()
+
+
+requests = st.tuples(st.sampled_from([None, "s1", "s2"]), st.integers(0, 120), st.integers(1, 120))
+ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "release"]), requests, st.integers(0, 99)), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(4, 40), ops)
+def test_referenced_blocks_are_never_evicted_and_every_block_is_in_one_place(num_blocks, steps):
+    cache, running = PrefixCache(num_blocks, B), []
+    for n, (op, (prefix, shared, prompt), pick) in enumerate(steps):
+        if op == "admit":
+            ks = keys(prompt, n, prefix, shared)
+            expect = cache.cached_prefix(ks, prompt)
+            held = cache.admit(ks, prompt, extra_tokens=1)
+            if held is not None:
+                assert held.cached_tokens == expect * B and len(held.keys) + held.own == cache.blocks_for(prompt + 1)
+                running.append(held)
+        elif running and op == "grow":
+            cache.grow(running[pick % len(running)])
+        elif running:
+            cache.release(running.pop(pick % len(running)))
+        cache.check()
+        held_refs = Counter(k for h in running for k in h.keys)
+        assert held_refs == Counter(cache.refs)  # a referenced block is held by exactly its running requests
+        assert cache.own == sum(h.own for h in running)
+    for held in running:
+        cache.release(held)
+    assert not cache.refs and cache.own == 0 and cache.available == num_blocks
