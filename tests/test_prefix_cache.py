@@ -12,13 +12,16 @@ B = 16
 
 
 def keys(prompt, own, prefix=None, shared=0):
-    return prompt_keys(prompt, B, own, prefix, shared)
+    return prompt_keys(prompt, B, own, ((prefix, shared),) if prefix else ())
 
 
 def test_keys_name_the_shared_prefix_then_the_requests_own_blocks():
-    assert keys(70, "r1", "sys", 40) == [("sys", 0), ("sys", 1), ("r1", 2), ("r1", 3)]
-    assert keys(70, "r1") == [("r1", i) for i in range(4)]  # 70 tokens: 4 full blocks and a partial one
-    assert keys(20, "r1", "sys", 500) == [("sys", 0)]  # a prefix longer than the prompt: the prompt is the prefix
+    assert keys(70, "r1", "sys", 40) == [("sys", 16), ("sys", 32), ("r1", 48), ("r1", 64)]
+    assert keys(70, "r1") == [("r1", 16 * i) for i in range(1, 5)]  # 70 tokens: 4 full blocks and a partial one
+    assert keys(20, "r1", "sys", 500) == [("sys", 16)]  # a prefix longer than the prompt: the prompt is the prefix
+    # chained segments (Mooncake's hash ids): a block is named by the segment that holds its last token
+    assert prompt_keys(64, B, "r", (("a", 20), ("b", 20))) == [("a", 16), ("b", 32), ("r", 48), ("r", 64)]
+    assert prompt_keys(64, B, "s", (("a", 20), ("c", 44))) == [("a", 16), ("c", 32), ("c", 48), ("c", 64)]
 
 
 def test_a_repeated_prompt_hits_all_but_the_block_of_its_last_token():
@@ -34,7 +37,7 @@ def test_a_repeated_prompt_hits_all_but_the_block_of_its_last_token():
     held = exact.admit(keys(96, "a", "doc", 96), 96)
     second = exact.admit(keys(96, "b", "doc", 96), 96)
     assert second.cached_tokens == 80 and second.own == 1  # 96 = 6 blocks: the 6th is recomputed, b's own copy
-    assert exact.refs[("doc", 5)] == 1
+    assert exact.refs[("doc", 96)] == 1
     exact.release(held)
     exact.check()
 
@@ -50,10 +53,10 @@ def test_requests_running_together_share_their_prefix_blocks():
     cache = PrefixCache(20, B)
     a = cache.admit(keys(64, "a", "sys", 48), 64)
     b = cache.admit(keys(64, "b", "sys", 48), 64)
-    assert b.cached_tokens == 48 and cache.refs[("sys", 0)] == 2
+    assert b.cached_tokens == 48 and cache.refs[("sys", 16)] == 2
     assert cache.free == 20 - 4 - 1  # a: 4 blocks; b: its own 4th block only
     cache.release(a)
-    assert cache.refs[("sys", 2)] == 1 and ("a", 3) in cache.unused
+    assert cache.refs[("sys", 48)] == 1 and ("a", 64) in cache.unused
     cache.check()
 
 
@@ -61,9 +64,9 @@ def test_eviction_takes_the_least_recently_used_and_a_prefix_tail_first():
     cache = PrefixCache(6, B)
     cache.release(cache.admit(keys(48, "x", "p", 48), 48, extra_tokens=1))  # p0 p1 p2 cached, 1 own freed
     cache.release(cache.admit(keys(32, "y", "q", 32), 32, extra_tokens=1))  # q0 q1 cached
-    assert list(cache.unused) == [("p", 2), ("p", 1), ("p", 0), ("q", 1), ("q", 0)] and cache.free == 1
+    assert list(cache.unused) == [("p", 48), ("p", 32), ("p", 16), ("q", 32), ("q", 16)] and cache.free == 1
     held = cache.admit(keys(48, "z"), 48)  # 3 blocks: the free one, then p2 and p1
-    assert held is not None and list(cache.unused) == [("p", 0), ("q", 1), ("q", 0)]
+    assert held is not None and list(cache.unused) == [("p", 16), ("q", 32), ("q", 16)]
     assert cache.admit(keys(40, "w", "p", 40), 40).cached_tokens == 16  # p0 survived: still a prefix
     cache.check()
 

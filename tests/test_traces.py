@@ -99,6 +99,39 @@ def test_mooncake_milliseconds(tmp_path):
     assert [(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in w.arrivals] == [(0.0, 100, 10), (3.0, 6955, 52)]
 
 
+def test_prefixes_from_fairserve_columns_and_mooncake_hash_ids(tmp_path):
+    csv_text = "arrival_time_s,client,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+    csv_text += "0,a,300,5,sys-a,200\n1,b,50,5,,\n2,a,700,5,sys-a,700\n"
+    w = load_trace(write(tmp_path, "p.csv", csv_text))
+    assert [a.prefix for a in w.arrivals] == [(("sys-a", 200),), (), (("sys-a", 700),)]
+    rows = [{"arrival_time_s": 0, "client": "c", "prompt_tokens": 9, "output_tokens": 1, "prefix_id": "d"}]
+    rows[0]["prefix_tokens"] = 4
+    assert load_trace(write(tmp_path, "p.jsonl", jsonl(rows))).arrivals[0].prefix == (("d", 4),)
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [7, 8, 9]},
+        {"timestamp": 1, "input_length": 1000, "output_length": 1, "hash_ids": [7, 8, 9]},  # a longer list: cut
+    ]
+    w = load_trace(write(tmp_path, "m.jsonl", jsonl(rows)))
+    assert [a.prefix for a in w.arrivals] == [(("7", 512), ("8", 512), ("9", 76)), (("7", 512), ("8", 488))]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("0,a,10,1,sys,\n", "p.csv:2: prefix_id and prefix_tokens go together"),
+        ("0,a,10,1,sys,11\n", r"p.csv:2: prefix_tokens must be between 1 and prompt_tokens \(10\), got 11"),
+        ("0,a,10,1,sys,x\n", "p.csv:2: prefix_tokens"),
+    ],
+)
+def test_bad_prefix_columns_name_file_and_line(tmp_path, row, message):
+    header = "arrival_time_s,client,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+    with pytest.raises(WorkloadError, match=message):
+        load_trace(write(tmp_path, "p.csv", header + row))
+    bad = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}
+    with pytest.raises(WorkloadError, match="m.jsonl:1: hash_ids must be a list of integers"):
+        load_trace(write(tmp_path, "m.jsonl", jsonl([bad])))
+
+
 def test_auto_detects_by_content_for_other_extensions(tmp_path):
     rows = [{"timestamp": 10, "input_length": 1, "output_length": 1}]
     assert load_trace(write(tmp_path, "t.txt", jsonl(rows))).arrivals[0].arrival_s == 0.01

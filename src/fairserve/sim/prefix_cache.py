@@ -1,11 +1,12 @@
 """The paged engine's prefix cache: KV blocks named by the prefix they hold, shared while referenced, kept after use
 and evicted least recently used when the pool needs room (vLLM's automatic prefix caching, in block counts).
 
-A block's key names its content and everything before it (vLLM chains a hash over the prefix; here the key of block i
-of a shared prefix is `(prefix_id, i)`, which names the same thing: requests with one `prefix_id` share its first
-`prefix_tokens` prompt tokens). Only full prompt blocks get a key; the partial last block and decode blocks are the
-request's own (`Held.own`) and are freed when it ends. A block is in exactly one place: `free` (no content), `unused`
-(content, no reference: evictable, oldest first) or `refs` (content, referenced by running requests)."""
+A block's key names its content and everything before it (vLLM chains a hash over the prefix; here a block of a
+shared prefix is keyed by the id of the prefix segment that holds its last token and the block's end, which names the
+same thing: `Arrival.prefix`, docs/workloads.md). Only full prompt blocks get a key; the partial last block and decode
+blocks are the request's own (`Held.own`) and are freed when it ends. A block is in exactly one place: `free` (no
+content), `unused` (content, no reference: evictable, oldest first) or `refs` (content, referenced by running
+requests)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,24 @@ DEFAULT_BLOCK_TOKENS = 16  # vLLM's default on GPUs; its CPU build needs a multi
 
 
 def prompt_keys(
-    prompt_tokens: int, block_tokens: int, own: Hashable, prefix_id: Hashable | None = None, prefix_tokens: int = 0
+    prompt_tokens: int, block_tokens: int, own: Hashable, prefix: Sequence[tuple[Hashable, int]] = ()
 ) -> list[Hashable]:
-    """The keys of a prompt's full blocks: `(prefix_id, i)` while block i lies inside the shared prefix, then
-    `(own, i)`: a block after one the request does not share is its own (the chain names the whole prefix)."""
-    full, shared = prompt_tokens // block_tokens, 0
-    if prefix_id is not None:
-        shared = min(prefix_tokens, prompt_tokens) // block_tokens
-    return [(prefix_id, i) if i < shared else (own, i) for i in range(full)]
+    """The keys of a prompt's full blocks. `prefix` is `Arrival.prefix`: segments (id, tokens), each id naming the
+    whole prefix up to its segment's end. A block inside the prefix is `(id of the segment holding its last token,
+    its end)`; a block past it is `(own, its end)`: once a request stops sharing, the rest of its chain is its own."""
+    keys: list[Hashable] = []
+    covered = 0
+    segments = iter(prefix)
+    name: Hashable = own
+    for end in range(block_tokens, prompt_tokens + 1, block_tokens):
+        while covered < end:
+            seg = next(segments, None)
+            if seg is None:
+                name, covered = own, prompt_tokens
+                break
+            name, covered = seg[0], covered + seg[1]
+        keys.append((name, end))
+    return keys
 
 
 @dataclass

@@ -24,6 +24,9 @@ class Arrival:
     client: str
     prompt_tokens: int  # >= 1
     output_tokens: int  # >= 1; the simulated client sends max_tokens = output_tokens
+    # the prompt's shared prefix as segments (id, tokens), each id naming everything up to its segment's end:
+    # requests whose prefixes agree on a segment share the prompt tokens up to its end (docs/workloads.md)
+    prefix: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

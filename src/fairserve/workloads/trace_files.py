@@ -25,11 +25,14 @@ COLUMNS: dict[str, tuple[str, str | None, str, str]] = {
     "burstgpt": ("Timestamp", None, "Request tokens", "Response tokens"),
     "mooncake": ("timestamp", None, "input_length", "output_length"),
 }
+# Per format: optional columns/keys describing the prompt's shared prefix (docs/workloads.md, "Prefixes")
+PREFIX_COLUMNS: dict[str, tuple[str, ...]] = {"fairserve": ("prefix_id", "prefix_tokens"), "mooncake": ("hash_ids",)}
 CSV_FORMATS = ("fairserve", "azure", "burstgpt")
 JSON_FORMATS = ("fairserve", "mooncake")
 _JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
 
-Record = tuple[int, Any, Any, Any, Any]  # line number, time, client (or None), prompt, output
+# line number, time, client (or None), prompt, output, the prefix columns present (name -> raw value)
+Record = tuple[int, Any, Any, Any, Any, dict[str, Any]]
 
 
 def read_text(path: Path) -> str:
@@ -85,6 +88,7 @@ def csv_records(path: Path, text: str, fmt: str) -> tuple[str, Iterator[Record]]
     header = [cell.strip() for cell in header]
     fmt = _pick_format(path, reader.line_num, fmt, set(header), CSV_FORMATS, "columns")
     index = [header.index(c) if c is not None else None for c in COLUMNS[fmt]]
+    extra = [(c, header.index(c)) for c in PREFIX_COLUMNS.get(fmt, ()) if c in header]
 
     def rows() -> Iterator[Record]:
         while True:
@@ -100,7 +104,8 @@ def csv_records(path: Path, text: str, fmt: str) -> tuple[str, Iterator[Record]]
                 raise WorkloadError(
                     f"{path}:{reader.line_num}: expected {len(header)} columns like the header, got {len(row)}"
                 )
-            yield cast(Record, (reader.line_num, *(row[i] if i is not None else None for i in index)))
+            fields = (row[i] if i is not None else None for i in index)
+            yield cast(Record, (reader.line_num, *fields, {c: row[i] for c, i in extra if row[i].strip()}))
 
     return fmt, rows()
 
@@ -115,7 +120,8 @@ def jsonl_records(path: Path, text: str, fmt: str) -> tuple[str, Iterator[Record
         for line, obj in itertools.chain([(first_line, first)], objects):
             if gone := [k for k in keys if k is not None and k not in obj]:
                 raise WorkloadError(f"{path}:{line}: missing key {', '.join(map(repr, gone))}")
-            yield cast(Record, (line, *(obj[k] if k is not None else None for k in keys)))
+            extra = {k: obj[k] for k in PREFIX_COLUMNS.get(fmt, ()) if obj.get(k) is not None}
+            yield cast(Record, (line, *(obj[k] if k is not None else None for k in keys), extra))
 
     return fmt, rows()
 
@@ -175,3 +181,32 @@ def datetime_seconds(path: Path, line: int, what: str, value: Any) -> tuple[int,
         offset = tz[1:].replace(":", "")
         seconds -= (1 if tz[0] == "+" else -1) * (int(offset[:2]) * 3600 + int(offset[2:]) * 60)
     return seconds, float(frac) if frac else 0.0
+
+
+MOONCAKE_BLOCK_TOKENS = 512  # the tokens each of a Mooncake request's `hash_ids` stands for
+
+
+def prefix_segments(path: Path, line: int, fmt: str, extra: dict[str, Any], prompt: int) -> tuple[tuple[str, int], ...]:
+    """A row's shared prefix as `Arrival.prefix` segments: fairserve's (`prefix_id`, `prefix_tokens`), both or
+    neither; Mooncake's `hash_ids`, one segment of 512 tokens per id (chained: an id names the whole prefix up to its
+    block's end), the last one cut at the prompt's end."""
+    if fmt == "fairserve" and extra:
+        if len(extra) != 2:
+            raise WorkloadError(
+                f"{path}:{line}: prefix_id and prefix_tokens go together (got only {next(iter(extra))})"
+            )
+        name, tokens = str(extra["prefix_id"]).strip(), whole(path, line, "prefix_tokens", extra["prefix_tokens"])
+        if not name:
+            raise WorkloadError(f"{path}:{line}: prefix_id is empty")
+        if not 1 <= tokens <= prompt:
+            raise WorkloadError(
+                f"{path}:{line}: prefix_tokens must be between 1 and prompt_tokens ({prompt}), got {tokens}"
+            )
+        return ((name, tokens),)
+    if fmt == "mooncake" and extra:
+        ids = extra["hash_ids"]
+        if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
+            raise WorkloadError(f"{path}:{line}: hash_ids must be a list of integers, got {ids!r}")
+        size = MOONCAKE_BLOCK_TOKENS
+        return tuple((str(h), min(size, prompt - j * size)) for j, h in enumerate(ids) if j * size < prompt)
+    return ()

@@ -69,10 +69,11 @@ def load_trace(
         fmt, records = rec.csv_records(path, text, fmt)
     t_col, _, p_col, o_col = rec.COLUMNS[fmt]
 
-    rows: list[tuple[Any, ...]] = []  # (time, or azure's (whole seconds, fraction); client or None; prompt; output)
+    rows: list[tuple[Any, ...]] = []  # (time, or azure's (whole seconds, fraction); client or None; prompt; output;
+    # prefix)
     dropped = 0
     origin = (math.inf, 0.0)  # azure: the earliest row, dropped or not
-    for line, t_raw, c_raw, p_raw, o_raw in records:
+    for line, t_raw, c_raw, p_raw, o_raw, extra in records:
         if fmt == "azure":
             stamp = rec.datetime_seconds(path, line, t_col, t_raw)  # (whole seconds, fraction)
             origin = min(origin, stamp)
@@ -94,7 +95,7 @@ def load_trace(
             # e.g. BurstGPT failures (0 response tokens): not requests the server completed.
             dropped += 1
             continue
-        rows.append((when, client, prompt, output))
+        rows.append((when, client, prompt, output, rec.prefix_segments(path, line, fmt, extra, prompt)))
 
     if fmt == "azure":  # seconds since the earliest row (the first row of a sorted trace)
         w0, f0 = origin
@@ -108,6 +109,6 @@ def load_trace(
         rows = rows[:limit]
     if fmt != "fairserve":
         names = assign_clients(len(rows), clients or DEFAULT_TRACE_CLIENTS, seed)
-        rows = [(t, name, p, o) for (t, _, p, o), name in zip(rows, names, strict=False)]
-    arrivals = [Arrival(t / time_scale, c, p, o) for t, c, p, o in rows]
+        rows = [(t, name, *rest) for (t, _, *rest), name in zip(rows, names, strict=False)]
+    arrivals = [Arrival(t / time_scale, c, p, o, prefix) for t, c, p, o, prefix in rows]
     return Workload(path.stem, arrivals, arrivals[-1].arrival_s)
