@@ -443,9 +443,15 @@ class Ledger:
         """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
         counter_of = self.policy.counter_of
 
+        def level(a: Account) -> int:
+            node: Account | None = a
+            while node is not None and node.priority is None:
+                node = node.parent
+            return node.priority if node is not None and node.priority is not None else 0
+
         def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
             return {
-                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running)
+                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, level(a))
                 for a in accounts
             }
 

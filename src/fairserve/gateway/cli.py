@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ..core import describe
-from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
+from ..tenancy import SERVER_SCALARS, add_server_arguments, tree_overrides
 from .config import GatewayConfig, load_config
 
 # flag dest -> config key, for the scalar keys
@@ -91,8 +91,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     }
     if args.backend:
         overrides["backends"] = [parse_backend(b) for b in args.backend]
-    if args.tenant:
-        overrides["tenants"] = tenants_from_flags(args.tenant)
+    overrides.update(tree_overrides(args))
     if args.model:
         overrides["models"] = list(args.model)
     return load_config(args.config, overrides)

@@ -11,12 +11,14 @@ from .auth import AuthThrottle, bearer, metrics_denied, same_key
 from .config import (
     MAX_COST,
     SERVER_SCALARS,
+    GroupConfig,
     TenantConfig,
     TenantsMixin,
     add_server_arguments,
     check_tenants,
     parse_tenant,
     tenants_from_flags,
+    tree_overrides,
 )
 from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
 
@@ -32,6 +34,7 @@ __all__ = [
     "AuthThrottle",
     "TenantActivity",
     "TenantCollector",
+    "GroupConfig",
     "TenantConfig",
     "TenantsMixin",
     "add_server_arguments",
@@ -43,4 +46,5 @@ __all__ = [
     "parse_tenant",
     "same_key",
     "tenants_from_flags",
+    "tree_overrides",
 ]
