@@ -117,8 +117,11 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
     priority = body.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT):
-        raise BadRequest(f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority")
+    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
+    if priority is not None and bad:
+        raise BadRequest(
+            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
+        )
     return ParsedRequest(
         chat=chat,
         model=model,

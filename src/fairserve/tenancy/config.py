@@ -84,7 +84,7 @@ def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Se
     known = {g for n in names for g in parents(n)}
     for n in names:
         if n in known:
-            raise ValueError(f"{n!r} is a tenant, so it cannot also be a group of tenants (another path runs through it)")
+            raise ValueError(f"{n!r} is a tenant, so it cannot also be a group of tenants (a path runs through it)")
     seen: set[str] = set()
     for g in groups:
         if g.name in seen:
@@ -124,8 +124,9 @@ class TenantsMixin:
 
     def priorities(self) -> dict[str, int]:
         """The nodes that set a priority, by path."""
-        nodes = [*self.tenants, *self.groups]
-        return {n.name: n.priority for n in nodes if n.priority is not None}
+        out = {t.name: t.priority for t in self.tenants if t.priority is not None}
+        out.update((g.name, g.priority) for g in self.groups if g.priority is not None)
+        return out
 
     def allowed(self) -> dict[str, list[int]]:
         """By tenant, the priorities its requests may name, its own level included (tenants that set `priorities`)."""
