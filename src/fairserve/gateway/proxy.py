@@ -19,6 +19,7 @@ from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
+from ..tenancy import priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
@@ -126,13 +127,13 @@ class Proxy:
         except BodyError as e:
             metrics.refused(tenant, "invalid")
             return await self._error(request_id, 400, str(e), "invalid_request", param=e.param)(scope, receive, send)
-        if (allowed := sched.refused_priority(tenant, parsed.priority)) is not None:
+        allowed = sched.refused_priority(tenant, parsed.priority)
+        if allowed is not None and parsed.priority is not None:
             metrics.refused(tenant, "invalid")
             return await self._error(
                 request_id,
                 400,
-                f"priority {parsed.priority} is not allowed for tenant {tenant!r}; "
-                f"allowed: {', '.join(map(str, allowed))}",
+                priority_message(tenant, parsed.priority, allowed),
                 "invalid_priority",
                 param="priority",
             )(scope, receive, send)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..api.tokens import token_counter
 from ..core import Ledger, LedgerView, Request, RequestState, make_policy
+from ..tenancy import refused_priority
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
@@ -180,11 +181,7 @@ class Scheduler:
 
     def refused_priority(self, tenant: str, named: int | None) -> list[int] | None:
         """None if a request of `tenant` may name priority `named` (or names none); else the values it may name."""
-        if named is None:
-            return None
-        acct = self.ledger.accounts[tenant]
-        allowed = self.ledger.allowed_priorities(tenant) | {self.ledger.priority_of(acct)}
-        return None if named in allowed else sorted(allowed)
+        return refused_priority(self.ledger, tenant, named)
 
     def submit(self, t: Ticket, priority: int | None = None) -> str | None:
         """Queue a ticket (`priority`: the one its request names, checked by `refused_priority`); returns the outcome

@@ -21,6 +21,7 @@ from .config import (
     tree_overrides,
 )
 from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
+from .priority import priority_message, refused_priority
 
 __all__ = [
     "MAX_COST",
@@ -44,6 +45,8 @@ __all__ = [
     "check_tenants",
     "metrics_denied",
     "parse_tenant",
+    "priority_message",
+    "refused_priority",
     "same_key",
     "tenants_from_flags",
     "tree_overrides",

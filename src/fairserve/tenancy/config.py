@@ -140,6 +140,19 @@ class TenantsMixin:
                 return own[node]
         return 0
 
+    def engine_env(self, policy: str, w_p: float, w_q: float) -> dict[str, str]:
+        """The FAIRSERVE_* environment of a vLLM engine running fairserve's scheduler (docs/vllm.md) that keeps
+        the same tree: weights, priorities and allowed values by the same paths, the same policy and costs."""
+        env = {"FAIRSERVE_POLICY": policy, "FAIRSERVE_WP": f"{w_p:g}", "FAIRSERVE_WQ": f"{w_q:g}"}
+        weights = {n: w for n, w in self.weights().items() if w != 1.0}
+        if weights:
+            env["FAIRSERVE_WEIGHTS"] = ",".join(f"{n}={w:g}" for n, w in weights.items())
+        if priorities := self.priorities():
+            env["FAIRSERVE_PRIORITIES"] = ",".join(f"{n}={p}" for n, p in priorities.items())
+        if allowed := self.allowed():
+            env["FAIRSERVE_ALLOWED_PRIORITIES"] = ",".join(f"{n}={'|'.join(map(str, v))}" for n, v in allowed.items())
+        return env
+
     def named_allowed(self, tenant: str) -> list[int]:
         """The priorities a request of `tenant` may name: its own level and its `priorities`."""
         configured = next((t.priorities for t in self.tenants if t.name == tenant), [])
