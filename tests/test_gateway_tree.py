@@ -9,7 +9,6 @@ import asyncio
 import re
 import time
 
-import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -219,7 +218,8 @@ def test_the_admin_tree_and_a_live_reweight_of_any_node(gateway):
     assert admin(gateway, "PUT", "/admin/nodes/std/weight", json={"weight": 0}).status_code == 400
     for path in ("std/org-a", "std/org-b/solo"):  # as the fixture had it, for the tests after this one
         assert admin(gateway, "PUT", f"/admin/nodes/{path}/weight", json={"weight": 1}).status_code == 200
-    assert HTTP.get(gateway + "/admin/tree", headers={"Authorization": f"Bearer {TENANTS['premium/vip']}"}).status_code == 403
+    as_tenant = {"Authorization": f"Bearer {TENANTS['premium/vip']}"}
+    assert HTTP.get(gateway + "/admin/tree", headers=as_tenant).status_code == 403
 
 
 def test_metrics_per_node_for_active_groups_only_and_per_level(gateway):
