@@ -27,7 +27,8 @@ def nodes(weights: dict[str, float], priorities: dict[str, int] | None = None, t
                 return prio["/".join(parts[:k])]
         return 0
 
-    paths = set(weights) | set(tenants) | {"/".join(t.split("/")[:k]) for t in tenants for k in range(1, t.count("/") + 1)}
+    groups = {"/".join(t.split("/")[:k]) for t in tenants for k in range(1, t.count("/") + 1)}
+    paths = set(weights) | set(tenants) | groups
     return {p: Node(p, weights.get(p, 1.0), level(p), p in tenants) for p in paths}
 
 
