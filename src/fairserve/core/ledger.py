@@ -430,6 +430,8 @@ class Ledger:
         group = acct.parent
         while group is not None:  # NOTE: a group's service is its subtree's
             group.service += delta
+            if delta:  # NOTE: and what was charged elsewhere moves the group's counter as a charge here would
+                self.policy.set_counter(group, group.counter + delta / group.weight)
             group = group.parent
 
     def reset(self) -> None:
