@@ -160,7 +160,8 @@ class Ledger:
         counter becomes at least the smallest counter among its siblings with something queued (no credit hoarded
         while idle). At the top, shared state's `Peers` give the floor over every replica."""
         floor = self.policy.min_counter(node.parent)
-        if self.peers is not None and node.parent is None:
+        # NOTE: the floor from elsewhere is among tenants: a group's is its siblings' here
+        if self.peers is not None and node.parent is None and node.tenant in self.accounts:
             floor = self.peers.lift_floor(node, floor)
         if floor is not None and floor > node.counter:
             node.counter = floor
