@@ -389,11 +389,22 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
     try:
         with running_server(create_app(cfg)) as r1, running_server(create_app(cfg.model_copy(deep=True))) as r2:
             placement = {t: [(r1 if t.startswith("class-a") else r2, 4)] for t in DYNAMO}
-            got = asyncio.run(drive(placement, 3.0))
+            got = asyncio.run(drive(placement, 6.0))
+            # a group's weight set on one replica holds on the other
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            assert httpx.put(r1 + "/admin/nodes/class-b/weight", json={"weight": 2}, headers=admin).status_code == 200
+
+            def weight_there() -> float:
+                tree = httpx.get(r2 + "/admin/tree", headers=admin).json()["tree"]
+                return next(n["weight"] for n in tree if n["path"] == "class-b")
+
+            assert wait_until(lambda: weight_there() == 2, 2.0)
     finally:
         KEYS.clear()
         KEYS.update(keys)
-    t0, t1 = middle(got)
+    times = [at for xs in got.values() for at, _ in xs]
+    lo, hi = min(times), max(times)
+    t0, t1 = lo + 0.2 * (hi - lo), lo + 0.9 * (hi - lo)  # NOTE: after the ramp-up, before the streams stop
     a = sum(share(got, t, t0, t1) for t in DYNAMO if t.startswith("class-a"))
     ratio = a / (1 - a)
     print(f"Dynamo case, two replicas: class A : class B = {ratio:.2f} : 1 (share {a:.3f})")
