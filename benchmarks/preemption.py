@@ -18,8 +18,8 @@ import argparse
 
 from fairserve.metrics.summary import summarize
 from fairserve.sim import engine_config, simulate
-from fairserve.sim.lower_bound import lower_bound_workload, output_length
-from fairserve.workloads import DEFAULT_LATENCY_PROFILE, Workload, get_workload
+from fairserve.sim.lower_bound import held_back, lower_bound_workload
+from fairserve.workloads import DEFAULT_LATENCY_PROFILE, LOWER_BOUND, Workload, get_workload
 
 DELTAS = (0, 250, 500, 1000, 2000, 4000, 8000)
 CAPS = (2500, 5000, 7500)
@@ -75,7 +75,7 @@ def main() -> None:
         for wl in workloads(mode):
             plain = None
             reached = []
-            lower = 2 * BATCH * output_length(engine_config(mode=mode), BATCH) if wl.name == "lower-bound" else None
+            lower = held_back(engine_config(mode=mode), BATCH) if wl.name == LOWER_BOUND else None
             for spec in specs:
                 r = row(wl, spec, mode)
                 plain = plain or r
@@ -92,7 +92,7 @@ def main() -> None:
                 print(f"|  | {mode} | the construction holds nobody back here (every prompt fits at arrival) |||||||")
             elif lower is not None:
                 print(
-                    f"|  | {mode} | below the non-preemptive lower bound w_q·(the hog's batch output) = {lower:,} "
+                    f"|  | {mode} | below the non-preemptive lower bound w_q·(the hog's batch output) = {lower:,.0f} "
                     f"at >= 0.97x the rate: {', '.join(reached) or 'no setting'} | | | | | | |"
                 )
             elif (wl.name, mode) in GOAL:

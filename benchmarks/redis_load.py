@@ -1,12 +1,17 @@
 """One Redis under the syncs of many gateway replicas: simulated replicas in a few processes, each with its own
-replica id, issuing the real sync script (`SYNC_LUA`, its arguments laid out by `sync_args` as a replica lays them
-out) every `--interval` seconds, each sync carrying `--changed` tenants charged (and a backlog that changes), against
-`--tenants` tenants already in Redis. Measured over `--duration` seconds after every replica's first sync: Redis's
-CPU (INFO cpu, the server's own user + system time) as a fraction of one core, the syncs per second served, and the
-latency of one sync as the replica sees it (p50, p99). Goals (50 replicas, 2,500 syncs/s, 10,000 tenants, 10 changed
-per sync, 30 s): Redis CPU below 50% of one core, p99 <= 5 ms.
+replica id and its own connection, one sync at a time, issuing the real sync script (`SYNC_LUA` by EVALSHA, its
+arguments laid out by `sync_args` as a replica lays them out) every `--interval` seconds, each sync carrying
+`--changed` tenants charged (and a backlog that changes), against `--tenants` tenants already in Redis. The load
+processes are lean (commands encoded by hand, every connection served by one selector loop), so that the load
+measured is Redis's; `--pin auto` runs Redis on one CPU and the load processes on the others (for a machine of its
+own: on one shared with other jobs a pinned Redis cannot move off a busy core). Measured
+over `--duration` seconds after every replica's first sync: Redis's CPU (INFO cpu, the server's own user + system
+time) as a fraction of one core, the syncs per second served, the latency of one sync as the replica sees it (p50,
+p99), the load processes' CPU, and the machine's load average (1 min) as the run starts and ends. Goals (50
+replicas, 2,500 syncs/s, 10,000 tenants, 10 changed per sync, 30 s): Redis CPU below 50% of one core, p99 <= 5 ms.
 
 Run: .venv/bin/python benchmarks/redis_load.py [--replicas 50] [--processes 5] [--tenants 10000] [--duration 30]
+     [--pin off|auto|0:1]
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ from __future__ import annotations
 import argparse
 import heapq
 import multiprocessing as mp
+import os
 import random
+import selectors
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -38,8 +46,8 @@ class SimReplica:
     """What a replica sends and reads back, without its ledger: its id, batch numbers, what it last read (epoch,
     change numbers), the tenants it reported backlogged."""
 
-    def __init__(self, rid: str, tenants: list[str], changed: int, seed: int) -> None:
-        self.rid, self.tenants, self.changed = rid, tenants, changed
+    def __init__(self, rid: str, tenants: list[str], changed: int, seed: int, prefix: str = PREFIX) -> None:
+        self.rid, self.tenants, self.changed, self.prefix = rid, tenants, changed, prefix
         self.rng = random.Random(seed)
         self.number = 0
         self.read = ("", "0", "0")
@@ -58,8 +66,8 @@ class SimReplica:
         self.first = False
         backends = [[url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0] for url in BACKENDS]
         return sync_args(
-            PREFIX, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, charges, [], [],
-            (mode, added, gone), "", backends,
+            self.prefix, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, charges,
+            [], [], (mode, added, gone), "", backends,
         )  # fmt: skip
 
     def answered(self, reply: list[object]) -> None:
@@ -67,45 +75,132 @@ class SimReplica:
         self.read = (epoch, seq, wseq)
 
 
-def _process(url: str, rids: list[str], a: argparse.Namespace, ready, go, out) -> None:
-    """This process's replicas, each syncing every `a.interval` on a schedule of its own (a blocking client: the
-    least CPU per sync on this side, so that the load is Redis's)."""
+def _command(*args: object) -> bytes:
+    """One Redis command in RESP."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        parts += (b"$%d\r\n" % len(b), b, b"\r\n")
+    return b"".join(parts)
+
+
+class _Replies:
+    """RESP2 replies read off one connection (what the sync script answers: arrays, bulk strings, integers, nil)."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+
+    def get(self) -> object | None:
+        """The next whole reply (removed from the buffer), or None while incomplete."""
+        try:
+            reply, at = self._parse(0)
+        except (IndexError, ValueError):  # NOTE: ran past the end of what has arrived
+            return None
+        self.buf = self.buf[at:]
+        return reply
+
+    def _parse(self, at: int) -> tuple[object, int]:
+        end = self.buf.index(b"\r\n", at)
+        kind, line = self.buf[at : at + 1], self.buf[at + 1 : end]
+        at = end + 2
+        if kind == b"*":
+            items = []
+            for _ in range(int(line)):
+                item, at = self._parse(at)
+                items.append(item)
+            return items, at
+        if kind == b"$":
+            n = int(line)
+            if n < 0:
+                return None, at
+            if len(self.buf) < at + n + 2:
+                raise IndexError
+            return self.buf[at : at + n], at + n + 2
+        if kind == b":":
+            return int(line), at
+        if kind == b"-":
+            raise RuntimeError(line.decode())
+        return line, at
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus`."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, go, out) -> None:
+    """This process's replicas, each with a connection of its own and one sync at a time, syncing every `a.interval`
+    on a schedule of its own. Lean, so that the load is Redis's: the commands are encoded by hand and the connections
+    served by one selector loop."""
+    if a.pin is not None:
+        os.sched_setaffinity(0, a.pin[1])
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    tenants = [f"t{i}" for i in range(a.tenants)]
+    sims = [SimReplica(rid, tenants, a.changed, hash(rid)) for rid in rids]
+    socks = [socket.create_connection((host, int(port))) for _ in sims]
+    readers = [_Replies() for _ in sims]
+    sel = selectors.DefaultSelector()
+    for k, sock in enumerate(socks):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sel.register(sock, selectors.EVENT_READ, k)
+
     import redis
 
-    tenants = [f"t{i}" for i in range(a.tenants)]
     client = redis.Redis.from_url(url)
     script = client.register_script(SYNC_LUA)
-    sims = [SimReplica(rid, tenants, a.changed, hash(rid)) for rid in rids]
     for sim in sims:  # NOTE: the first sync reads every tenant: not part of the steady state measured
         sim.answered(script(args=sim.args()))
     ready.put(len(sims))
     go.wait()
-    start = time.perf_counter()
+    cpu0, start = time.process_time(), time.perf_counter()
     stop = start + a.duration
     # NOTE: spread over the interval, as independent replicas are
     due = [(start + sim.rng.random() * a.interval, k) for k, sim in enumerate(sims)]
     heapq.heapify(due)
+    sent: dict[int, float] = {}  # replica -> when its sync in flight was sent
+    owed: set[int] = set()  # replicas whose next sync fell due while one was in flight
     lat: list[float] = []
-    while True:
-        at, k = heapq.heappop(due)
-        if at >= stop:
-            break
-        wait = at - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        sim = sims[k]
-        args = sim.args()
-        t = time.perf_counter()
-        sim.answered(script(args=args))
-        lat.append(time.perf_counter() - t)
-        heapq.heappush(due, (at + a.interval, k))
+
+    def send(k: int) -> None:
+        socks[k].sendall(_command("EVALSHA", sha, 0, *sims[k].args()))
+        sent[k] = time.perf_counter()
+
+    while due or sent:
+        now = time.perf_counter()
+        while due and due[0][0] <= now:
+            at, k = heapq.heappop(due)
+            if k in sent:
+                owed.add(k)
+            else:
+                send(k)
+            if at + a.interval < stop:
+                heapq.heappush(due, (at + a.interval, k))
+        timeout = max(0.0, due[0][0] - time.perf_counter()) if due else None
+        for key, _ in sel.select(timeout):
+            k = key.data
+            readers[k].feed(socks[k].recv(65536))
+            reply = readers[k].get()
+            if reply is None:
+                continue
+            lat.append(time.perf_counter() - sent.pop(k))
+            sims[k].answered(reply)  # type: ignore[arg-type]
+            if k in owed:
+                owed.discard(k)
+                send(k)
+    cpu = time.process_time() - cpu0
     for sim in sims:
         script(args=leave_args(PREFIX, sim.rid, sim.rid))
-    out.put(lat)
+    out.put((lat, cpu))
     client.close()
+    for sock in socks:
+        sock.close()
 
 
-def _seed(url: str, tenants: int) -> None:
+def seed(url: str, tenants: int, prefix: str = PREFIX) -> None:
     """Every tenant charged once, through the script, by a replica that then leaves."""
     import redis
 
@@ -114,10 +209,19 @@ def _seed(url: str, tenants: int) -> None:
     names = [f"t{i}" for i in range(tenants)]
     for k in range(0, tenants, 1000):
         charges = [x for t in names[k : k + 1000] for x in (t, "10.0", "10.0", "", "0", "0")]
-        args = sync_args(PREFIX, "seed", 1, 0, "", ("", "0", "0", 0), f"seed:{k + 1}", False, charges, [], [],
+        args = sync_args(prefix, "seed", 1, 0, "", ("", "0", "0", 0), f"seed:{k + 1}", False, charges, [], [],
                          ("+", [], []), "", [])  # fmt: skip
         script(args=args)
     client.close()
+
+
+def _sha(url: str) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    sha = client.script_load(SYNC_LUA)
+    client.close()
+    return sha.decode() if isinstance(sha, bytes) else str(sha)
 
 
 def _cpu(url: str) -> float:
@@ -129,6 +233,18 @@ def _cpu(url: str) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def _pinning(value: str, cpus: set[int]) -> tuple[set[int], set[int]] | None:
+    """--pin: "auto" (Redis on the first CPU this may use, the load on the others, when there are two or more),
+    "off", or "REDIS_CPUS:LOAD_CPUS" (comma-separated)."""
+    if value == "off" or (value == "auto" and len(cpus) < 2):
+        return None
+    if value == "auto":
+        first = min(cpus)
+        return {first}, cpus - {first}
+    redis_cpus, load_cpus = ({int(x) for x in side.split(",")} for side in value.split(":"))
+    return redis_cpus, load_cpus
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="redis_load.py", description=__doc__.splitlines()[0])
     p.add_argument("--replicas", type=int, default=50)
@@ -137,7 +253,14 @@ def main() -> int:
     p.add_argument("--changed", type=int, default=10)
     p.add_argument("--interval", type=float, default=0.02, help="seconds between one replica's syncs")
     p.add_argument("--duration", type=float, default=30.0)
+    # NOTE: off by default: on a machine shared with other jobs, a pinned Redis cannot move off a busy core
+    p.add_argument("--pin", default="off", help='"off", "auto" or REDIS_CPUS:LOAD_CPUS, e.g. 0:1')
     a = p.parse_args()
+    try:
+        a.pin = _pinning(a.pin, os.sched_getaffinity(0))
+    except ValueError:
+        print("redis_load.py: --pin is auto, off or REDIS_CPUS:LOAD_CPUS (e.g. 0:1)", file=sys.stderr)
+        return 2
     if min(a.replicas, a.processes, a.tenants, a.changed) < 1 or a.changed > a.tenants or a.interval <= 0:
         print("redis_load.py: counts must be >= 1 (--changed at most --tenants), --interval > 0", file=sys.stderr)
         return 2
@@ -149,34 +272,43 @@ def main() -> int:
         redis = RedisServer(binary, free_port(), tmp)
         redis.start()
         try:
-            _seed(redis.url, a.tenants)
+            assert redis.proc is not None
+            if a.pin is not None:
+                _pin(redis.proc.pid, a.pin[0])
+            seed(redis.url, a.tenants)
+            sha = _sha(redis.url)
             ctx = mp.get_context("spawn")
             ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
             rids = [f"r{k}" for k in range(a.replicas)]
             procs = [
-                ctx.Process(target=_process, args=(redis.url, rids[k :: a.processes], a, ready, go, out))
+                ctx.Process(target=_process, args=(redis.url, rids[k :: a.processes], a, sha, ready, go, out))
                 for k in range(a.processes)
             ]
             for proc in procs:
                 proc.start()
             started = sum(ready.get(timeout=120) for _ in procs)
+            load0 = os.getloadavg()[0]
             cpu0 = _cpu(redis.url)
             go.set()
-            lat = [x for _ in procs for x in out.get(timeout=a.duration + 120)]
+            results = [out.get(timeout=a.duration + 120) for _ in procs]
             cpu1 = _cpu(redis.url)
+            load1 = os.getloadavg()[0]
             for proc in procs:
                 proc.join()
         finally:
             redis.stop()
-    lat.sort()
+    lat = sorted(x for r, _ in results for x in r)
     cpu = (cpu1 - cpu0) / a.duration  # NOTE: the load ran for --duration of the wall time measured
+    load_cpu = sum(c for _, c in results) / a.duration
     p99 = lat[int(0.99 * (len(lat) - 1))] * 1000
+    pinned = "off" if a.pin is None else f"Redis on CPU {sorted(a.pin[0])}, load on {sorted(a.pin[1])}"
     print(
         "| replicas | processes | tenants | changed per sync | syncs/s | Redis CPU (of one core) | sync p50 "
-        "| sync p99 |\n"
-        f"|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| sync p99 | load generators' CPU | machine load average (1 min: start, end) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         f"| {started} | {a.processes} | {a.tenants:,} | {a.changed} | {len(lat) / a.duration:,.0f} | {cpu:.0%} | "
-        f"{statistics.median(lat) * 1000:.2f} ms | {p99:.2f} ms |"
+        f"{statistics.median(lat) * 1000:.2f} ms | {p99:.2f} ms | {load_cpu:.0%} | {load0:.1f}, {load1:.1f} |\n"
+        f"(pinning: {pinned})"
     )
     ok = cpu < 0.5 and p99 <= 5.0
     print(f"\ngoals (Redis CPU < 50% of one core, p99 <= 5 ms): {'met' if ok else 'missed'}")

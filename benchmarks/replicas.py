@@ -33,12 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fleet import fleet  # noqa: E402
 from gateway_overhead import measure, table  # noqa: E402  (the same load as the gateway overhead benchmark)
+from redis_load import SimReplica, seed  # noqa: E402
 from support.processes import serve  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
 from fairserve.core import Ledger, make_policy  # noqa: E402
 from fairserve.gateway.config import BackendConfig  # noqa: E402
+from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
 from fairserve.gateway.scheduler import Backend  # noqa: E402
 from fairserve.gateway.shared_state import SharedState, StateSettings  # noqa: E402
 
@@ -74,35 +76,69 @@ async def evalsha_usec(client) -> tuple[int, float]:
     return int(row["calls"]), float(row["usec"])
 
 
-async def sync_cost(url: str, tenants: int, here: int, elsewhere: int, rounds: int = 40) -> SyncCost:
-    """One replica's sync() with `tenants` tenants, `here` of them charged on it since its last sync and
-    `elsewhere` others charged by another replica (so the answer carries them): both sync in turn, `rounds` times."""
-    names = [f"t{i}" for i in range(tenants)]
-    reader, writer = (bench_replica(url, f"bench{tenants}-{here}-{elsewhere}", names) for _ in range(2))
-    await writer.start()
-    charge(writer, names, "seed")  # NOTE: every tenant known to Redis, as in a gateway that has run a while
-    await writer.sync()
-    await reader.start()  # NOTE: its first sync reads every tenant: then it is up to date
-    await writer.sync()
-    walls, cpus, redis_us = [], [], []
-    for k in range(rounds):
-        picks = [names[(k * (here + elsewhere) + j) % tenants] for j in range(here + elsewhere)]
-        charge(writer, picks[here:], k)
-        await writer.sync()
-        charge(reader, picks[:here], k)
-        calls0, usec0 = await evalsha_usec(reader._client)
+CASES = ((0, 0), (10, 0), (10, 10))  # tenants charged (here, elsewhere) since the last sync
+
+
+class Pair:
+    """Two replicas of `tenants` tenants on a key prefix of their own: `reader`, whose syncs are measured, and
+    `writer`, which charges other tenants before each (so the reader's answer carries them)."""
+
+    def __init__(self, url: str, tenants: int) -> None:
+        self.names = [f"t{i}" for i in range(tenants)]
+        self.reader, self.writer = (bench_replica(url, f"bench{tenants}", self.names) for _ in range(2))
+        self.costs: dict[tuple[int, int], list[tuple[float, float, float]]] = {c: [] for c in CASES}
+        self.k = 0
+
+    async def start(self) -> None:
+        await self.writer.start()
+        charge(self.writer, self.names, "seed")  # NOTE: every tenant known to Redis, as in a gateway that has run
+        await self.writer.sync()
+        await self.reader.start()  # NOTE: its first sync reads every tenant: then it is up to date
+        await self.writer.sync()
+
+    async def measure(self, here: int, elsewhere: int) -> None:
+        """One sync of the reader, `here` tenants charged on it since its last sync and `elsewhere` on the writer."""
+        n = len(self.names)
+        picks = [self.names[(self.k + j) % n] for j in range(here + elsewhere)]
+        self.k += here + elsewhere
+        charge(self.writer, picks[here:], self.k)
+        await self.writer.sync()
+        charge(self.reader, picks[:here], self.k)
+        calls0, usec0 = await evalsha_usec(self.reader._client)
         c, t = time.process_time(), time.perf_counter()
-        await reader.sync()
-        walls.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - c)
-        calls1, usec1 = await evalsha_usec(reader._client)
+        await self.reader.sync()
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        calls1, usec1 = await evalsha_usec(self.reader._client)
         if calls1 == calls0 + 1:  # NOTE: the INFO calls themselves are not scripts
-            redis_us.append(usec1 - usec0)
-    await reader.stop()
-    await writer.stop()
-    return SyncCost(
-        statistics.median(walls) * 1000, statistics.median(cpus) * 1000, statistics.median(redis_us or [0]) / 1000
-    )
+            self.costs[here, elsewhere].append((wall, cpu, usec1 - usec0))
+
+    def cost(self, case: tuple[int, int]) -> SyncCost:
+        walls, cpus, usecs = zip(*self.costs[case], strict=True)
+        return SyncCost(
+            statistics.median(walls) * 1000, statistics.median(cpus) * 1000, statistics.median(usecs) / 1000
+        )
+
+    async def stop(self) -> None:
+        await self.reader.stop()
+        await self.writer.stop()
+
+
+async def sync_costs(url: str, tenants: list[int], rounds: int = 40) -> dict[int, Pair]:
+    """`rounds` syncs per tenant count and case, interleaved (round by round over all of them), so that every count
+    sees the same machine and the same Redis."""
+    pairs = {n: Pair(url, n) for n in tenants}
+    for pair in pairs.values():
+        await pair.start()
+    for k in range(rounds + 2):  # NOTE: the first two rounds warm up after the first syncs' large answers
+        for n in tenants[k % len(tenants) :] + tenants[: k % len(tenants)]:
+            for case in CASES:
+                await pairs[n].measure(*case)
+        if k == 1:
+            for pair in pairs.values():
+                pair.costs = {c: [] for c in CASES}
+    for pair in pairs.values():
+        await pair.stop()
+    return pairs
 
 
 def round_trips(base: str) -> int:
@@ -155,20 +191,78 @@ def overhead(redis_url: str, a: argparse.Namespace) -> None:
 
 
 def sync_table(redis_url: str, a: argparse.Namespace) -> None:
-    cases = ((0, 0), (10, 0), (10, 10))  # charged (here, elsewhere) since the last sync
-    costs = {(n, c): asyncio.run(sync_cost(redis_url, n, *c)) for n in a.tenants for c in cases}
+    pairs = asyncio.run(sync_costs(redis_url, a.tenants))
     print(
         "| tenants | nothing changed: sync | 10 changed: sync | of it on the replica (CPU) | of it in Redis "
         "| 10 changed here and 10 elsewhere: sync | of it in Redis |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in a.tenants:
-        idle, ten, both = (costs[n, c] for c in cases)
+        idle, ten, both = (pairs[n].cost(c) for c in CASES)
         print(
             f"| {n:,} | {idle.wall_ms:.2f} ms | {ten.wall_ms:.2f} ms | {ten.cpu_ms:.2f} ms | {ten.redis_ms:.3f} ms "
             f"| {both.wall_ms:.2f} ms | {both.redis_ms:.3f} ms |"
         )
-    print("(medians of 40 syncs; goals at 10,000 tenants, 10 changed: <= 0.5 ms on the replica, <= 0.2 ms in Redis)\n")
+    print(
+        "(medians of 40 syncs per row, the rows interleaved; goals at 10,000 tenants, 10 changed: <= 0.5 ms on the "
+        "replica, <= 0.2 ms in Redis)\n"
+    )
+
+
+def keyspace_table(binary: str, tmp: str, rounds: int = 400) -> None:
+    """Why Redis's part may grow with the tenants though no step of the script walks them: the same sync (the load
+    benchmark's simulated replica, 10 random tenants charged), interleaved, against a Redis holding 10,000 tenants
+    alone; one holding 10,000 beside 100,000 under another prefix; those 100,000; and those 100,000 with the charges
+    drawn from 1,000 of them (the same structures, a small working set). Equal times for the last three but the
+    third: the growth is the cache misses of a large working set, not work."""
+    servers = [RedisServer(binary, free_port(), f"{tmp}/{k}") for k in range(2)]
+    for k, server in enumerate(servers):
+        Path(f"{tmp}/{k}").mkdir()
+        server.start()
+    try:
+        (small, large), cases = servers, {}
+        seed(small.url, 10_000, "a")
+        seed(large.url, 10_000, "b")
+        seed(large.url, 100_000, "c")
+        for name, server, prefix, tenants, hot in (
+            ("10,000 tenants, alone in its Redis", small, "a", 10_000, None),
+            ("10,000 tenants, beside 100,000 others", large, "b", 10_000, None),
+            ("100,000 tenants", large, "c", 100_000, None),
+            ("100,000 tenants, the charges drawn from 1,000", large, "c", 100_000, 1000),
+        ):
+            cases[name] = Probe(server.url, prefix, tenants, hot)
+        for _ in range(rounds):
+            for probe in cases.values():
+                probe.sync()
+        print("| the same sync against | Redis's time per sync (median) |\n|---|---:|")
+        for name, probe in cases.items():
+            print(f"| {name} | {statistics.median(probe.usec) / 1000:.3f} ms |")
+        print(f"(medians of {rounds} syncs each, interleaved; INFO commandstats)\n")
+        for probe in cases.values():
+            probe.client.close()
+    finally:
+        for server in servers:
+            server.stop()
+
+
+class Probe:
+    """One simulated replica's syncs (benchmarks/redis_load.py), each timed inside Redis (INFO commandstats)."""
+
+    def __init__(self, url: str, prefix: str, tenants: int, hot: int | None) -> None:
+        import redis
+
+        names = [f"t{i}" for i in range(tenants)]
+        self.client = redis.Redis.from_url(url)
+        self.script = self.client.register_script(SYNC_LUA)
+        self.sim = SimReplica(f"probe-{prefix}-{hot}", names[:hot] if hot else names, 10, tenants, prefix)
+        self.sim.answered(self.script(args=self.sim.args()))
+        self.usec: list[float] = []
+
+    def sync(self) -> None:
+        args = self.sim.args()
+        before = self.client.info("commandstats")["cmdstat_evalsha"]["usec"]
+        self.sim.answered(self.script(args=args))
+        self.usec.append(self.client.info("commandstats")["cmdstat_evalsha"]["usec"] - before)
 
 
 def main() -> int:
@@ -191,6 +285,7 @@ def main() -> int:
                 print()
             if "sync" in a.parts:
                 sync_table(redis.url, a)
+                keyspace_table(binary, tmp)
         finally:
             redis.stop()
     return status

@@ -197,12 +197,12 @@ def test_an_engine_refuses_preemption_without_counters_and_bad_settings():
         EngineConfig(running_cap=0)
 
 
-def test_engine_options_are_the_simulators_only():
+def test_engine_options_are_the_simulated_engines_only():
     entry, arg = check_policy("vtc-predict:oracle:preempt=10:preempt-max=2", engine_options=True)
     assert entry.name == "vtc-predict" and arg is not None
-    with pytest.raises(ValueError, match="apply to the simulator only"):
+    with pytest.raises(ValueError, match="apply to the simulated engine only"):
         check_policy("vtc:preempt=10")  # the gateway, serve, vLLM: no simulated batch to preempt
-    with pytest.raises(ValueError, match="apply to the simulator only"):
+    with pytest.raises(ValueError, match="apply to the simulated engine only"):
         make_policy("vtc:running-cap=100")
 
 
@@ -275,3 +275,22 @@ def test_the_bound_under_preemption(workload, mode, wait, delta):
     engine.run(arrivals)
     longest_prompt = max(a.prompt_tokens for a in arrivals)
     assert seen["most"] <= 2 * (delta + longest_prompt + 2 * seen["n"] * (cfg.wait_steps + 1))
+
+
+def test_the_emulator_runs_its_engine_with_the_options_and_refuses_bad_ones(monkeypatch, capsys):
+    """`fairserve emulate --policy vtc:preempt=500` is the simulated engine with preemption behind HTTP: the options
+    reach its engine; a bad one (`fcfs:preempt=`, a typo) exits 2 with one line before it serves anything."""
+    import uvicorn
+
+    from fairserve.cli import main
+    from fairserve.emulate.config import EmulatorConfig
+    from fairserve.emulate.driver import Emulator
+
+    engine = Emulator(EmulatorConfig(policy="vtc:preempt=500:preempt-max=2:running-cap=5000")).engine
+    assert (engine.config.preempt_delta, engine.config.preempt_max, engine.config.running_cap) == (500.0, 2, 5000)
+    assert engine.ledger.policy.name == "vtc"
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the emulator started serving"))
+    for spec, why in (("fcfs:preempt=5", "keeps none"), ("vtc:prempt=5", "unknown engine option")):
+        assert main(["emulate", "--policy", spec, "--listen", "127.0.0.1:18931"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

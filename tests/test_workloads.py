@@ -239,3 +239,24 @@ def test_tree_workloads_name_tenants_by_path_with_their_weights_and_priorities()
     assert tiers.priorities == {"premium": 0, "free": 1} and counts(tiers)["free/user-0"] == int(8.5 * 360)
     classes = make_workload("classes-6-3-1")
     assert {a.prompt_tokens for a in classes.arrivals} == {64} and classes.weights["class-c"] == 1.0
+
+
+def test_the_lower_bound_construction_is_a_named_workload(capsys):
+    """`lower-bound` (§4.1.1's construction, docs/preemption.md) is served by name, sized for the default engine: the
+    hog's 8 requests fill its pool at time 0 (reserve admission), the late tenant's arrive at 1 s."""
+    from fairserve.cli import main
+    from fairserve.sim import engine_config
+    from fairserve.sim.lower_bound import lower_bound_workload, output_length
+    from fairserve.workloads import ALL_WORKLOADS, LOWER_BOUND, get_workload
+
+    assert LOWER_BOUND == "lower-bound" and LOWER_BOUND in ALL_WORKLOADS and LOWER_BOUND not in WORKLOADS
+    w = get_workload(LOWER_BOUND)
+    assert w == lower_bound_workload(engine_config()) and w.name == LOWER_BOUND and w.kv_tokens == 10_000
+    assert counts(w) == {"hog": 48, "late": 48} and {a.arrival_s for a in w.arrivals} == {0.0, 1.0}
+    assert {(a.prompt_tokens, a.output_tokens) for a in w.arrivals} == {(8, output_length(engine_config()))}
+    assert get_workload(LOWER_BOUND, duration_s=240).duration_s == 240.0
+    with pytest.raises(WorkloadError, match="duration_s must be a positive number"):
+        get_workload(LOWER_BOUND, duration_s=-1.0)
+    assert main(["simulate", "--workload", LOWER_BOUND, "--policy", "vtc,vtc:preempt=500"]) == 0
+    out = capsys.readouterr().out
+    assert "hog" in out and "late" in out and "preempt at a counter gap > 500" in out

@@ -37,7 +37,8 @@ def specs() -> list[RunSpec]:
 def key(spec: RunSpec, quick: bool) -> str:
     weighted = "" if spec.weighted else " unweighted"
     flat = " flat" if spec.flat else ""
-    return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{' quick' if quick else ''}"
+    mode = "" if spec.mode == "reserve" else f" mode={spec.mode}"
+    return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{mode}{' quick' if quick else ''}"
 
 
 @cache

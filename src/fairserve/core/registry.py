@@ -109,7 +109,9 @@ def check_policy(spec: str, *, engine_options: bool = False) -> tuple[PolicyEntr
     `engine_options` (the simulator's drivers), and must then suit the policy."""
     spec, options = split_options(spec)
     if options and not engine_options:
-        raise ValueError(f"engine options ({', '.join(options)}) apply to the simulator only (fairserve simulate)")
+        raise ValueError(
+            f"engine options ({', '.join(options)}) apply to the simulated engine only (fairserve simulate, emulate)"
+        )
     name, _, arg = spec.strip().partition(":")
     entry = _REGISTRY.get(name.lower())
     if entry is None:

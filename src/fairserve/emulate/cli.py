@@ -48,7 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--policy",
         default="fcfs",
         metavar="P",
-        help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {describe()}",
+        help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {describe()}; with the "
+        "simulator's engine options (vtc:preempt=DELTA, :running-cap=TOKENS)",
     )
     p.add_argument("--model", default=EmulatorConfig.model, help="the model name /v1/models lists")
     p.add_argument("--error-rate", type=float, default=0.0, metavar="P", help="fraction answered 500 at once")

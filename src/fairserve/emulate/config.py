@@ -21,7 +21,7 @@ class EmulatorConfig:
     profile: str = DEFAULT_LATENCY_PROFILE  # latency profile, as `fairserve.sim.get_latency_model` names it
     kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool of the simulated engine
     engine_mode: str = "reserve"  # "reserve" | "paged"
-    policy: str = "fcfs"  # the engine's own scheduler; fairness is the gateway's job
+    policy: str = "fcfs"  # the engine's own scheduler (engine options too: vtc:preempt=500); fairness is the gateway's
     error_rate: float = 0.0  # fraction of requests answered 500 before any work
     extra_latency_s: float = 0.0  # wall seconds every request waits before it reaches the engine
     drop_rate: float = 0.0  # fraction whose connection is closed after half the tokens
@@ -44,7 +44,7 @@ class EmulatorConfig:
         if not (math.isfinite(self.extra_latency_s) and self.extra_latency_s >= 0):
             raise ValueError(f"extra_latency_s must be a finite number >= 0, got {self.extra_latency_s}")
         get_latency_model(self.profile)  # ValueError naming the known profiles
-        check_policy(self.policy)  # ValueError naming the known policies
+        check_policy(self.policy, engine_options=True)  # ValueError naming the known policies or a bad option
 
 
 class Fault(StrEnum):

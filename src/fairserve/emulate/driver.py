@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ..core import Ledger, RequestState, make_policy
+from ..core.registry import split_options
 from ..sim import Mode, SimEngine, SimRequest, engine_config, get_latency_model
 from .config import EmulatorConfig, FaultDraw
 
@@ -64,10 +65,11 @@ class Emulator:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         # NOTE: the preset's whole server (its pool, longer tokenized prompts, per-client admission reserve)
+        policy, options = split_options(config.policy)  # engine options: the simulator's (docs/preemption.md)
         self.engine = SimEngine(
-            Ledger(make_policy(config.policy)),
+            Ledger(make_policy(policy)),
             get_latency_model(config.profile),
-            engine_config(config.profile, config.kv_tokens, cast(Mode, config.engine_mode)),  # validated by the config
+            engine_config(config.profile, config.kv_tokens, cast(Mode, config.engine_mode)).with_options(options),
         )
         self.draw_fault = FaultDraw(config)
         self.jobs: dict[str, Job] = {}  # by request id, most recent KEEP_JOBS (finished ones too)

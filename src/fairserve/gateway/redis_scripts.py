@@ -1,5 +1,6 @@
 """The atomic part of the shared state across gateway replicas: one Lua script Redis runs in one step per sync
-(`shared_state.py` calls it), and `sync_args` / `leave_args`, the one place that lays out its arguments.
+(`shared_state.py` fills it, `shared_link.py` sends it), and `sync_args` / `leave_args`, the one place that lays
+out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
 - each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
@@ -80,17 +81,28 @@ local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
 end
 -- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
--- backlogged anywhere scored by counter (`P:f:`)
+-- backlogged anywhere scored by counter (`P:f:`; its changes gathered, then written in a few calls by `write_floor()`)
+local fadd, fdel = {}, {}
 local function backlog(r, tenant)
   if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
       and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
-    redis.call('ZADD', F, redis.call('HGET', C, tenant) or '0', tenant)
+    fadd[#fadd + 1] = tenant
   end
 end
 local function unbacklog(r, tenant)
   if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
-    redis.call('ZREM', F, tenant)
+    fdel[#fdel + 1] = tenant
   end
+end
+local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, as unpack() has a limit
+  for a = 1, #fadd, 1000 do
+    local b = math.min(a + 999, #fadd)
+    local counters, set = redis.call('HMGET', C, unpack(fadd, a, b)), {}
+    for j = a, b do set[#set + 1] = counters[j - a + 1] or '0'; set[#set + 1] = fadd[j] end
+    redis.call('ZADD', F, unpack(set))
+  end
+  for a = 1, #fdel, 1000 do redis.call('ZREM', F, unpack(fdel, a, math.min(a + 999, #fdel))) end
+  fadd, fdel = {}, {}
 end
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
 -- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
@@ -113,24 +125,30 @@ local function drop(r)
 end
 if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
   drop(rid)
+  write_floor()
   local st = redis.call('HGETALL', ST)
   for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
   redis.call('HDEL', p .. ':sn', batch)
   redis.call('ZREM', p .. ':seen', batch)
   return 1
 end
-local current = redis.call('GET', p .. ':e')
+-- NOTE: the few single values a sync reads, in one call (a script's time is mostly its calls)
+local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg')
+local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
-  if epoch ~= '' then redis.call('SET', p .. ':hold', now + hold_ms) end
+  if epoch ~= '' then
+    hold_until = now + hold_ms
+    redis.call('SET', p .. ':hold', hold_until)
+  end
 end
 -- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
 for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
-local known = redis.call('ZSCORE', R, rid) and 1 or 0
-redis.call('ZADD', R, now + ttl, rid)
+write_floor()
+local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
 local replicas = redis.call('ZCARD', R)
-local hold = tonumber(redis.call('GET', p .. ':hold') or '-1') > now
+local hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
 local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
@@ -144,7 +162,7 @@ if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas
   end
 end
 if fresh and reset == '1' then
-  redis.call('INCR', p .. ':rg')
+  generation = redis.call('INCR', p .. ':rg')
   local all = redis.call('HKEYS', C)
   for a = 1, #all, 1000 do
     local set = {}
@@ -233,6 +251,7 @@ for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
   if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
 end
+write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved = nxt()
 if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
@@ -297,9 +316,9 @@ if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
   nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
 else
-  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'LIMIT', 0, pull)
-  for _, tenant in ipairs(got) do row(tenant) end
-  nsince = #got == pull and redis.call('ZSCORE', V, got[#got]) or (redis.call('GET', SEQ) or '0')
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
+  for j = 1, #got, 2 do row(got[j]) end
+  nsince = #got > 0 and #got == 2 * pull and got[#got] or (redis.call('GET', SEQ) or '0')
   local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
   wrows = {}
   for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
@@ -315,7 +334,7 @@ local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
 return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
-  nsince, nwsince, redis.call('GET', p .. ':rg') or '0', known}
+  nsince, nwsince, generation, known}
 """
 # The answer's parts, in order (the comment above SYNC_LUA says what each holds).
 ANSWER = (

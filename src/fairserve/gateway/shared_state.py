@@ -1,6 +1,8 @@
-"""Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis.
+"""Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis; this
+module is the peer's part (what a sync pushes, what its answer pulls into the ledger and the leases).
 
-What Redis holds, and the scripts that read and write it, are in `redis_scripts.py`.
+What Redis holds, and the script that reads and writes it, are in `redis_scripts.py`; the connection's life
+(connecting, the sync task, wake-ups, leaving, being degraded) in `shared_link.py`.
 
 A sync costs what changed, on the replica and in Redis: the replica sends the accounts changed since its last sync
 (`Changes`, fed by the policy's hooks: no pass over all accounts) and its backlog's changes; Redis answers the
@@ -23,7 +25,7 @@ waiting, with that head's tenant (`P:st`); a replica admits its head unless anot
 tenant with a smaller counter (`may_admit`). One that may not admit shrinks its lease to what it has in flight and
 reports no wait, so the capacity flows to the replica holding the smallest waiting counter, and two replicas that
 each see the other first do not both stand still. A replica syncs early when it starts waiting, and when it holds
-lease room it cannot use while others wait (`waiting`); that sync wakes the waiting replicas (pub/sub, `_listen`),
+lease room it cannot use while others wait (`waiting`); that sync wakes the waiting replicas (pub/sub, `Link._listen`),
 which sync at once.
 
 A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
@@ -44,30 +46,40 @@ reported theirs, and takes each tenant's counter, service and weight from the fi
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core import Account, Ledger, Policy, Request
-from .config import redact, redact_text
-from .redis_scripts import SYNC_LUA, leave_args, sync_args
+from .config import redact
+from .redis_scripts import leave_args, sync_args
 from .shared_changes import Changes, _text
+from .shared_link import (
+    DEFAULT_HOLD_S,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_SPARE,
+    DEFAULT_TTL_S,
+    Link,
+    SharedStateError,
+    StateSettings,
+    probe,
+)
 
-log = logging.getLogger("fairserve.gateway.state")
+__all__ = [
+    "DEFAULT_HOLD_S",
+    "DEFAULT_INTERVAL_S",
+    "DEFAULT_SPARE",
+    "DEFAULT_TTL_S",
+    "PULL",
+    "BackendSlot",
+    "SharedState",
+    "SharedStateError",
+    "StateSettings",
+    "probe",
+]
 
-DEFAULT_INTERVAL_S = 0.02  # how often charges are flushed and global counters pulled
-DEFAULT_TTL_S = 3.0  # a silent replica's leases and backlog stop counting after this long
-DEFAULT_SPARE = 1  # requests of headroom a replica's lease keeps beyond its demand, so arrivals need no sync
-DEFAULT_HOLD_S = 0.5  # after Redis lost its data: no lease grows until every live replica had time to report
 PULL = 32  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
-
-
-class SharedStateError(Exception):
-    """Redis could not be reached or answered nonsense: one line for the operator."""
 
 
 class BackendSlot(Protocol):
@@ -80,17 +92,7 @@ class BackendSlot(Protocol):
     token_limit: int | None
 
 
-@dataclass(frozen=True)
-class StateSettings:
-    url: str  # redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS
-    interval_s: float = DEFAULT_INTERVAL_S
-    ttl_s: float = DEFAULT_TTL_S
-    prefix: str = "fairserve"  # key prefix: one Redis can hold several independent gateway groups
-    spare: int = DEFAULT_SPARE
-    hold_s: float = DEFAULT_HOLD_S  # several times a degraded replica's retry period (0.1 s) and interval_s
-
-
-class SharedState:
+class SharedState(Link):
     """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
     starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger is built over `track(policy)` and
     attaches itself (`Ledger(shared.track(policy), ..., peers=shared)`), and asks it for the lift's floor. The
@@ -106,19 +108,10 @@ class SharedState:
         replica: str | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        self.settings = settings
-        # NOTE: injectable, so tests step time instead of sleeping; every replica sharing a Redis must then share it,
-        # since it also measures the expiries in Redis (None: time.monotonic here, Redis's own clock there)
-        self.clock = clock or time.monotonic
-        self._redis_now = clock is not None
+        super().__init__(settings, replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}", clock)
         self.backends = list(backends)
         self.tokens_of = tokens_of  # the capacity tokens a queued request will take on a backend
         self.on_change = on_change  # called after a sync changed leases or counters (the scheduler dispatches)
-        self.replica = replica or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.up = False  # the last sync reached Redis
-        self.round_trips = 0  # syncs sent (each one round trip)
-        self.last_sync = 0.0  # self.clock() of the last successful sync
-        self.lease_until = 0.0  # self.clock() until which the leases of the last sync surely count
         self.replicas = 1  # live replicas at the last sync
         self.changes = Changes(tokens_of)  # what changed here since the last sync
         self._floor: list[tuple[float, str]] = []  # the two smallest counters backlogged on any replica
@@ -140,97 +133,8 @@ class SharedState:
         self._reset = False
         self._mean_tokens = 0.0  # of requests seen, for the token lease's headroom
         self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
-        self._client: Any = None
-        self._sync_script: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
-        self._pubsub: Any = None
-        self._stopping = False
-        self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self.ledger: Ledger = None  # type: ignore[assignment]  # NOTE: the ledger attaches itself (`attach`)
-
-    # ---- life -----------------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Connect and sync once; SharedStateError (one line) when Redis cannot be reached."""
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-
-        timeout = max(0.5, 10 * self.settings.interval_s)
-        try:
-            self._client = aioredis.from_url(
-                self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0
-            )
-        except ValueError as e:
-            raise SharedStateError(redact_text(f"bad shared state URL {redact(self.settings.url)!r}: {e}")) from None
-        self._sync_script = self._client.register_script(SYNC_LUA)
-        try:
-            await self._client.ping()
-        except (RedisError, OSError) as e:
-            await self._client.aclose()
-            raise SharedStateError(
-                redact_text(f"cannot reach the shared state at {redact(self.settings.url)}: {e}")
-            ) from None
-        await self.sync()
-        if not self.up:
-            raise SharedStateError(f"the shared state at {redact(self.settings.url)} did not answer a sync")
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._run())
-        self._listener = loop.create_task(self._listen())
-
-    async def stop(self) -> None:
-        """Stop syncing and leave: this replica's leases and backlog stop counting at once (best effort)."""
-        if self._task is not None:
-            # NOTE: the flag too: Python 3.11's wait_for can swallow a cancel that lands as its wait ends
-            self._stopping = True
-            self._wake.set()
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        if self._listener is not None:
-            self._stopping = True
-            # NOTE: closing its connection ends the listener: redis-py's pub/sub read may not end on a cancel
-            if self._pubsub is not None:
-                await self._pubsub.aclose()
-            done, _ = await asyncio.wait({self._listener}, timeout=1.0)
-            if not done:
-                self._listener.cancel()
-            self._listener = None
-        if self._client is not None:
-            try:
-                await self._sync_script(args=leave_args(self.settings.prefix, self.replica, self._token))
-            except Exception:  # NOTE: leaving is best effort: the TTL ends whatever is left
-                pass
-            await self._client.aclose()
-            self._client = None
-
-    async def _run(self) -> None:
-        while not self._stopping:
-            try:
-                await asyncio.wait_for(
-                    self._wake.wait(), self.settings.interval_s if self.up else max(self.settings.interval_s, 0.1)
-                )
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            await self.sync()
-
-    async def _listen(self) -> None:
-        """Wake-ups: another replica's sync gave back capacity this replica waits for (pub/sub on `P:wake:REPLICA`),
-        so it syncs now rather than at its next interval."""
-        client = self._client
-        while not self._stopping:
-            pubsub = self._pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(f"{self.settings.prefix}:wake:{self.replica}")
-                async for _ in pubsub.listen():
-                    self._wake.set()
-            except Exception:  # NOTE: Redis lost: the sync loop reports it; listen again once it may be back
-                if not self._stopping:
-                    await asyncio.sleep(0.1)
-            finally:
-                self._pubsub = None
-                await pubsub.aclose()
 
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
     def track(self, policy: Policy) -> Policy:
@@ -380,14 +284,10 @@ class SharedState:
         # it): a lease shrinks only after this replica stopped using what it gives up
         for b, (keep_r, keep_t) in zip(self.backends, keeps, strict=True):
             b.limit, b.token_limit = keep_r, keep_t
-        sent = self.clock()
-        try:
-            self.round_trips += 1
-            reply = await self._sync_script(args=args)
-        except Exception as e:  # NOTE: any failure of Redis degrades to local state; nothing on the request path
-            # the batch stays unanswered: sent again as it is (Redis may have run it, and then skips it)
+        reply = await self._round_trip(args)
+        if reply is None:  # NOTE: the batch stays unanswered: sent again as it is (Redis may have run it: it skips it)
             self.changes.full = True
-            self._degrade(e)
+            self._degrade()
             return False
         self._unanswered = None
         self._seed = {}
@@ -395,13 +295,11 @@ class SharedState:
         self._gained = any(
             b.limit > r or (b.token_limit or 0) > t for b, (r, t) in zip(self.backends, before, strict=True)
         )
-        if not self.up and self.last_sync:
-            log.warning("shared state at %s is back", redact(self.settings.url))
-        self.up = True
-        self.last_sync = self.clock()
-        self.lease_until = sent + self.settings.ttl_s
         self.on_change()
         return True
+
+    def _leave_args(self) -> list[Any]:
+        return leave_args(self.settings.prefix, self.replica, self._token)
 
     def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
         (
@@ -443,12 +341,8 @@ class SharedState:
             b.token_limit = int(gt) if b.cfg.max_inflight_tokens else None
             self._others_wait[b.cfg.url] = (bool(int(wr)), bool(int(wt)))
 
-    def _degrade(self, e: Exception) -> None:
-        if self.up:
-            log.warning(
-                "shared state at %s lost (%s): serving from local state", redact(self.settings.url), redact_text(str(e))
-            )
-        self.up = False
+    def _degrade(self) -> None:
+        """Redis did not answer: no view of the others, and past the lease an equal share of each backend."""
         self._floor = []
         self._starved = []
         if self.clock() >= self.lease_until:
@@ -482,20 +376,3 @@ class SharedState:
                 for b in self.backends
             ],
         }
-
-
-async def probe(url: str, timeout_s: float = 2.0) -> None:
-    """PING the shared state once: SharedStateError (one line) when it cannot be reached."""
-    import redis.asyncio as aioredis
-    from redis.exceptions import RedisError
-
-    try:
-        client = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    except ValueError as e:
-        raise SharedStateError(redact_text(f"bad shared state URL {redact(url)!r}: {e}")) from None
-    try:
-        await client.ping()
-    except (RedisError, OSError) as e:
-        raise SharedStateError(redact_text(f"cannot reach the shared state at {redact(url)}: {e}")) from None
-    finally:
-        await client.aclose()

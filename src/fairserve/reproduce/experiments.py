@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import trees
+from . import preemption, trees
 from .runs import RunSpec
 from .verdicts import (  # the rules behind each verdict, and the run sets they share with the catalogue
     A10G,
@@ -404,22 +404,28 @@ OWN_FINDINGS: tuple[Experiment, ...] = (
         brief=("does the profiled cost equalise a synthetic overload?", "8 overloaded clients"),
     ),
 )
-OWN_FINDINGS += tuple(
-    Experiment(
-        name,
-        title,
-        question,
-        tuple(specs),
-        rule,
-        ("group_service",),
-        "beyond the paper (its clients are a flat list; fairserve's tenant tree and priority classes)",
-        trees.SCOPE,
-        own=True,
-        brief=brief,
-        section=trees.SECTION,
+
+
+def _section(section: str, source: str, figure: str, rows) -> tuple[Experiment, ...]:
+    """Our own findings of one report section: (name, title, question, runs, rule, scope, brief) per finding."""
+    return tuple(
+        Experiment(
+            name, title, question, tuple(specs), rule, (figure,), source, scope, own=True, brief=brief, section=section
+        )
+        for name, title, question, specs, rule, scope, brief in rows
     )
-    for name, title, question, specs, rule, brief in trees.EXPERIMENTS
+
+
+OWN_FINDINGS += _section(
+    trees.SECTION,
+    "beyond the paper (its clients are a flat list; fairserve's tenant tree and priority classes)",
+    "group_service",
+    (
+        (name, title, question, specs, rule, trees.SCOPE, brief)
+        for name, title, question, specs, rule, brief in trees.EXPERIMENTS
+    ),
 )
+OWN_FINDINGS += _section(preemption.SECTION, preemption.SOURCE, "preemption_curve", preemption.EXPERIMENTS)
 ALL_EXPERIMENTS: tuple[Experiment, ...] = EXPERIMENTS + OWN_FINDINGS
 
 

@@ -248,3 +248,62 @@ def _bound_figure(labels: Sequence[str], measured: Sequence[float], bounds: Sequ
 def bound_chart(path: PathLike, labels: list[str], measured: list[float], bounds: list[float], title: str) -> Path:
     """Horizontal bars: measured max difference next to the theoretical bound, per workload."""
     return _save(_bound_figure(labels, measured, bounds, title), path)
+
+
+Point = tuple[str, float, float]  # (label, x, y)
+
+
+def _tradeoff_figure(
+    panels: Mapping[str, Mapping[str, Sequence[Point]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    references: Sequence[tuple[float, str]],
+    goals: Mapping[str, tuple[float, float]],
+) -> Figure:
+    if not panels or not all(lines and all(lines.values()) for lines in panels.values()):
+        raise ValueError("tradeoff: no curves to plot")
+    names = list(dict.fromkeys(n for lines in panels.values() for n in lines))
+    colours = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+    fig = Figure(figsize=(WIDTH_IN, 5.2), dpi=DPI, layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    legend: dict[str, Any] = {}
+    for ax, (panel, lines) in zip(axes, panels.items(), strict=True):
+        for name, points in lines.items():
+            xs, ys = [p[1] for p in points], [p[2] for p in points]
+            (line,) = ax.plot(xs, ys, color=colours[name], linewidth=1.4, marker="o", markersize=5, gid=name)
+            legend.setdefault(name, line)
+            for k, (label, x, y) in enumerate(points):
+                # NOTE: alternate above and below, so that neighbouring points' labels overlap less
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4 if k % 2 else -10), fontsize=7)
+            if name in goals:
+                x0, y1 = goals[name]
+                right = max(max(xs), x0) + 0.01
+                legend.setdefault(
+                    f"{name}: goal",
+                    ax.fill_between([x0, right], 0, y1, color=colours[name], alpha=0.12, linewidth=0),
+                )
+        for value, label in references:
+            legend.setdefault(label, ax.axhline(value, color="black", linestyle="--", linewidth=1.2))
+        ax.set_ylim(bottom=0)
+        ax.set(title=panel, xlabel=xlabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    _legend_below(fig, list(legend.values()), list(legend))
+    return fig
+
+
+def tradeoff(
+    path: PathLike,
+    panels: Mapping[str, Mapping[str, Sequence[Point]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    references: Sequence[tuple[float, str]] = (),
+    goals: Mapping[str, tuple[float, float]] | None = None,
+) -> Path:
+    """One panel per entry of `panels` (sharing y), one line per curve through its labelled points (x, y), a curve
+    keeping its colour across panels; `references`: dashed horizontal lines; `goals`, per curve, the region
+    x >= x0, y <= y1 shaded in its colour."""
+    return _save(_tradeoff_figure(panels, title, xlabel, ylabel, references, goals or {}), path)

@@ -153,6 +153,27 @@ def _group_service(path, exp, runs, workload):
     return f"Service rate of each group (the sum of its tenants') and of each tenant over time on `{workload}`."
 
 
+def _preemption_curve(path, exp, runs, workload):
+    from .preemption import curve_figure
+
+    panels, references, goals = curve_figure(exp.name, list(runs.values()))
+    figures.tradeoff(
+        path,
+        panels,
+        _title(exp, workload, "largest backlogged difference vs service rate"),
+        "service rate / plain VTC's in the same mode",
+        "largest backlogged difference (weighted tokens)",
+        references=references,
+        goals=goals,
+    )
+    return (
+        f"The largest service difference between backlogged clients against the service rate (as a ratio to plain "
+        f"VTC's in the same engine mode) on `{workload}`, one line per engine mode: from plain VTC through each "
+        "`preempt=DELTA` (left) and each `running-cap=TOKENS` (right); shaded: the goal judged (≤ 0.5× plain VTC's "
+        "difference at ≥ 0.97× its rate); dashed: the non-preemptive lower bound, where there is one."
+    )
+
+
 _DRAW = {
     "service_rate": _service_rate,
     "response_time": _response_time,
@@ -164,5 +185,6 @@ _DRAW = {
     "difference_by_policy": _difference,
     "bound": _bound,
     "group_service": _group_service,
+    "preemption_curve": _preemption_curve,
 }
 _PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy", "group_service"}

@@ -13,6 +13,7 @@ from ..core.cost import CostFunction, make_cost
 from ..metrics import backlogged, response_times, service_curves, service_rates, summarize, time_grid
 from ..records import RequestRecord
 from ..sim import simulate
+from ..sim.requests import Mode
 from ..workloads import Arrival, Workload, get_workload, load_trace
 
 REAL = "real"
@@ -24,15 +25,16 @@ QUICK_DURATION_S = {"increase": 600.0, "dist-shift": 600.0, REAL: 600.0}
 @dataclass(frozen=True)
 class RunSpec:
     workload: str
-    policy: str
+    policy: str  # a policy spec, engine options included (`vtc:preempt=1000`, `vtc:running-cap=5000`)
     cost: str = "linear"  # "linear" or "profiled"
     weighted: bool = True  # use the workload's weights (False: plain VTC on a weighted workload)
     label: str = ""  # shown in figures and tables; default: the policy
     flat: bool = False  # the tenant tree flattened: every tenant at the top (`org/user` -> `org.user`), no groups
+    mode: Mode = "reserve"  # the engine's admission: the paper's conservative reserve, or vLLM-like paged
 
     @property
     def name(self) -> str:
-        return self.label or self.policy
+        return self.label or (self.policy if self.mode == "reserve" else f"{self.policy} ({self.mode})")
 
 
 @dataclass
@@ -45,6 +47,9 @@ class RunOutput:
     weights: dict[str, float] | None
     max_prompt: int
     wall_s: float = 0.0
+    preemptions: int = 0  # all of them (paged mode also evicts when the pool runs out)
+    fair_preemptions: int = 0  # of those, for fairness (`preempt=DELTA`)
+    lost: int = 0  # requests neither finished nor still queued or running at the horizon (rejected)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -123,7 +128,7 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         )
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
-    result = simulate(workload, spec.policy, cost=spec.cost, weights=weights)
+    result = simulate(workload, spec.policy, cost=spec.cost, weights=weights, mode=spec.mode)
     return RunOutput(
         spec=spec,
         records=result.records,
@@ -133,6 +138,9 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         weights=weights or None,
         max_prompt=max(a.prompt_tokens for a in workload.arrivals),
         wall_s=time.perf_counter() - start,
+        preemptions=result.preemptions,
+        fair_preemptions=result.fair_preemptions,
+        lost=len(workload.arrivals) - sum(r.status in ("finished", "unfinished") for r in result.records),
     )
 
 

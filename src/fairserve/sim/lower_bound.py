@@ -10,7 +10,7 @@ Without preemption, the hog's batch decodes about M output tokens (w_q·M servic
 
 from __future__ import annotations
 
-from ..workloads import Arrival, Workload
+from ..workloads import LOWER_BOUND, Arrival, Workload
 from .requests import EngineConfig
 
 PROMPT = 8  # tokens: short prompts, so that the pool goes to output tokens (w_q·M dominates w_p·L_in)
@@ -26,6 +26,12 @@ def output_length(config: EngineConfig, batch: int = 8) -> int:
     return output
 
 
+def held_back(config: EngineConfig, batch: int = 8, w_q: float = 2.0) -> float:
+    """The non-preemptive lower bound on the construction: w_q times the output of the hog's batch, which `late`
+    waits out while both are backlogged (19,696 for the default engine: 8 × 1,231 output tokens)."""
+    return w_q * batch * output_length(config, batch)
+
+
 def lower_bound_workload(
     config: EngineConfig, *, batch: int = 8, rounds: int = 6, late_s: float = 1.0, duration_s: float = 360.0
 ) -> Workload:
@@ -34,4 +40,4 @@ def lower_bound_workload(
     output = output_length(config, batch)
     hog = [Arrival(0.0, "hog", PROMPT, output) for _ in range(batch * rounds)]
     late = [Arrival(late_s, "late", PROMPT, output) for _ in range(batch * rounds)]
-    return Workload("lower-bound", hog + late, duration_s=duration_s, kv_tokens=config.kv_tokens)
+    return Workload(LOWER_BOUND, hog + late, duration_s=duration_s, kv_tokens=config.kv_tokens)

@@ -1,4 +1,5 @@
-"""The paper's `real` workload: the Chatbot Arena trace (27 clients, 1,500 requests, 10 minutes).
+"""The paper's `real` workload: the Chatbot Arena trace (27 clients, 1,500 requests, 10 minutes); and `get_workload`,
+which serves every named workload: the synthetic ones, `real` and `lower-bound` (§4.1.1's construction).
 
 The trace ships with fairserve (`workloads/data/`; from the paper's artifact, Apache-2.0: see NOTICE).
 `$FAIRSERVE_ARENA_TRACE` points at another copy instead; a path that does not exist is an error, not a fallback.
@@ -6,6 +7,7 @@ The trace ships with fairserve (`workloads/data/`; from the paper's artifact, Ap
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from .traces import load_trace
 ARENA_TRACE = "arena_27clients_10min.csv"
 PACKAGED_ARENA_TRACE = Path(__file__).resolve().parent / "data" / ARENA_TRACE
 REAL = "real"
+LOWER_BOUND = "lower-bound"
 
 
 def find_arena_trace() -> Path | None:
@@ -26,7 +29,19 @@ def find_arena_trace() -> Path | None:
 
 
 def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> Workload:
-    """A named synthetic workload, or `real` (the Arena trace)."""
+    """A named synthetic workload, `real` (the Arena trace) or `lower-bound` (§4.1.1's construction, sized for the
+    default engine: the A10G preset's pool of 10,000 tokens and its server's tokens; it has no randomness)."""
+    if name == LOWER_BOUND:
+        # NOTE: imported here: the construction is sized to an engine (sim/), and sim imports workloads
+        from ..sim import engine_config
+        from ..sim.lower_bound import lower_bound_workload
+
+        if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
+            raise WorkloadError(f"workload {name!r}: duration_s must be a positive number")
+        config = engine_config()
+        return (
+            lower_bound_workload(config) if duration_s is None else lower_bound_workload(config, duration_s=duration_s)
+        )
     if name != REAL:
         return make_workload(name, seed=seed, duration_s=duration_s)
     path = find_arena_trace()
@@ -43,4 +58,4 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
     return w
 
 
-ALL_WORKLOADS = (*WORKLOADS, REAL)
+ALL_WORKLOADS = (*WORKLOADS, LOWER_BOUND, REAL)
