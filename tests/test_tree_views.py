@@ -108,3 +108,12 @@ def test_top_and_bench_show_the_tree_and_score_it(tmp_path, capsys):
         (org_a,) = [x for x in shown.splitlines() if re.search(r"│ org-a/ ", x)]
         assert re.search(r"│\s+3 │\s+0 │", org_a), org_a  # its weight, live, and its priority
         assert re.search(r"│\s+u0\s+│", shown)  # a member, indented under it
+
+
+def test_replicas_compare_two_tenants_where_their_paths_part():
+    from fairserve.gateway.shared_state import parting
+
+    assert parting("a", "b") == ("a", "b")  # a flat list: the tenants themselves
+    assert parting("x/y/z", "x/w") == ("x/y", "x/w")
+    assert parting("x/y/z", "x/y/q") == ("x/y/z", "x/y/q")  # siblings
+    assert parting("class-a/u0", "class-b/u1") == ("class-a", "class-b")
