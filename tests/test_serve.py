@@ -363,6 +363,12 @@ def test_two_organisations_share_the_engine_half_and_half():
     with running_server(create_app(cfg), timeout_s=60) as url:
         done = asyncio.run(run(url))
         tree = {n["path"]: n for n in httpx.get(url + "/admin/tree", headers=ADMIN).json()["tree"]}
+        metrics = httpx.get(url + "/metrics").text
+    for org in ("org-a", "org-b"):  # each group's series, with its subtree's service
+        line = next(
+            x for x in metrics.splitlines() if x.startswith(f'fairserve_serve_group_service_total{{group="{org}"}}')
+        )
+        assert float(line.split()[-1]) == tree[org]["service"]
     first = done[:30]
     share = first.count("org-b") / len(first)
     print(f"serve, two organisations: org-b {first.count('org-b')} of the first 30 requests to finish ({share:.2f})")
