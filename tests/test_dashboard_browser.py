@@ -61,7 +61,7 @@ def browser():
 
 
 @contextlib.contextmanager
-def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
+def traffic(url: str, per_tenant: int = 6, keys: tuple[str, ...] = tuple(KEYS.values())) -> Iterator[None]:
     """Each tenant keeps `per_tenant` streaming requests open (more than the backend takes) until the block ends."""
     stop = threading.Event()
 
@@ -81,7 +81,7 @@ def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
             await asyncio.gather(*(one() for _ in range(per_tenant)))
 
     async def main() -> None:
-        await asyncio.gather(*(tenant_loop(k) for k in KEYS.values()))
+        await asyncio.gather(*(tenant_loop(k) for k in keys))
 
     thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
     thread.start()
@@ -93,20 +93,25 @@ def traffic(url: str, per_tenant: int = 6) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def gateway():
+def emulator():
     with serve("emulate", "--time-scale", "10") as backend:
-        cfg = build_config(
-            {
-                "backends": [{"url": backend, "max_inflight_requests": 4}],
-                "admin_key": ADMIN,
-                "tenants": [
-                    {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
-                    {"name": "bob", "api_keys": [KEYS["bob"]]},
-                ],
-            }
-        )
-        with running_server(create_app(cfg)) as url:
-            yield url
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def gateway(emulator):
+    cfg = build_config(
+        {
+            "backends": [{"url": emulator, "max_inflight_requests": 4}],
+            "admin_key": ADMIN,
+            "tenants": [
+                {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
+                {"name": "bob", "api_keys": [KEYS["bob"]]},
+            ],
+        }
+    )
+    with running_server(create_app(cfg)) as url:
+        yield url
 
 
 def test_dashboard_live_in_a_browser(browser, gateway):
@@ -163,3 +168,84 @@ def test_dashboard_live_in_a_browser(browser, gateway):
     assert not any(ADMIN in u or KEYS["alice"] in u for u in requested)  # the key never goes in a URL
     assert missing == []  # not even a favicon
     page.close()
+
+
+TREE_KEYS = {"premium/acme/search": "k-s", "premium/acme/chat": "k-c", "premium/globex/api": "k-g", "free/ann": "k-f"}
+
+
+@pytest.fixture(scope="module")
+def tree_gateway(emulator):
+    cfg = build_config(
+        {
+            "backends": [{"url": emulator, "max_inflight_requests": 4}],
+            "admin_key": ADMIN,
+            "groups": [
+                {"name": "premium", "priority": 0},
+                {"name": "premium/acme", "weight": 2},
+                {"name": "free", "priority": 1},
+            ],
+            "tenants": [{"name": t, "api_keys": [k]} for t, k in TREE_KEYS.items()],
+        }
+    )
+    with running_server(create_app(cfg)) as url:
+        yield url
+
+
+def test_dashboard_shows_a_three_level_tree_and_a_live_reweight(browser, tree_gateway):
+    page = browser.new_page(viewport={"width": 1200, "height": 1000})
+    row = '#tree tr[data-node="{}"] [data-field="{}"]'
+    with traffic(tree_gateway, per_tenant=3, keys=tuple(TREE_KEYS.values())):
+        page.goto(tree_gateway + "/dashboard")
+        page.fill("#key", ADMIN)
+        page.click("#login button[type=submit]")
+        for path in ("premium", "premium/acme", "premium/acme/search", "premium/globex/api", "free", "free/ann"):
+            page.wait_for_selector(f'#tree tr[data-node="{path}"]', timeout=10_000)
+        # each node's share, counter, queued and in-flight counts, with members under their groups
+        order = page.eval_on_selector_all("#tree tbody tr", "rows => rows.map(r => r.dataset.node)")
+        assert order == [
+            "premium",
+            "premium/acme",
+            "premium/acme/search",
+            "premium/acme/chat",
+            "premium/globex",
+            "premium/globex/api",
+            "free",
+            "free/ann",
+        ]
+        assert page.inner_text(row.format("premium/acme", "weight")) == "2"
+        assert page.inner_text(row.format("free", "priority")) == "1"
+        # premium (priority 0) is backlogged, so it gets the service and free waits; acme twice globex's share
+        page.wait_for_function(
+            "(sel) => parseFloat(document.querySelector(sel).textContent) > 0",
+            arg=row.format("premium/acme", "counter"),
+            timeout=10_000,
+        )
+        page.wait_for_function(
+            "(sel) => Number(document.querySelector(sel).textContent) > 0",
+            arg=row.format("free/ann", "queue_length"),
+            timeout=10_000,
+        )
+        for path in ("premium", "premium/acme", "free/ann"):
+            for field in ("share", "counter", "queue_length", "in_flight"):
+                assert page.inner_text(row.format(path, field)) != "", (path, field)
+        assert page.inner_text(row.format("premium", "share")).endswith("%")
+
+        # a live reweight from the page: the form PUTs the node's weight, and the next poll shows it
+        page.fill("#node-path", "premium/globex")
+        page.fill("#node-weight", "4")
+        page.click("#reweight button[type=submit]")
+        page.wait_for_function(
+            "(sel) => document.querySelector(sel).textContent === '4'",
+            arg=row.format("premium/globex", "weight"),
+            timeout=10_000,
+        )
+        assert "premium/globex: weight 4" in page.inner_text("#reweight-status")
+        page.fill("#node-path", "premium/nope")
+        page.click("#reweight button[type=submit]")
+        page.wait_for_function("() => document.querySelector('#reweight-status').textContent.includes('refused')")
+        OUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUT / "dashboard-tree.png"), full_page=True)
+    page.close()
+    doc = httpx.get(tree_gateway + "/admin/tree", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    premium = doc["tree"][0]
+    assert [c["weight"] for c in premium["children"]] == [2, 4]  # the reweight reached the gateway

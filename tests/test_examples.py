@@ -1,5 +1,6 @@
 """The example configurations in examples/ load as they are (a typo in one fails here, not on a user's machine)."""
 
+import tomllib
 from pathlib import Path
 
 from fairserve.gateway.config import load_config as load_gateway
@@ -24,8 +25,20 @@ def test_the_serve_example():
     assert cfg.model == "tiny-random" and cfg.num_blocks * cfg.page_size == 16384 and len(cfg.tenants) == 2
 
 
+def test_the_tree_example_for_the_gateway_and_serve():
+    cfg = load_gateway(EXAMPLES / "tree.toml")
+    assert max(t.name.count("/") for t in cfg.tenants) == 2  # three levels: tier / organisation / tenant
+    assert cfg.priorities() == {"premium": 0, "free": 1} and cfg.weights()["premium/acme"] == 2
+    assert cfg.level_of("free/bob") == 1 and cfg.named_allowed("premium/acme/search") == [0, 1]
+    assert cfg.engine_env(cfg.policy, cfg.w_p, cfg.w_q)["FAIRSERVE_ALLOWED_PRIORITIES"] == "premium/acme/search=0|1"
+    # the same tree in `fairserve serve`: its keys without the gateway's
+    text = (EXAMPLES / "tree.toml").read_text().replace("backends = ", "# backends = ")
+    served = load_serve(None, {k: v for k, v in tomllib.loads(text).items() if k not in ("listen",)})
+    assert served.weights() == cfg.weights() and served.priorities() == cfg.priorities()
+
+
 def test_every_example_is_tested():
-    assert {p.name for p in EXAMPLES.glob("*.toml")} == {"gateway.toml", "replicas.toml", "serve.toml"}
+    assert {p.name for p in EXAMPLES.glob("*.toml")} == {"gateway.toml", "replicas.toml", "serve.toml", "tree.toml"}
 
 
 def test_a_backend_takes_the_flags_names_in_toml_too(tmp_path):

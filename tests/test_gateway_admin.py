@@ -172,7 +172,7 @@ def test_flags_override_the_file(tmp_path):
         ((), "backends"),
         (("--backend", "http://b:2,max_requests=x", "--tenant", "t:k"), "max_requests"),
         (("--backend", "http://b:2,speed=9", "--tenant", "t:k"), "speed"),
-        (("--backend", "http://b:2", "--tenant", "t"), "NAME:KEY"),
+        (("--backend", "http://b:2", "--tenant", "t"), "PATH:KEY"),
         (("--backend", "http://b:2", "--tenant", "t:k:heavy"), "heavy"),
         (("--backend", "http://b:2", "--tenant", "t:k", "--policy", "nope"), "policy"),
     ],

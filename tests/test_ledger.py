@@ -253,6 +253,7 @@ def test_queued_lookup_settle_all_and_admin_rows():
     assert led.view().tenants["a"].row() == {
         "name": "a",
         "weight": 1.0,
+        "priority": 0,
         "counter": 14.0,
         "service": 14.0,
         "queue_length": 0,

@@ -331,3 +331,46 @@ def test_fuzzed_bodies_never_get_a_5xx(server, path, body):
     url, _ = server
     r = httpx.post(url + path, headers={"authorization": "Bearer ka"}, content=body, timeout=30)
     assert r.status_code < 500, r.text
+
+
+def test_two_organisations_share_the_engine_half_and_half():
+    """The tenant tree inside the engine, through HTTP with the `openai` client: org-a's 10 users send 3 requests
+    each and org-b's one user 30, all at once, to an engine that runs about 6 at a time. By the tree the two
+    organisations alternate, so org-b has half of the first 30 to finish; flat, its one user would be one tenant of
+    11 (about 3 of them). Counted in order, not in a time window: the CPU model's speed does not enter."""
+    users = {f"org-a/u{i}": f"ka{i}" for i in range(10)} | {"org-b/solo": "kb-solo"}
+    cfg = config(tenants=[{"name": n, "api_keys": [k]} for n, k in users.items()], num_blocks=8)
+
+    async def run(url: str) -> list[str]:
+        done: list[str] = []
+        clients = {
+            k: openai.AsyncOpenAI(base_url=url + "/v1", api_key=k, max_retries=0, timeout=120) for k in users.values()
+        }
+
+        async def one(tenant: str) -> None:
+            r = await clients[users[tenant]].completions.create(
+                model="tiny-random", prompt="a b c d", max_tokens=4, extra_body={"ignore_eos": True}
+            )
+            assert r.usage.completion_tokens == 4
+            done.append(tenant.split("/")[0])
+
+        sends = [t for t in users if t != "org-b/solo"] * 3 + ["org-b/solo"] * 30
+        await asyncio.gather(*(one(t) for t in sends))
+        for c in clients.values():
+            await c.close()
+        return done
+
+    with running_server(create_app(cfg), timeout_s=60) as url:
+        done = asyncio.run(run(url))
+        tree = {n["path"]: n for n in httpx.get(url + "/admin/tree", headers=ADMIN).json()["tree"]}
+        metrics = httpx.get(url + "/metrics").text
+    for org in ("org-a", "org-b"):  # each group's series, with its subtree's service
+        line = next(
+            x for x in metrics.splitlines() if x.startswith(f'fairserve_serve_group_service_total{{group="{org}"}}')
+        )
+        assert float(line.split()[-1]) == tree[org]["service"]
+    first = done[:30]
+    share = first.count("org-b") / len(first)
+    print(f"serve, two organisations: org-b {first.count('org-b')} of the first 30 requests to finish ({share:.2f})")
+    assert 0.4 <= share <= 0.6, done
+    assert tree["org-a"]["service"] == pytest.approx(tree["org-b"]["service"])  # 30 equal requests each, in all

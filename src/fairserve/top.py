@@ -1,6 +1,6 @@
 """`fairserve top`: the dashboard in a terminal. Polls `GET /admin/dashboard` of a gateway or `fairserve serve` and
-shows per-tenant service rates, counters, queues and in-flight requests, refreshed in place (`--once`: one snapshot,
-printed)."""
+shows per-tenant service rates, counters, queues and in-flight requests, and the tenant tree with each node's share
+when groups are configured, refreshed in place (`--once`: one snapshot, printed)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,8 @@ def render(data: dict[str, Any], target: str) -> Group:
         else f"backlogged: {', '.join(backlogged) or 'none'} (Jain's index and spread need two)"
     )
     parts: list[Any] = [tenants, Text(fair), Text(f"service/s over {data['history']['window_s']:g} s", style="dim")]
+    if data.get("tree"):
+        parts.append(_tree(data["tree"], has_rates))
     if data.get("backends") is not None:
         backends = Table(title="backends", title_justify="left")
         for name in ("backend", "health", "in flight / limit", "tokens in flight"):
@@ -124,6 +126,32 @@ def render(data: dict[str, Any], target: str) -> Group:
             )
         parts.append(backends)
     return Group(*parts)
+
+
+def _tree(top: list[dict[str, Any]], has_rates: bool) -> Any:
+    """The tenant tree: one row per node, indented under its group, with its share of its siblings."""
+    from rich.table import Table
+
+    table = Table(title="tenant tree (share: of its siblings' service rate)", title_justify="left")
+    for name in ("node", "weight", "priority", "share", "service/s", "counter", "queued", "in flight"):
+        table.add_column(name, justify="left" if name == "node" else "right")
+
+    def walk(nodes: list[dict[str, Any]], depth: int) -> None:
+        for n in nodes:
+            table.add_row(
+                "  " * depth + n["name"] + ("/" if n["kind"] == "group" else ""),
+                f"{n['weight']:g}",
+                str(n["priority"]),
+                f"{100 * n['share']:.1f}%",
+                _num(n["rate"]) if has_rates else "–",
+                _num(n["counter"]),
+                str(n["queue_length"]),
+                str(n["in_flight"]),
+            )
+            walk(n["children"], depth + 1)
+
+    walk(top, 0)
+    return table
 
 
 def run(args: argparse.Namespace) -> int:

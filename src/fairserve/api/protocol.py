@@ -48,6 +48,7 @@ class ParsedRequest:
     prompt: str = ""  # completions, strict mode: the prompt text
     messages: tuple = ()  # chat: the messages, as sent
     ignore_eos: bool = False
+    priority: int | None = None  # vLLM's `priority` (lower is served first), as the client named it
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Call:
     prompt: str = ""  # completions: the prompt text
     messages: tuple = ()  # chat: the messages, as sent
     ignore_eos: bool = False
+    priority: int | None = None
 
 
 def parse_json(raw: bytes | str) -> Any:
@@ -114,6 +116,12 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
+    priority = body.get("priority")
+    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
+    if priority is not None and bad:
+        raise BadRequest(
+            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
+        )
     return ParsedRequest(
         chat=chat,
         model=model,
@@ -125,6 +133,7 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt=prompt,
         messages=tuple(body["messages"]) if chat else (),
         ignore_eos=ignore_eos,
+        priority=priority,
     )
 
 
@@ -142,6 +151,7 @@ def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> 
         prompt=r.prompt,
         messages=r.messages,
         ignore_eos=r.ignore_eos,
+        priority=r.priority,
     )
 
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from ..argtypes import positive
 from ..core import parse_weights
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS, Workload, get_workload, load_trace
-from .report import bench_duration, format_table, summarize_bench, write_json, write_plots
+from .report import bench_duration, bench_step, format_table, summarize_bench, write_json, write_plots
 from .runner import (
     DEFAULT_MODEL,
     DEFAULT_TIMEOUT_S,
@@ -27,6 +27,7 @@ from .runner import (
     resolve_keys,
     run_bench,
 )
+from .tree import Node, format_tree_scores, read_tree, tree_scores
 from .weights import server_weights
 
 TTFT_NOTE = (
@@ -94,7 +95,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--admin-key",
         metavar="KEY",
         help="score fairness with the weights the gateway (or fairserve serve) gives: read from its "
-        "admin API, each client weighted as the tenant that owns its --keys key",
+        "admin API, each client weighted as the tenant that owns its --keys key; with groups configured, "
+        "also each tenant's and group's share against the tenant tree",
     )
     p.add_argument(
         "--time-scale",
@@ -172,10 +174,13 @@ def run(args: argparse.Namespace) -> int:
     keys = parse_keys(args.keys)
     key_of = resolve_keys(keys, clients)
     admin_key = args.admin_key
+    tree: dict[str, Node] = {}
+    tenant_of: dict[str, str] = {}
     if admin_key:
         found = server_weights(args.target, admin_key, key_of)
-        weights = found.weights
+        weights, tenant_of = found.weights, found.tenant_of
         print(f"weights from {args.target}'s admin API: {found.describe()}", flush=True)
+        tree = read_tree(args.target, admin_key)
     else:
         weights = parse_weights(args.weights) or workload.weights or {}
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -209,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
     title = f"target {args.target}  ({args.endpoint}, time scale {args.time_scale:g}, {duration:.0f} workload s)"
     print()
     print(format_table(summary, records, title))
+    scores = []
+    if any(not n.leaf for n in tree.values()):  # NOTE: a flat list of tenants is scored by the weights above
+        scores = tree_scores(records, duration, tenant_of, tree, bench_step(duration))
+        print(format_tree_scores(scores))
     if args.json:
         meta = {
             "target": args.target,
@@ -217,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": workload.name,
             "time_scale": args.time_scale,
             "weights": weights,
+            **({"tree_shares": [sc.row() for sc in scores]} if scores else {}),
         }
         print(f"wrote {write_json(args.json, summary, records, meta)}")
     if args.plots:

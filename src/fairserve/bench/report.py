@@ -42,6 +42,11 @@ def summarize_bench(
     )
 
 
+def bench_step(duration_s: float) -> float:
+    """The time grid's step of a bench run's summary."""
+    return _step(duration_s)
+
+
 def _step(duration_s: float) -> float:
     return min(1.0, max(duration_s, 1e-3) / 200)
 

@@ -126,12 +126,14 @@ class TenantView:
     service: float
     queued: int
     running: int
+    priority: int = 0  # the level its requests run at when they name none (its own, else its nearest group's)
 
     def row(self) -> dict[str, Any]:
         """The admin API's JSON row."""
         return {
             "name": self.tenant,
             "weight": self.weight,
+            "priority": self.priority,
             "counter": self.counter,
             "service": self.service,
             "queue_length": self.queued,

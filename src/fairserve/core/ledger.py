@@ -160,7 +160,8 @@ class Ledger:
         counter becomes at least the smallest counter among its siblings with something queued (no credit hoarded
         while idle). At the top, shared state's `Peers` give the floor over every replica."""
         floor = self.policy.min_counter(node.parent)
-        if self.peers is not None and node.parent is None:
+        # NOTE: the floor from elsewhere is among tenants: a group's is its siblings' here
+        if self.peers is not None and node.parent is None and node.tenant in self.accounts:
             floor = self.peers.lift_floor(node, floor)
         if floor is not None and floor > node.counter:
             node.counter = floor
@@ -430,6 +431,8 @@ class Ledger:
         group = acct.parent
         while group is not None:  # NOTE: a group's service is its subtree's
             group.service += delta
+            if delta:  # NOTE: and what was charged elsewhere moves the group's counter as a charge here would
+                self.policy.set_counter(group, group.counter + delta / group.weight)
             group = group.parent
 
     def reset(self) -> None:
@@ -443,9 +446,15 @@ class Ledger:
         """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
         counter_of = self.policy.counter_of
 
+        def level(a: Account) -> int:
+            node: Account | None = a
+            while node is not None and node.priority is None:
+                node = node.parent
+            return node.priority if node is not None and node.priority is not None else 0
+
         def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
             return {
-                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running)
+                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, level(a))
                 for a in accounts
             }
 

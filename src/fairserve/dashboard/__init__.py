@@ -41,12 +41,15 @@ class History:
         self.clock = clock
         self.samples: deque[Sample] = deque(maxlen=MAX_SAMPLES)
         self._rates: tuple[list[float], dict[str, list[float | None]]] | None = None
+        self._tenants: list[str] = []  # the chart's lines: the tenants (the samples also hold the groups)
 
     def sample(self, view: LedgerView, tenants: Sequence[str]) -> None:
         now = self.clock()
         if self.samples and now - self.samples[-1].t < MIN_INTERVAL_S:
             return
+        self._tenants = sorted(t for t in tenants if t in view.tenants)
         service = {t: view.tenants[t].service for t in tenants if t in view.tenants}
+        service.update((g, row.service) for g, row in view.groups.items())
         first = None  # the earliest sample within the window before now
         for s in reversed(self.samples):
             if now - s.t > RATE_WINDOW_S:
@@ -72,7 +75,7 @@ class History:
             stride = max(1, -(-len(samples) // MAX_POINTS))
             samples = samples[::-1][::stride][::-1]
             last = self.samples[-1].t if self.samples else 0.0
-            tenants = sorted(self.samples[-1].service) if self.samples else []  # the configured tenants
+            tenants = self._tenants  # the configured tenants
             self._rates = (
                 [round(s.t - last, 3) for s in samples],
                 {t: [_round((s.rate or {}).get(t)) for s in samples] for t in tenants},
@@ -99,12 +102,52 @@ def snapshot(
     return {
         "policy": view.policy,
         "tenants": rows,
+        "tree": tree(view, tenants, history.samples[-1].rate) if view.groups else None,
         "backlogged": [t.tenant for t in view.backlogged if t.tenant in known],
         "counter_spread": view.counter_spread,
         "jain": view.jain,
         "history": {"span_s": HISTORY_S, "window_s": RATE_WINDOW_S, "t": times, "rates": rates},
         "backends": backends() if backends is not None else None,
     }
+
+
+def tree(view: LedgerView, tenants: Sequence[str], rates: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The tenant tree, top nodes first, each node's admin row plus its `path`, `kind` (group or tenant), `share`
+    (of its siblings' service rate now, or of their service so far while nothing is served) and `children`, in the
+    order the tenants are configured."""
+    top: list[dict[str, Any]] = []
+    by_path: dict[str, dict[str, Any]] = {}
+    for t in tenants:
+        if t not in view.tenants:
+            continue
+        parts = t.split("/")
+        siblings = top
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            node = by_path.get(path)
+            if node is None:
+                leaf = depth == len(parts)
+                row = (view.tenants if leaf else view.groups)[path]
+                node = by_path[path] = {
+                    **row.row(),
+                    "name": parts[depth - 1],
+                    "path": path,
+                    "kind": "tenant" if leaf else "group",
+                    "rate": _round((rates or {}).get(path)) or 0.0,
+                    "children": [],
+                }
+                siblings.append(node)
+            siblings = node["children"]
+    _shares(top)
+    return top
+
+
+def _shares(siblings: list[dict[str, Any]]) -> None:
+    key = "rate" if any(n["rate"] > 0 for n in siblings) else "service"
+    total = sum(n[key] for n in siblings)
+    for n in siblings:
+        n["share"] = round(n[key] / total, 4) if total > 0 else 0.0
+        _shares(n["children"])
 
 
 def asset(name: str) -> bytes:

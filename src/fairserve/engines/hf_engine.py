@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,10 +93,16 @@ class HFEngine:
         sizing: EngineSizing | None = None,
         tenants: tuple[str, ...] = (),
         weights: Mapping[str, float] | None = None,
+        priorities: Mapping[str, int] | None = None,
+        allowed: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
+        """`weights`, `priorities` by node path of the tenant tree; `allowed`: by tenant, the priorities its
+        requests may name (`core.Ledger`)."""
         self.model, self.tokenizer = model, tokenizer
         self.sizing = (sizing or EngineSizing()).validate()
-        self.queue: EngineQueue | None = EngineQueue(policy, tenants, weights) if policy is not None else None
+        self.queue: EngineQueue | None = (
+            EngineQueue(policy, tenants, weights, priorities, allowed) if policy is not None else None
+        )
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         self.eos_token_id = eos if eos is not None else getattr(model.config, "eos_token_id", None)
         # NOTE: every request passes its own max_new_tokens
@@ -166,10 +172,17 @@ class HFEngine:
 
     # ---- requests -----------------------------------------------------------------------------------------------
     async def generate(
-        self, client: str, input_ids: list[int], max_new_tokens: int, ignore_eos: bool = False, stream: bool = True
+        self,
+        client: str,
+        input_ids: list[int],
+        max_new_tokens: int,
+        ignore_eos: bool = False,
+        stream: bool = True,
+        priority: int | None = None,
     ) -> AsyncIterator[GenerationOutput]:
         """The request's latest output (its `generated_tokens` are cumulative) whenever the engine produced more,
-        or only the final one with `stream=False`; the last one `is_finished()`. Closing the iterator early cancels
+        or only the final one with `stream=False`; the last one `is_finished()`. `priority`: the one the request
+        names (the ledger runs it at that level if its tenant may name it). Closing the iterator early cancels
         the request in the engine. Raises EngineStopped if the engine did not take it, EngineError if it failed."""
         if (why := self.failure()) is not None:
             raise EngineStopped(why)
@@ -178,6 +191,9 @@ class HFEngine:
         latest = _Latest()
         mgr.register_result_handler(rid, latest.put)
         done = False
+        if priority is not None and self.queue is not None:
+            with self.queue.lock:
+                self.queue.named[rid] = priority
         try:
             # NOTE: called inline (the input queue is unbounded, so this never blocks) to keep arrival order
             added = mgr.add_request(
@@ -203,6 +219,9 @@ class HFEngine:
                 if done:
                     return
         finally:
+            if self.queue is not None and priority is not None:
+                with self.queue.lock:
+                    self.queue.named.pop(rid, None)  # NOTE: left only if the engine never took the request
             if not done:
                 with mgr.output_router._lock:  # NOTE: transformers drops handlers only for finished requests
                     mgr.output_router.result_handlers.pop(rid, None)

@@ -57,6 +57,9 @@ class EngineQueue(Generic[T]):
         requests may name (`core.Ledger`)."""
         self.ledger = Ledger(policy, tenants, weights, priorities=priorities, allowed=allowed)
         self.lock = threading.RLock()
+        # NOTE: the priority a request named, by engine request id, for engines whose requests carry none
+        # (transformers): set before the engine sees the request, taken at its arrival
+        self.named: dict[str, int] = {}
 
     @property
     def policy(self) -> Policy:
@@ -76,16 +79,17 @@ class EngineQueue(Generic[T]):
         """A new request; `priority` is the one it names (the ledger decides the one it runs at, readable as
         `request(request_id).priority`). False if the policy rejected it (rate limits): the engine should fail it.
         ValueError if `client` cannot be a tenant of this tree (it names a group, or runs through a tenant)."""
-        req = Request(
-            id=request_id,
-            tenant=client or client_of(request_id),
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            arrival_s=now,
-            priority=priority,
-            item=item,
-        )
         with self.lock:
+            named = self.named.pop(request_id, None)
+            req = Request(
+                id=request_id,
+                tenant=client or client_of(request_id),
+                prompt_tokens=prompt_tokens,
+                max_tokens=max_tokens,
+                arrival_s=now,
+                priority=priority if priority is not None else named,
+                item=item,
+            )
             return self.ledger.add(req)
 
     def peek(self) -> T | None:

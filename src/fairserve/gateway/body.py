@@ -28,6 +28,7 @@ class Parsed:
     max_tokens: int | None  # as the client set it (chat: max_completion_tokens, else max_tokens)
     n: int
     raw: bytes = b""  # the body as the client sent it
+    priority: int | None = None  # vLLM's `priority`, as the client named it
 
 
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
@@ -38,17 +39,26 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     except orjson.JSONDecodeError:
         body, plain = parse_json(raw), False  # not plain UTF-8 JSON: re-encoded before it goes upstream
     r = parse_request(body, kind == CHAT, strict=False, count=count)
-    return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"")
+    return Parsed(
+        body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"", r.priority
+    )
 
 
-def upstream_body(parsed: Parsed, engine_client: str | None = None) -> bytes:
+def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: int = 0) -> bytes:
     """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage), plus
-    with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client": TENANT}`), so that the
-    engine's own VTC counts the gateway's tenants."""
+    with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client": TENANT}`) and the
+    `priority` the request runs at (unless 0), so that the engine's own VTC counts the gateway's tenants at the
+    gateway's levels. Without it a `priority` the client named is not forwarded: the gateway has served by it, and
+    a vLLM without `--scheduling-policy priority` refuses any priority but 0."""
     body = parsed.body
     if engine_client is not None:
         xargs = body.get("vllm_xargs")
         body = {**body, "vllm_xargs": {**(xargs if isinstance(xargs, dict) else {}), CLIENT_ARG: engine_client}}
+        if priority or "priority" in body:
+            body["priority"] = priority
+        parsed = replace(parsed, body=body, raw=b"")
+    elif "priority" in body:
+        body = {k: v for k, v in body.items() if k != "priority"}
         parsed = replace(parsed, body=body, raw=b"")
     if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
         return parsed.raw  # nothing to change: the client's bytes as they are

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import ssl
 import sys
 from typing import Any
 
 from ..core import describe
-from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
+from ..tenancy import SERVER_SCALARS, add_server_arguments, tree_overrides
 from .config import GatewayConfig, load_config
 
 # flag dest -> config key, for the scalar keys
@@ -91,8 +92,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     }
     if args.backend:
         overrides["backends"] = [parse_backend(b) for b in args.backend]
-    if args.tenant:
-        overrides["tenants"] = tenants_from_flags(args.tenant)
+    overrides.update(tree_overrides(args))
     if args.model:
         overrides["models"] = list(args.model)
     return load_config(args.config, overrides)
@@ -200,6 +200,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--max-headers", type=int, metavar="N", help="most header fields in a request (100)")
     g.add_argument("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
     g.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
+    g.add_argument(
+        "--engine-env",
+        action="store_true",
+        help="print the FAIRSERVE_* environment that gives a vLLM engine with fairserve's scheduler the same tenant "
+        "tree, policy and costs (for engine_tenant=1 backends), and exit",
+    )
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return g
 
@@ -212,6 +218,10 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
 
     cfg = config_from_args(args)
+    if args.engine_env:
+        for name, value in cfg.engine_env(cfg.policy, cfg.w_p, cfg.w_q).items():
+            print(f"{name}={shlex.quote(value)}")
+        return 0
     check_listen_free(cfg.host, cfg.port)
     if cfg.state is not None:
         import asyncio

@@ -16,7 +16,7 @@ from ..api.config import load_config as _load
 from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
 from ..core import check_policy, policy_names
-from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import MAX_COST, GroupConfig, TenantConfig, TenantsMixin, check_tenants
 
 # NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
 _SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|api_key|apikey|key|auth)=)[^&;#\s]*")
@@ -105,6 +105,7 @@ class GatewayConfig(TenantsMixin, Strict):
     listen: str = "127.0.0.1:8080"
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
+    groups: list[GroupConfig] = Field(default_factory=list)  # weights and priorities of the tenant tree's groups
     policy: str = "vtc"
     w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
     w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
@@ -188,7 +189,7 @@ class GatewayConfig(TenantsMixin, Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        check_tenants(self.tenants, self.admin_key)
+        check_tenants(self.tenants, self.admin_key, self.groups)
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
             raise ValueError("backend URLs must be unique")

@@ -40,6 +40,12 @@ def _completion(chat: bool) -> dict[str, Any]:
         "max_tokens": integer,
         "n": {"type": "integer", "minimum": 1, "maximum": MAX_INT},
         "stream": {"type": "boolean"},
+        "priority": {
+            "type": "integer",
+            "minimum": -MAX_INT,
+            "maximum": MAX_INT,
+            "description": "vLLM's priority (lower first): one its tenant may name, else 400",
+        },
     }
     if chat:
         props["messages"] = {
@@ -91,6 +97,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
             "weight": {"type": "number"},
             "counter": {"type": "number"},
             "service": {"type": "number"},
+            "priority": {"type": "integer"},
             "queue_length": {"type": "integer"},
             "in_flight": {"type": "integer"},
         },
@@ -121,6 +128,18 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
         },
     }
     admin: list[dict[str, list[str]]] = [{"bearer": []}]
+    weight_body = {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["weight"],
+                    "properties": {"weight": {"type": "number", "minimum": MIN_WEIGHT, "maximum": MAX_WEIGHT}},
+                }
+            }
+        },
+    }
     metrics_responses: dict[str, Any] = {
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
     }
@@ -199,25 +218,39 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     },
                 }
             },
+            "/admin/tree": {
+                "get": {
+                    "summary": "The tenant tree: every group and tenant with its weight, priority, service, counter, "
+                    "queued and in flight, members nested under their groups",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["policy", "tree"],
+                                "properties": {"policy": {"type": "string"}, "tree": {"type": "array"}},
+                            },
+                            "the tree",
+                        ),
+                        **_errors(401, 403, 429),
+                    },
+                }
+            },
+            "/admin/nodes/{path}/weight": {
+                "put": {
+                    "summary": "Change the weight of a tenant or a group of the tenant tree (its path, e.g. pro/acme)",
+                    "security": admin,
+                    "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "requestBody": weight_body,
+                    "responses": {"200": _json(row, "the node's account"), **_errors(400, 401, 403, 404, 409, 429)},
+                }
+            },
             "/admin/tenants/{name}/weight": {
                 "put": {
                     "summary": "Change a tenant's weight",
                     "security": admin,
                     "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["weight"],
-                                    "properties": {
-                                        "weight": {"type": "number", "minimum": MIN_WEIGHT, "maximum": MAX_WEIGHT}
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    "requestBody": weight_body,
                     "responses": {"200": _json(row, "the tenant's account"), **_errors(400, 401, 403, 404, 409, 429)},
                 }
             },

@@ -9,12 +9,14 @@ from configured tenants and backends. Per-tenant live values come from the ledge
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client.utils import floatToGoString
 
-from ..core import LedgerView, TenantView
+from ..core import Account, LedgerView, TenantView
+from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
 if TYPE_CHECKING:
@@ -37,6 +39,14 @@ OUTCOMES = (
 )
 WAIT_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _LE = [f'le="{floatToGoString(b)}"' for b in (*WAIT_BUCKETS, float("inf"))]
+# (family name, type, help, value): each group's series (a group above an active tenant has them)
+GROUP_FAMILIES: tuple[tuple[str, str, str, Callable[[Account], float]], ...] = (
+    ("group_service", "counter", "Service charged through the group (its subtree's)", lambda g: g.service),
+    ("group_counter", "gauge", "The group's virtual counter among its siblings", lambda g: g.counter),
+    ("group_queue_length", "gauge", "Requests queued in the group's subtree", lambda g: g.queued),
+    ("group_inflight_requests", "gauge", "Requests of the group's subtree being served", lambda g: g.running),
+    ("group_weight", "gauge", "Group weight among its siblings", lambda g: g.weight),
+)
 HELP = {
     "prompt_tokens": "Prompt tokens of settled requests (backend usage when reported, else the estimate)",
     "output_tokens": "Output tokens of settled requests",
@@ -72,10 +82,20 @@ class TenantStats:
     lines: list[str] = field(default_factory=list)  # one string per family (see GatewayMetrics.exposition)
 
 
+@dataclass(slots=True, eq=False)
+class LevelStats:
+    """One priority level: requests queued at it now, and their queue waits."""
+
+    queued: int = 0
+    waits: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS) + 1))
+    wait_sum: float = 0.0
+
+
 class GatewayMetrics:
     def __init__(self, window_s: float = METRICS_WINDOW_S) -> None:
         self.activity = TenantActivity(window_s)
         self.tenants: dict[str, TenantStats] = {}
+        self.levels: dict[int, LevelStats] = {}  # by priority level, as requests reach them
         self.scheduler: Scheduler | None = None
         self._active: list[str] | None = None  # the tenants of the last scrape, and their part of it
         self._tenant_part = b""
@@ -108,10 +128,25 @@ class GatewayMetrics:
         s = self._stats(tenant)
         s.outcomes[outcome] = s.outcomes.get(outcome, 0) + 1
 
-    def waited(self, tenant: str, seconds: float) -> None:
+    def waited(self, tenant: str, seconds: float, level: int = 0) -> None:
         s = self._stats(tenant)
-        s.waits[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
+        bucket = bisect.bisect_left(WAIT_BUCKETS, seconds)
+        s.waits[bucket] += 1
         s.wait_sum += seconds
+        lv = self._level(level)
+        lv.queued -= 1
+        lv.waits[bucket] += 1
+        lv.wait_sum += seconds
+
+    def enqueued(self, level: int, n: int = 1) -> None:
+        """`n` requests joined the queue at priority `level` (-1: one left it without being dispatched)."""
+        self._level(level).queued += n
+
+    def _level(self, level: int) -> LevelStats:
+        lv = self.levels.get(level)
+        if lv is None:
+            lv = self.levels[level] = LevelStats()
+        return lv
 
     def ended(self, tenant: str, outcome: str, prompt_tokens: int, output_tokens: int) -> None:
         self.activity.saw(tenant)
@@ -162,6 +197,8 @@ class GatewayMetrics:
             + f"{P}backlogged_counter_spread {num(partial.counter_spread)}\n"
             + _head(P + "jain_index", "gauge", JAIN_HELP)
             + f"{P}jain_index {num(partial.jain)}\n"
+            + self._groups(ledger.groups, active)
+            + self._levels()
             + self._backends(sched)
         )
         return self._tenant_part + rest.encode()
@@ -189,6 +226,39 @@ class GatewayMetrics:
         hist.append(f"{P}queue_wait_seconds_count{{{t}}} {num(total)}\n")
         lines.append("".join(hist))
         return lines
+
+    @staticmethod
+    def _groups(groups: dict[str, Account], active: list[str]) -> str:
+        """Each group above an active tenant: GROUP_FAMILIES, 5 series (none without groups)."""
+        if not groups:
+            return ""
+        seen: dict[str, Account] = {}
+        for tenant in active:
+            for path in parents(tenant):
+                if path not in seen and (g := groups.get(path)) is not None:
+                    seen[path] = g
+        out = []
+        for name, kind, text, value in GROUP_FAMILIES:
+            full = P + name + ("_total" if kind == "counter" else "")
+            out.append(_head(full, kind, text))
+            out += [f'{full}{{group="{label(path)}"}} {num(value(g))}\n' for path, g in seen.items()]
+        return "".join(out)
+
+    def _levels(self) -> str:
+        """Per priority level: the queue length and the queue wait histogram."""
+        levels = sorted(self.levels.items())
+        out = [_head(P + "priority_queue_length", "gauge", "Requests queued at this priority level")]
+        out += [f'{P}priority_queue_length{{priority="{lv}"}} {num(s.queued)}\n' for lv, s in levels]
+        full = P + "priority_queue_wait_seconds"
+        out.append(_head(full, "histogram", "Time from arrival (or requeue) to dispatch, by priority level"))
+        for lv, s in levels:
+            total = 0
+            for le, n in zip(_LE, s.waits, strict=True):
+                total += n
+                out.append(f'{full}_bucket{{{le},priority="{lv}"}} {num(total)}\n')
+            out.append(f'{full}_sum{{priority="{lv}"}} {num(s.wait_sum)}\n')
+            out.append(f'{full}_count{{priority="{lv}"}} {num(total)}\n')
+        return "".join(out)
 
     @staticmethod
     def _backends(s: Scheduler) -> str:

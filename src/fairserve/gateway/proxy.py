@@ -19,6 +19,7 @@ from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
+from ..tenancy import priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
@@ -126,8 +127,18 @@ class Proxy:
         except BodyError as e:
             metrics.refused(tenant, "invalid")
             return await self._error(request_id, 400, str(e), "invalid_request", param=e.param)(scope, receive, send)
+        allowed = sched.refused_priority(tenant, parsed.priority)
+        if allowed is not None and parsed.priority is not None:
+            metrics.refused(tenant, "invalid")
+            return await self._error(
+                request_id,
+                400,
+                priority_message(tenant, parsed.priority, allowed),
+                "invalid_priority",
+                param="priority",
+            )(scope, receive, send)
         ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id)
-        refused = sched.submit(ticket)
+        refused = sched.submit(ticket, parsed.priority)
         if refused == "queue_full":
             return await self._error(
                 ticket,
@@ -220,7 +231,8 @@ class Proxy:
             if client.left():
                 return  # NOTE: admitted as its client left: nothing goes upstream
             try:
-                sent = upstream_body(parsed, t.tenant) if backend.cfg.engine_tenant else body
+                assert t.req is not None
+                sent = upstream_body(parsed, t.tenant, t.req.priority or 0) if backend.cfg.engine_tenant else body
                 return await self._attempt(t, backend, parsed, kind, sent, scope, receive, send, client)
             except Failed as e:
                 if client.left():

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.tokens import token_counter
-from ..core import Ledger, LedgerView, Request, make_policy
+from ..core import Ledger, LedgerView, Request, RequestState, make_policy
+from ..tenancy import refused_priority
 from .config import BackendConfig, GatewayConfig
 from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
@@ -157,7 +158,9 @@ class Scheduler:
         policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
         if self.shared is not None:
             policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
-        self.ledger = Ledger(policy, self.tenants, cfg.weights(), peers=self.shared)
+        self.ledger = Ledger(
+            policy, self.tenants, cfg.weights(), peers=self.shared, priorities=cfg.priorities(), allowed=cfg.allowed()
+        )
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(
@@ -176,19 +179,31 @@ class Scheduler:
             request_id=request_id,
         )
 
-    def submit(self, t: Ticket) -> str | None:
-        """Queue a ticket; returns the outcome if it is refused ("queue_full" or "rejected"): it never entered the
-        ledger, and nothing is left to settle."""
+    def refused_priority(self, tenant: str, named: int | None) -> list[int] | None:
+        """None if a request of `tenant` may name priority `named` (or names none); else the values it may name."""
+        return refused_priority(self.ledger, tenant, named)
+
+    def submit(self, t: Ticket, priority: int | None = None) -> str | None:
+        """Queue a ticket (`priority`: the one its request names, checked by `refused_priority`); returns the outcome
+        if it is refused ("queue_full" or "rejected"): it never entered the ledger, and nothing is left to settle."""
         self.metrics.arrived(t.tenant)
         if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
             outcome = "queue_full"
         else:
             if self.shared is not None:
                 self.shared.note_tokens(t.tokens)
-            t.req = self.ledger.arrive(
-                f"gw-{next(self._ids)}", t.tenant, t.prompt_tokens, t.max_tokens, t.queued_at, item=t
+            req = Request(
+                id=f"gw-{next(self._ids)}",
+                tenant=t.tenant,
+                prompt_tokens=t.prompt_tokens,
+                max_tokens=t.max_tokens,
+                arrival_s=t.queued_at,
+                priority=priority,
+                item=t,
             )
-            if t.req is not None:
+            if self.ledger.add(req):
+                t.req = req
+                self.metrics.enqueued(req.priority or 0)
                 self.dispatch()
                 return None
             outcome = "rejected"
@@ -206,7 +221,7 @@ class Scheduler:
         now = time.monotonic()
         for req in self.ledger.admit(self._fits):
             t: Ticket = req.item
-            self.metrics.waited(t.tenant, now - t.queued_at)
+            self.metrics.waited(t.tenant, now - t.queued_at, req.priority or 0)
             if not t.admitted.done():
                 assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
@@ -283,6 +298,7 @@ class Scheduler:
         t.queued_at = time.monotonic()
         t.admitted = asyncio.get_running_loop().create_future()
         self.ledger.requeue(t.req)
+        self.metrics.enqueued(t.req.priority or 0)
         self.dispatch()
         return True
 
@@ -327,6 +343,7 @@ class Scheduler:
         it produced, or nothing with `refund`), its backend slot freed, its outcome counted. Exactly once: False if
         it was settled already."""
         req = t.req
+        queued = req is not None and req.state is RequestState.QUEUED
         if req is None or not self.ledger.settle(
             req,
             prompt=0 if ending.refund else ending.prompt,
@@ -335,6 +352,8 @@ class Scheduler:
         ):
             return False
         t.outcome = ending.outcome
+        if queued:
+            self.metrics.enqueued(req.priority or 0, -1)
         admitted = req.admitted
         self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
         self._release(t)

@@ -120,7 +120,8 @@ class Changes:
         not yet sent) stays."""
         accounts = ledger.accounts
         for tenant, w in zip(*weights, strict=True):
-            acct = accounts.get(_text(tenant))
+            name = _text(tenant)
+            acct = accounts.get(name) or ledger.groups.get(name)  # NOTE: a group of the tenant tree has one too
             weight = _num(w)
             if acct is None or weight is None or acct.tenant in pending or weight == acct.weight:
                 continue

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..core import Account, Ledger, Policy, Request
+from ..core.account import SEP
 from .config import redact
 from .redis_scripts import leave_args, sync_args
 from .shared_changes import Changes, _text
@@ -168,13 +169,21 @@ class SharedState(Link):
 
     def may_admit(self, req: Request) -> bool:
         """Whether this replica may admit `req`, its queue's head: unless another replica waits for capacity to
-        admit a different tenant with a smaller counter (as of the last sync), this replica uses its leases.
-        Always True while degraded (no fresh view of the others)."""
+        admit a different tenant with a smaller counter (as of the last sync), this replica uses its leases. In a
+        tenant tree the two are compared where their paths part: the two nodes below their deepest common group
+        (a group's counter here counts every replica's charges, `Ledger.apply_remote`). Always True while degraded
+        (no fresh view of the others)."""
         if not self.up:
             return True
         for counter, tenant in self._starved:
             if tenant != req.tenant:
-                return req.account.counter <= counter
+                mine, theirs = parting(req.tenant, tenant)
+                if mine == req.tenant and theirs == tenant:  # NOTE: siblings: the shared counter Redis answered
+                    return req.account.counter <= counter
+                groups = self.ledger.groups
+                a = groups.get(mine) or self.ledger.accounts.get(mine)
+                b = groups.get(theirs) or self.ledger.accounts.get(theirs)
+                return a is None or b is None or a.counter <= b.counter
         return True
 
     def waiting(self) -> None:
@@ -376,3 +385,12 @@ class SharedState(Link):
                 for b in self.backends
             ],
         }
+
+
+def parting(a: str, b: str) -> tuple[str, str]:
+    """The nodes of tenant paths `a` and `b` just below their deepest common group: `x/y/z`, `x/w` -> `x/y`, `x/w`."""
+    pa, pb = a.split(SEP), b.split(SEP)
+    k = 0
+    while k < min(len(pa), len(pb)) - 1 and pa[k] == pb[k]:
+        k += 1
+    return SEP.join(pa[: k + 1]), SEP.join(pb[: k + 1])

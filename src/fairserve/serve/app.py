@@ -22,7 +22,7 @@ from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_cal
 from ..api.streaming import EventStream
 from ..core import DEFAULT_TENANT, make_policy
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
-from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied
+from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied, priority_message, refused_priority
 from .config import ServeConfig
 
 log = logging.getLogger("fairserve.serve")
@@ -40,7 +40,16 @@ def build_engine(cfg: ServeConfig) -> HFEngine:
         max_batch_tokens=cfg.max_batch_tokens,
         max_requests_per_batch=cfg.max_requests_per_batch,
     )
-    return HFEngine(model, tokenizer, policy, sizing, tenants=tuple(tenant_names(cfg)), weights=cfg.weights())
+    return HFEngine(
+        model,
+        tokenizer,
+        policy,
+        sizing,
+        tenants=tuple(tenant_names(cfg)),
+        weights=cfg.weights(),
+        priorities=cfg.priorities(),
+        allowed=cfg.allowed(),
+    )
 
 
 def tenant_names(cfg: ServeConfig) -> list[str]:
@@ -113,6 +122,14 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
         if (missing := unknown_model(call.model, [cfg.model_name])) is not None:
             return missing
+        if engine.queue is not None:
+            with engine.queue.lock:
+                allowed = refused_priority(engine.queue.ledger, tenant, call.priority)
+            if allowed is not None:
+                assert call.priority is not None
+                return error_response(
+                    400, priority_message(tenant, call.priority, allowed), code="invalid_priority", param="priority"
+                )
         input_ids = encode(call)
         if not input_ids:
             raise BadRequest("The prompt is empty.", "messages" if chat else "prompt")
@@ -126,7 +143,9 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         if (why := engine.failure()) is not None:
             return error_response(503, f"the engine is not serving: {why}", code="engine_unavailable")
         reply = Reply(chat=chat, model=cfg.model_name, prompt_tokens=len(input_ids), include_usage=call.include_usage)
-        outputs = engine.generate(tenant, input_ids, call.max_tokens, call.ignore_eos, stream=call.stream)
+        outputs = engine.generate(
+            tenant, input_ids, call.max_tokens, call.ignore_eos, stream=call.stream, priority=call.priority
+        )
         if call.stream:
             return EventStream(events(outputs, reply, call))
         return await complete(request, outputs, reply, call)

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..core import DEFAULT_TENANT, describe
-from ..tenancy import SERVER_SCALARS, add_server_arguments, tenants_from_flags
+from ..tenancy import SERVER_SCALARS, add_server_arguments, tree_overrides
 from .config import ENGINES, ServeConfig, load_config
 
 # flag dest -> config key, for the scalar keys
@@ -72,8 +72,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     overrides: dict[str, Any] = {
         key: getattr(args, dest) for dest, key in SCALARS.items() if getattr(args, dest, None) is not None
     }
-    if args.tenant:
-        overrides["tenants"] = tenants_from_flags(args.tenant)
+    overrides.update(tree_overrides(args))
     return load_config(args.config, overrides)
 
 

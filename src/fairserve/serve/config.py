@@ -12,7 +12,7 @@ from ..api.config import Strict, check_listen
 from ..api.config import load_config as _load
 from ..api.protocol import MAX_INT
 from ..core import check_policy
-from ..tenancy import MAX_COST, TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import MAX_COST, GroupConfig, TenantConfig, TenantsMixin, check_tenants
 
 ENGINES = ("transformers",)
 
@@ -23,6 +23,7 @@ class ServeConfig(TenantsMixin, Strict):
     model: str = "tiny-random"  # a preset (tiny-random, small-random) or a local model directory
     served_model_name: str | None = None  # the name /v1/models lists (default: `model`)
     tenants: list[TenantConfig] = Field(default_factory=list)  # none: no API keys, one tenant "anonymous"
+    groups: list[GroupConfig] = Field(default_factory=list)  # weights and priorities of the tenant tree's groups
     policy: str = "vtc"  # the engine's scheduler; "fifo": transformers' own, no accounts
     w_p: float = Field(1.0, ge=0, le=MAX_COST)
     w_q: float = Field(2.0, ge=0, le=MAX_COST)
@@ -55,7 +56,7 @@ class ServeConfig(TenantsMixin, Strict):
 
     @model_validator(mode="after")
     def _tenants(self) -> ServeConfig:
-        check_tenants(self.tenants, self.admin_key)
+        check_tenants(self.tenants, self.admin_key, self.groups)
         return self
 
     @property

@@ -11,14 +11,17 @@ from .auth import AuthThrottle, bearer, metrics_denied, same_key
 from .config import (
     MAX_COST,
     SERVER_SCALARS,
+    GroupConfig,
     TenantConfig,
     TenantsMixin,
     add_server_arguments,
     check_tenants,
     parse_tenant,
     tenants_from_flags,
+    tree_overrides,
 )
 from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
+from .priority import priority_message, refused_priority
 
 __all__ = [
     "MAX_COST",
@@ -32,6 +35,7 @@ __all__ = [
     "AuthThrottle",
     "TenantActivity",
     "TenantCollector",
+    "GroupConfig",
     "TenantConfig",
     "TenantsMixin",
     "add_server_arguments",
@@ -41,6 +45,9 @@ __all__ = [
     "check_tenants",
     "metrics_denied",
     "parse_tenant",
+    "priority_message",
+    "refused_priority",
     "same_key",
     "tenants_from_flags",
+    "tree_overrides",
 ]

@@ -12,7 +12,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..api.errors import error_response
 from ..core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
-from ..dashboard import BackendRows, History, asset, snapshot
+from ..core.account import nodes_of
+from ..dashboard import BackendRows, History, asset, snapshot, tree
 from .auth import bearer, same_key
 
 
@@ -64,12 +65,15 @@ def admin_router(
     tenant_keys: dict[str, str],
     backends: BackendRows | None = None,
 ) -> APIRouter:
-    """GET /admin/tenants, PUT /admin/tenants/{name}/weight, POST /admin/reset, POST /admin/owners (which tenant owns
+    """GET /admin/tenants, GET /admin/tree (every node of the tenant tree), PUT /admin/tenants/{path}/weight and
+    PUT /admin/nodes/{path}/weight (any tenant or group), POST /admin/reset, POST /admin/owners (which tenant owns
     each of some API keys) and GET /admin/dashboard (the dashboard's data): only the admin key (as Bearer) gets in.
-    Rows for the configured `tenants` only (bounded, and no tenant appears that nobody configured). Also the
-    dashboard page, GET /dashboard, which holds no data. `backends`: the gateway's backend rows, for the dashboard."""
+    Rows for the configured `tenants` and their groups only (bounded, and no tenant appears that nobody configured).
+    Also the dashboard page, GET /dashboard, which holds no data. `backends`: the gateway's backend rows, for the
+    dashboard."""
     router = APIRouter(prefix="/admin")
     known = set(tenants)
+    nodes = nodes_of(tenants)
     history = History()
 
     def denied(request: Request) -> Response | None:
@@ -85,12 +89,18 @@ def admin_router(
         view = accounts.view()
         return JSONResponse({"policy": view.policy, "tenants": rows(view)})
 
-    @router.put("/tenants/{name}/weight")
-    async def set_weight(name: str, request: Request) -> Response:
+    @router.get("/tree")
+    async def get_tree(request: Request) -> Response:
         if (bad := denied(request)) is not None:
             return bad
-        if name not in known:
-            return error_response(404, f"no tenant named {name!r}", code="unknown_tenant")
+        view = accounts.view()
+        return JSONResponse({"policy": view.policy, "tree": tree(view, tenants)})
+
+    async def reweight(name: str, request: Request, among: set[str], what: str) -> Response:
+        if (bad := denied(request)) is not None:
+            return bad
+        if name not in among:
+            return error_response(404, f"no {what} named {name!r}", code=f"unknown_{what}")
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
         except (ValueError, TypeError, KeyError, RecursionError):
@@ -104,7 +114,17 @@ def admin_router(
             accounts.set_weight(name, weight)
         except Unsupported as e:
             return error_response(409, str(e), code="unsupported")
-        return JSONResponse(accounts.view().tenants[name].row())
+        view = accounts.view()
+        row = view.tenants.get(name) or view.groups[name]
+        return JSONResponse(row.row())
+
+    @router.put("/tenants/{name:path}/weight")
+    async def set_weight(name: str, request: Request) -> Response:
+        return await reweight(name, request, known, "tenant")
+
+    @router.put("/nodes/{name:path}/weight")
+    async def set_node_weight(name: str, request: Request) -> Response:
+        return await reweight(name, request, nodes, "node")
 
     @router.post("/reset")
     async def reset(request: Request) -> Response:

@@ -1,34 +1,59 @@
-"""Tenants in a server's config and on its command line: `TenantConfig` (name, API keys, weight), the checks
-across tenants, what a config derives from them (`TenantsMixin`), and the `--tenant` flags."""
+"""Tenants in a server's config and on its command line: `TenantConfig` (a path, API keys, weight, priority and
+the priorities its requests may name) and `GroupConfig` (a group of the tenant tree: weight, priority), the checks
+across them, what a config derives from them (`TenantsMixin`: the ledger's weights, priorities and allowed values),
+and the `--tenant` / `--group` flags. The gateway and `fairserve serve` share all of it."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictInt, field_validator
 
 from ..api.config import Strict
 from ..core import MAX_WEIGHT, MIN_WEIGHT
+from ..core.account import parents
 
-_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+_PART = r"[A-Za-z0-9_.@-]{1,64}"
+_NAME = re.compile(rf"^{_PART}(?:/{_PART}){{0,7}}$")  # a path of at most 8 levels: `tier/org/team/key`
+MAX_PATH = 255
+MAX_PRIORITY = 2**31 - 1  # vLLM's `priority` is a 32-bit integer; lower is served first
 # NOTE: the largest cost of a token (w_p, w_q): with weights down to MIN_WEIGHT and token counts up to 2**31 a
 # request adds at most ~1e21 to a counter, finite for any realistic lifetime
 MAX_COST = 1e6
 
 
+def check_path(v: str) -> str:
+    if len(v) > MAX_PATH or not _NAME.match(v):
+        raise ValueError(
+            "must be a name of 1-64 characters of letters, digits, '_', '.', '@' or '-', or a path of such names "
+            f"separated by '/' (at most 8, e.g. pro/acme/search), got {v!r}"
+        )
+    return v
+
+
+Priority = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY, strict=True)
+
+
 class TenantConfig(Strict):
-    name: str
+    name: str  # a path: `pro/acme/search` is the tenant `search` in the group `pro/acme`, in the group `pro`
     api_keys: list[str] = Field(min_length=1)
     weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
+    priority: int | None = Priority  # its own (lower is served first); None: its nearest group's, else 0
+    # the priorities its requests may name (vLLM's `priority` field); its own is always allowed
+    priorities: list[StrictInt] = Field(default_factory=list, max_length=64)
 
-    @field_validator("name")
+    _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
+
+    @field_validator("priorities")
     @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"must be 1-64 characters of letters, digits, '_', '.', '@' or '-', got {v!r}")
-        return v
+    def _priorities(cls, v: list[int]) -> list[int]:
+        for p in v:
+            if isinstance(p, bool) or not isinstance(p, int) or abs(p) > MAX_PRIORITY:
+                raise ValueError(f"priorities must be integers from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {p!r}")
+        return sorted(set(v))
 
     @field_validator("api_keys")
     @classmethod
@@ -38,12 +63,36 @@ class TenantConfig(Strict):
         return v
 
 
-def check_tenants(tenants: list[TenantConfig], admin_key: str | None) -> None:
-    """Unique names; a key belongs to one tenant and is not the admin key."""
+class GroupConfig(Strict):
+    """A group of the tenant tree (a prefix of some tenant's path): its weight among its siblings and its
+    priority (its tenants' unless they set their own)."""
+
+    name: str
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
+    priority: int | None = Priority
+
+    _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
+
+
+def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Sequence[GroupConfig] = ()) -> None:
+    """Unique names; a tenant is no group (no tenant's path runs through another tenant); every group is a prefix of
+    some tenant's path, given once; a key belongs to one tenant and is not the admin key."""
     names = [t.name for t in tenants]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+    known = {g for n in names for g in parents(n)}
+    for n in names:
+        if n in known:
+            raise ValueError(f"{n!r} is a tenant, so it cannot also be a group of tenants (a path runs through it)")
+    seen: set[str] = set()
+    for g in groups:
+        if g.name in seen:
+            raise ValueError(f"group names must be unique; repeated: {g.name}")
+        seen.add(g.name)
+        if g.name not in known:
+            what = "a tenant, not a group" if g.name in names else "no group of the configured tenants"
+            raise ValueError(f"groups: {g.name!r} is {what} (a group is a prefix of a tenant's path, e.g. pro/acme)")
     owner: dict[str, str] = {}
     for t in tenants:
         for k in t.api_keys:
@@ -59,6 +108,7 @@ class TenantsMixin:
 
     listen: str
     tenants: list[TenantConfig]
+    groups: list[GroupConfig]
 
     @property
     def host(self) -> str:
@@ -69,17 +119,54 @@ class TenantsMixin:
         return int(self.listen.rpartition(":")[2])
 
     def weights(self) -> dict[str, float]:
-        return {t.name: t.weight for t in self.tenants}
+        """Every node's weight, by path: the tenants', then the groups'."""
+        return {**{t.name: t.weight for t in self.tenants}, **{g.name: g.weight for g in self.groups}}
+
+    def priorities(self) -> dict[str, int]:
+        """The nodes that set a priority, by path."""
+        out = {t.name: t.priority for t in self.tenants if t.priority is not None}
+        out.update((g.name, g.priority) for g in self.groups if g.priority is not None)
+        return out
+
+    def allowed(self) -> dict[str, list[int]]:
+        """By tenant, the priorities its requests may name, its own level included (tenants that set `priorities`)."""
+        return {t.name: t.priorities for t in self.tenants if t.priorities}
+
+    def level_of(self, tenant: str) -> int:
+        """The priority `tenant`'s requests run at when they name none: its own, else its nearest group's, else 0."""
+        own = self.priorities()
+        for node in (tenant, *parents(tenant)):
+            if node in own:
+                return own[node]
+        return 0
+
+    def engine_env(self, policy: str, w_p: float, w_q: float) -> dict[str, str]:
+        """The FAIRSERVE_* environment of a vLLM engine running fairserve's scheduler (docs/vllm.md) that keeps
+        the same tree: weights, priorities and allowed values by the same paths, the same policy and costs."""
+        env = {"FAIRSERVE_POLICY": policy, "FAIRSERVE_WP": f"{w_p:g}", "FAIRSERVE_WQ": f"{w_q:g}"}
+        weights = {n: w for n, w in self.weights().items() if w != 1.0}
+        if weights:
+            env["FAIRSERVE_WEIGHTS"] = ",".join(f"{n}={w:g}" for n, w in weights.items())
+        if priorities := self.priorities():
+            env["FAIRSERVE_PRIORITIES"] = ",".join(f"{n}={p}" for n, p in priorities.items())
+        if allowed := self.allowed():
+            env["FAIRSERVE_ALLOWED_PRIORITIES"] = ",".join(f"{n}={'|'.join(map(str, v))}" for n, v in allowed.items())
+        return env
+
+    def named_allowed(self, tenant: str) -> list[int]:
+        """The priorities a request of `tenant` may name: its own level and its `priorities`."""
+        configured = next((t.priorities for t in self.tenants if t.name == tenant), [])
+        return sorted({self.level_of(tenant), *configured})
 
     def key_owners(self) -> dict[str, str]:
         return {k: t.name for t in self.tenants for k in t.api_keys}
 
 
 def parse_tenant(text: str) -> tuple[str, str, float | None]:
-    """`NAME:KEY[:WEIGHT]` → (name, key, weight or None)."""
+    """`PATH:KEY[:WEIGHT]` → (path, key, weight or None)."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise ValueError(f"bad --tenant {text!r}: expected NAME:KEY or NAME:KEY:WEIGHT")
+        raise ValueError(f"bad --tenant {text!r}: expected PATH:KEY or PATH:KEY:WEIGHT (PATH: a name or org/team/name)")
     weight = None
     if len(parts) == 3:
         try:
@@ -101,6 +188,37 @@ def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
     return list(tenants.values())
 
 
+def groups_from_flags(flags: list[str]) -> list[dict[str, Any]]:
+    """`--group PATH:WEIGHT[:PRIORITY]` → group tables (`pro:4:0`, `pro/acme:2`)."""
+    out = []
+    for text in flags:
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[0]:
+            raise ValueError(f"bad --group {text!r}: expected PATH:WEIGHT or PATH:WEIGHT:PRIORITY")
+        group: dict[str, Any] = {"name": parts[0]}
+        try:
+            group["weight"] = float(parts[1])
+        except ValueError:
+            raise ValueError(f"bad --group {text!r}: weight {parts[1]!r} is not a number") from None
+        if len(parts) == 3:
+            try:
+                group["priority"] = int(parts[2])
+            except ValueError:
+                raise ValueError(f"bad --group {text!r}: priority {parts[2]!r} is not an integer") from None
+        out.append(group)
+    return out
+
+
+def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys `--tenant` and `--group` give (each replaces the file's list)."""
+    out: dict[str, Any] = {}
+    if args.tenant:
+        out["tenants"] = tenants_from_flags(args.tenant)
+    if args.group:
+        out["groups"] = groups_from_flags(args.group)
+    return out
+
+
 # flag dest -> config key, for the flags of add_server_arguments
 SERVER_SCALARS = {
     "w_p": "w_p",
@@ -116,7 +234,18 @@ SERVER_SCALARS = {
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
     """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size, the client
     and drain timeouts, the /metrics key."""
-    p.add_argument("--tenant", action="append", metavar="NAME:KEY[:WEIGHT]", help="a tenant and its API key; repeat")
+    p.add_argument(
+        "--tenant",
+        action="append",
+        metavar="PATH:KEY[:WEIGHT]",
+        help="a tenant (a name, or a path org/team/name in the tenant tree) and its API key; repeat",
+    )
+    p.add_argument(
+        "--group",
+        action="append",
+        metavar="PATH:WEIGHT[:PRIORITY]",
+        help="a group of the tenant tree (a prefix of tenants' paths): its weight and priority (lower first); repeat",
+    )
     p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
     p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
     p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")

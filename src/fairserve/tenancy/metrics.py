@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..core.account import parents
+
 if TYPE_CHECKING:
     from .admin import Accounts
 
@@ -91,5 +93,15 @@ class TenantCollector:
             for field, family in families.items():
                 family.add_metric([t], float(getattr(row, field)) if row is not None else 0.0)
         yield from families.values()
+        if view.groups:  # NOTE: the groups above the tenants shown, as the gateway's (5 series a group)
+            shown = {g for t in tenants for g in parents(t)}
+            for field, name, kind, text in TENANT_FAMILIES:
+                family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                    p + "group_" + name.removeprefix("tenant_"), text.replace("Tenant", "Group"), labels=["group"]
+                )
+                for g, row in view.groups.items():
+                    if g in shown:
+                        family.add_metric([g], float(getattr(row, field)))
+                yield family
         yield GaugeMetricFamily(p + "backlogged_counter_spread", SPREAD_HELP, value=view.counter_spread)
         yield GaugeMetricFamily(p + "jain_index", JAIN_HELP, value=view.jain)

@@ -108,6 +108,9 @@ function render(data) {
   $("spread").textContent = spread ? fmt(data.counter_spread) : "–";
   $("backlogged").textContent = data.backlogged.length ? data.backlogged.join(", ") : "none";
 
+  $("tree-card").hidden = !data.tree;
+  if (data.tree) renderTree(data.tree);
+
   $("backends-card").hidden = data.backends === null;
   if (data.backends !== null) {
     $("backends").tBodies[0].replaceChildren(...data.backends.map((b) => {
@@ -123,6 +126,64 @@ function render(data) {
   $("window").textContent = "(service per second, over " + data.history.window_s + " s windows; up to the last " +
     Math.round(data.history.span_s / 60) + " minutes)";
   chart(data.history, data.tenants.map((t) => t.name));
+}
+
+function renderTree(top) {
+  const rows = [], paths = [];
+  const walk = (nodes, depth) => {
+    for (const n of nodes) {
+      const tr = document.createElement("tr");
+      tr.dataset.node = n.path;
+      tr.className = n.kind;
+      const name = cell(tr, "", "name");
+      name.style.paddingLeft = (0.4 + 1.4 * depth) + "em";
+      if (n.kind === "tenant") {
+        const sw = document.createElement("span");
+        sw.className = "swatch";
+        sw.style.background = color(n.path);
+        name.append(sw);
+      }
+      name.append(n.name + (n.kind === "group" ? "/" : ""));
+      cell(tr, fmt(n.weight, 3), "weight");
+      cell(tr, String(n.priority), "priority");
+      cell(tr, (100 * n.share).toFixed(1) + "%", "share");
+      cell(tr, fmt(n.rate), "rate");
+      cell(tr, fmt(n.counter), "counter");
+      cell(tr, String(n.queue_length), "queue_length");
+      cell(tr, String(n.in_flight), "in_flight");
+      rows.push(tr);
+      paths.push(n.path);
+      walk(n.children, depth + 1);
+    }
+  };
+  walk(top, 0);
+  $("tree").tBodies[0].replaceChildren(...rows);
+  const list = $("node-paths");
+  if (list.children.length !== paths.length) {
+    list.replaceChildren(...paths.map((p) => { const o = document.createElement("option"); o.value = p; return o; }));
+  }
+}
+
+async function reweight(ev) {
+  ev.preventDefault();
+  const path = $("node-path").value.trim(), weight = Number($("node-weight").value);
+  if (!path || key === null) return;
+  const url = "/admin/nodes/" + path.split("/").map(encodeURIComponent).join("/") + "/weight";
+  let r;
+  try {
+    r = await fetch(url, {
+      method: "PUT",
+      headers: { Authorization: "Bearer " + key, "Content-Type": "application/json" },
+      body: JSON.stringify({ weight }),
+    });
+  } catch (e) {
+    $("reweight-status").textContent = "cannot reach the server: " + e.message;
+    return;
+  }
+  const body = await r.json().catch(() => ({}));
+  $("reweight-status").textContent = r.ok ? path + ": weight " + fmt(body.weight, 3)
+    : "refused: " + (body.error && body.error.message ? body.error.message : "HTTP " + r.status);
+  poll();
 }
 
 function el(name, attrs, text) {
@@ -194,5 +255,6 @@ document.addEventListener("DOMContentLoaded", () => {
     }
   });
   $("forget").addEventListener("click", () => signOut(""));
+  $("reweight").addEventListener("submit", reweight);
   $("key").focus();
 });
