@@ -177,6 +177,9 @@ class VTC(Policy):
 
     def _leave(self, req: Request) -> None:
         level, node, orders = req.priority or 0, req.account.parent, self._orders
+        if node is None:
+            self._top[level].queued -= 1
+            return
         while node is not None:
             orders[node.tenant][level].queued -= 1
             node = node.parent

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable
-from itertools import accumulate
-from operator import add, mul
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -76,21 +74,29 @@ class ReserveIndex:
 
     def _repair(self) -> None:
         ends, j, n = self.ends, self._from, len(self.ends)
-        cum, prefix, suffix = self._cum, self._prefix, self._suffix
-        del cum[j:], prefix[j:], suffix[j:]
-        # NOTE: the loops as itertools passes (C), on the tail from j on: terms (e_i - 1) * i + C_i
-        es = [e - 1 for e, _ in ends[j - 1 :]]
-        cs = list(accumulate([t - e for e, t in ends[j - 1 :]], initial=cum[-1]))
-        del cs[0]
-        cum += cs
-        terms = list(map(add, map(mul, es, range(j, n + 1)), cs))
-        prefix += accumulate(terms, max, initial=prefix[-1])
-        del prefix[j]  # the initial value, already there
-        behind = list(accumulate(reversed(list(map(add, terms, es))), max))  # (e_i - 1) * (i + 1) + C_i, maxima
-        behind.reverse()
-        suffix += behind
-        suffix.append(NONE)
-        s = behind[0] if behind else NONE
+        cum, prefix = self._cum, self._prefix
+        del cum[j:], prefix[j:]
+        c, p = cum[-1], prefix[-1]
+        behind = [NONE] * (n + 2)  # (e_i - 1) * (i + 1) + C_i, from j on
+        i = j - 1
+        for e, t in ends[j - 1 :]:
+            i += 1
+            c += t - e
+            cum.append(c)
+            term = (e - 1) * i + c
+            if term > p:
+                p = term
+            prefix.append(p)
+            behind[i] = term + e - 1
+        suffix = self._suffix
+        del suffix[j:]
+        suffix.extend(behind[j:])
+        s = NONE
+        for i in range(n, j - 1, -1):
+            b = suffix[i]
+            if b > s:
+                s = b
+            suffix[i] = s
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
             term = (ends[i - 1][0] - 1) * (i + 1) + cum[i]
             if term > s:

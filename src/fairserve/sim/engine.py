@@ -167,7 +167,7 @@ class SimEngine(Forecast, Preemption):
         if self._next_try > self.step and self.running:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
-            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.peek() is req:
+            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.policy.peek() is req:
                 hi = min(self._next_try, self._quiet_steps_cap())
                 self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
@@ -257,7 +257,7 @@ class SimEngine(Forecast, Preemption):
                 self.kv_used, len(self.running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
             )
         batch: list[SimRequest] = []
-        peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
+        peek, pop = self._head if lazy else self.ledger.policy.peek, self.ledger.pop
         fits = budget.try_add if self._cap is None else Capped(budget.try_add, self._cap, self._tenants, self._extra)
         while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
             req, first = first or peek(), None
