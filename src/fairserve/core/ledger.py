@@ -142,7 +142,8 @@ class Ledger:
             return False
         self._seq += 1
         req.seq = self._seq
-        req.priority = self.priority_of(acct, req.priority)
+        level = self._levels.get(acct.tenant)  # NOTE: priority_of(), its common case inline
+        req.priority = level if level is not None and req.priority is None else self.priority_of(acct, req.priority)
         if self._lifts:
             node: Account | None = acct
             while node is not None and not node.queued:  # NOTE: each node whose subtree had nothing queued

@@ -115,7 +115,7 @@ class ReserveIndex:
 
     def peak_with_entries(self, extra: list[tuple[int, int]]) -> int:
         """`reserve_peak` of the running set plus `extra` entries (e, T), in one pass (no maxima to repair)."""
-        xs, j, m = sorted(extra, key=lambda x: -x[0]), 0, len(extra)
+        xs, j, m = sorted(extra, reverse=True), 0, len(extra)  # NOTE: the order among equal ends does not matter
         peak = c = i = 0
         for e, t in self.ends:
             while j < m and xs[j][0] >= e:  # NOTE: among equal ends the order does not change the peak
@@ -180,6 +180,7 @@ class ReserveBudget:
         self.kv_tokens = kv_tokens
         self.prefill_left = prefill_tokens
         self.running_max = running_max
+        self.running = len(index)  # requests in the index
         self.extra = extra
         self.per_client = per_client
         self.clients: Collection[str] = clients if clients is not None else ()  # distinct clients running
@@ -190,7 +191,7 @@ class ReserveBudget:
 
     def try_add(self, req: SimRequest) -> bool:
         need_prefill = req.prompt_tokens + self.extra + req.generated
-        if need_prefill > self.prefill_left or len(self.index) + len(self.entered) + 1 > self.running_max:
+        if need_prefill > self.prefill_left or self.running + len(self.entered) >= self.running_max:
             return False
         held, left = need_prefill + 1, req.output_tokens - req.generated - 1  # as LightLLM: (input + 1, max - 1)
         new = req.tenant not in self.clients and req.tenant not in self.added
