@@ -18,7 +18,7 @@ import heapq
 import math
 from enum import Enum
 from fractions import Fraction
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ..core.cost import LinearCost
 from ..core.ledger import Ledger
@@ -158,7 +158,7 @@ class Forecast:
 
     def _first_fit(self, req: Request, lo: int, hi: int) -> int:
         """The first step in [lo, hi) at which `req` fits the batch as it is (NEVER if none)."""
-        r = cast("SimRequest", req)  # NOTE: the engine's ledger holds only SimRequests
+        r: SimRequest = req  # type: ignore[assignment]  # NOTE: the engine's ledger holds only SimRequests (no cast call)
         need = r.prompt_tokens + self._extra + r.generated
         if need > self._prefill_max or len(self.running) >= self._running_max:
             return NEVER
