@@ -49,7 +49,8 @@ class ReserveIndex:
         self._neg_e = [-e for e, _ in self.ends]
         self._cum = [0]  # C_i = sum_{k<=i} (T_k - e_k)
         self._prefix = [0]  # max_{k<=i} (e_k - 1) * k + C_k
-        self._suffix = [NONE]  # max_{k>=i} (e_k - 1) * (k + 1) + C_k, then NONE at n + 1
+        self._behind = [NONE]  # (e_i - 1) * (i + 1) + C_i: the term of a request behind the candidate
+        self._suffix = [NONE]  # max_{k>=i} of those, then NONE at n + 1
         self._from = 1  # the first position (1-based) whose values are out of date, CLEAN if none
 
     def __len__(self) -> int:
@@ -74,10 +75,9 @@ class ReserveIndex:
 
     def _repair(self) -> None:
         ends, j, n = self.ends, self._from, len(self.ends)
-        cum, prefix = self._cum, self._prefix
-        del cum[j:], prefix[j:]
+        cum, prefix, behind, suffix = self._cum, self._prefix, self._behind, self._suffix
+        del cum[j:], prefix[j:], behind[j:], suffix[j:]
         c, p = cum[-1], prefix[-1]
-        behind = [NONE] * (n + 2)  # (e_i - 1) * (i + 1) + C_i, from j on
         i = j - 1
         for e, t in ends[j - 1 :]:
             i += 1
@@ -87,10 +87,9 @@ class ReserveIndex:
             if term > p:
                 p = term
             prefix.append(p)
-            behind[i] = term + e - 1
-        suffix = self._suffix
-        del suffix[j:]
+            behind.append(term + e - 1)
         suffix.extend(behind[j:])
+        suffix.append(NONE)
         s = NONE
         for i in range(n, j - 1, -1):
             b = suffix[i]
@@ -98,9 +97,9 @@ class ReserveIndex:
                 s = b
             suffix[i] = s
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
-            term = (ends[i - 1][0] - 1) * (i + 1) + cum[i]
-            if term > s:
-                s = term
+            b = behind[i]
+            if b > s:
+                s = b
             if s == suffix[i]:
                 break
             suffix[i] = s
