@@ -142,7 +142,8 @@ class Ledger:
             return False
         self._seq += 1
         req.seq = self._seq
-        req.priority = self.priority_of(acct, req.priority)
+        level = self._levels.get(acct.tenant)  # NOTE: priority_of(), its common case inline
+        req.priority = level if level is not None and req.priority is None else self.priority_of(acct, req.priority)
         if self._lifts:
             node: Account | None = acct
             while node is not None and not node.queued:  # NOTE: each node whose subtree had nothing queued
@@ -254,20 +255,25 @@ class Ledger:
         tenant's service and counter take one sum instead of many: equal when every charge is exact in floating
         point (a linear cost with integral prices, weights that are powers of two), else possibly not in the last
         bit."""
-        group = [r for r in reqs if r.state is RUNNING]
-        if not group:
+        group: list[Request] = []
+        acct: Account | None = None
+        for req in reqs:
+            if req.state is RUNNING:
+                if acct is None:
+                    acct = req.account
+                elif req.account is not acct:
+                    raise ValueError("Ledger.outputs charges the requests of one tenant")
+                group.append(req)
+        if acct is None:
             return
-        acct = group[0].account
-        for req in group:
-            if req.account is not acct:
-                raise ValueError("Ledger.outputs charges the requests of one tenant")
         w_q, total = self._w_q, 0.0
+        each = w_q * tokens if w_q is not None else None  # NOTE: the charge of a request without a prediction
         for req in group:
             y0 = req.output_done
             y1 = req.output_done = y0 + tokens
             p = req.predicted
-            if p == 0 and w_q is not None:
-                amount = w_q * tokens
+            if p == 0 and each is not None:
+                amount = each
             else:  # only tokens beyond the prediction, either way
                 lo, hi = max(y0, p), max(y1, p)
                 amount = w_q * (hi - lo) if w_q is not None else self.cost.output(req.prompt_tokens, lo, hi)
@@ -463,7 +469,9 @@ class Ledger:
 
 def _count(acct: Account, queued: int, running: int) -> None:
     """Change a tenant's queued and running counts, and its groups' (each a sum over its subtree)."""
-    node: Account | None = acct
+    acct.queued += queued
+    acct.running += running
+    node = acct.parent
     while node is not None:
         node.queued += queued
         node.running += running

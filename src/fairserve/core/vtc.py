@@ -139,7 +139,21 @@ class VTC(Policy):
             child, parent, below = parent, parent.parent, order
 
     def peek(self) -> Request | None:
-        for level in self._levels:
+        levels = self._levels
+        if len(levels) == 1 and not self._orders:  # NOTE: flat tenants at one level (the common case), `_min` inline
+            flat = self._top[levels[0]]
+            if not flat.queued:
+                return None
+            heap, live = flat.heap, flat.live
+            while True:
+                key, rank, version, child, below = heap[0]
+                if version != live[child.tenant] or not below:
+                    heapq.heappop(heap)
+                elif key != child.counter:
+                    heapq.heapreplace(heap, (child.counter, rank, version, child, below))
+                else:
+                    return below[0]  # type: ignore[index]  # NOTE: with no groups, what is below a child is its queue
+        for level in levels:
             order = self._top.get(level)
             if order is not None and order.queued:
                 break
@@ -163,6 +177,9 @@ class VTC(Policy):
 
     def _leave(self, req: Request) -> None:
         level, node, orders = req.priority or 0, req.account.parent, self._orders
+        if node is None:
+            self._top[level].queued -= 1
+            return
         while node is not None:
             orders[node.tenant][level].queued -= 1
             node = node.parent

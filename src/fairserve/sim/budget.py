@@ -49,7 +49,8 @@ class ReserveIndex:
         self._neg_e = [-e for e, _ in self.ends]
         self._cum = [0]  # C_i = sum_{k<=i} (T_k - e_k)
         self._prefix = [0]  # max_{k<=i} (e_k - 1) * k + C_k
-        self._suffix = [NONE]  # max_{k>=i} (e_k - 1) * (k + 1) + C_k, then NONE at n + 1
+        self._behind = [NONE]  # (e_i - 1) * (i + 1) + C_i: the term of a request behind the candidate
+        self._suffix = [NONE]  # max_{k>=i} of those, then NONE at n + 1
         self._from = 1  # the first position (1-based) whose values are out of date, CLEAN if none
 
     def __len__(self) -> int:
@@ -74,10 +75,9 @@ class ReserveIndex:
 
     def _repair(self) -> None:
         ends, j, n = self.ends, self._from, len(self.ends)
-        cum, prefix = self._cum, self._prefix
-        del cum[j:], prefix[j:]
+        cum, prefix, behind, suffix = self._cum, self._prefix, self._behind, self._suffix
+        del cum[j:], prefix[j:], behind[j:], suffix[j:]
         c, p = cum[-1], prefix[-1]
-        behind = [NONE] * (n + 2)  # (e_i - 1) * (i + 1) + C_i, from j on
         i = j - 1
         for e, t in ends[j - 1 :]:
             i += 1
@@ -87,10 +87,9 @@ class ReserveIndex:
             if term > p:
                 p = term
             prefix.append(p)
-            behind[i] = term + e - 1
-        suffix = self._suffix
-        del suffix[j:]
+            behind.append(term + e - 1)
         suffix.extend(behind[j:])
+        suffix.append(NONE)
         s = NONE
         for i in range(n, j - 1, -1):
             b = suffix[i]
@@ -98,9 +97,9 @@ class ReserveIndex:
                 s = b
             suffix[i] = s
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
-            term = (ends[i - 1][0] - 1) * (i + 1) + cum[i]
-            if term > s:
-                s = term
+            b = behind[i]
+            if b > s:
+                s = b
             if s == suffix[i]:
                 break
             suffix[i] = s
@@ -115,7 +114,7 @@ class ReserveIndex:
 
     def peak_with_entries(self, extra: list[tuple[int, int]]) -> int:
         """`reserve_peak` of the running set plus `extra` entries (e, T), in one pass (no maxima to repair)."""
-        xs, j, m = sorted(extra, key=lambda x: -x[0]), 0, len(extra)
+        xs, j, m = sorted(extra, reverse=True), 0, len(extra)  # NOTE: the order among equal ends does not matter
         peak = c = i = 0
         for e, t in self.ends:
             while j < m and xs[j][0] >= e:  # NOTE: among equal ends the order does not change the peak
@@ -180,6 +179,7 @@ class ReserveBudget:
         self.kv_tokens = kv_tokens
         self.prefill_left = prefill_tokens
         self.running_max = running_max
+        self.running = len(index)  # requests in the index
         self.extra = extra
         self.per_client = per_client
         self.clients: Collection[str] = clients if clients is not None else ()  # distinct clients running
@@ -190,7 +190,7 @@ class ReserveBudget:
 
     def try_add(self, req: SimRequest) -> bool:
         need_prefill = req.prompt_tokens + self.extra + req.generated
-        if need_prefill > self.prefill_left or len(self.index) + len(self.entered) + 1 > self.running_max:
+        if need_prefill > self.prefill_left or self.running + len(self.entered) >= self.running_max:
             return False
         held, left = need_prefill + 1, req.output_tokens - req.generated - 1  # as LightLLM: (input + 1, max - 1)
         new = req.tenant not in self.clients and req.tenant not in self.added

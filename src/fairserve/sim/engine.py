@@ -25,7 +25,7 @@ from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
-from .latency import LatencyModel, decode_steps_s
+from .latency import LatencyModel, LinearLatency, decode_steps_s
 from .preempt import Capped, Preemption
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
@@ -49,6 +49,7 @@ class SimEngine(Forecast, Preemption):
     ) -> None:
         self.ledger = ledger
         self.latency = latency
+        self._linear = latency if type(latency) is LinearLatency else None  # its steps can be written out (_run_steps)
         self.config = cfg = config or EngineConfig()
         self.observer = observer  # called after every prefill and decode step (the engine then moves step by step)
         self.now = 0.0
@@ -167,7 +168,7 @@ class SimEngine(Forecast, Preemption):
         if self._next_try > self.step and self.running:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
-            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.peek() is req:
+            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.policy.peek() is req:
                 hi = min(self._next_try, self._quiet_steps_cap())
                 self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
@@ -257,7 +258,7 @@ class SimEngine(Forecast, Preemption):
                 self.kv_used, len(self.running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
             )
         batch: list[SimRequest] = []
-        peek, pop = self._head if lazy else self.ledger.peek, self.ledger.pop
+        peek, pop = self._head if lazy else self.ledger.policy.peek, self.ledger.pop
         fits = budget.try_add if self._cap is None else Capped(budget.try_add, self._cap, self._tenants, self._extra)
         while True:  # as Ledger.admit, with the counters the policy reads brought up to date first (LAZY)
             req, first = first or peek(), None
@@ -363,7 +364,17 @@ class SimEngine(Forecast, Preemption):
         if dt > 0 and until - now < (SHORT_RUN - 1) * dt:
             steps = min(steps, SHORT_RUN)  # NOTE: steps only grow longer with the context: `until` comes first
         done = 0
-        if steps <= SHORT_RUN:
+        if steps <= SHORT_RUN and self._linear is not None:
+            a, b, c = self._linear.decode_step_terms(n)
+            while True:  # NOTE: the loop below, each step's duration written out (LinearLatency.decode_step_s)
+                now += dt
+                busy += dt
+                kv += n
+                done += 1
+                if done == steps or now >= until:
+                    break
+                dt = a + b * kv + c
+        elif steps <= SHORT_RUN:
             while True:
                 now += dt
                 busy += dt

@@ -18,7 +18,7 @@ import heapq
 import math
 from enum import Enum
 from fractions import Fraction
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ..core.cost import LinearCost
 from ..core.ledger import Ledger
@@ -110,13 +110,13 @@ class Forecast:
 
     def _first(self) -> Request | None:
         """The policy's next request (LAZY: with the counters it reads up to date)."""
-        return self._head() if self._charging is Charging.LAZY else self.ledger.peek()
+        return self._head() if self._charging is Charging.LAZY else self.ledger.policy.peek()
 
     def _head(self) -> Request | None:
         """LAZY: the policy's next request, with up-to-date counters wherever it looks. A charge only moves a tenant
         back in the order (the smallest counter goes first), so charging just the tenants the policy picks, until
         it picks one that is up to date, gives its choice under every counter up to date."""
-        peek, charged, step, tenants = self.ledger.peek, self._charged, self.step, self._tenants
+        peek, charged, step, tenants = self.ledger.policy.peek, self._charged, self.step, self._tenants
         while True:
             req = peek()
             if req is None or req.tenant not in tenants or charged[req.tenant] == step:
@@ -158,7 +158,7 @@ class Forecast:
 
     def _first_fit(self, req: Request, lo: int, hi: int) -> int:
         """The first step in [lo, hi) at which `req` fits the batch as it is (NEVER if none)."""
-        r = cast("SimRequest", req)  # NOTE: the engine's ledger holds only SimRequests
+        r: SimRequest = req  # type: ignore[assignment]  # NOTE: the engine's ledger holds only SimRequests (no cast call)
         need = r.prompt_tokens + self._extra + r.generated
         if need > self._prefill_max or len(self.running) >= self._running_max:
             return NEVER

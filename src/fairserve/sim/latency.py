@@ -203,6 +203,12 @@ class LinearLatency:
         t = self._dec0 + self.decode_per_seq_s * batch_size + self.decode_per_context_token_s * context_tokens
         return t + self.large_batch_s if batch_size > self.large_batch_from else t
 
+    def decode_step_terms(self, batch_size: int) -> tuple[float, float, float]:
+        """(a, b, c) with decode_step_s(batch_size, x) == a + b * x + c for every context x, the same float (c is 0.0
+        or the large-batch term, added last as there): a loop over steps evaluates them without a call each."""
+        large = self.large_batch_s if batch_size > self.large_batch_from else 0.0
+        return self._dec0 + self.decode_per_seq_s * batch_size, self.decode_per_context_token_s, large
+
     def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
         # NOTE: the same operations in the same order as decode_step_s, so every value is the same float
         t = _contexts(batch_size, context_tokens, steps)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import Literal
 
 from ..core.ledger import Ledger
@@ -124,7 +125,7 @@ def sim_requests(arrivals: Iterable) -> list[SimRequest]:
         )
         for i, a in enumerate(arrivals)
     ]
-    reqs.sort(key=lambda r: r.arrival_s)
+    reqs.sort(key=attrgetter("arrival_s"))
     return reqs
 
 
@@ -132,9 +133,13 @@ _STATUS = {RequestState.FINISHED: "finished", RequestState.REJECTED: "rejected"}
 
 
 def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
-    status = _STATUS.get(r.state, "unfinished")
-    if r.state is RequestState.RUNNING:
+    state = r.state
+    status = _STATUS.get(state, "unfinished")
+    if state is RequestState.RUNNING:
         r.last_token_s = end_s
+        output = r.generated + (step - r.step_base)  # NOTE: generated_at(step), inline: every request passes here
+    else:
+        output = r.generated if r.admit_s is not None else 0
     return RequestRecord(
         id=r.id,
         client=r.tenant,
@@ -144,7 +149,7 @@ def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
         finish_s=r.finish_s,
         last_token_s=r.last_token_s,
         prompt_tokens=r.prompt_tokens,
-        output_tokens=r.generated_at(step) if r.admit_s is not None else 0,
+        output_tokens=output,
         max_tokens=r.output_tokens,
         status=status,
     )
