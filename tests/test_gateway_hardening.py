@@ -178,3 +178,19 @@ def test_a_snapshot_keeps_counters_service_and_admin_weights_across_a_restart(tm
         create_app(config(["http://127.0.0.1:1"], snapshot=path))
     with pytest.raises(ValueError, match="snapshot"):
         config(["http://127.0.0.1:1"], snapshot=path, state="redis://127.0.0.1:1/0")
+
+
+def test_a_snapshot_keeps_a_groups_admin_weight_unless_the_config_changed_it(tmp_path):
+    from fairserve.core import Ledger, make_policy
+    from fairserve.gateway.snapshot import document, restore, write
+
+    path = str(tmp_path / "tree.snapshot")
+    configured = {"org/a": 1.0, "org/b": 1.0, "solo": 1.0, "org": 2.0}
+    ledger = Ledger(make_policy("vtc"), ["org/a", "org/b", "solo"], {"org": 2.0})
+    ledger.set_weight("org", 5.0)  # what PUT /admin/nodes/org/weight does
+    write(path, document(ledger, configured))
+    again = Ledger(make_policy("vtc"), ["org/a", "org/b", "solo"], {"org": 2.0})
+    assert restore(path, again, configured) == 3 and again.groups["org"].weight == 5.0
+    changed = Ledger(make_policy("vtc"), ["org/a", "org/b", "solo"], {"org": 3.0})
+    restore(path, changed, {**configured, "org": 3.0})
+    assert changed.groups["org"].weight == 3.0  # the config's new weight wins

@@ -1,12 +1,13 @@
 """Keeping the accounts across a restart without shared state (`snapshot = FILE`, `--snapshot FILE`).
 
 Without `state` or `snapshot`, a restart starts every tenant's counter and service from 0 and forgets the weights
-set through the admin API. With `snapshot`, each tenant's counter, service and weight are written to FILE (JSON,
+set through the admin API. With `snapshot`, each tenant's counter, service and weight (and each group's weight) are
+written to FILE (JSON,
 replaced atomically: a crash leaves the previous snapshot whole) at shutdown, after the drain, and every
 `snapshot_interval_s`; at start they are read back:
 
-- weights set through the admin API come back, unless the config's weight for that tenant changed since (then the
-  config wins);
+- weights set through the admin API (a tenant's or a group's) come back, unless the config's weight for that node
+  changed since (then the config wins);
 - counters and service come back under the same policy, where it can take counters from elsewhere (`vtc`,
   `vtc-predict`, `lcf`: `Capabilities.shares_counters`); other policies restore weights only;
 - tenants no longer configured are left out; newly configured ones start from 0, lifted as usual.
@@ -43,6 +44,10 @@ def document(ledger: Ledger, configured: dict[str, float]) -> dict[str, Any]:
             t: {"weight": a.weight, "configured_weight": configured[t], "counter": counter_of(a), "service": a.service}
             for t, a in ledger.accounts.items()
             if t in configured
+        },
+        # NOTE: a group's weight only (its counter and service follow from its tenants', restored below)
+        "groups": {
+            g: {"weight": a.weight, "configured_weight": configured.get(g, 1.0)} for g, a in ledger.groups.items()
         },
     }
 
@@ -84,16 +89,25 @@ def restore(path: str, ledger: Ledger, configured: dict[str, float]) -> int:
             t: (_number(r, "weight"), r.get("configured_weight"), _number(r, "counter"), _number(r, "service"))
             for t, r in rows.items()
         }
+        groups = doc.get("groups", {})  # NOTE: absent from snapshots written before groups were kept
+        if not isinstance(groups, dict) or not all(isinstance(r, dict) for r in groups.values()):
+            raise ValueError("groups is not an object of objects")
+        group_weights = {
+            g: (_number(r, "weight"), r.get("configured_weight")) for g, r in groups.items() if g in ledger.groups
+        }
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"snapshot {path} cannot be restored ({e}); move it away to start from 0") from None
     caps = ledger.policy.capabilities
     counters = caps.shares_counters and doc.get("policy") == ledger.policy.name
-    for tenant, (weight, was, counter, service) in checked.items():
-        if caps.uses_weights and was == configured[tenant] and weight != ledger.accounts[tenant].weight:
+    weights = {t: (w, was) for t, (w, was, _, _) in checked.items()} | group_weights
+    for node, (weight, was) in weights.items():
+        current = ledger.node(node).weight
+        if caps.uses_weights and was == configured.get(node, 1.0) and weight != current:
             try:
-                ledger.set_weight(tenant, weight)
+                ledger.set_weight(node, weight)
             except ValueError as e:
                 raise ValueError(f"snapshot {path} cannot be restored ({e}); move it away to start from 0") from None
+    for tenant, (_, _, counter, service) in checked.items():
         if counters:
             ledger.apply_remote(tenant, counter, service)
     if not counters and checked:
