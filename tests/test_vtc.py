@@ -242,3 +242,23 @@ def test_selection_correct_with_100k_clients():
         p.settle(r)
         n += 1
         p.add(req(n, r.tenant, prompt=rng.randint(1, 1000)))
+
+
+@pytest.mark.parametrize("a, b", [("a", "b"), ("org/a", "x"), ("org/a", "org/b")])
+def test_a_counter_that_goes_down_reorders_the_queue_at_once(a, b):
+    """Another replica's lower counter (apply_remote), a negative correction or a reset moves a tenant ahead of one
+    with a smaller counter than its old one: its queued requests are found under the new counter, at every level of
+    the tree."""
+    p = Ledger(VTC(), [a, b])
+    for i in range(3):
+        p.add(req(i, a, prompt=100))
+    p.add(req(9, b, prompt=50))
+    p.pop()  # a: 100, b: 0
+    assert p.peek().tenant == b
+    p.apply_remote(a, 0.0, 0.0)  # charges undone elsewhere: a (and its group) back below b
+    assert p.peek().tenant == a
+    p.pop()  # a: 100
+    p.pop()  # b: 50
+    p.reset()
+    p.add(req(10, b, prompt=1))
+    assert p.counters[a] == 0.0 and p.peek().tenant == a  # after a reset the tie goes to the one seen first
