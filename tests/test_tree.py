@@ -106,6 +106,17 @@ def test_refunds_resets_and_remote_counters_reorder_the_tree():
     assert led.groups["h"].service == 40.0  # a group's service follows its tenants'
 
 
+def test_a_remote_charge_moves_every_group_above_as_a_charge_here_would():
+    led = Ledger(make_policy("vtc"), ["org/team/a", "org/b"], {"org": 2.0, "org/team": 4.0})
+    led.apply_remote("org/team/a", 3.0, 12.0)  # another replica charged org/team/a 12
+    team, org = led.node("org/team"), led.node("org")
+    assert team is led.groups["org/team"] and org is led.groups["org"]
+    assert (team.service, team.counter, org.service, org.counter) == (12.0, 3.0, 12.0, 6.0)
+    led.apply_remote("org/team/a", 5.0, 20.0)  # 8 more
+    assert (team.service, team.counter, org.service, org.counter) == (20.0, 5.0, 20.0, 10.0)
+    assert led.accounts["org/b"].service == 0.0
+
+
 def test_names_cannot_be_a_tenant_and_a_group():
     led = tree(tenants=["acme"], weights={"org": 3})
     led.arrive(1, "acme", 10)
