@@ -211,3 +211,10 @@ def test_the_heaps_pick_what_a_brute_force_descent_picks(script, spec):
             below = [a for a in led.accounts.values() if _under(a, group)]
             assert group.service == pytest.approx(sum(a.service for a in below))
             assert group.queued == sum(a.queued for a in below) and group.running == sum(a.running for a in below)
+
+
+def test_the_view_shows_each_nodes_level_its_own_or_its_nearest_groups():
+    led = Ledger(make_policy("vtc"), ["premium/a", "free/b", "free/c"], priorities={"free": 1, "free/c": 2})
+    view = led.view()
+    assert {t: v.priority for t, v in view.tenants.items()} == {"premium/a": 0, "free/b": 1, "free/c": 2}
+    assert {g: v.priority for g, v in view.groups.items()} == {"premium": 0, "free": 1}
