@@ -218,3 +218,16 @@ def test_the_view_shows_each_nodes_level_its_own_or_its_nearest_groups():
     view = led.view()
     assert {t: v.priority for t, v in view.tenants.items()} == {"premium/a": 0, "free/b": 1, "free/c": 2}
     assert {g: v.priority for g, v in view.groups.items()} == {"premium": 0, "free": 1}
+
+
+def test_a_charge_and_a_refund_reach_every_level_and_a_refund_reorders_at_once():
+    led = tree(tenants=["o/t/a", "o/t/b", "o/u", "x"], weights={"o/t": 2.0})
+    backlog(led, ["o/t/a", "o/t/b", "o/u", "x"], 2, prompt=8)
+    first = led.pop()  # o/t/a: 8 at every level above it
+    assert first.tenant == "o/t/a"
+    assert (led.node("o/t/a").counter, led.node("o/t").counter, led.node("o").counter) == (8.0, 4.0, 8.0)
+    # x (0 < o's 8); a tie at 8 goes to o, first seen, and within o to o/u (0 < o/t's 4); then x (8 < o's 16)
+    assert [led.pop().tenant for _ in range(3)] == ["x", "o/u", "x"]
+    led.settle(first, prompt=0, output=0, cancelled=True)  # refunded: 8 off o/t/a, 4 off o/t, 8 off o
+    assert (led.node("o/t/a").counter, led.node("o/t").counter, led.node("o").counter) == (0.0, 0.0, 8.0)
+    assert led.pop().tenant == "o/t/a"  # o (8) below x (16); o/t (0) below o/u (8); o/t/a (0) below o/t/b (0), first
