@@ -19,6 +19,7 @@ def test_keys_name_the_shared_prefix_then_the_requests_own_blocks():
     assert keys(70, "r1", "sys", 40) == [("sys", 16), ("sys", 32), ("r1", 48), ("r1", 64)]
     assert keys(70, "r1") == [("r1", 16 * i) for i in range(1, 5)]  # 70 tokens: 4 full blocks and a partial one
     assert keys(20, "r1", "sys", 500) == [("sys", 16)]  # a prefix longer than the prompt: the prompt is the prefix
+    assert keys(63, "r", "sys", 31) == [("sys", 16), ("r", 32), ("r", 48)]  # a block one token short is its own
     # chained segments (Mooncake's hash ids): a block is named by the segment that holds its last token
     assert prompt_keys(64, B, "r", (("a", 20), ("b", 20))) == [("a", 16), ("b", 32), ("r", 48), ("r", 64)]
     assert prompt_keys(64, B, "s", (("a", 20), ("c", 44))) == [("a", 16), ("c", 32), ("c", 48), ("c", 64)]
