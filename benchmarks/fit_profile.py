@@ -21,12 +21,9 @@ import numpy as np
 
 from fairserve.sim.latency import (
     A10G_FORWARD,
-    PROFILE_FILENAME,
-    fit_errors,
-    fit_linear_latency,
     get_latency_model,
-    load_profile,
 )
+from fairserve.sim.profile_fit import PROFILE_FILENAME, fit_errors, fit_linear_latency, load_profile
 
 COEFFS = (
     "prefill_fixed_s",

@@ -16,22 +16,18 @@ from fairserve.sim.latency import (
     GPUS,
     LATENCY_MODELS,
     MODELS,
-    PROFILE_FILENAME,
     ConstantLatency,
     GpuSpec,
     LatencyModel,
     LinearLatency,
     ModelSpec,
-    ProfileRow,
     RooflineLatency,
     StepOverhead,
     decode_steps_s,
     default_kv_tokens,
-    fit_errors,
-    fit_linear_latency,
     get_latency_model,
-    load_profile,
 )
+from fairserve.sim.profile_fit import PROFILE_FILENAME, ProfileRow, fit_errors, fit_linear_latency, load_profile
 
 PROFILE = Path(__file__).resolve().parents[2] / "shared" / "profiles" / PROFILE_FILENAME
 COEFFS = (
