@@ -91,10 +91,20 @@ def test_two_organisations_get_half_each_however_many_users(gateway):
         got: dict[str, list[float]] = {"org-a": [], "org-b": []}
         stop = asyncio.Event()
         clients = {t: AsyncOpenAI(base_url=gateway + "/v1", api_key=k, max_retries=0) for t, k in TENANTS.items()}
-        tasks = [asyncio.create_task(stream(clients[f"std/org-a/u{i}"], got["org-a"], stop)) for i in range(USERS_A)]
-        tasks += [asyncio.create_task(stream(clients[f"std/org-a/u{i}"], got["org-a"], stop)) for i in range(USERS_A)]
+        # two streams per org-a user (20 in all), twelve for org-b's one user: both organisations keep a queue
+        tasks = [
+            asyncio.create_task(stream(clients[f"std/org-a/u{i % USERS_A}"], got["org-a"], stop))
+            for i in range(2 * USERS_A)
+        ]
         tasks += [asyncio.create_task(stream(clients["std/org-b/solo"], got["org-b"], stop)) for _ in range(12)]
-        await asyncio.sleep(1.5)  # NOTE: the warm-up: both organisations backlogged, counters lifted
+
+        def both_queued() -> bool:
+            tree = nodes(gateway)
+            return tree["std/org-a"]["queue_length"] > 0 and tree["std/org-b"]["queue_length"] > 0
+
+        deadline = time.monotonic() + 20
+        while not await asyncio.to_thread(both_queued):  # NOTE: the window starts once both are backlogged
+            assert time.monotonic() < deadline, "the organisations never had a queue together"
         t0, queues = time.monotonic(), []
         while time.monotonic() < t0 + 3.0:
             tree = await asyncio.to_thread(nodes, gateway)
