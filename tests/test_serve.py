@@ -335,14 +335,24 @@ def test_fuzzed_bodies_never_get_a_5xx(server, path, body):
 
 def test_two_organisations_share_the_engine_half_and_half():
     """The tenant tree inside the engine, through HTTP with the `openai` client: org-a's 10 users send 3 requests
-    each and org-b's one user 30, all at once, to an engine that runs about 6 at a time. By the tree the two
-    organisations alternate, so org-b has half of the first 30 to finish; flat, its one user would be one tenant of
-    11 (about 3 of them). Counted in order, not in a time window: the CPU model's speed does not enter."""
+    each and org-b's one user 30, all at once, to an engine that runs about 6 at a time. Once both organisations have
+    requests queued, the tree makes them alternate, so org-b has half of the next 30 to finish; flat, its one user
+    would be one tenant of 11 (about 3 of them). Counted in order from that moment, not in a time window: the CPU
+    model's speed does not enter, nor which requests reached the engine before the other organisation's."""
     users = {f"org-a/u{i}": f"ka{i}" for i in range(10)} | {"org-b/solo": "kb-solo"}
     cfg = config(tenants=[{"name": n, "api_keys": [k]} for n, k in users.items()], num_blocks=8)
 
     async def run(url: str) -> list[str]:
-        done: list[str] = []
+        done: list[tuple[bool, str]] = []  # (both organisations were queued when it finished, its organisation)
+        both = asyncio.Event()
+
+        async def watch() -> None:
+            async with httpx.AsyncClient() as c:
+                while not both.is_set():
+                    tree = {n["path"]: n for n in (await c.get(url + "/admin/tree", headers=ADMIN)).json()["tree"]}
+                    if all(tree.get(org, {}).get("queue_length", 0) > 0 for org in ("org-a", "org-b")):
+                        both.set()
+
         clients = {
             k: openai.AsyncOpenAI(base_url=url + "/v1", api_key=k, max_retries=0, timeout=120) for k in users.values()
         }
@@ -352,13 +362,16 @@ def test_two_organisations_share_the_engine_half_and_half():
                 model="tiny-random", prompt="a b c d", max_tokens=4, extra_body={"ignore_eos": True}
             )
             assert r.usage.completion_tokens == 4
-            done.append(tenant.split("/")[0])
+            done.append((both.is_set(), tenant.split("/")[0]))
 
         sends = [t for t in users if t != "org-b/solo"] * 3 + ["org-b/solo"] * 30
+        watcher = asyncio.create_task(watch())
         await asyncio.gather(*(one(t) for t in sends))
+        assert both.is_set(), "the organisations never had requests queued together"
+        await watcher
         for c in clients.values():
             await c.close()
-        return done
+        return [org for counted, org in done if counted]
 
     with running_server(create_app(cfg), timeout_s=60) as url:
         done = asyncio.run(run(url))
@@ -371,6 +384,6 @@ def test_two_organisations_share_the_engine_half_and_half():
         assert float(line.split()[-1]) == tree[org]["service"]
     first = done[:30]
     share = first.count("org-b") / len(first)
-    print(f"serve, two organisations: org-b {first.count('org-b')} of the first 30 requests to finish ({share:.2f})")
+    print(f"serve, two organisations: org-b {first.count('org-b')} of 30 finished once both queued ({share:.2f})")
     assert 0.4 <= share <= 0.6, done
     assert tree["org-a"]["service"] == pytest.approx(tree["org-b"]["service"])  # 30 equal requests each, in all
