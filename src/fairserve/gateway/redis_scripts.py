@@ -67,10 +67,10 @@ from typing import Any
 SYNC_LUA = """
 local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local batch, reset, mode = ARGV[10], ARGV[11], ARGV[12]
+local batch, reset, mode, lifts = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
 local t = redis.call('TIME')
 local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local i = 12
+local i = 13
 local function nxt() i = i + 1; return ARGV[i] end
 local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
@@ -80,9 +80,26 @@ local rows, listed = {}, {}
 local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
 end
--- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
--- backlogged anywhere scored by counter (`P:f:`; its changes gathered, then written in a few calls by `write_floor()`)
-local fadd, fdel = {}, {}
+-- a node's parent in the tenant tree ('' at the top), and the key of the floor among its siblings (`P:f:PARENT`)
+local function parent(node)
+  local k = string.find(node, '/[^/]*$')
+  return k and string.sub(node, 1, k - 1) or nil
+end
+local function floor_key(node) return F .. (parent(node) or '') end
+local function by_floor(list)  -- the nodes of `list` by the key of their siblings' floor
+  local out = {}
+  for j, node in ipairs(list) do
+    local key = floor_key(node)
+    local l = out[key]
+    if not l then l = {}; out[key] = l end
+    l[#l + 1] = j
+  end
+  return out
+end
+-- the backlog: each replica's set `P:bk:REPLICA` and each node's (tenant's or group's) set of replicas
+-- `P:bt:NODE`, and the nodes backlogged anywhere scored by counter, one sorted set per parent (`P:f:PARENT`; its
+-- changes gathered, then written in a few calls by `write_floor()`)
+local fadd, fdel, dcs = {}, {}, {}
 local function backlog(r, tenant)
   if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
       and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
@@ -94,14 +111,51 @@ local function unbacklog(r, tenant)
     fdel[#fdel + 1] = tenant
   end
 end
+-- The lift below the top of the tree, over every replica: a node that becomes backlogged anywhere (backlogged on no
+-- replica before) gets at least the smallest counter among its siblings backlogged anywhere, net of what this batch
+-- charged it (`dcs`), and that counter is its shared one: every replica takes it. Nodes of one parent joining in
+-- one sync do not lift each other (as arrivals in one instant). Not while Redis's data is being restored (`hold`),
+-- nor for a policy without the lift. (At the top a replica lifts a node itself, to the floor of its last answer,
+-- and sends the lift with its charges.)
+local hold = false
 local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, as unpack() has a limit
-  for a = 1, #fadd, 1000 do
-    local b = math.min(a + 999, #fadd)
-    local counters, set = redis.call('HMGET', C, unpack(fadd, a, b)), {}
-    for j = a, b do set[#set + 1] = counters[j - a + 1] or '0'; set[#set + 1] = fadd[j] end
-    redis.call('ZADD', F, unpack(set))
+  if #fadd > 0 then
+    local lifted = {}
+    for key, idx in pairs(by_floor(fadd)) do
+      local low = (lifts and not hold and key ~= F) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
+      local floor = low[2] and tonumber(low[2])
+      for a = 1, #idx, 1000 do
+        local b, names = math.min(a + 999, #idx), {}
+        for j = a, b do names[#names + 1] = fadd[idx[j]] end
+        local counters, set = redis.call('HMGET', C, unpack(names)), {}
+        for q, node in ipairs(names) do
+          local c = counters[q] or '0'
+          local dc = dcs[node] or 0
+          if floor and tonumber(c) - dc < floor then
+            c = string.format(fmt, floor + dc)
+            lifted[#lifted + 1] = node; lifted[#lifted + 1] = c
+          end
+          set[#set + 1] = c; set[#set + 1] = node
+        end
+        redis.call('ZADD', key, unpack(set))
+      end
+    end
+    if #lifted > 0 then
+      redis.call('HSET', C, unpack(lifted))
+      local k, log = redis.call('INCRBY', SEQ, #lifted / 2) - #lifted / 2, {}
+      for j = 1, #lifted, 2 do k = k + 1; log[j], log[j + 1] = k, lifted[j] end
+      redis.call('ZADD', V, unpack(log))
+    end
   end
-  for a = 1, #fdel, 1000 do redis.call('ZREM', F, unpack(fdel, a, math.min(a + 999, #fdel))) end
+  if #fdel > 0 then
+    for key, idx in pairs(by_floor(fdel)) do
+      for a = 1, #idx, 1000 do
+        local names = {}
+        for j = a, math.min(a + 999, #idx) do names[#names + 1] = fdel[idx[j]] end
+        redis.call('ZREM', key, unpack(names))
+      end
+    end
+  end
   fadd, fdel = {}, {}
 end
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
@@ -148,7 +202,7 @@ for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
 write_floor()
 local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
 local replicas = redis.call('ZCARD', R)
-local hold = hold_until > now
+hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
 local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
@@ -169,7 +223,13 @@ if fresh and reset == '1' then
     for j = a, math.min(a + 999, #all) do set[#set + 1] = all[j]; set[#set + 1] = '0' end
     redis.call('HSET', C, unpack(set))
   end
-  for _, tenant in ipairs(redis.call('ZRANGE', F, 0, -1)) do redis.call('ZADD', F, 0, tenant) end
+  for key, idx in pairs(by_floor(all)) do  -- NOTE: each backlogged node's floor score too (XX: only those there)
+    for a = 1, #idx, 1000 do
+      local set = {}
+      for j = a, math.min(a + 999, #idx) do set[#set + 1] = '0'; set[#set + 1] = all[idx[j]] end
+      redis.call('ZADD', key, 'XX', unpack(set))
+    end
+  end
 end
 -- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
 local names, charged = {}, {}
@@ -183,20 +243,31 @@ if fresh and #names > 0 then
   local k = redis.call('INCRBY', SEQ, #names) - #names
   for a = 1, #names, 1000 do
     local b = math.min(a + 999, #names)
-    local oc, os = redis.call('HMGET', C, unpack(names, a, b)), redis.call('HMGET', S, unpack(names, a, b))
-    local backlogged = redis.call('ZMSCORE', F, unpack(names, a, b))
-    local setc, sets, floor, log = {}, {}, {}, {}
+    local chunk = {unpack(names, a, b)}
+    local oc, os = redis.call('HMGET', C, unpack(chunk)), redis.call('HMGET', S, unpack(chunk))
+    local backlogged, floors = {}, {}  -- each node's score on its siblings' floor (one call per parent)
+    for key, idx in pairs(by_floor(chunk)) do
+      local some = {}
+      for q, j in ipairs(idx) do some[q] = chunk[j] end
+      local scores = redis.call('ZMSCORE', key, unpack(some))
+      for q, j in ipairs(idx) do backlogged[j] = scores[q] end
+    end
+    local setc, sets, log = {}, {}, {}
     for j = a, b do
       local tenant, q = names[j], j - a + 1
       local ds, dc, lift, bc, bs = unpack(charged[j])
       local c, s = tonumber(oc[q] or bc), tonumber(os[q] or bs)
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
       local cs = string.format(fmt, c + dc)
+      dcs[tenant] = dc
       k = k + 1
       setc[2 * q - 1], setc[2 * q] = tenant, cs
       sets[2 * q - 1], sets[2 * q] = tenant, string.format(fmt, s + ds)
       log[2 * q - 1], log[2 * q] = k, tenant
       if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
+        local key = floor_key(tenant)
+        local floor = floors[key]
+        if not floor then floor = {}; floors[key] = floor end
         floor[#floor + 1], floor[#floor + 2] = cs, tenant
         for _, r in ipairs(redis.call('SMEMBERS', p .. ':bt:' .. tenant)) do
           if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
@@ -205,7 +276,7 @@ if fresh and #names > 0 then
     end
     redis.call('HSET', C, unpack(setc))
     redis.call('HSET', S, unpack(sets))
-    if #floor > 0 then redis.call('ZADD', F, unpack(floor)) end
+    for key, floor in pairs(floors) do redis.call('ZADD', key, unpack(floor)) end
     redis.call('ZADD', V, unpack(log))
   end
 end
@@ -264,6 +335,8 @@ if #heads > 0 then
   local counters = redis.call('HMGET', C, unpack(heads))
   for j, tenant in ipairs(heads) do
     waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
+    local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
+    while node do row(node); node = parent(node) end
   end
 end
 local leases, released = {}, false
@@ -352,6 +425,7 @@ def sync_args(
     read: tuple[str, str, str, int],
     batch: str,
     reset: bool,
+    lifts: bool,
     charges: list[Any],
     weights: list[Any],
     seeds: list[Any],
@@ -373,6 +447,7 @@ def sync_args(
         batch,
         "1" if reset else "0",
         mode,
+        "1" if lifts else "0",
         len(charges) // 6,
         *charges,
         len(weights) // 2,
@@ -392,4 +467,4 @@ def sync_args(
 def leave_args(prefix: str, replica: str, token: str) -> list[Any]:
     """SYNC_LUA's ARGV for leaving: the replica's leases, backlog and wait stop counting at once, and the numbers of
     its batches (`token`) are forgotten."""
-    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave"]
+    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave", ""]
