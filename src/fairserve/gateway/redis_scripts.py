@@ -31,7 +31,7 @@ reset and the first sync of a replica (or of a Redis that lost its data), which 
 from typing import Any
 
 # One round trip per sync. ARGV: prefix, replica, ttl_ms, hold_ms, now_ms, epoch, since, weights since, pull, batch,
-# reset (0/1), backlog mode ("+" changes, "=" the whole list), then counted sections:
+# reset (0/1), backlog mode ("+" changes, "=" the whole list), lifts (0/1: the policy lifts), then counted sections:
 #   (now_ms: the time expiries are measured in; "" for Redis's own clock, a test's clock otherwise)
 #   (epoch, since, weights since: what this replica last read, as the data's epoch (set when Redis starts it) and
 #    two change numbers (`P:seq` counts every change to a tenant's counter, service or weight, `P:wseq` the weights
@@ -43,9 +43,9 @@ from typing import Any
 #   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
 #    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
 #    batch, and Redis, which may have run it, never charges twice)
-#   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
+#   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
-#   backlog: n tenants now backlogged here (mode "=": all of them), then n tenants no longer backlogged here
+#   backlog: n nodes now backlogged here (mode "=": all of them), then n nodes no longer backlogged here
 #   starved: the tenant at the head of this replica's queue when it may be admitted but no lease has room, else ""
 #   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
 #                          keep r, keep t)
@@ -53,15 +53,15 @@ from typing import Any
 #      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {tenants: those charged or newly backlogged here, those backlogged here and charged elsewhere, those
-#          changed since `since`; their counters and services (three lists in the same order; nil where unset),
+# Returns {tenants (nodes): those charged or newly backlogged here, those backlogged here and charged elsewhere,
+#          the groups above other replicas' waiting heads, those changed since `since`; their counters and
+#          services (three lists in the same order; nil where unset),
 #          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
-#          tenant, counter: the two smallest counters backlogged on any live replica), starved elsewhere (flat:
+#          node, counter: the two smallest counters backlogged at the top on any live replica), starved elsewhere (flat:
 #          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
 #          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
 #          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
-# NOTE: the floor lives in one sorted set per parent (`P:f:` + the parent's path, "" at the top), so that groups of
-# tenants can join the same structure. Lua's own work (making strings, calling commands) is most of a script's time:
+# NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
 SYNC_LUA = """
