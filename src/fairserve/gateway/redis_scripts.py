@@ -3,12 +3,12 @@
 out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
-- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
-- which tenants are backlogged on which live replica (a set per replica, `P:bk:REPLICA`, and per tenant,
-  `P:bt:TENANT`; a dead replica's backlog is gone within `ttl_s`), the tenants backlogged on a replica that another
-  one charged since its last sync (`P:d:REPLICA`, in its next answer, so that the counters it orders its queue by
-  are never more than a sync late), and for the lift the tenants backlogged anywhere scored by counter (sorted set
-  `P:f:`, read in O(log n));
+- each node's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by the tenant, or by the
+  group of the tenant tree: a replica's charge rows carry its groups' too, each the sum of its tenants' charges);
+- which nodes are backlogged on which live replica (a dead replica's backlog is gone within `ttl_s`), and per
+  parent the nodes backlogged anywhere scored by counter, for the lift (`redis_backlog.py`: that part of the
+  script); the nodes backlogged on a replica that another one charged since its last sync (`P:d:REPLICA`, in its
+  next answer, so that the counters it orders its queue by are never more than a sync late);
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
   (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
   (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
@@ -23,12 +23,15 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
-A sync costs what changed: every step touches the tenants this replica charged, lifted, or whose backlog it
-changed, at most `pull` tenants changed elsewhere, the replicas waiting for capacity, and a few keys per backend;
-a replica that expired is read once, by the sync that finds it expired. Nothing walks all tenants except a counter
-reset and the first sync of a replica (or of a Redis that lost its data), which reads them all."""
+A sync costs what changed: every step touches the nodes this replica charged (a tenant and the groups above it),
+lifted, or whose backlog it changed, at most `pull` nodes changed elsewhere, the replicas waiting for capacity, and
+a few keys per backend; a replica that expired is read once, by the sync that finds it expired. Nothing walks all
+tenants except a counter reset and the first sync of a replica (or of a Redis that lost its data), which reads them
+all."""
 
 from typing import Any
+
+from .redis_backlog import BACKLOG_LUA
 
 # One round trip per sync. ARGV: prefix, replica, ttl_ms, hold_ms, now_ms, epoch, since, weights since, pull, batch,
 # reset (0/1), backlog mode ("+" changes, "=" the whole list), lifts (0/1: the policy lifts), then counted sections:
@@ -64,7 +67,8 @@ from typing import Any
 # NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
-SYNC_LUA = """
+SYNC_LUA = (
+    """
 local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local batch, reset, mode, lifts = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
@@ -75,89 +79,20 @@ local function nxt() i = i + 1; return ARGV[i] end
 local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
 local fmt = '%.17g'
-local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
+-- NOTE: the change numbers as of now (read once, then counted here: the script is atomic), so none is read again
+local seq, wseq = 0, 0
+local function bump(n) seq = redis.call('INCRBY', SEQ, n); return seq - n end
+local function wbump() wseq = redis.call('INCR', p .. ':wseq'); return wseq end
+local function touch(tenant) redis.call('ZADD', V, bump(1) + 1, tenant) end
+-- the values this script wrote (or read) for a node: the answer's counters and services need no HMGET for them
+local known_c, known_s = {}, {}
 local rows, listed = {}, {}
 local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
 end
--- a node's parent in the tenant tree ('' at the top), and the key of the floor among its siblings (`P:f:PARENT`)
-local function parent(node)
-  local k = string.find(node, '/[^/]*$')
-  return k and string.sub(node, 1, k - 1) or nil
-end
-local function floor_key(node) return F .. (parent(node) or '') end
-local function by_floor(list)  -- the nodes of `list` by the key of their siblings' floor
-  local out = {}
-  for j, node in ipairs(list) do
-    local key = floor_key(node)
-    local l = out[key]
-    if not l then l = {}; out[key] = l end
-    l[#l + 1] = j
-  end
-  return out
-end
--- the backlog: each replica's set `P:bk:REPLICA` and each node's (tenant's or group's) set of replicas
--- `P:bt:NODE`, and the nodes backlogged anywhere scored by counter, one sorted set per parent (`P:f:PARENT`; its
--- changes gathered, then written in a few calls by `write_floor()`)
-local fadd, fdel, dcs = {}, {}, {}
-local function backlog(r, tenant)
-  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
-      and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
-    fadd[#fadd + 1] = tenant
-  end
-end
-local function unbacklog(r, tenant)
-  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
-    fdel[#fdel + 1] = tenant
-  end
-end
--- The lift below the top of the tree, over every replica: a node that becomes backlogged anywhere (backlogged on no
--- replica before) gets at least the smallest counter among its siblings backlogged anywhere, net of what this batch
--- charged it (`dcs`), and that counter is its shared one: every replica takes it. Nodes of one parent joining in
--- one sync do not lift each other (as arrivals in one instant). Not while Redis's data is being restored (`hold`),
--- nor for a policy without the lift. (At the top a replica lifts a node itself, to the floor of its last answer,
--- and sends the lift with its charges.)
-local hold = false
-local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, as unpack() has a limit
-  if #fadd > 0 then
-    local lifted = {}
-    for key, idx in pairs(by_floor(fadd)) do
-      local low = (lifts and not hold and key ~= F) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
-      local floor = low[2] and tonumber(low[2])
-      for a = 1, #idx, 1000 do
-        local b, names = math.min(a + 999, #idx), {}
-        for j = a, b do names[#names + 1] = fadd[idx[j]] end
-        local counters, set = redis.call('HMGET', C, unpack(names)), {}
-        for q, node in ipairs(names) do
-          local c = counters[q] or '0'
-          local dc = dcs[node] or 0
-          if floor and tonumber(c) - dc < floor then
-            c = string.format(fmt, floor + dc)
-            lifted[#lifted + 1] = node; lifted[#lifted + 1] = c
-          end
-          set[#set + 1] = c; set[#set + 1] = node
-        end
-        redis.call('ZADD', key, unpack(set))
-      end
-    end
-    if #lifted > 0 then
-      redis.call('HSET', C, unpack(lifted))
-      local k, log = redis.call('INCRBY', SEQ, #lifted / 2) - #lifted / 2, {}
-      for j = 1, #lifted, 2 do k = k + 1; log[j], log[j + 1] = k, lifted[j] end
-      redis.call('ZADD', V, unpack(log))
-    end
-  end
-  if #fdel > 0 then
-    for key, idx in pairs(by_floor(fdel)) do
-      for a = 1, #idx, 1000 do
-        local names = {}
-        for j = a, math.min(a + 999, #idx) do names[#names + 1] = fdel[idx[j]] end
-        redis.call('ZREM', key, unpack(names))
-      end
-    end
-  end
-  fadd, fdel = {}, {}
-end
+"""
+    + BACKLOG_LUA
+    + """
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
 -- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
 local function drop(r)
@@ -187,8 +122,9 @@ if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotte
   return 1
 end
 -- NOTE: the few single values a sync reads, in one call (a script's time is mostly its calls)
-local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg')
+local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
 local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
+seq, wseq = tonumber(single[4] or '0'), tonumber(single[5] or '0')
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
@@ -232,44 +168,50 @@ if fresh and reset == '1' then
   end
 end
 -- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
-local names, charged = {}, {}
+-- (a row's fields are read from ARGV where they are, `at`: a script's time is mostly Lua's own work)
+local names, at, tree = {}, {}, false
 for j = 1, tonumber(nxt()) do
   local tenant = nxt()
-  names[j] = tenant
-  charged[j] = {tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())}
+  names[j], at[j] = tenant, i
+  i = i + 5
+  if not tree and string.find(tenant, '/', 1, true) then tree = true end
   row(tenant)
 end
 if fresh and #names > 0 then
-  local k = redis.call('INCRBY', SEQ, #names) - #names
+  local k = bump(#names)
   for a = 1, #names, 1000 do
     local b = math.min(a + 999, #names)
-    local chunk = {unpack(names, a, b)}
+    local chunk = (a == 1 and b == #names) and names or {unpack(names, a, b)}
     local oc, os = redis.call('HMGET', C, unpack(chunk)), redis.call('HMGET', S, unpack(chunk))
-    local backlogged, floors = {}, {}  -- each node's score on its siblings' floor (one call per parent)
-    for key, idx in pairs(by_floor(chunk)) do
-      local some = {}
-      for q, j in ipairs(idx) do some[q] = chunk[j] end
-      local scores = redis.call('ZMSCORE', key, unpack(some))
-      for q, j in ipairs(idx) do backlogged[j] = scores[q] end
+    -- each node's score on its siblings' floor: one call per parent (one for all when nobody is below the top)
+    local backlogged, floors = tree and {} or redis.call('ZMSCORE', F, unpack(chunk)), {}
+    if tree then
+      for key, idx in pairs(by_floor(chunk)) do
+        local some = {}
+        for q, j in ipairs(idx) do some[q] = chunk[j] end
+        local scores = redis.call('ZMSCORE', key, unpack(some))
+        for q, j in ipairs(idx) do backlogged[j] = scores[q] end
+      end
     end
     local setc, sets, log = {}, {}, {}
     for j = a, b do
-      local tenant, q = names[j], j - a + 1
-      local ds, dc, lift, bc, bs = unpack(charged[j])
-      local c, s = tonumber(oc[q] or bc), tonumber(os[q] or bs)
+      local tenant, q, x = names[j], j - a + 1, at[j]
+      local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
+      local c, s = tonumber(oc[q] or ARGV[x + 4]), tonumber(os[q] or ARGV[x + 5])
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
-      local cs = string.format(fmt, c + dc)
-      dcs[tenant] = dc
+      local cs, ss = string.format(fmt, c + dc), string.format(fmt, s + ds)
+      dcs[tenant], known_c[tenant], known_s[tenant] = dc, cs, ss
       k = k + 1
       setc[2 * q - 1], setc[2 * q] = tenant, cs
-      sets[2 * q - 1], sets[2 * q] = tenant, string.format(fmt, s + ds)
+      sets[2 * q - 1], sets[2 * q] = tenant, ss
       log[2 * q - 1], log[2 * q] = k, tenant
       if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
-        local key = floor_key(tenant)
+        local key = tree and floor_key(tenant) or F
         local floor = floors[key]
         if not floor then floor = {}; floors[key] = floor end
         floor[#floor + 1], floor[#floor + 2] = cs, tenant
-        for _, r in ipairs(redis.call('SMEMBERS', p .. ':bt:' .. tenant)) do
+        members[tenant] = redis.call('SMEMBERS', p .. ':bt:' .. tenant)
+        for _, r in ipairs(members[tenant]) do
           if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
         end
       end
@@ -285,7 +227,7 @@ for _ = 1, tonumber(nxt()) do
   if fresh then
     redis.call('HSET', W, tenant, w)
     touch(tenant)
-    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
   row(tenant)
 end
@@ -293,7 +235,7 @@ for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
   if redis.call('HSETNX', W, tenant, nxt()) == 1 then
     touch(tenant)
-    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
 end
 local bk = p .. ':bk:' .. rid
@@ -324,12 +266,16 @@ for _ = 1, tonumber(nxt()) do
 end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
-local starved = nxt()
-if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
+local starved, mine = nxt(), nil
 local waiting, heads = {}, {}
 local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
-  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] end
+  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] else mine = st[j + 1] end
+end
+if starved ~= '' then
+  if mine ~= starved then redis.call('HSET', ST, rid, starved) end
+elseif mine then
+  redis.call('HDEL', ST, rid)
 end
 if #heads > 0 then
   local counters = redis.call('HMGET', C, unpack(heads))
@@ -387,28 +333,35 @@ end
 local nsince, nwsince, wrows
 if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
-  nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
+  nsince, nwsince, wrows = string.format('%d', seq), string.format('%d', wseq), rows
 else
   local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
   for j = 1, #got, 2 do row(got[j]) end
-  nsince = #got > 0 and #got == 2 * pull and got[#got] or (redis.call('GET', SEQ) or '0')
-  local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
-  wrows = {}
-  for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
-  nwsince = #wgot > 0 and wgot[#wgot] or wsince
-end
-local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
-  if #list <= 1000 then return #list > 0 and redis.call('HMGET', key, unpack(list)) or {} end
-  local out = {}
-  for a = 1, #list, 1000 do
-    for _, v in ipairs(redis.call('HMGET', key, unpack(list, a, math.min(a + 999, #list)))) do out[#out + 1] = v end
+  nsince = #got > 0 and #got == 2 * pull and got[#got] or string.format('%d', seq)
+  wrows, nwsince = {}, wsince
+  if wseq > (tonumber(wsince) or 0) then  -- NOTE: no weight set since: nothing to ask
+    local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
+    for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
+    nwsince = #wgot > 0 and wgot[#wgot] or wsince
   end
+end
+local function values(key, list, known)  -- HMGET (in chunks, as unpack() has a limit) of those not `known`
+  local ask, out = {}, {}
+  for _, node in ipairs(list) do
+    if known[node] == nil then ask[#ask + 1] = node end
+  end
+  for a = 1, #ask, 1000 do
+    local b = math.min(a + 999, #ask)
+    for q, v in ipairs(redis.call('HMGET', key, unpack(ask, a, b))) do known[ask[a + q - 1]] = v end
+  end
+  for j, node in ipairs(list) do out[j] = known[node] end
   return out
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
-return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
-  nsince, nwsince, generation, known}
+return {rows, values(C, rows, known_c), values(S, rows, known_s), wrows, values(W, wrows, {}), floor, waiting, leases,
+  replicas, current, nsince, nwsince, generation, known}
 """
+)
 # The answer's parts, in order (the comment above SYNC_LUA says what each holds).
 ANSWER = (
     "tenants", "counters", "services", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
