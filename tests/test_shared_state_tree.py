@@ -79,3 +79,18 @@ def test_no_lift_below_the_top_for_a_policy_without_it(redis):
             assert group(a, "org/g") == 10 and group(a, "org/h") == 1000
 
     run(main())
+
+
+def test_apply_remote_without_groups_sets_a_group_and_leaves_the_groups_above_alone():
+    """What the shared state writes into the ledger: a tenant's remote values without moving its groups (their own
+    values come too), and a group's by its path."""
+    from fairserve.core import Ledger, make_policy
+
+    led = Ledger(make_policy("vtc"), TREE)
+    led.apply_remote("org/g/a", 5.0, 20.0, groups=False)
+    assert led.counter_of("org/g/a") == 5.0 and led.groups["org/g"].service == 0.0  # the group above: untouched
+    led.apply_remote("org/g", 7.0, 28.0, groups=False)
+    g, org = led.groups["org/g"], led.groups["org"]
+    assert (g.counter, g.service, org.counter, org.service) == (7.0, 28.0, 0.0, 0.0)
+    led.apply_remote("org/h/b", 3.0, 12.0)  # by default the groups above move as a charge here would
+    assert (led.groups["org/h"].service, org.service, org.counter) == (12.0, 12.0, 12.0)

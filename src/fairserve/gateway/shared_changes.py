@@ -6,7 +6,7 @@ its data), and the whole backlog, sent when Redis may not have it.
 
 Groups are shared as tenants are: a group's counter and service live in Redis, each replica adds what it charged
 below the group (the sum of its tenants' charges in the batch), Redis lifts a node that becomes backlogged anywhere
-(`redis_scripts.py`), and the answer's values replace the local ones (`Ledger.apply_remote(..., groups=False)`:
+(`redis_backlog.py`), and the answer's values replace the local ones (`Ledger.apply_remote(..., groups=False)`:
 a tenant's remote charges do not move the groups above it locally, since their own values come back too)."""
 
 from __future__ import annotations

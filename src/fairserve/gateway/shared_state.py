@@ -156,7 +156,7 @@ class SharedState(Link):
         nodes at the top backlogged here or on any live replica (as of the last sync: the smallest two, so that the
         node's own is passed over); the lift is sent with the next sync. Below the top, the floor among its siblings
         queued here: the next sync lifts a node that became backlogged anywhere to the smallest counter among its
-        siblings backlogged on any replica, in Redis (`redis_scripts.py`), and every replica takes that counter."""
+        siblings backlogged on any replica, in Redis (`redis_backlog.py`), and every replica takes that counter."""
         self.changes.mark(acct)
         if acct.parent is not None:
             return local_floor
