@@ -77,6 +77,21 @@ def replica_config(urls, state=None):
     )
 
 
+async def stream(c: httpx.AsyncClient, base: str, tenant: str, got: dict[str, list[tuple[float, int]]]) -> int:
+    """One streamed request of `tenant` through the gateway at `base`: its output tokens go to `got[tenant]` with
+    their arrival times. Returns the status."""
+    async with c.stream(
+        "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
+    ) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                doc = json.loads(line[6:])
+                n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
+                if n:
+                    got[tenant].append((time.monotonic(), n))
+        return r.status_code
+
+
 async def drive(
     placement: dict[str, list[tuple[str, int]]], seconds: float, outcomes: list[str] | None = None, during=None
 ) -> dict[str, list[tuple[float, int]]]:
@@ -88,16 +103,7 @@ async def drive(
     async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
         while time.monotonic() < stop:
             try:
-                async with c.stream(
-                    "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
-                ) as r:
-                    status = r.status_code
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
-                            doc = json.loads(line[6:])
-                            n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
-                            if n:
-                                got[tenant].append((time.monotonic(), n))
+                status = await stream(c, base, tenant, got)
                 if outcomes is not None:
                     outcomes.append("ok" if status == 200 else f"{tenant}: status {status}")
             except httpx.HTTPError as e:
@@ -460,16 +466,7 @@ def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_e
 
             async def worker(base: str, tenant: str) -> None:
                 while not stop.is_set():
-                    async with c.stream(
-                        "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True),
-                        headers={"Authorization": f"Bearer {LIFT_TREE[tenant]}"},
-                    ) as r:  # fmt: skip
-                        async for line in r.aiter_lines():
-                            if line.startswith("data: {"):
-                                doc = json.loads(line[6:])
-                                n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
-                                if n:
-                                    got[tenant].append((time.monotonic(), n))
+                    await stream(c, base, tenant, got)
 
             async def counters(base: str) -> tuple[float, float]:
                 tree = (await c.get(base + "/admin/tree", headers=admin)).json()["tree"]
@@ -487,8 +484,14 @@ def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_e
             await asyncio.gather(*tasks)
         return g_before, h_before, g_back, tokens(g, t0) / (tokens(g, t0) + tokens(h, t0))
 
-    with running_server(create_app(cfg)) as r1, running_server(create_app(cfg.model_copy(deep=True))) as r2:
-        g_before, h_before, g_back, share_g = asyncio.run(main(r1, r2))
+    keys = dict(KEYS)
+    KEYS.update(LIFT_TREE)  # NOTE: `auth` in stream() looks tenants' keys up here
+    try:
+        with running_server(create_app(cfg)) as r1, running_server(create_app(cfg.model_copy(deep=True))) as r2:
+            g_before, h_before, g_back, share_g = asyncio.run(main(r1, r2))
+    finally:
+        KEYS.clear()
+        KEYS.update(keys)
     print(f"org/g counter {g_before:.0f} idle, {g_back:.0f} back (org/h {h_before:.0f}); org/g's share {share_g:.3f}")
     assert g_before < h_before / 10  # idle everywhere, its counter far below its sibling's...
     assert g_back >= h_before  # ...and lifted to it (or more: org/h's counter grew since) on coming back
