@@ -66,7 +66,7 @@ class SimReplica:
         self.first = False
         backends = [[url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0] for url in BACKENDS]
         return sync_args(
-            self.prefix, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, charges,
+            self.prefix, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, True, charges,
             [], [], (mode, added, gone), "", backends,
         )  # fmt: skip
 
@@ -209,7 +209,7 @@ def seed(url: str, tenants: int, prefix: str = PREFIX) -> None:
     names = [f"t{i}" for i in range(tenants)]
     for k in range(0, tenants, 1000):
         charges = [x for t in names[k : k + 1000] for x in (t, "10.0", "10.0", "", "0", "0")]
-        args = sync_args(prefix, "seed", 1, 0, "", ("", "0", "0", 0), f"seed:{k + 1}", False, charges, [], [],
+        args = sync_args(prefix, "seed", 1, 0, "", ("", "0", "0", 0), f"seed:{k + 1}", False, True, charges, [], [],
                          ("+", [], []), "", [])  # fmt: skip
         script(args=args)
     client.close()

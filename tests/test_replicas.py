@@ -77,6 +77,21 @@ def replica_config(urls, state=None):
     )
 
 
+async def stream(c: httpx.AsyncClient, base: str, tenant: str, got: dict[str, list[tuple[float, int]]]) -> int:
+    """One streamed request of `tenant` through the gateway at `base`: its output tokens go to `got[tenant]` with
+    their arrival times. Returns the status."""
+    async with c.stream(
+        "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
+    ) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                doc = json.loads(line[6:])
+                n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
+                if n:
+                    got[tenant].append((time.monotonic(), n))
+        return r.status_code
+
+
 async def drive(
     placement: dict[str, list[tuple[str, int]]], seconds: float, outcomes: list[str] | None = None, during=None
 ) -> dict[str, list[tuple[float, int]]]:
@@ -88,16 +103,7 @@ async def drive(
     async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
         while time.monotonic() < stop:
             try:
-                async with c.stream(
-                    "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
-                ) as r:
-                    status = r.status_code
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
-                            doc = json.loads(line[6:])
-                            n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
-                            if n:
-                                got[tenant].append((time.monotonic(), n))
+                status = await stream(c, base, tenant, got)
                 if outcomes is not None:
                     outcomes.append("ok" if status == 200 else f"{tenant}: status {status}")
             except httpx.HTTPError as e:
@@ -409,3 +415,84 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
     ratio = a / (1 - a)
     print(f"Dynamo case, two replicas: class A : class B = {ratio:.2f} : 1 (share {a:.3f})")
     assert 3.6 <= ratio <= 4.4, (ratio, a)
+
+
+LIFT_TREE = {"org/g/u0": "k-g0", "org/h/u0": "k-h0"}  # sibling groups org/g and org/h, one tenant each
+STREAMS = 8  # per tenant: more than the 4 slots of both backends, so a tenant with streams is backlogged
+
+
+def node(tree: list[dict], path: str) -> dict:
+    for n in tree:
+        if n["path"] == path:
+            return n
+        if path.startswith(n["path"] + "/"):
+            return node(n["children"], path)
+    raise KeyError(path)
+
+
+def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_elsewhere(redis, backends):
+    """org/g idles on both replicas while its sibling org/h is served through replica 2; then org/g comes back
+    through replica 1, where none of its siblings is queued. Its counter is lifted to org/h's (the lift among
+    siblings backlogged on any replica), so it hoards no credit: from the moment both are backlogged, the service
+    splits by the weights (1:1), not all to org/g until it caught up."""
+    _, urls = backends
+    cfg = build_config(
+        {
+            "backends": [{"url": u, "max_inflight_requests": LIMIT} for u in urls],
+            "tenants": [{"name": t, "api_keys": [k]} for t, k in LIFT_TREE.items()],
+            "admin_key": ADMIN,
+            "health_interval_s": 0,
+            "state": redis.url,
+            "state_interval_s": 0.01,
+            "state_ttl_s": 1.0,
+        }
+    )
+    g, h = LIFT_TREE
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    got: dict[str, list[tuple[float, int]]] = {g: [], h: []}
+
+    def tokens(tenant: str, since: float = 0.0) -> int:
+        return sum(n for at, n in got[tenant] if at >= since)
+
+    async def until(check, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            assert time.monotonic() < deadline, "condition not met in time"
+            await asyncio.sleep(0.01)
+
+    async def main(r1: str, r2: str) -> tuple[float, float, float, float]:
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as c:
+
+            async def worker(base: str, tenant: str) -> None:
+                while not stop.is_set():
+                    await stream(c, base, tenant, got)
+
+            async def counters(base: str) -> tuple[float, float]:
+                tree = (await c.get(base + "/admin/tree", headers=admin)).json()["tree"]
+                return node(tree, "org/g")["counter"], node(tree, "org/h")["counter"]
+
+            tasks = [asyncio.create_task(worker(r2, h)) for _ in range(STREAMS)]
+            await until(lambda: tokens(h) >= 600, 30.0)  # org/h alone: its counter far above idle org/g's
+            g_before, h_before = await counters(r1)
+            t0 = time.monotonic()  # org/g's streams start: both backlogged from here
+            tasks += [asyncio.create_task(worker(r1, g)) for _ in range(STREAMS)]
+            await until(lambda: tokens(g, t0) > 0, 10.0)
+            g_back, _ = await counters(r1)
+            await until(lambda: tokens(g, t0) + tokens(h, t0) >= 800, 30.0)
+            stop.set()
+            await asyncio.gather(*tasks)
+        return g_before, h_before, g_back, tokens(g, t0) / (tokens(g, t0) + tokens(h, t0))
+
+    keys = dict(KEYS)
+    KEYS.update(LIFT_TREE)  # NOTE: `auth` in stream() looks tenants' keys up here
+    try:
+        with running_server(create_app(cfg)) as r1, running_server(create_app(cfg.model_copy(deep=True))) as r2:
+            g_before, h_before, g_back, share_g = asyncio.run(main(r1, r2))
+    finally:
+        KEYS.clear()
+        KEYS.update(keys)
+    print(f"org/g counter {g_before:.0f} idle, {g_back:.0f} back (org/h {h_before:.0f}); org/g's share {share_g:.3f}")
+    assert g_before < h_before / 10  # idle everywhere, its counter far below its sibling's...
+    assert g_back >= h_before  # ...and lifted to it (or more: org/h's counter grew since) on coming back
+    assert abs(share_g - 0.5) < 0.06, share_g  # the weights from then on: no credit hoarded while idle

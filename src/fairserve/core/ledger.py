@@ -35,7 +35,8 @@ class Peers(Protocol):
         ...
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
-        """The floor `acct` is lifted to, given the smallest counter queued here: the smallest anywhere."""
+        """The floor `acct` (a tenant or a group) is lifted to, given the smallest counter among its siblings queued
+        here: the smallest among its siblings queued anywhere, as far as this process knows it now."""
         ...
 
 
@@ -159,10 +160,9 @@ class Ledger:
     def _lift(self, node: Account) -> None:
         """The counter lift: a node (a tenant, a group) whose subtree had nothing queued gets something queued, so its
         counter becomes at least the smallest counter among its siblings with something queued (no credit hoarded
-        while idle). At the top, shared state's `Peers` give the floor over every replica."""
+        while idle). Shared state's `Peers` give the floor over every replica."""
         floor = self.policy.min_counter(node.parent)
-        # NOTE: the floor from elsewhere is among tenants: a group's is its siblings' here
-        if self.peers is not None and node.parent is None and node.tenant in self.accounts:
+        if self.peers is not None:
             floor = self.peers.lift_floor(node, floor)
         if floor is not None and floor > node.counter:
             node.counter = floor
@@ -423,18 +423,24 @@ class Ledger:
             raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
         self.node(path).weight = weight
 
-    def apply_remote(self, tenant: str, counter: float, service: float, weight: float | None = None) -> None:
+    def apply_remote(
+        self, tenant: str, counter: float, service: float, weight: float | None = None, groups: bool = True
+    ) -> None:
         """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
-        replicas: gateway/shared_state.py): they replace the local values. Unsupported for a policy that cannot take
-        counters from elsewhere; ValueError for a weight out of range."""
+        replicas: gateway/shared_state.py, a file snapshot: gateway/snapshot.py): they replace the local values, and
+        the difference in service moves the groups above as a charge here would. With `groups=False` the groups
+        above are left alone (their own values come from elsewhere too), and `tenant` may name a group. Unsupported
+        for a policy that cannot take counters from elsewhere; ValueError for a weight out of range."""
         if not self.policy.capabilities.shares_counters:
             raise Unsupported(f"policy {self.policy.name!r} cannot share its counters")
         if weight is not None:
             self.set_weight(tenant, weight)
-        acct = self.account(tenant)
+        acct = self.groups.get(tenant) if not groups else None
+        if acct is None:
+            acct = self.account(tenant)
         self.policy.set_counter(acct, counter)
         delta, acct.service = service - acct.service, service
-        group = acct.parent
+        group = acct.parent if groups else None
         while group is not None:  # NOTE: a group's service is its subtree's
             group.service += delta
             if delta:  # NOTE: and what was charged elsewhere moves the group's counter as a charge here would

@@ -3,12 +3,12 @@
 out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
-- each tenant's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by tenant);
-- which tenants are backlogged on which live replica (a set per replica, `P:bk:REPLICA`, and per tenant,
-  `P:bt:TENANT`; a dead replica's backlog is gone within `ttl_s`), the tenants backlogged on a replica that another
-  one charged since its last sync (`P:d:REPLICA`, in its next answer, so that the counters it orders its queue by
-  are never more than a sync late), and for the lift the tenants backlogged anywhere scored by counter (sorted set
-  `P:f:`, read in O(log n));
+- each node's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by the tenant, or by the
+  group of the tenant tree: a replica's charge rows carry its groups' too, each the sum of its tenants' charges);
+- which nodes are backlogged on which live replica (a dead replica's backlog is gone within `ttl_s`), and per
+  parent the nodes backlogged anywhere scored by counter, for the lift (`redis_backlog.py`: that part of the
+  script); the nodes backlogged on a replica that another one charged since its last sync (`P:d:REPLICA`, in its
+  next answer, so that the counters it orders its queue by are never more than a sync late);
 - the replicas alive (sorted set `P:r`, scored by expiry) and each replica's capacity lease on each backend
   (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
   (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
@@ -23,15 +23,18 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
-A sync costs what changed: every step touches the tenants this replica charged, lifted, or whose backlog it
-changed, at most `pull` tenants changed elsewhere, the replicas waiting for capacity, and a few keys per backend;
-a replica that expired is read once, by the sync that finds it expired. Nothing walks all tenants except a counter
-reset and the first sync of a replica (or of a Redis that lost its data), which reads them all."""
+A sync costs what changed: every step touches the nodes this replica charged (a tenant and the groups above it),
+lifted, or whose backlog it changed, at most `pull` nodes changed elsewhere, the replicas waiting for capacity, and
+a few keys per backend; a replica that expired is read once, by the sync that finds it expired. Nothing walks all
+tenants except a counter reset and the first sync of a replica (or of a Redis that lost its data), which reads them
+all."""
 
 from typing import Any
 
+from .redis_backlog import BACKLOG_LUA
+
 # One round trip per sync. ARGV: prefix, replica, ttl_ms, hold_ms, now_ms, epoch, since, weights since, pull, batch,
-# reset (0/1), backlog mode ("+" changes, "=" the whole list), then counted sections:
+# reset (0/1), backlog mode ("+" changes, "=" the whole list), lifts (0/1: the policy lifts), then counted sections:
 #   (now_ms: the time expiries are measured in; "" for Redis's own clock, a test's clock otherwise)
 #   (epoch, since, weights since: what this replica last read, as the data's epoch (set when Redis starts it) and
 #    two change numbers (`P:seq` counts every change to a tenant's counter, service or weight, `P:wseq` the weights
@@ -43,9 +46,9 @@ from typing import Any
 #   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
 #    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
 #    batch, and Redis, which may have run it, never charges twice)
-#   charges: n, then n x (tenant, service delta, counter delta, lift or "", base counter, base service)
+#   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
-#   backlog: n tenants now backlogged here (mode "=": all of them), then n tenants no longer backlogged here
+#   backlog: n nodes now backlogged here (mode "=": all of them), then n nodes no longer backlogged here
 #   starved: the tenant at the head of this replica's queue when it may be admitted but no lease has room, else ""
 #   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
 #                          keep r, keep t)
@@ -53,57 +56,43 @@ from typing import Any
 #      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {tenants: those charged or newly backlogged here, those backlogged here and charged elsewhere, those
-#          changed since `since`; their counters and services (three lists in the same order; nil where unset),
+# Returns {tenants (nodes): those charged or newly backlogged here, those backlogged here and charged elsewhere,
+#          the groups above other replicas' waiting heads, those changed since `since`; their counters and
+#          services (three lists in the same order; nil where unset),
 #          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
-#          tenant, counter: the two smallest counters backlogged on any live replica), starved elsewhere (flat:
+#          node, counter: the two smallest counters backlogged at the top on any live replica), starved elsewhere (flat:
 #          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
 #          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
 #          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
-# NOTE: the floor lives in one sorted set per parent (`P:f:` + the parent's path, "" at the top), so that groups of
-# tenants can join the same structure. Lua's own work (making strings, calling commands) is most of a script's time:
+# NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
-SYNC_LUA = """
+SYNC_LUA = (
+    """
 local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local batch, reset, mode = ARGV[10], ARGV[11], ARGV[12]
+local batch, reset, mode, lifts = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
 local t = redis.call('TIME')
 local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local i = 12
+local i = 13
 local function nxt() i = i + 1; return ARGV[i] end
 local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
 local fmt = '%.17g'
-local function touch(tenant) redis.call('ZADD', V, redis.call('INCR', SEQ), tenant) end
+-- NOTE: the change numbers as of now (read once, then counted here: the script is atomic), so none is read again
+local seq, wseq = 0, 0
+local function bump(n) seq = redis.call('INCRBY', SEQ, n); return seq - n end
+local function wbump() wseq = redis.call('INCR', p .. ':wseq'); return wseq end
+local function touch(tenant) redis.call('ZADD', V, bump(1) + 1, tenant) end
+-- the values this script wrote (or read) for a node: the answer's counters and services need no HMGET for them
+local known_c, known_s = {}, {}
 local rows, listed = {}, {}
 local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
 end
--- the backlog: each replica's set `P:bk:REPLICA`, each tenant's set of replicas `P:bt:TENANT`, and the tenants
--- backlogged anywhere scored by counter (`P:f:`; its changes gathered, then written in a few calls by `write_floor()`)
-local fadd, fdel = {}, {}
-local function backlog(r, tenant)
-  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1
-      and redis.call('SCARD', p .. ':bt:' .. tenant) == 1 then
-    fadd[#fadd + 1] = tenant
-  end
-end
-local function unbacklog(r, tenant)
-  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 and redis.call('EXISTS', p .. ':bt:' .. tenant) == 0 then
-    fdel[#fdel + 1] = tenant
-  end
-end
-local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, as unpack() has a limit
-  for a = 1, #fadd, 1000 do
-    local b = math.min(a + 999, #fadd)
-    local counters, set = redis.call('HMGET', C, unpack(fadd, a, b)), {}
-    for j = a, b do set[#set + 1] = counters[j - a + 1] or '0'; set[#set + 1] = fadd[j] end
-    redis.call('ZADD', F, unpack(set))
-  end
-  for a = 1, #fdel, 1000 do redis.call('ZREM', F, unpack(fdel, a, math.min(a + 999, #fdel))) end
-  fadd, fdel = {}, {}
-end
+"""
+    + BACKLOG_LUA
+    + """
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
 -- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
 local function drop(r)
@@ -133,8 +122,9 @@ if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotte
   return 1
 end
 -- NOTE: the few single values a sync reads, in one call (a script's time is mostly its calls)
-local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg')
+local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
 local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
+seq, wseq = tonumber(single[4] or '0'), tonumber(single[5] or '0')
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
@@ -148,7 +138,7 @@ for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
 write_floor()
 local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
 local replicas = redis.call('ZCARD', R)
-local hold = hold_until > now
+hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
 local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
@@ -169,43 +159,66 @@ if fresh and reset == '1' then
     for j = a, math.min(a + 999, #all) do set[#set + 1] = all[j]; set[#set + 1] = '0' end
     redis.call('HSET', C, unpack(set))
   end
-  for _, tenant in ipairs(redis.call('ZRANGE', F, 0, -1)) do redis.call('ZADD', F, 0, tenant) end
+  for key, idx in pairs(by_floor(all)) do  -- NOTE: each backlogged node's floor score too (XX: only those there)
+    for a = 1, #idx, 1000 do
+      local set = {}
+      for j = a, math.min(a + 999, #idx) do set[#set + 1] = '0'; set[#set + 1] = all[idx[j]] end
+      redis.call('ZADD', key, 'XX', unpack(set))
+    end
+  end
 end
 -- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
-local names, charged = {}, {}
+-- (a row's fields are read from ARGV where they are, `at`: a script's time is mostly Lua's own work)
+local names, at, tree = {}, {}, false
 for j = 1, tonumber(nxt()) do
   local tenant = nxt()
-  names[j] = tenant
-  charged[j] = {tonumber(nxt()), tonumber(nxt()), nxt(), tonumber(nxt()), tonumber(nxt())}
+  names[j], at[j] = tenant, i
+  i = i + 5
+  if not tree and string.find(tenant, '/', 1, true) then tree = true end
   row(tenant)
 end
 if fresh and #names > 0 then
-  local k = redis.call('INCRBY', SEQ, #names) - #names
+  local k = bump(#names)
   for a = 1, #names, 1000 do
     local b = math.min(a + 999, #names)
-    local oc, os = redis.call('HMGET', C, unpack(names, a, b)), redis.call('HMGET', S, unpack(names, a, b))
-    local backlogged = redis.call('ZMSCORE', F, unpack(names, a, b))
-    local setc, sets, floor, log = {}, {}, {}, {}
+    local chunk = (a == 1 and b == #names) and names or {unpack(names, a, b)}
+    local oc, os = redis.call('HMGET', C, unpack(chunk)), redis.call('HMGET', S, unpack(chunk))
+    -- each node's score on its siblings' floor: one call per parent (one for all when nobody is below the top)
+    local backlogged, floors = tree and {} or redis.call('ZMSCORE', F, unpack(chunk)), {}
+    if tree then
+      for key, idx in pairs(by_floor(chunk)) do
+        local some = {}
+        for q, j in ipairs(idx) do some[q] = chunk[j] end
+        local scores = redis.call('ZMSCORE', key, unpack(some))
+        for q, j in ipairs(idx) do backlogged[j] = scores[q] end
+      end
+    end
+    local setc, sets, log = {}, {}, {}
     for j = a, b do
-      local tenant, q = names[j], j - a + 1
-      local ds, dc, lift, bc, bs = unpack(charged[j])
-      local c, s = tonumber(oc[q] or bc), tonumber(os[q] or bs)
+      local tenant, q, x = names[j], j - a + 1, at[j]
+      local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
+      local c, s = tonumber(oc[q] or ARGV[x + 4]), tonumber(os[q] or ARGV[x + 5])
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
-      local cs = string.format(fmt, c + dc)
+      local cs, ss = string.format(fmt, c + dc), string.format(fmt, s + ds)
+      dcs[tenant], known_c[tenant], known_s[tenant] = dc, cs, ss
       k = k + 1
       setc[2 * q - 1], setc[2 * q] = tenant, cs
-      sets[2 * q - 1], sets[2 * q] = tenant, string.format(fmt, s + ds)
+      sets[2 * q - 1], sets[2 * q] = tenant, ss
       log[2 * q - 1], log[2 * q] = k, tenant
       if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
+        local key = tree and floor_key(tenant) or F
+        local floor = floors[key]
+        if not floor then floor = {}; floors[key] = floor end
         floor[#floor + 1], floor[#floor + 2] = cs, tenant
-        for _, r in ipairs(redis.call('SMEMBERS', p .. ':bt:' .. tenant)) do
+        members[tenant] = redis.call('SMEMBERS', p .. ':bt:' .. tenant)
+        for _, r in ipairs(members[tenant]) do
           if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
         end
       end
     end
     redis.call('HSET', C, unpack(setc))
     redis.call('HSET', S, unpack(sets))
-    if #floor > 0 then redis.call('ZADD', F, unpack(floor)) end
+    for key, floor in pairs(floors) do redis.call('ZADD', key, unpack(floor)) end
     redis.call('ZADD', V, unpack(log))
   end
 end
@@ -214,7 +227,7 @@ for _ = 1, tonumber(nxt()) do
   if fresh then
     redis.call('HSET', W, tenant, w)
     touch(tenant)
-    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
   row(tenant)
 end
@@ -222,7 +235,7 @@ for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
   if redis.call('HSETNX', W, tenant, nxt()) == 1 then
     touch(tenant)
-    redis.call('ZADD', WV, redis.call('INCR', p .. ':wseq'), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
 end
 local bk = p .. ':bk:' .. rid
@@ -253,17 +266,23 @@ for _ = 1, tonumber(nxt()) do
 end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
-local starved = nxt()
-if starved ~= '' then redis.call('HSET', ST, rid, starved) else redis.call('HDEL', ST, rid) end
+local starved, mine = nxt(), nil
 local waiting, heads = {}, {}
 local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
-  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] end
+  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] else mine = st[j + 1] end
+end
+if starved ~= '' then
+  if mine ~= starved then redis.call('HSET', ST, rid, starved) end
+elseif mine then
+  redis.call('HDEL', ST, rid)
 end
 if #heads > 0 then
   local counters = redis.call('HMGET', C, unpack(heads))
   for j, tenant in ipairs(heads) do
     waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
+    local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
+    while node do row(node); node = parent(node) end
   end
 end
 local leases, released = {}, false
@@ -314,28 +333,35 @@ end
 local nsince, nwsince, wrows
 if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
-  nsince, nwsince, wrows = redis.call('GET', SEQ) or '0', redis.call('GET', p .. ':wseq') or '0', rows
+  nsince, nwsince, wrows = string.format('%d', seq), string.format('%d', wseq), rows
 else
   local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
   for j = 1, #got, 2 do row(got[j]) end
-  nsince = #got > 0 and #got == 2 * pull and got[#got] or (redis.call('GET', SEQ) or '0')
-  local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
-  wrows = {}
-  for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
-  nwsince = #wgot > 0 and wgot[#wgot] or wsince
-end
-local function values(key, list)  -- HMGET in chunks, as unpack() has a limit
-  if #list <= 1000 then return #list > 0 and redis.call('HMGET', key, unpack(list)) or {} end
-  local out = {}
-  for a = 1, #list, 1000 do
-    for _, v in ipairs(redis.call('HMGET', key, unpack(list, a, math.min(a + 999, #list)))) do out[#out + 1] = v end
+  nsince = #got > 0 and #got == 2 * pull and got[#got] or string.format('%d', seq)
+  wrows, nwsince = {}, wsince
+  if wseq > (tonumber(wsince) or 0) then  -- NOTE: no weight set since: nothing to ask
+    local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
+    for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
+    nwsince = #wgot > 0 and wgot[#wgot] or wsince
   end
+end
+local function values(key, list, known)  -- HMGET (in chunks, as unpack() has a limit) of those not `known`
+  local ask, out = {}, {}
+  for _, node in ipairs(list) do
+    if known[node] == nil then ask[#ask + 1] = node end
+  end
+  for a = 1, #ask, 1000 do
+    local b = math.min(a + 999, #ask)
+    for q, v in ipairs(redis.call('HMGET', key, unpack(ask, a, b))) do known[ask[a + q - 1]] = v end
+  end
+  for j, node in ipairs(list) do out[j] = known[node] end
   return out
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
-return {rows, values(C, rows), values(S, rows), wrows, values(W, wrows), floor, waiting, leases, replicas, current,
-  nsince, nwsince, generation, known}
+return {rows, values(C, rows, known_c), values(S, rows, known_s), wrows, values(W, wrows, {}), floor, waiting, leases,
+  replicas, current, nsince, nwsince, generation, known}
 """
+)
 # The answer's parts, in order (the comment above SYNC_LUA says what each holds).
 ANSWER = (
     "tenants", "counters", "services", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
@@ -352,6 +378,7 @@ def sync_args(
     read: tuple[str, str, str, int],
     batch: str,
     reset: bool,
+    lifts: bool,
     charges: list[Any],
     weights: list[Any],
     seeds: list[Any],
@@ -373,6 +400,7 @@ def sync_args(
         batch,
         "1" if reset else "0",
         mode,
+        "1" if lifts else "0",
         len(charges) // 6,
         *charges,
         len(weights) // 2,
@@ -392,4 +420,4 @@ def sync_args(
 def leave_args(prefix: str, replica: str, token: str) -> list[Any]:
     """SYNC_LUA's ARGV for leaving: the replica's leases, backlog and wait stop counting at once, and the numbers of
     its batches (`token`) are forgotten."""
-    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave"]
+    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave", ""]

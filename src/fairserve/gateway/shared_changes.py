@@ -1,7 +1,13 @@
 """What changed on this replica since its last sync with the shared state (gateway/shared_state.py), so that a sync
-costs what changed rather than what exists: the accounts charged, lifted or whose backlog changed, the tokens of
-the requests queued, and the backlog as Redis last heard it. Nothing here is O(tenants) but `everything()`, used
-only when Redis must be told everything again (it lost its data)."""
+costs what changed rather than what exists: the accounts charged, lifted or whose backlog changed (tenants, and the
+groups of the tenant tree above them), the tokens of the requests queued, and the backlog as Redis last heard it.
+Nothing here is O(tenants) but a batch of everything, sent only when Redis must be told everything again (it lost
+its data), and the whole backlog, sent when Redis may not have it.
+
+Groups are shared as tenants are: a group's counter and service live in Redis, each replica adds what it charged
+below the group (the sum of its tenants' charges in the batch), Redis lifts a node that becomes backlogged anywhere
+(`redis_backlog.py`), and the answer's values replace the local ones (`Ledger.apply_remote(..., groups=False)`:
+a tenant's remote charges do not move the groups above it locally, since their own values come back too)."""
 
 from __future__ import annotations
 
@@ -34,8 +40,13 @@ class Changes:
         on_charge, enqueue, dequeue, remove = policy.on_charge, policy.enqueue, policy.dequeue, policy.remove
 
         def charged(acct: Account, amount: float) -> None:
-            if acct not in self.dirty:  # NOTE: the ledger added the amount to the service; the counter is to come
-                self.dirty[acct] = (acct.counter, acct.service - amount)
+            dirty = self.dirty
+            if acct not in dirty:  # NOTE: the ledger added the amount to the service; the counter is to come
+                dirty[acct] = (acct.counter, acct.service - amount)
+                node = acct.parent  # the groups above it, the same way
+                while node is not None and node not in dirty:
+                    dirty[node] = (node.counter, node.service - amount)
+                    node = node.parent
             on_charge(acct, amount)
 
         def queued(req: Request, front: bool) -> None:
@@ -62,9 +73,14 @@ class Changes:
         return getattr(ledger.policy, "_shared_changes", None) is not None
 
     def mark(self, acct: Account) -> None:
-        """`acct` is about to change (a lift, a queue change)."""
-        if acct not in self.dirty:
-            self.dirty[acct] = (acct.counter, acct.service)
+        """`acct` is about to change (a lift, a queue change), and with it the groups above it. NOTE: the changed
+        accounts are closed upwards (a group above a changed account is changed), so the walk stops at the first
+        group already marked."""
+        dirty = self.dirty
+        node: Account | None = acct
+        while node is not None and node not in dirty:
+            dirty[node] = (node.counter, node.service)
+            node = node.parent
 
     def take(self) -> dict[Account, tuple[float, float]]:
         taken, self.dirty = self.dirty, {}
@@ -86,23 +102,32 @@ class Changes:
         changed = self.take()
         snap: dict[Account, tuple[float, float]] = {}
         charges: list[Any] = []
+        groups = ledger.groups
+        below: dict[Account, float] = {}  # per group: what this batch charges its tenants
+        nodes: list[Account] = []  # the groups changed, after the tenants (their charges are the tenants' sum)
         for acct in ledger.accounts.values() if everything else changed:
+            if not everything and groups.get(acct.tenant) is acct:
+                nodes.append(acct)
+                continue
             base = acct.synced
             ds = acct.service - base if base is not None else acct.service
             lift = acct.lift
             if not ds and lift is None and base is not None and not everything:
                 continue
+            if ds:
+                node = acct.parent
+                while node is not None:
+                    below[node] = below.get(node, 0.0) + ds
+                    node = node.parent
             snap[acct] = (acct.counter, acct.service)
             acct.lift = None  # NOTE: sent with this batch, and with it again if its answer is lost
-            dc = ds / acct.weight
-            charges += [
-                acct.tenant,
-                repr(ds),
-                repr(dc),
-                "" if lift is None else repr(lift),
-                repr(acct.counter - dc),
-                repr(acct.service - ds),
-            ]
+            charges += _row(acct, ds, lift)
+        for group in groups.values() if everything else nodes:
+            ds, lift = below.get(group, 0.0), group.lift
+            if ds or lift is not None or group.synced is None or everything:
+                snap[group] = (group.counter, group.service)
+                group.lift = None
+                charges += _row(group, ds, lift)
         self.backlog_changes(ledger, changed)
         return charges, snap
 
@@ -129,8 +154,10 @@ class Changes:
                 ledger.set_weight(acct.tenant, weight)
             except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
                 log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
+        groups = ledger.groups
         for tenant, c, s in zip(*rows, strict=True):
-            acct = accounts.get(_text(tenant))
+            name = _text(tenant)
+            acct = accounts.get(name) or groups.get(name)
             if acct is None:
                 continue
             counter = _num(c)
@@ -138,7 +165,7 @@ class Changes:
                 continue
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
             service = _num(s) or 0.0
-            ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0))
+            ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
             acct.synced = service
             if acct in self.dirty:  # NOTE: what changed since counts from these values now
                 self.dirty[acct] = (counter, service)
@@ -146,9 +173,10 @@ class Changes:
     def backlog_changes(self, ledger: Ledger, accounts: Any) -> None:
         """`sent` := ("=", every tenant backlogged here, []) when the whole list is due, else ("+", newly
         backlogged, no longer backlogged) among `accounts` (those changed); what Redis is told is remembered."""
-        if self.full:
+        if self.full:  # NOTE: O(tenants + groups), as the whole backlog is
             self.full = False
             self.backlog = {t for t, a in ledger.accounts.items() if a.queued}
+            self.backlog.update(g for g, a in ledger.groups.items() if a.queued)
             self.sent = ("=", sorted(self.backlog), [])
             return
         added, gone = [], []
@@ -161,6 +189,20 @@ class Changes:
                 gone.append(t)
                 self.backlog.discard(t)
         self.sent = ("+", added, gone)
+
+
+def _row(acct: Account, ds: float, lift: float | None) -> list[Any]:
+    """A charge row: the node, what this batch charges it (service and counter), its lift or "", and its counter and
+    service before the charge (what Redis starts from if it has none)."""
+    dc = ds / acct.weight
+    return [
+        acct.tenant,
+        repr(ds),
+        repr(dc),
+        "" if lift is None else repr(lift),
+        repr(acct.counter - dc),
+        repr(acct.service - ds),
+    ]
 
 
 def _text(v: Any) -> str:

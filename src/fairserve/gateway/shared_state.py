@@ -152,9 +152,14 @@ class SharedState(Link):
         self._seed = dict(ledger.weights)
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
-        """The lift's floor: the smallest counter among tenants backlogged here or on any live replica (as of the
-        last sync: the smallest two, so that the tenant's own is passed over)."""
+        """The lift's floor for a node (tenant or group) at the top of the tree: the smallest counter among the
+        nodes at the top backlogged here or on any live replica (as of the last sync: the smallest two, so that the
+        node's own is passed over); the lift is sent with the next sync. Below the top, the floor among its siblings
+        queued here: the next sync lifts a node that became backlogged anywhere to the smallest counter among its
+        siblings backlogged on any replica, in Redis (`redis_backlog.py`), and every replica takes that counter."""
         self.changes.mark(acct)
+        if acct.parent is not None:
+            return local_floor
         floor = local_floor
         for c, tenant in self._floor:
             if tenant != acct.tenant:
@@ -219,7 +224,7 @@ class SharedState(Link):
 
     def _drop_lifts(self) -> None:
         """The counters were reset here: lifts not yet sent no longer hold."""
-        for acct in self.ledger.accounts.values():  # NOTE: O(tenants), as a reset is
+        for acct in (*self.ledger.accounts.values(), *self.ledger.groups.values()):  # NOTE: O(nodes), as a reset is
             acct.lift = None
         self.changes.counters_reset()
 
@@ -265,6 +270,7 @@ class SharedState(Link):
             (self._epoch, self._seq, self._wseq, PULL),
             f"{self._token}:{number}",
             reset,
+            self.ledger.policy.capabilities.lifts,
             charges,
             weights,
             [x for t, w in self._seed.items() for x in (t, repr(w))],
