@@ -57,6 +57,7 @@ class PrefixCache:
         self.refs: dict[Hashable, int] = {}
         self.own = 0  # blocks held by running requests outside any key
         self.hit_tokens = self.queried_tokens = 0  # over admissions: prompt tokens found / looked up
+        self.version = 0  # changes whenever the set of cached keys does (what `cached_prefix` answers from)
 
     @property
     def available(self) -> int:
@@ -80,7 +81,6 @@ class PrefixCache:
         prefix; None, with nothing changed, when the pool cannot make room."""
         hit = self.cached_prefix(keys, prompt_tokens)
         total = self.blocks_for(prompt_tokens + extra_tokens)
-        fresh = [k for k in keys[hit:] if k not in self.refs and k not in self.unused]
         reused = [k for k in keys[:hit] if k in self.unused]
         # NOTE: reused unreferenced blocks leave `unused` without freeing anything, so they do not count as room
         if total - hit > self.free + len(self.unused) - len(reused):
@@ -88,10 +88,14 @@ class PrefixCache:
         for k in keys[:hit]:
             self._ref(k)
         self._take(total - hit)
+        # NOTE: after the evictions: a block evicted to make room is computed again, so it is named again
+        fresh = [k for k in keys[hit:] if k not in self.refs and k not in self.unused]
         held = Held(keys=list(keys[:hit]), own=total - hit, cached_tokens=hit * self.block_tokens)
         # the prompt's newly computed full blocks get their key: a later request can hit them
         for k in fresh:
             self.refs[k] = 1
+        if fresh:
+            self.version += 1
         held.keys += fresh
         held.own -= len(fresh)
         self.own += held.own
@@ -134,6 +138,8 @@ class PrefixCache:
         """Takes `blocks` blocks (the caller checked there is room), evicting the least recently used first."""
         from_free = min(blocks, self.free)
         self.free -= from_free
+        if blocks > from_free:
+            self.version += 1
         for _ in range(blocks - from_free):
             self.unused.popitem(last=False)
 
