@@ -85,4 +85,6 @@ def _turn(t: float, client: str, conv: str, turn: int, first: int, message: int,
 
 def make_prefix_workload(name: str, seed: int = 0, duration_s: float | None = None) -> Workload:
     """The named workload with its default sizes (`duration_s` shortens or lengthens it)."""
-    return prefix_workload(name, seed=seed, **({} if duration_s is None else {"duration_s": duration_s}))
+    if duration_s is None:
+        return prefix_workload(name, seed=seed)
+    return prefix_workload(name, seed=seed, duration_s=duration_s)
