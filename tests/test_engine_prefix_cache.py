@@ -3,6 +3,8 @@
 clients share prefixes, under policies that ignore the cache and those that order by it; and what the cache changes
 (prefill time, hits, the cached-prefix policies' refusal without one)."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,3 +137,35 @@ def test_policies_that_order_by_cached_prefix_need_a_prefix_cache():
         EngineConfig(prefix_cache=True)
     with pytest.raises(ValueError, match="preempt"):
         EngineConfig(mode="paged", prefix_cache=True, preempt_delta=10)
+
+
+def test_simulate_reports_hit_rates_per_client_and_writes_them_to_json(tmp_path, capsys):
+    from fairserve.cli import main
+
+    out = tmp_path / "run.json"
+    argv = ["simulate", "--workload", "prefix-mix", "--duration", "10", "--engine-mode", "paged", "--prefix-cache"]
+    assert main([*argv, "--policy", "dlpm:3000", "--kv-tokens", "20000", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "prefix cache (16-token blocks):" in text and "client-7" in text.split("prefix cache")[1]
+    doc = json.loads(out.read_text())
+    cache = doc["summary"]["prefix_cache"]
+    assert cache["block_tokens"] == 16 and 0 < cache["hit_rate"] < 1
+    by_client = cache["hit_rate_by_client"]
+    assert by_client["client-0"] > 0.5 and by_client["client-1"] == 0  # the even clients share a system prompt
+    assert {r["cached_tokens"] for r in doc["requests"]} >= {0, 992}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "lpm"], "orders by cached prefix: add --engine-mode paged --prefix-cache"),
+        (["--policy", "dlpm:10", "--engine-mode", "paged"], "add --engine-mode paged --prefix-cache"),
+        (["--prefix-cache"], "--prefix-cache needs --engine-mode paged"),
+    ],
+)
+def test_simulate_refuses_what_needs_a_prefix_cache_in_one_line(args, message, capsys):
+    from fairserve.cli import main
+
+    assert main(["simulate", "--workload", "document", "--duration", "5", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
