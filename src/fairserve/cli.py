@@ -255,7 +255,8 @@ def format_summary(result: SimResult, s: Summary) -> str:
     rates = hit_rates(result.records, result.cached_tokens)
     overall = hit_rate(result.records, result.cached_tokens)
     lines = [f"prefix cache ({cfg.block_tokens}-token blocks): {overall:.1%} of prompt tokens served from it"]
-    lines += [f"  {client:<20} {rate:6.1%}" for client, rate in sorted(rates.items())]
+    clients = sorted({r.client for r in result.records})
+    lines += [f"  {c:<20} {rates[c]:6.1%}" if c in rates else f"  {c:<20} (nothing admitted)" for c in clients]
     return table + "\n" + "\n".join(lines)
 
 
