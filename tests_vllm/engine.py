@@ -65,6 +65,8 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
     # one LoRA slot for the adapters of the tests (tests_vllm/test_lora.py); the tenant is the adapter
     "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),  # test_lora.K
     "lora-default": (False, LORA, {}),
+    # vLLM's own scheduler, automatic prefix caching: 23 usable blocks of 32 tokens (test_prefix_cache.py)
+    "prefix-cache": (False, {"enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 24}, {}),
 }
 
 

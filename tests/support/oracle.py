@@ -108,11 +108,13 @@ class PlainCache:
             oldest = min(self.released, key=self.released.__getitem__)
             del self.released[oldest], self.refs[oldest]
 
-    def admit(self, keys: list, prompt: int) -> Held | None:
+    def admit(self, keys: list, prompt: int, dry: bool = False) -> Held | None:
         hit = self.hit(keys, prompt)
-        total = -(-(prompt + 1) // self.block_tokens)
+        total = -(-prompt // self.block_tokens)  # the first output token's slot comes with the first decode step
         if total - hit > self.available() - sum(1 for k in keys[:hit] if self.refs[k] == 0):
             return None
+        if dry:
+            return Held()
         for k in keys[:hit]:
             self.refs[k] += 1
             self.released.pop(k, None)
@@ -130,8 +132,19 @@ class PlainCache:
         held.own += 1
         self.own += 1
 
-    def release(self, held: Held) -> None:
-        for k in reversed(held.keys):
+    def release(self, held: Held, chain: list) -> None:
+        """Every full block in `chain` (the request's, in order) it holds as its own is named and kept too, unless
+        that content is cached already; then tail first, as the engine."""
+        own, order = held.own, []
+        for k in chain:
+            if k in held.keys:
+                order.append(k)
+            elif own and k not in self.refs:
+                self.refs[k] = 1
+                own -= 1
+                order.append(k)
+        assert set(held.keys) <= set(order)
+        for k in reversed(order):
             self.refs[k] -= 1
             if self.refs[k] == 0:
                 self.tick += 1
@@ -151,15 +164,18 @@ class CachedFits:
         assert cache is not None
         need = req.prompt_tokens + self.engine.extra + req.generated
         new = need - cache.hit(keys, need) * cache.block_tokens
-        if new > self.prefill_left or self.slots < 1:
+        if new > self.prefill_left or self.slots < 1 or cache.admit(keys, need, dry=True) is None:
             return False
-        held = cache.admit(keys, need)
-        if held is None:
-            return False
-        req.held = held
         self.prefill_left -= new
         self.slots -= 1
         return True
+
+    def take(self, req: SimRequest) -> None:
+        """Admitted (after the ledger's pop, which asks the policy again: it must see the cache unchanged)."""
+        cache = self.engine.cache
+        assert cache is not None
+        req.held = cache.admit(self.engine.keys(req), req.prompt_tokens + self.engine.extra + req.generated)
+        assert req.held is not None
 
 
 class PagedFits:
@@ -223,11 +239,11 @@ class StepEngine:
             assert self.cache is not None
             ledger.policy.cached = self.cached
 
-    def keys(self, r: SimRequest) -> list:
+    def keys(self, r: SimRequest, tokens: int | None = None) -> list:
+        """The keys of the full blocks of its first `tokens` tokens (default: what its prefill fills)."""
         assert self.cache is not None
-        if r.keys is None:
-            r.keys = prompt_keys(r.prompt_tokens + self.extra, self.cache.block_tokens, ("own", r.id), r.prefix)
-        return r.keys
+        n = r.prompt_tokens + self.extra + r.generated if tokens is None else tokens
+        return prompt_keys(n, self.cache.block_tokens, ("own", r.id), r.prefix)
 
     def cached(self, r) -> int:
         assert self.cache is not None
@@ -236,7 +252,7 @@ class StepEngine:
     def release(self, r: SimRequest) -> None:
         if r.held is not None:
             assert self.cache is not None
-            self.cache.release(r.held)
+            self.cache.release(r.held, self.keys(r, r.prompt_tokens + self.extra + r.generated - 1))
             r.held = None
 
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
@@ -333,7 +349,15 @@ class StepEngine:
     def admit_round(self) -> bool:
         if self.eager:
             self._sync()
-        batch: list[SimRequest] = self.ledger.admit(self.fits())  # type: ignore[arg-type, assignment]
+        fits = self.fits()
+        if isinstance(fits, CachedFits):  # blocks taken after each pop (CachedFits.take)
+            batch: list[SimRequest] = []
+            while (req := self.ledger.peek()) is not None and fits(req):  # type: ignore[arg-type]
+                self.ledger.pop()
+                fits.take(req)  # type: ignore[arg-type]
+                batch.append(req)  # type: ignore[arg-type]
+        else:
+            batch = self.ledger.admit(fits)  # type: ignore[arg-type, assignment]
         if batch:
             self.prefill(batch)
         return bool(batch)
@@ -396,9 +420,9 @@ class StepEngine:
 
     def decode(self) -> None:
         if self.cache is not None:
-            size = self.cache.block_tokens
-            while self.running:
-                due = [r for r in self.running if (r.prompt_tokens + self.extra + r.generated_at(self.step)) % size < 1]
+            size, step = self.cache.block_tokens, self.step
+            while self.running:  # the KV of every request's input token (its last sampled) goes in a new block?
+                due = [r for r in self.running if (r.prompt_tokens + self.extra + r.generated_at(step) - 1) % size == 0]
                 if len(due) <= self.cache.available():
                     for r in due:
                         self.cache.grow(r.held)

@@ -225,7 +225,7 @@ class ReserveBudget:
 class PagedBudget:
     """vLLM-like: a request fits if its prompt fits the pool now. With a prefix cache (`cache`, the requests' block
     keys from `keys_of`) the pool is the cache's blocks: the cached prefix is reused, only the rest is taken (and
-    only the rest counts against the prefill budget); an accepted request holds its blocks (`req.held`)."""
+    only the rest counts against the prefill budget); an admitted request holds its blocks (`take`, `req.held`)."""
 
     def __init__(
         self,
@@ -260,15 +260,21 @@ class PagedBudget:
         assert cache is not None and self.keys_of is not None
         keys = self.keys_of(req)
         new = need - cache.cached_prefix(keys, need) * cache.block_tokens
-        if new > self.prefill_left or self.slots < 1:
+        if new > self.prefill_left or self.slots < 1 or not cache.fits(keys, need):
             return False
-        held = cache.admit(keys, need, 1)
-        if held is None:
-            return False
-        req.held = held
         self.prefill_left -= new
         self.slots -= 1
         return True
+
+    def take(self, req: SimRequest) -> None:
+        """`req`, accepted by `try_add`, was admitted: it takes its blocks now. NOTE: not in `try_add`, because the
+        ledger's `pop` asks the policy again, which must then see the cache as `try_add`'s caller did (lpm and dlpm
+        order by it)."""
+        if self.cache is not None:
+            assert self.keys_of is not None
+            held = self.cache.admit(self.keys_of(req), req.prompt_tokens + self.extra + req.generated)
+            assert held is not None  # NOTE: its first output token's slot comes with the first decode step
+            req.held = held
 
     def close(self) -> None:
         pass

@@ -1,10 +1,12 @@
 """The event engine's prefix cache (paged mode, `EngineConfig.prefix_cache`), as a mixin of `SimEngine`.
 
-The pool is `kv_tokens // block_tokens` blocks of a `PrefixCache`. A request is admitted if its prompt's blocks that
-are not cached (plus one token for its first output) can be had, reusing the cached ones; only the uncached tokens
-count against the prefill budget and are computed by the prefill (`latency.prefill_cached_s`). Before a decode step,
-every running request whose next token starts a new block takes one; if the pool cannot give them, the newest running
-requests are preempted (their blocks released) until it can, as vLLM. With the cache on, the engine moves one decode
+The pool is `kv_tokens // block_tokens` blocks of a `PrefixCache`, used as vLLM's automatic prefix caching uses its
+blocks. A request is admitted if its prompt's blocks that are not cached can be had, reusing the cached ones; only
+the uncached tokens count against the prefill budget and are computed by the prefill (`latency.prefill_cached_s`).
+Before a decode step, every running request whose input token (the one sampled last) starts a new block takes one;
+if the pool cannot give them, the newest running requests are preempted until it can. A request that stops running
+gives its blocks back with every full one it computed, output included, kept in the cache (a preempted request finds
+its own prompt and output there when it is admitted again). With the cache on, the engine moves one decode
 step at a time and tries an admission at every step (block boundaries are not forecast).
 
 A policy that orders by cached prefix (`Capabilities.uses_prefix_cache`) is given `cached_tokens`: how many prompt
@@ -45,11 +47,24 @@ class PrefixCaching:
             policy.cached = self.cached_tokens
 
     def keys_of(self, r: SimRequest) -> list:
-        keys = r.keys
-        if keys is None:
-            assert self.cache is not None
-            keys = r.keys = prompt_keys(r.prompt_tokens + self._extra, self.cache.block_tokens, ("own", r.id), r.prefix)
-        return keys
+        """The keys of the blocks its prefill would fill: its prompt's, and after a preemption the output it
+        recomputes too (vLLM looks those up as well)."""
+        need = r.prompt_tokens + self._extra + r.generated
+        if r.keys is None or r.keys_for != need:
+            r.keys, r.keys_for = self._chain(r, need), need
+        return r.keys
+
+    def _chain(self, r: SimRequest, tokens: int) -> list:
+        """The keys of the full blocks of `r`'s first `tokens` tokens (its prompt, then its output)."""
+        assert self.cache is not None
+        return prompt_keys(tokens, self.cache.block_tokens, ("own", r.id), r.prefix)
+
+    def _release(self, r: SimRequest) -> None:
+        """`r` stops running: its blocks go back, every full one it computed kept in the cache (vLLM's rule). Its KV
+        holds its prompt and every output token but the last sampled (which was never fed back)."""
+        assert self.cache is not None and r.held is not None
+        self.cache.release(r.held, self._chain(r, r.prompt_tokens + self._extra + r.generated - 1))
+        r.held = None
 
     def cached_tokens(self, req: Request) -> int:
         """How many of a waiting request's prompt tokens the cache holds now (what its prefill would not compute)."""
@@ -64,11 +79,11 @@ class PrefixCaching:
         return tokens
 
     def _grow_blocks(self) -> None:
-        """Before a decode step: a block for every running request whose next token starts one; the newest running
-        requests are preempted while the pool cannot give them."""
+        """Before a decode step: a block for every running request whose input token (the last one sampled) starts
+        one, as vLLM allocates; the newest running requests are preempted while the pool cannot give them."""
         cache = self.cache
         assert cache is not None
-        size, extra, step = cache.block_tokens, self._extra, self.step
+        size, extra, step = cache.block_tokens, self._extra - 1, self.step
         while self.running:
             due = [r for r in self.running if (r.prompt_tokens + extra + r.generated_at(step)) % size == 0]
             if len(due) <= cache.available:

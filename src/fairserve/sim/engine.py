@@ -279,6 +279,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             pop()
             if lazy:
                 self._queue_sizes(req, False)  # type: ignore[arg-type]
+            if self.cache is not None:
+                budget.take(req)  # type: ignore[union-attr, arg-type]  # NOTE: paged (the cache needs it)
             batch.append(req)  # type: ignore[arg-type]
         self._refused = req
         budget.close()
@@ -452,8 +454,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             self._index.remove(r.end_step, r.prompt_tokens + self._extra + r.output_tokens)
         self.kv_used -= r.prompt_tokens + self._extra + r.generated
         if r.held is not None:
-            self.cache.release(r.held)  # type: ignore[union-attr]  # NOTE: only the cache gives blocks
-            r.held = None
+            self._release(r)
         self._next_try = 0
 
     def _finish(self, r: SimRequest) -> None:

@@ -91,7 +91,8 @@ class SimRequest(Request):
     end_step: int = 0  # decode step at which the current run has produced every token
     fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
     prefix: tuple[tuple[str, int], ...] = ()  # the workload's `Arrival.prefix`
-    keys: list | None = None  # its prompt's block keys (prefix cache), computed once
+    keys: list | None = None  # the block keys of the tokens its prefill fills (prefix cache) ...
+    keys_for: int = 0  # ... computed for this many tokens (its prompt, and any output it recomputes)
     held: Held | None = None  # the blocks it holds while running (prefix cache)
     cached_tokens: int = 0  # prompt tokens found in the cache at its first admission
     probe: tuple[int, int, int] = (-1, 0, 0)  # the cache's version and `generated` at the last look-up, its answer
