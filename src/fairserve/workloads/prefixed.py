@@ -3,7 +3,7 @@ policies that order by it (lpm, dlpm): docs/workloads.md, "Workloads with shared
 
 - `system-prompts`: N clients, each with its own P-token system prompt, then a Q-token question; O output tokens.
 - `conversations`: N clients, each in multi-turn conversations: a turn's prompt is the previous turn's prompt, its
-  answer and a new message (the answer is recomputed: the cache keys prompt blocks only).
+  answer and a new message (the answer is recomputed: its blocks are kept under the answering request's name).
 - `document`: one D-token document asked Q-token questions by every client.
 - `no-sharing`: the `system-prompts` sizes, every prompt its own (nothing to share).
 - `prefix-mix`: half the clients with private system prompts, half sharing nothing.
