@@ -120,3 +120,40 @@ def test_referenced_blocks_are_never_evicted_and_every_block_is_in_one_place(num
     for held in running:
         cache.release(held)
     assert not cache.refs and cache.own == 0 and cache.available == num_blocks
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(1, 400),  # the prompt
+    st.sampled_from([1, 7, 16, 32]),  # block size
+    st.lists(st.tuples(st.sampled_from(["s1", "s2", "own"]), st.integers(1, 200)), max_size=3),  # its segments
+    st.integers(0, 30),  # spare blocks beyond what it needs
+    ops,
+)
+def test_a_repeated_prompt_that_fits_hits_fully_whatever_ran_in_between(prompt, size, segments, spare, others):
+    """Every block before its last token, however other requests used the pool meanwhile: while the first copy runs
+    (its blocks referenced), and right after it ended (its blocks the most recently used)."""
+    prefix = tuple((name, k) for name, k in segments if name != "own")
+    need = -(-(prompt + 1) // size)
+    cache = PrefixCache(2 * need + spare, size)
+    ks = prompt_keys(prompt, size, "same", prefix)  # NOTE: the same own name: the same tokens after the prefix
+    first = cache.admit(ks, prompt, extra_tokens=1)
+    assert first is not None
+    full = (prompt - 1) // size * size
+    running = []
+    for n, (op, (pre, shared, length), pick) in enumerate(others):  # other requests come and go (never the first)
+        if op == "admit":
+            held = cache.admit(prompt_keys(length, size, n, ((pre, shared),) if pre else ()), length, 1)
+            running += [held] if held is not None else []
+        elif running:
+            cache.release(running.pop(pick % len(running)))
+        cache.check()
+    for held in running:
+        cache.release(held)
+    again = cache.admit(prompt_keys(prompt, size, "same", prefix), prompt, extra_tokens=1)
+    assert again is not None and again.cached_tokens == full
+    cache.release(again)
+    cache.release(first)
+    last = cache.admit(prompt_keys(prompt, size, "same", prefix), prompt, extra_tokens=1)
+    assert last is not None and last.cached_tokens == full
+    cache.check()

@@ -7,12 +7,13 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .argtypes import positive
 from .core import check_nodes, check_policy, describe, make_cost, parse_priorities, parse_weights
 from .metrics import Summary, summarize, summary_table
-from .sim import LATENCY_MODELS, SimResult, get_latency_model, simulate
+from .sim import LATENCY_MODELS, SimResult, get_latency_model, hit_rate, hit_rates, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
 
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default="vtc",
         metavar="P[,P...]",
-        help=f"policies to compare: {describe()}; each may end in engine options :preempt=DELTA, "
+        help=f"policies to compare: {describe(prefix_cache=True)}; each may end in engine options :preempt=DELTA, "
         ":preempt-max=K, :running-cap=TOKENS (docs/preemption.md)",
     )
     s.add_argument(
@@ -74,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="reserve",
         choices=["reserve", "paged"],
         help="reserve: the paper's conservative admission; paged: vLLM-like with preemption",
+    )
+    s.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="paged engine: share the KV blocks of common prompt prefixes (needed by lpm and dlpm)",
+    )
+    s.add_argument(
+        "--block-tokens",
+        type=positive(int, "a whole number"),
+        default=16,
+        metavar="N",
+        help="tokens per KV block of the prefix cache (default: %(default)s)",
     )
     s.add_argument(
         "--duration", type=positive(float, "a number"), metavar="S", help="shorten a named workload to S seconds"
@@ -155,8 +168,15 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")
+    if args.prefix_cache and args.engine_mode != "paged":
+        raise CliError("--prefix-cache needs --engine-mode paged")
     for spec in policies:  # validate everything before the first (slow) run
-        entry, _ = check_policy(spec, engine_options=True)
+        try:
+            entry, _ = check_policy(spec, engine_options=True, prefix_cache=args.prefix_cache)
+        except ValueError as e:
+            if args.prefix_cache or not check_policy(spec, prefix_cache=True)[0].capabilities.uses_prefix_cache:
+                raise
+            raise CliError(f"policy {spec!r} orders by cached prefix: add --engine-mode paged --prefix-cache") from e
         if priorities and not entry.capabilities.tree:
             raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
     make_cost(args.cost, args.w_p, args.w_q)
@@ -180,6 +200,8 @@ def _simulate(args: argparse.Namespace) -> int:
             w_p=args.w_p,
             w_q=args.w_q,
             seed=args.seed,
+            prefix_cache=args.prefix_cache,
+            block_tokens=args.block_tokens,
         )
         duration = result.end_s if args.drain else workload.duration_s
         summary = summarize(
@@ -227,11 +249,19 @@ def format_summary(result: SimResult, s: Summary) -> str:
         f"policy {result.ledger.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens{rules}, "
         f"simulated {s.duration_s:.0f} s)"
     )
-    return summary_table(s, title)
+    table = summary_table(s, title)
+    if result.cached_tokens is None:
+        return table
+    rates = hit_rates(result.records, result.cached_tokens)
+    overall = hit_rate(result.records, result.cached_tokens)
+    lines = [f"prefix cache ({cfg.block_tokens}-token blocks): {overall:.1%} of prompt tokens served from it"]
+    clients = sorted({r.client for r in result.records})
+    lines += [f"  {c:<20} {rates[c]:6.1%}" if c in rates else f"  {c:<20} (nothing admitted)" for c in clients]
+    return table + "\n" + "\n".join(lines)
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "summary": {
             "policy": result.ledger.policy.name,
             "engine_mode": result.config.mode,
@@ -242,6 +272,14 @@ def write_json(path: Path, result: SimResult, summary: Summary) -> None:
         },
         "requests": [r.to_dict() for r in result.records],
     }
+    if result.cached_tokens is not None:
+        doc["summary"]["prefix_cache"] = {
+            "block_tokens": result.config.block_tokens,
+            "hit_rate": hit_rate(result.records, result.cached_tokens),
+            "hit_rate_by_client": hit_rates(result.records, result.cached_tokens),
+        }
+        for rec, cached in zip(doc["requests"], result.cached_tokens, strict=True):
+            rec["cached_tokens"] = cached
     path.write_text(json.dumps(doc, indent=1))
 
 

@@ -38,6 +38,8 @@ def key(spec: RunSpec, quick: bool) -> str:
     weighted = "" if spec.weighted else " unweighted"
     flat = " flat" if spec.flat else ""
     mode = "" if spec.mode == "reserve" else f" mode={spec.mode}"
+    mode += "" if spec.kv_tokens is None else f" kv={spec.kv_tokens}"
+    mode += " prefix-cache" if spec.prefix_cache else ""
     return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{mode}{' quick' if quick else ''}"
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 
 from fairserve.core.ledger import Ledger
 from fairserve.core.request import RequestState
-from fairserve.sim.latency import LatencyModel
+from fairserve.sim.latency import LatencyModel, prefill_cached_s
+from fairserve.sim.prefix_cache import Held, prompt_keys
 from fairserve.sim.requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
 RUNNING = RequestState.RUNNING
@@ -80,6 +81,103 @@ class ReserveFits:
         return True
 
 
+class PlainCache:
+    """The prefix cache, plainly: a block with content has a key and a reference count; an unreferenced one keeps
+    the tick at which it was released (a request's blocks tail first); room is made by evicting the smallest tick."""
+
+    def __init__(self, blocks: int, block_tokens: int) -> None:
+        self.blocks, self.block_tokens = blocks, block_tokens
+        self.refs: dict = {}  # key -> references (0: cached, evictable)
+        self.released: dict = {}  # key -> tick, for refs 0
+        self.tick = self.own = 0
+
+    def free(self) -> int:
+        return self.blocks - self.own - len(self.refs)
+
+    def available(self) -> int:
+        return self.free() + len(self.released)
+
+    def hit(self, keys: list, prompt: int) -> int:
+        n, limit = 0, min(len(keys), (prompt - 1) // self.block_tokens)
+        while n < limit and keys[n] in self.refs:
+            n += 1
+        return n
+
+    def take(self, blocks: int) -> None:
+        while self.free() < blocks:
+            oldest = min(self.released, key=self.released.__getitem__)
+            del self.released[oldest], self.refs[oldest]
+
+    def admit(self, keys: list, prompt: int, dry: bool = False) -> Held | None:
+        hit = self.hit(keys, prompt)
+        total = -(-prompt // self.block_tokens)  # the first output token's slot comes with the first decode step
+        if total - hit > self.available() - sum(1 for k in keys[:hit] if self.refs[k] == 0):
+            return None
+        if dry:
+            return Held()
+        for k in keys[:hit]:
+            self.refs[k] += 1
+            self.released.pop(k, None)
+        self.take(total - hit)
+        fresh = [k for k in keys[hit:] if k not in self.refs]
+        for k in fresh:
+            self.refs[k] = 1
+        held = Held(keys=keys[:hit] + fresh, own=total - hit - len(fresh), cached_tokens=hit * self.block_tokens)
+        self.own += held.own
+        return held
+
+    def grow(self, held: Held) -> None:
+        assert self.available() >= 1
+        self.take(1)
+        held.own += 1
+        self.own += 1
+
+    def release(self, held: Held, chain: list) -> None:
+        """Every full block in `chain` (the request's, in order) it holds as its own is named and kept too, unless
+        that content is cached already; then tail first, as the engine."""
+        own, order = held.own, []
+        for k in chain:
+            if k in held.keys:
+                order.append(k)
+            elif own and k not in self.refs:
+                self.refs[k] = 1
+                own -= 1
+                order.append(k)
+        assert set(held.keys) <= set(order)
+        for k in reversed(order):
+            self.refs[k] -= 1
+            if self.refs[k] == 0:
+                self.tick += 1
+                self.released[k] = self.tick
+        self.own -= held.own
+
+
+class CachedFits:
+    """Paged admission on the prefix cache's blocks: the uncached tokens count against the prefill budget."""
+
+    def __init__(self, engine: StepEngine) -> None:
+        self.engine, self.prefill_left = engine, engine.config.prefill_tokens
+        self.slots = engine.config.running_max - len(engine.running)
+
+    def __call__(self, req: SimRequest) -> bool:
+        cache, keys = self.engine.cache, self.engine.keys(req)
+        assert cache is not None
+        need = req.prompt_tokens + self.engine.extra + req.generated
+        new = need - cache.hit(keys, need) * cache.block_tokens
+        if new > self.prefill_left or self.slots < 1 or cache.admit(keys, need, dry=True) is None:
+            return False
+        self.prefill_left -= new
+        self.slots -= 1
+        return True
+
+    def take(self, req: SimRequest) -> None:
+        """Admitted (after the ledger's pop, which asks the policy again: it must see the cache unchanged)."""
+        cache = self.engine.cache
+        assert cache is not None
+        req.held = cache.admit(self.engine.keys(req), req.prompt_tokens + self.engine.extra + req.generated)
+        assert req.held is not None
+
+
 class PagedFits:
     def __init__(self, engine: StepEngine, running: list[SimRequest] | None = None) -> None:
         cfg, self.extra = engine.config, engine.extra
@@ -135,6 +233,27 @@ class StepEngine:
         self.prefills = self.preemptions = self.waited = self.fair_preemptions = 0
         self.eager = ledger.policy.capabilities.orders_by_counter
         self.just_finished: list[SimRequest] = []
+        cfg = self.config
+        self.cache = PlainCache(cfg.kv_tokens // cfg.block_tokens, cfg.block_tokens) if cfg.prefix_cache else None
+        if ledger.policy.capabilities.uses_prefix_cache:
+            assert self.cache is not None
+            ledger.policy.cached = self.cached
+
+    def keys(self, r: SimRequest, tokens: int | None = None) -> list:
+        """The keys of the full blocks of its first `tokens` tokens (default: what its prefill fills)."""
+        assert self.cache is not None
+        n = r.prompt_tokens + self.extra + r.generated if tokens is None else tokens
+        return prompt_keys(n, self.cache.block_tokens, ("own", r.id), r.prefix)
+
+    def cached(self, r) -> int:
+        assert self.cache is not None
+        return self.cache.hit(self.keys(r), r.prompt_tokens + self.extra + r.generated) * self.cache.block_tokens
+
+    def release(self, r: SimRequest) -> None:
+        if r.held is not None:
+            assert self.cache is not None
+            self.cache.release(r.held, self.keys(r, r.prompt_tokens + self.extra + r.generated - 1))
+            r.held = None
 
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         reqs = sim_requests(arrivals)
@@ -162,6 +281,7 @@ class StepEngine:
             self.busy_s,
             self.config,
             self.fair_preemptions,
+            [r.cached_tokens for r in reqs] if self.cache is not None else None,
         )
 
     # ---- online ---------------------------------------------------------------------------------------------------
@@ -188,6 +308,7 @@ class StepEngine:
             req.generated = req.generated_at(self.step)
             self.index = None
             del self.running[req]
+            self.release(req)
             self.kv_used -= req.prompt_tokens + self.extra + req.generated
             self.ledger.output(req, req.generated - req.output_done)
         self.ledger.settle(req, cancelled=True)
@@ -209,7 +330,9 @@ class StepEngine:
         self.waited += 1
         return True
 
-    def fits(self, running: list[SimRequest] | None = None) -> ReserveFits | PagedFits | CapFits:
+    def fits(self, running: list[SimRequest] | None = None) -> ReserveFits | PagedFits | CapFits | CachedFits:
+        if self.cache is not None:
+            return CachedFits(self)
         fits = ReserveFits(self, running) if self.config.mode == "reserve" else PagedFits(self, running)
         return fits if self.config.running_cap is None else CapFits(self, fits)
 
@@ -226,7 +349,15 @@ class StepEngine:
     def admit_round(self) -> bool:
         if self.eager:
             self._sync()
-        batch: list[SimRequest] = self.ledger.admit(self.fits())  # type: ignore[arg-type, assignment]
+        fits = self.fits()
+        if isinstance(fits, CachedFits):  # blocks taken after each pop (CachedFits.take)
+            batch: list[SimRequest] = []
+            while (req := self.ledger.peek()) is not None and fits(req):  # type: ignore[arg-type]
+                self.ledger.pop()
+                fits.take(req)  # type: ignore[arg-type]
+                batch.append(req)  # type: ignore[arg-type]
+        else:
+            batch = self.ledger.admit(fits)  # type: ignore[arg-type, assignment]
         if batch:
             self.prefill(batch)
         return bool(batch)
@@ -258,13 +389,20 @@ class StepEngine:
 
     def prefill(self, batch: list[SimRequest]) -> None:
         start = self.now
-        dt = self.latency.prefill_s([r.prompt_tokens + self.extra + r.generated for r in batch])
+        lens = [r.prompt_tokens + self.extra + r.generated for r in batch]
+        if self.cache is None:
+            dt = self.latency.prefill_s(lens)
+        else:
+            cached = [r.held.cached_tokens for r in batch]
+            dt = prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached)
         self.now += dt
         self.busy_s += dt
         self.prefills += 1
         for r in batch:
             if r.admit_s is None:
                 r.admit_s = start
+                if r.held is not None:
+                    r.cached_tokens = r.held.cached_tokens
             if r.first_token_s is None:
                 r.first_token_s = self.now
             r.generated += 1
@@ -281,7 +419,18 @@ class StepEngine:
             self.observer(self)
 
     def decode(self) -> None:
-        if self.config.mode == "paged":
+        if self.cache is not None:
+            size, step = self.cache.block_tokens, self.step
+            while self.running:  # the KV of every request's input token (its last sampled) goes in a new block?
+                due = [r for r in self.running if (r.prompt_tokens + self.extra + r.generated_at(step) - 1) % size == 0]
+                if len(due) <= self.cache.available():
+                    for r in due:
+                        self.cache.grow(r.held)
+                    break
+                self.preempt(next(reversed(self.running)))
+            if not self.running:
+                return
+        elif self.config.mode == "paged":
             while self.kv_used + len(self.running) > self.config.kv_tokens:
                 self.preempt(next(reversed(self.running)))
             if not self.running:
@@ -303,6 +452,7 @@ class StepEngine:
     def finish(self, r: SimRequest) -> None:
         self.index = None
         del self.running[r]
+        self.release(r)
         self.kv_used -= r.prompt_tokens + self.extra + r.generated
         r.finish_s = r.last_token_s = self.now
         self.ledger.output(r, r.generated - r.output_done)
@@ -313,6 +463,7 @@ class StepEngine:
         r.generated = r.generated_at(self.step)
         self.index = None
         del self.running[r]
+        self.release(r)
         self.kv_used -= r.prompt_tokens + self.extra + r.generated
         self.ends = [e for e in self.ends if e[2] is not r]
         heapq.heapify(self.ends)

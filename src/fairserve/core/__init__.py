@@ -6,6 +6,8 @@ predictors, the policy interface and the registered policies."""
 from .vtc import LCF, VTC
 from .fcfs import FCFS, RPM
 from .drr import DRR
+from .lpm import LPM
+from .dlpm import DLPM
 
 # isort: on
 from .account import (
@@ -46,6 +48,8 @@ __all__ = [
     "make_cost",
     "profiled_a10g_llama2_7b",
     "DRR",
+    "DLPM",
+    "LPM",
     "FCFS",
     "RPM",
     "LCF",

@@ -9,7 +9,7 @@ the ledger read it, never the class.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,6 +34,7 @@ class Capabilities:
     lifts: bool = False  # the paper's counter lift when a tenant goes from nothing queued to something queued
     rejects_at_arrival: bool = False  # may refuse a request at arrival (rate limits): an engine cannot
     tree: bool = False  # orders by the tenant tree (each group's share) and by priority levels
+    uses_prefix_cache: bool = False  # orders by waiting requests' cached prefixes: needs a driver with a prefix cache
 
 
 class Policy(ABC):
@@ -42,6 +43,8 @@ class Policy(ABC):
     name: str = "policy"
     capabilities: ClassVar[Capabilities] = Capabilities()
     retry_after_s: float = 1.0  # what a tenant refused by `accept()` is told to wait (rate limits: their window)
+    # NOTE: installed by a driver with a prefix cache: how many prompt tokens of a waiting request its cache holds now
+    cached: Callable[[Request], int] | None = None
 
     def __init__(self, cost: CostFunction | None = None, predictor: Predictor | None = None) -> None:
         self.cost = cost if cost is not None else LinearCost()

@@ -64,15 +64,22 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def policy_names() -> list[str]:
-    """The registered names, in registration order."""
-    return list(_REGISTRY)
+def _listed(entry: PolicyEntry, engine: bool, prefix_cache: bool) -> bool:
+    caps = entry.capabilities
+    return not (engine and caps.rejects_at_arrival) and (prefix_cache or not caps.uses_prefix_cache)
 
 
-def describe(*, engine: bool = False) -> str:
+def policy_names(*, prefix_cache: bool = False) -> list[str]:
+    """The registered names, in registration order; those that order by cached prefix (`lpm`, `dlpm`) only with
+    `prefix_cache`: a driver without a prefix cache cannot run them."""
+    return [name for name, e in _REGISTRY.items() if _listed(e, False, prefix_cache)]
+
+
+def describe(*, engine: bool = False, prefix_cache: bool = False) -> str:
     """One line for --help texts: every registered policy, with its argument; with `engine`, only those an engine
-    can run (they order, and never reject a request at arrival)."""
-    return ", ".join(e.usage for e in _REGISTRY.values() if not (engine and e.capabilities.rejects_at_arrival))
+    can run (they order, and never reject a request at arrival); those that order by cached prefix only with
+    `prefix_cache` (the driver has one)."""
+    return ", ".join(e.usage for e in _REGISTRY.values() if _listed(e, engine, prefix_cache))
 
 
 ENGINE_OPTIONS: dict[str, type] = {"preempt": float, "preempt-max": int, "running-cap": int}  # docs/preemption.md
@@ -103,10 +110,11 @@ def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
     return ":".join(keep), options
 
 
-def check_policy(spec: str, *, engine_options: bool = False) -> tuple[PolicyEntry, Any]:
+def check_policy(spec: str, *, engine_options: bool = False, prefix_cache: bool = False) -> tuple[PolicyEntry, Any]:
     """Parse `name[:argument]` without building the policy: (its entry, the parsed argument or None). ValueError with
     one line naming the registered policies on a bad spec. Engine options (`split_options`) are accepted only with
-    `engine_options` (the simulator's drivers), and must then suit the policy."""
+    `engine_options` (the simulator's drivers), and must then suit the policy. A policy that orders by cached prefix
+    is accepted only with `prefix_cache` (the driver has one: the simulator's paged engine with its cache on)."""
     spec, options = split_options(spec)
     if options and not engine_options:
         raise ValueError(
@@ -115,7 +123,12 @@ def check_policy(spec: str, *, engine_options: bool = False) -> tuple[PolicyEntr
     name, _, arg = spec.strip().partition(":")
     entry = _REGISTRY.get(name.lower())
     if entry is None:
-        raise ValueError(f"unknown policy {spec!r}; choose one of: {describe()}")
+        raise ValueError(f"unknown policy {spec!r}; choose one of: {describe(prefix_cache=prefix_cache)}")
+    if entry.capabilities.uses_prefix_cache and not prefix_cache:
+        raise ValueError(
+            f"policy {entry.name!r} orders by cached prefix and needs a driver with a prefix cache: "
+            "fairserve simulate --mode paged --prefix-cache (this driver has none)"
+        )
     if "preempt" in options and not entry.capabilities.shares_counters:
         raise ValueError(f"preempt= compares tenants' counters: policy {entry.name!r} keeps none; use vtc")
     if entry.argument is None:
@@ -140,8 +153,9 @@ def make_policy(
     w_q: float = 2.0,
     seed: int = 0,
 ) -> Policy:
-    """Build the policy `name[:argument]` with its cost function (`make_cost`). ValueError on a bad spec or cost."""
-    entry, arg = check_policy(spec)
+    """Build the policy `name[:argument]` with its cost function (`make_cost`). ValueError on a bad spec or cost.
+    NOTE: a policy that orders by cached prefix is built here; its driver refuses it if it has no prefix cache."""
+    entry, arg = check_policy(spec, prefix_cache=True)
     costfn = make_cost(cost, w_p, w_q)
     if entry.build is not None:
         return entry.build(arg, costfn, seed)

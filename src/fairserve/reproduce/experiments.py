@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import preemption, trees
+from . import locality, preemption, trees
 from .runs import RunSpec
 from .verdicts import (  # the rules behind each verdict, and the run sets they share with the catalogue
     A10G,
@@ -407,10 +407,21 @@ OWN_FINDINGS: tuple[Experiment, ...] = (
 
 
 def _section(section: str, source: str, figure: str, rows) -> tuple[Experiment, ...]:
-    """Our own findings of one report section: (name, title, question, runs, rule, scope, brief) per finding."""
+    """Our own findings of one report section: (name, title, question, runs, rule, scope, brief) per finding; each
+    drawn as `figure` (none if "")."""
     return tuple(
         Experiment(
-            name, title, question, tuple(specs), rule, (figure,), source, scope, own=True, brief=brief, section=section
+            name,
+            title,
+            question,
+            tuple(specs),
+            rule,
+            (figure,) if figure else (),
+            source,
+            scope,
+            own=True,
+            brief=brief,
+            section=section,
         )
         for name, title, question, specs, rule, scope, brief in rows
     )
@@ -426,6 +437,8 @@ OWN_FINDINGS += _section(
     ),
 )
 OWN_FINDINGS += _section(preemption.SECTION, preemption.SOURCE, "preemption_curve", preemption.EXPERIMENTS)
+OWN_FINDINGS += _section(locality.SECTION, locality.SOURCE, "locality_curve", locality.EXPERIMENTS[:1])
+OWN_FINDINGS += _section(locality.SECTION, locality.SOURCE, "", locality.EXPERIMENTS[1:])
 ALL_EXPERIMENTS: tuple[Experiment, ...] = EXPERIMENTS + OWN_FINDINGS
 
 

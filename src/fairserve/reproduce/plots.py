@@ -174,6 +174,23 @@ def _preemption_curve(path, exp, runs, workload):
     )
 
 
+def _locality_curve(path, exp, runs, workload):
+    from .locality import HELD, THROUGHPUT_GOAL, curve_figure
+
+    figures.tradeoff(
+        path,
+        curve_figure(list(runs.values())),
+        _title(exp, "system-prompts", "throughput / VTC's over the pool's size"),
+        "system prompts (of 8) the KV pool holds",
+        "service per second / VTC's",
+        references=[(THROUGHPUT_GOAL, f"goal where the pool holds ≤ {HELD[1]} prompts"), (1.0, "VTC")],
+    )
+    return (
+        "DLPM's and LPM's throughput (service per second) as a ratio to VTC's on the same pool, against how many of "
+        "the 8 clients' system prompts the pool holds; each point labelled with its prefix-cache hit rate."
+    )
+
+
 _DRAW = {
     "service_rate": _service_rate,
     "response_time": _response_time,
@@ -186,5 +203,6 @@ _DRAW = {
     "bound": _bound,
     "group_service": _group_service,
     "preemption_curve": _preemption_curve,
+    "locality_curve": _locality_curve,
 }
 _PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy", "group_service"}

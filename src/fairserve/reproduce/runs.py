@@ -14,7 +14,7 @@ from ..metrics import backlogged, response_times, service_curves, service_rates,
 from ..records import RequestRecord
 from ..sim import simulate
 from ..sim.requests import Mode
-from ..workloads import Arrival, Workload, get_workload, load_trace
+from ..workloads import PREFIX_WORKLOADS, Arrival, Workload, get_workload, load_trace
 
 REAL = "real"
 # --quick halves durations (at least 240 s), except where the claim needs the whole run: `increase` only overloads
@@ -31,6 +31,8 @@ class RunSpec:
     label: str = ""  # shown in figures and tables; default: the policy
     flat: bool = False  # the tenant tree flattened: every tenant at the top (`org/user` -> `org.user`), no groups
     mode: Mode = "reserve"  # the engine's admission: the paper's conservative reserve, or vLLM-like paged
+    kv_tokens: int | None = None  # the KV pool; None: the workload's
+    prefix_cache: bool = False  # paged mode: the prefix cache (sim/cached.py)
 
     @property
     def name(self) -> str:
@@ -50,6 +52,7 @@ class RunOutput:
     preemptions: int = 0  # all of them (paged mode also evicts when the pool runs out)
     fair_preemptions: int = 0  # of those, for fairness (`preempt=DELTA`)
     lost: int = 0  # requests neither finished nor still queued or running at the horizon (rejected)
+    cached_tokens: list[int] | None = None  # with the prefix cache: per record, prompt tokens served from it
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -111,6 +114,8 @@ def load_workload(name: str, quick: bool, trace: str | None) -> Workload:
 
 
 def quick_duration(full_s: float, name: str) -> float:
+    if name in PREFIX_WORKLOADS:
+        return full_s  # NOTE: sized short already (reproduce/locality.py)
     return QUICK_DURATION_S.get(name, max(240.0, full_s / 2))
 
 
@@ -128,7 +133,15 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         )
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
-    result = simulate(workload, spec.policy, cost=spec.cost, weights=weights, mode=spec.mode)
+    result = simulate(
+        workload,
+        spec.policy,
+        cost=spec.cost,
+        weights=weights,
+        mode=spec.mode,
+        kv_tokens=spec.kv_tokens,
+        prefix_cache=spec.prefix_cache,
+    )
     return RunOutput(
         spec=spec,
         records=result.records,
@@ -141,6 +154,7 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         preemptions=result.preemptions,
         fair_preemptions=result.fair_preemptions,
         lost=len(workload.arrivals) - sum(r.status in ("finished", "unfinished") for r in result.records),
+        cached_tokens=result.cached_tokens,
     )
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..core import Ledger, Policy, make_policy
 from ..core.registry import check_policy, split_options
 from ..workloads import DEFAULT_KV_TOKENS, Workload
+from .cached import hit_rate, hit_rates
 from .engine import SimEngine
 from .latency import (
     DEFAULT_LATENCY_PROFILE,
@@ -14,6 +17,7 @@ from .latency import (
     get_latency_model,
     server_tokens,
 )
+from .prefix_cache import DEFAULT_BLOCK_TOKENS
 from .requests import EngineConfig, Mode, SimRequest, SimResult
 
 __all__ = [
@@ -24,6 +28,8 @@ __all__ = [
     "LatencyModel",
     "LATENCY_MODELS",
     "get_latency_model",
+    "hit_rate",
+    "hit_rates",
     "engine_config",
     "simulate",
 ]
@@ -58,14 +64,18 @@ def simulate(
     w_p: float = 1.0,
     w_q: float = 2.0,
     seed: int = 0,
+    prefix_cache: bool = False,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
 ) -> SimResult:
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
     profile, its weights and priorities, by tenant or group path) and stop at its duration; `drain=True` runs until
     every request is done. A preset name brings its server's token-level effects; a `LatencyModel` object runs with
-    none. A policy spec may end in engine options (`vtc:preempt=DELTA`, `:running-cap=TOKENS`; sim/preempt.py)."""
+    none. A policy spec may end in engine options (`vtc:preempt=DELTA`, `:running-cap=TOKENS`; sim/preempt.py).
+    `prefix_cache` (paged mode) shares the KV blocks of common prompt prefixes (`Arrival.prefix`), `block_tokens` a
+    block; policies that order by cached prefix (`lpm`, `dlpm`) need it."""
     options: dict[str, float | int] = {}
     if isinstance(policy, str):
-        check_policy(policy, engine_options=True)  # NOTE: preempt= needs a policy with counters
+        check_policy(policy, engine_options=True, prefix_cache=prefix_cache)  # NOTE: preempt= needs counters
         policy, options = split_options(policy)
     name = latency if latency is not None else (workload.latency_profile or DEFAULT_LATENCY_PROFILE)
     model = get_latency_model(name) if isinstance(name, str) else name
@@ -75,6 +85,8 @@ def simulate(
     else:
         config = EngineConfig(kv_tokens=kv if kv is not None else DEFAULT_KV_TOKENS, mode=mode)
     config = config.with_options(options)
+    if prefix_cache:
+        config = replace(config, prefix_cache=True, block_tokens=block_tokens)
     if isinstance(policy, str):
         policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed)
     ledger = Ledger(

@@ -24,8 +24,9 @@ from ..core.account import SEP
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
+from .cached import PrefixCaching
 from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
-from .latency import LatencyModel, LinearLatency, decode_steps_s
+from .latency import LatencyModel, LinearLatency, decode_steps_s, prefill_cached_s
 from .preempt import Capped, Preemption
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
@@ -33,7 +34,7 @@ RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
 
 
-class SimEngine(Forecast, Preemption):
+class SimEngine(Forecast, Preemption, PrefixCaching):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
     Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
@@ -66,7 +67,10 @@ class SimEngine(Forecast, Preemption):
         self.prefills = self.preemptions = self.fair_preemptions = 0
         self.busy_s = 0.0
         self._delta, self._cap = cfg.preempt_delta, cfg.running_cap
-        self._every_try = self._delta is not None or self._cap is not None  # NOTE: no forecast of tries (below)
+        self._open_cache()
+        self._fit_tokens = cfg.pool_tokens - self._per_client  # a request must need fewer (prompt + output)
+        # NOTE: no forecast of tries (below) with preemption, the cap or the prefix cache's blocks
+        self._every_try = self._delta is not None or self._cap is not None or self.cache is not None
         caps = ledger.policy.capabilities
         if self._delta is not None and not caps.shares_counters:
             raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
@@ -115,6 +119,7 @@ class SimEngine(Forecast, Preemption):
             self.busy_s,
             self.config,
             self.fair_preemptions,
+            [r.cached_tokens for r in reqs] if self.cache is not None else None,
         )
 
     def _arrive(self) -> float:
@@ -145,7 +150,7 @@ class SimEngine(Forecast, Preemption):
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         prompt = req.prompt_tokens + self._extra  # NOTE: too_large(), inline: every arrival passes here
-        if prompt + req.output_tokens >= self._kv - self._per_client or prompt > self._prefill_max:
+        if prompt + req.output_tokens >= self._fit_tokens or prompt > self._prefill_max:
             req.state = RequestState.REJECTED  # it could never be admitted
             return
         charging, acct = self._charging, self.ledger.accounts.get(req.tenant)
@@ -165,7 +170,7 @@ class SimEngine(Forecast, Preemption):
             return
         if charging is Charging.LAZY:
             self._queue_sizes(req, True)
-        if self._next_try > self.step and self.running:
+        if self._next_try > self.step and self.running and self.cache is None:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
             if (charging is Charging.LAZY and not was_backlogged) or self.ledger.policy.peek() is req:
@@ -255,7 +260,14 @@ class SimEngine(Forecast, Preemption):
             )
         else:
             budget = PagedBudget(
-                self.kv_used, len(self.running), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
+                self.kv_used,
+                len(self.running),
+                cfg.kv_tokens,
+                cfg.prefill_tokens,
+                cfg.running_max,
+                self._extra,
+                self.cache,
+                self.keys_of,
             )
         batch: list[SimRequest] = []
         peek, pop = self._head if lazy else self.ledger.policy.peek, self.ledger.pop
@@ -267,6 +279,8 @@ class SimEngine(Forecast, Preemption):
             pop()
             if lazy:
                 self._queue_sizes(req, False)  # type: ignore[arg-type]
+            if self.cache is not None:
+                budget.take(req)  # type: ignore[union-attr, arg-type]  # NOTE: paged (the cache needs it)
             batch.append(req)  # type: ignore[arg-type]
         self._refused = req
         budget.close()
@@ -276,7 +290,12 @@ class SimEngine(Forecast, Preemption):
 
     def _prefill(self, batch: list[SimRequest]) -> None:
         start = self.now
-        dt = self.latency.prefill_s([r.prompt_tokens + self._extra + r.generated for r in batch])
+        lens = [r.prompt_tokens + self._extra + r.generated for r in batch]
+        if self.cache is None:
+            dt = self.latency.prefill_s(lens)
+        else:
+            cached = [r.held.cached_tokens for r in batch]  # type: ignore[union-attr]  # NOTE: held once admitted
+            dt = prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached)
         self.now += dt
         self.busy_s += dt
         self.prefills += 1
@@ -284,6 +303,8 @@ class SimEngine(Forecast, Preemption):
         for r in batch:
             if r.admit_s is None:
                 r.admit_s = start
+                if r.held is not None:
+                    r.cached_tokens = r.held.cached_tokens
             if r.first_token_s is None:
                 r.first_token_s = self.now
             r.generated += 1  # the prefill produces one token
@@ -304,7 +325,13 @@ class SimEngine(Forecast, Preemption):
         """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary,
         and the steps go on if they change nothing that is due."""
         n = len(self.running)
-        if self._paged and self.kv_used + n > self._kv:
+        if self.cache is not None:
+            self._grow_blocks()
+            n = len(self.running)
+            if not n:
+                self._waited += 1
+                return
+        elif self._paged and self.kv_used + n > self._kv:
             while self.kv_used + len(self.running) > self._kv:
                 self._preempt(next(reversed(self.running)))
             n = len(self.running)
@@ -325,8 +352,8 @@ class SimEngine(Forecast, Preemption):
                         r.generated = r.generated_at(step)
                         self._finish(r)
                 break
-            if self.observer or self.now >= self._horizon:
-                break
+            if self.observer or self.now >= self._horizon or self.cache is not None:
+                break  # NOTE: with the prefix cache, the next step may need blocks (_grow_blocks)
             if not (self._arrived < len(self._pending) and self._pending[self._arrived].arrival_s <= self.now):
                 break  # the steps planned are done, or the clock reached `until`
             until = min(self._arrive(), self._horizon)
@@ -339,7 +366,7 @@ class SimEngine(Forecast, Preemption):
     def _quiet_steps(self, n: int) -> int:
         """The decode steps from now to the next event: a finish, an admission that may succeed, the pool running
         out (paged). 0 if a try is due now."""
-        if self.observer:
+        if self.observer or self.cache is not None:
             return 1
         step = self.step
         steps = self._next_finish() - step
@@ -426,6 +453,8 @@ class SimEngine(Forecast, Preemption):
         if self._index is not None:
             self._index.remove(r.end_step, r.prompt_tokens + self._extra + r.output_tokens)
         self.kv_used -= r.prompt_tokens + self._extra + r.generated
+        if r.held is not None:
+            self._release(r)
         self._next_try = 0
 
     def _finish(self, r: SimRequest) -> None:

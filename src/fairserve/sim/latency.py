@@ -50,6 +50,7 @@ __all__ = [
     "get_latency_model",
     "default_kv_tokens",
     "decode_steps_s",
+    "prefill_cached_s",
 ]
 
 
@@ -74,6 +75,16 @@ def decode_steps_s(model: Any, batch_size: int, context_tokens: int, steps: int)
     return np.array([one(batch_size, context_tokens + batch_size * k) for k in range(steps)], dtype=float)
 
 
+def prefill_cached_s(model: Any, uncached: Sequence[int], cached: Sequence[int]) -> float:
+    """One prefill pass in which request i computes `uncached[i]` prompt tokens after `cached[i]` tokens found in the
+    prefix cache: its attention term is u·(c+u) (each new query attends to every earlier key), not u². A model
+    without `prefill_cached_s` charges the uncached tokens as a plain prefill."""
+    fn = getattr(model, "prefill_cached_s", None)
+    if fn is not None:
+        return float(fn(uncached, cached))
+    return float(model.prefill_s(uncached))
+
+
 def _contexts(batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
     """The context of each of `steps` decode steps (it grows by one token per request per step), as floats: whole
     numbers, exact (as Python turns an int into a float before multiplying)."""
@@ -90,6 +101,11 @@ def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
 def _sums(prompt_lens: Sequence[int]) -> tuple[float, float]:
     """Σx and Σx² over a prefill batch's prompt lengths (attention cost grows with x²)."""
     return float(sum(prompt_lens)), float(sum(x * x for x in prompt_lens))
+
+
+def _cached_sums(uncached: Sequence[int], cached: Sequence[int]) -> tuple[float, float]:
+    """Σu and Σu·(c+u): with c tokens cached, the u computed queries attend to c + their own earlier keys."""
+    return float(sum(uncached)), float(sum(u * (c + u) for u, c in zip(uncached, cached, strict=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +158,9 @@ class ConstantLatency:
             return 0.0
         return self.prefill_s_fixed + self.prefill_s_per_token * float(sum(prompt_lens))
 
+    def prefill_cached_s(self, uncached: Sequence[int], cached: Sequence[int]) -> float:
+        return self.prefill_s(uncached)
+
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.decode_s
 
@@ -188,6 +207,12 @@ class LinearLatency:
         if not prompt_lens:
             return 0.0
         tokens, squares = _sums(prompt_lens)
+        return self._pre0 + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
+
+    def prefill_cached_s(self, uncached: Sequence[int], cached: Sequence[int]) -> float:
+        if not uncached:
+            return 0.0
+        tokens, squares = _cached_sums(uncached, cached)
         return self._pre0 + self.prefill_per_token_s * tokens + self.prefill_per_sq_token_s * squares
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
@@ -254,6 +279,15 @@ class RooflineLatency:
         tokens, squares = _sums(prompt_lens)
         compute = self._tok_flop * tokens + self._attn_flop * squares
         memory = self._w_mem + self._kv_mem * tokens
+        return (compute if compute > memory else memory) + self.overhead.prefill_s
+
+    def prefill_cached_s(self, uncached: Sequence[int], cached: Sequence[int]) -> float:
+        """As `prefill_s`, the attention term u·(c+u); the cached keys are read once more (KV traffic c)."""
+        if not uncached:
+            return 0.0
+        tokens, squares = _cached_sums(uncached, cached)
+        compute = self._tok_flop * tokens + self._attn_flop * squares
+        memory = self._w_mem + self._kv_mem * (tokens + float(sum(cached)))
         return (compute if compute > memory else memory) + self.overhead.prefill_s
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:

@@ -3,8 +3,10 @@ and evicted least recently used when the pool needs room (vLLM's automatic prefi
 
 A block's key names its content and everything before it (vLLM chains a hash over the prefix; here a block of a
 shared prefix is keyed by the id of the prefix segment that holds its last token and the block's end, which names the
-same thing: `Arrival.prefix`, docs/workloads.md). Only full prompt blocks get a key; the partial last block and decode
-blocks are the request's own (`Held.own`) and are freed when it ends. A block is in exactly one place: `free` (no
+same thing: `Arrival.prefix`, docs/workloads.md). At admission the prompt's full blocks get a key; the partial last
+block and decode blocks are the request's own (`Held.own`); when it ends, those that are full are named by the
+request's chain too and kept (vLLM caches every full block), the rest freed (and reused first, as vLLM's free queue
+hands out blocks without a hash before it evicts cached ones). A block is in exactly one place: `free` (no
 content), `unused` (content, no reference: evictable, oldest first) or `refs` (content, referenced by running
 requests)."""
 
@@ -57,6 +59,7 @@ class PrefixCache:
         self.refs: dict[Hashable, int] = {}
         self.own = 0  # blocks held by running requests outside any key
         self.hit_tokens = self.queried_tokens = 0  # over admissions: prompt tokens found / looked up
+        self.version = 0  # changes whenever the set of cached keys does (what `cached_prefix` answers from)
 
     @property
     def available(self) -> int:
@@ -75,23 +78,31 @@ class PrefixCache:
             n += 1
         return n
 
+    def fits(self, keys: Sequence[Hashable], prompt_tokens: int, extra_tokens: int = 0) -> bool:
+        """Whether `admit` would succeed now (nothing changes)."""
+        hit = self.cached_prefix(keys, prompt_tokens)
+        reused = sum(1 for k in keys[:hit] if k in self.unused)
+        # NOTE: reused unreferenced blocks leave `unused` without freeing anything, so they do not count as room
+        return self.blocks_for(prompt_tokens + extra_tokens) - hit <= self.free + len(self.unused) - reused
+
     def admit(self, keys: Sequence[Hashable], prompt_tokens: int, extra_tokens: int = 0) -> Held | None:
         """Blocks for a prompt (and `extra_tokens` beyond it, e.g. the first output token), reusing its cached
         prefix; None, with nothing changed, when the pool cannot make room."""
+        if not self.fits(keys, prompt_tokens, extra_tokens):
+            return None
         hit = self.cached_prefix(keys, prompt_tokens)
         total = self.blocks_for(prompt_tokens + extra_tokens)
-        fresh = [k for k in keys[hit:] if k not in self.refs and k not in self.unused]
-        reused = [k for k in keys[:hit] if k in self.unused]
-        # NOTE: reused unreferenced blocks leave `unused` without freeing anything, so they do not count as room
-        if total - hit > self.free + len(self.unused) - len(reused):
-            return None
         for k in keys[:hit]:
             self._ref(k)
         self._take(total - hit)
+        # NOTE: after the evictions: a block evicted to make room is computed again, so it is named again
+        fresh = [k for k in keys[hit:] if k not in self.refs and k not in self.unused]
         held = Held(keys=list(keys[:hit]), own=total - hit, cached_tokens=hit * self.block_tokens)
         # the prompt's newly computed full blocks get their key: a later request can hit them
         for k in fresh:
             self.refs[k] = 1
+        if fresh:
+            self.version += 1
         held.keys += fresh
         held.own -= len(fresh)
         self.own += held.own
@@ -108,18 +119,37 @@ class PrefixCache:
         self.own += blocks
         return True
 
-    def release(self, held: Held) -> None:
+    def release(self, held: Held, chain: Sequence[Hashable] = ()) -> None:
         """The request ended or was preempted: its own blocks are freed, its keyed blocks lose a reference (and are
-        kept while nothing else needs the room). NOTE: tail first, so a prefix's last blocks are evicted before its
-        first ones (as vLLM), and what stays cached is still a prefix."""
-        for k in reversed(held.keys):
+        kept while nothing else needs the room). `chain`: the keys of every full block the request computed, in
+        order (`prompt_keys` over the tokens in its KV cache, its output included): its own blocks among them are
+        kept too, named (vLLM caches every full block), unless their content is cached already. NOTE: tail first,
+        so a prefix's last blocks are evicted before its first ones (as vLLM), and what stays cached is still a
+        prefix."""
+        order: Sequence[Hashable] = held.keys
+        own = held.own
+        if chain:
+            mine, named = set(held.keys), []
+            for k in chain:
+                if k in mine:
+                    named.append(k)
+                elif own and k not in self.refs and k not in self.unused:
+                    self.refs[k] = 1  # NOTE: one of its own blocks, named now
+                    own -= 1
+                    named.append(k)
+            if len(named) - (held.own - own) != len(held.keys):
+                raise ValueError("release: the chain does not hold every keyed block of the request")
+            if own != held.own:
+                self.version += 1
+            order = named
+        for k in reversed(order):
             n = self.refs[k] - 1
             if n:
                 self.refs[k] = n
             else:
                 del self.refs[k]
                 self.unused[k] = None
-        self.free += held.own
+        self.free += own
         self.own -= held.own
         held.keys, held.own = [], 0
 
@@ -134,6 +164,8 @@ class PrefixCache:
         """Takes `blocks` blocks (the caller checked there is room), evicting the least recently used first."""
         from_free = min(blocks, self.free)
         self.free -= from_free
+        if blocks > from_free:
+            self.version += 1
         for _ in range(blocks - from_free):
             self.unused.popitem(last=False)
 

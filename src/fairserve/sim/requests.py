@@ -14,6 +14,7 @@ from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
+from .prefix_cache import DEFAULT_BLOCK_TOKENS, Held
 
 Mode = Literal["reserve", "paged"]
 
@@ -30,6 +31,8 @@ class EngineConfig:
     preempt_delta: float | None = None  # preempt at a counter gap above this (sim/preempt.py); None: never
     preempt_max: int = 1  # times one request may be preempted for fairness
     running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
+    prefix_cache: bool = False  # paged mode: KV blocks shared by prompts with a common prefix (sim/prefix_cache.py)
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # tokens per KV block of the prefix cache
 
     def __post_init__(self) -> None:
         if self.mode not in ("reserve", "paged"):
@@ -42,6 +45,20 @@ class EngineConfig:
             raise ValueError(f"preempt_delta must be >= 0, got {self.preempt_delta}")
         if self.preempt_max < 1 or (self.running_cap is not None and self.running_cap < 1):
             raise ValueError("preempt_max and running_cap must be >= 1")
+        if self.prefix_cache:
+            if self.mode != "paged":
+                raise ValueError("the prefix cache needs the paged engine (mode 'paged')")
+            if not 1 <= self.block_tokens <= self.kv_tokens // 2:
+                raise ValueError(f"block_tokens must be between 1 and kv_tokens / 2, got {self.block_tokens}")
+            if self.preempt_delta is not None or self.running_cap is not None:
+                raise ValueError("the prefix cache does not combine with preempt= or running-cap=")
+
+    @property
+    def pool_tokens(self) -> int:
+        """The tokens a request may hold: the pool, in whole blocks with the prefix cache."""
+        if self.prefix_cache:
+            return self.kv_tokens // self.block_tokens * self.block_tokens
+        return self.kv_tokens
 
     def with_options(self, options: Mapping[str, float | int]) -> EngineConfig:
         """This engine with a policy spec's engine options (`core.registry.split_options`): `preempt`,
@@ -73,6 +90,12 @@ class SimRequest(Request):
     step_base: int = 0  # decode-step counter when the current run's prefill finished
     end_step: int = 0  # decode step at which the current run has produced every token
     fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
+    prefix: tuple[tuple[str, int], ...] = ()  # the workload's `Arrival.prefix`
+    keys: list | None = None  # the block keys of the tokens its prefill fills (prefix cache) ...
+    keys_for: int = 0  # ... computed for this many tokens (its prompt, and any output it recomputes)
+    held: Held | None = None  # the blocks it holds while running (prefix cache)
+    cached_tokens: int = 0  # prompt tokens found in the cache at its first admission
+    probe: tuple[int, int, int] = (-1, 0, 0)  # the cache's version and `generated` at the last look-up, its answer
     admit_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -94,12 +117,13 @@ class SimResult:
     busy_s: float  # time spent prefilling or decoding (the rest the engine was idle)
     config: EngineConfig
     fair_preemptions: int = 0  # of `preemptions`, those for fairness (EngineConfig.preempt_delta)
+    cached_tokens: list[int] | None = None  # prefix cache: per record, its prompt tokens served from the cache
 
 
 def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
     """Why a request of this size could never be admitted, or None if it can be."""
     prompt = prompt_tokens + cfg.prompt_extra_tokens
-    pool = cfg.kv_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
+    pool = cfg.pool_tokens - (cfg.reserve_per_client_tokens if cfg.mode == "reserve" else 0)
     if prompt + output_tokens >= pool:
         return (
             f"This request needs {prompt + output_tokens} tokens of KV cache ({prompt} in the prompt + "
@@ -122,6 +146,7 @@ def sim_requests(arrivals: Iterable) -> list[SimRequest]:
             predicted_output=a.output_tokens,
             arrival_s=a.arrival_s,
             output_tokens=a.output_tokens,
+            prefix=getattr(a, "prefix", ()),
         )
         for i, a in enumerate(arrivals)
     ]

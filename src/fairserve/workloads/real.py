@@ -1,5 +1,6 @@
 """The paper's `real` workload: the Chatbot Arena trace (27 clients, 1,500 requests, 10 minutes); and `get_workload`,
-which serves every named workload: the synthetic ones, `real` and `lower-bound` (§4.1.1's construction).
+which serves every named workload: the synthetic ones, `real`, `lower-bound` (§4.1.1's construction) and those
+with shared prefixes (`workloads/prefixed.py`).
 
 The trace ships with fairserve (`workloads/data/`; from the paper's artifact, Apache-2.0: see NOTICE).
 `$FAIRSERVE_ARENA_TRACE` points at another copy instead; a path that does not exist is an error, not a fallback.
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 from .base import Workload, WorkloadError
+from .prefixed import PREFIX_WORKLOADS, make_prefix_workload
 from .synthetic import WORKLOADS, make_workload
 from .traces import load_trace
 
@@ -42,6 +44,8 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
         return (
             lower_bound_workload(config) if duration_s is None else lower_bound_workload(config, duration_s=duration_s)
         )
+    if name in PREFIX_WORKLOADS:
+        return make_prefix_workload(name, seed=seed, duration_s=duration_s)
     if name != REAL:
         return make_workload(name, seed=seed, duration_s=duration_s)
     path = find_arena_trace()
@@ -58,4 +62,4 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
     return w
 
 
-ALL_WORKLOADS = (*WORKLOADS, LOWER_BOUND, REAL)
+ALL_WORKLOADS = (*WORKLOADS, LOWER_BOUND, REAL, *PREFIX_WORKLOADS)
