@@ -1,7 +1,8 @@
 """The paged engine's prefix cache (sim/cached.py) against the step-by-step oracle's plain cache
 (tests/support/oracle.py): the same cached tokens per request, records, clock and charges, on workloads whose
 clients share prefixes, under policies that ignore the cache and those that order by it; and what the cache changes
-(prefill time, hits, the cached-prefix policies' refusal without one)."""
+(prefill time, hits, the cached-prefix policies' refusal without one). Charges are compared with cached prompt
+tokens at the paper's price and at their own (`w_cached`)."""
 
 import json
 
@@ -52,10 +53,10 @@ config = st.builds(
 )
 
 
-def run_both(policy, cfg, latency, arrivals, until=None):
+def run_both(policy, cfg, latency, arrivals, until=None, w_cached=None):
     results = []
     for kind in (StepEngine, SimEngine):
-        results.append(kind(Ledger(make_policy(policy)), latency, cfg).run(arrivals, until))
+        results.append(kind(Ledger(make_policy(policy, w_cached=w_cached)), latency, cfg).run(arrivals, until))
     return results
 
 
@@ -66,9 +67,10 @@ def run_both(policy, cfg, latency, arrivals, until=None):
     st.sampled_from(range(len(LATENCIES))),
     shared_prefix_workload(),
     st.one_of(st.none(), st.floats(0.5, 30)),
+    st.sampled_from([None, 0.25]),
 )
-def test_cached_tokens_and_records_equal_the_step_by_step_engines(policy, cfg, latency, arrivals, until):
-    oracle, engine = run_both(policy, cfg, LATENCIES[latency], arrivals, until)
+def test_cached_tokens_and_records_equal_the_step_by_step_engines(policy, cfg, latency, arrivals, until, w_cached):
+    oracle, engine = run_both(policy, cfg, LATENCIES[latency], arrivals, until, w_cached)
     assert engine.cached_tokens == oracle.cached_tokens
     assert engine.records == oracle.records
     assert (engine.end_s, engine.decode_steps, engine.prefills, engine.preemptions, engine.busy_s) == (

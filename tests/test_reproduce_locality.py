@@ -66,6 +66,22 @@ def test_the_bound_counts_the_most_output_running_together():
     assert locality.most_running_output(o) == 100  # 30 + 50 at 1 s, 30 + 40 at 2 s (1 ended), 100 alone at 6 s
     assert locality.dlpm_bound(o) == 2 * (locality.QUANTUM + o.max_prompt + 2 * 100)
     assert locality.worst_median_ttft(o) == 1.5  # waits 0, 1, 2 and 6 s: one client, its median
+    assert locality.dlpm_bound(replace(o, spec=replace(o.spec, w_cached=0.25))) == locality.dlpm_bound(o)
+    dear = replace(o, spec=replace(o.spec, w_cached=3.0))  # a cached prompt token above w_p: the prompt's term grows
+    assert locality.dlpm_bound(dear) == 2 * (locality.QUANTUM + 3 * o.max_prompt + 2 * 100)
+
+
+def test_a_price_for_cached_tokens_reaches_every_run_and_its_measure(monkeypatch):
+    from fairserve.reproduce.runs import run
+
+    monkeypatch.setattr(locality, "W_CACHED", 0.25)
+    spec = replace(locality.spec(locality.CURVE, locality.VTC, 8), workload="system-prompts@4s")
+    assert spec.w_cached == 0.25 and "a cached prompt token 0.25" in locality._scope("x")
+    o = run(spec)
+    assert o.cost.name == "linear(1,2,cached=0.25)" and any(r.cached_tokens for r in o.records)
+    served = [r for r in o.records if r.first_token_s is not None]
+    expect = sum(r.prompt_tokens - 0.75 * r.cached_tokens + 2 * r.output_tokens for r in served)
+    assert sum(c.service for c in o.summary.clients.values()) == expect
 
 
 def test_reproduce_writes_the_section_with_its_curve(tmp_path, monkeypatch):

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--w-p", type=float, default=1.0, help="weight of a prompt token (linear cost)")
     s.add_argument("--w-q", type=float, default=2.0, help="weight of an output token (linear cost)")
+    s.add_argument(
+        "--w-cached",
+        type=float,
+        metavar="W",
+        help="weight of a prompt token served from the prefix cache (linear cost; default: --w-p), for every policy",
+    )
     s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
     s.add_argument("--kv-tokens", type=positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
     s.add_argument(
@@ -179,7 +185,7 @@ def _simulate(args: argparse.Namespace) -> int:
             raise CliError(f"policy {spec!r} orders by cached prefix: add --engine-mode paged --prefix-cache") from e
         if priorities and not entry.capabilities.tree:
             raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
-    make_cost(args.cost, args.w_p, args.w_q)
+    cost = make_cost(args.cost, args.w_p, args.w_q, args.w_cached)
     if args.profile:
         get_latency_model(args.profile)
     print(
@@ -202,11 +208,10 @@ def _simulate(args: argparse.Namespace) -> int:
             seed=args.seed,
             prefix_cache=args.prefix_cache,
             block_tokens=args.block_tokens,
+            w_cached=args.w_cached,
         )
         duration = result.end_s if args.drain else workload.duration_s
-        summary = summarize(
-            result.records, duration, args.w_p, args.w_q, weights, cost=make_cost(args.cost, args.w_p, args.w_q)
-        )
+        summary = summarize(result.records, duration, args.w_p, args.w_q, weights, cost=cost)
         print()
         print(format_summary(result, summary))
         if args.json:
@@ -264,6 +269,7 @@ def write_json(path: Path, result: SimResult, summary: Summary) -> None:
     doc: dict[str, Any] = {
         "summary": {
             "policy": result.ledger.policy.name,
+            "cost": result.ledger.cost.name,
             "engine_mode": result.config.mode,
             "kv_tokens": result.config.kv_tokens,
             "decode_steps": result.decode_steps,
@@ -278,8 +284,6 @@ def write_json(path: Path, result: SimResult, summary: Summary) -> None:
             "hit_rate": hit_rate(result.records, result.cached_tokens),
             "hit_rate_by_client": hit_rates(result.records, result.cached_tokens),
         }
-        for rec, cached in zip(doc["requests"], result.cached_tokens, strict=True):
-            rec["cached_tokens"] = cached
     path.write_text(json.dumps(doc, indent=1))
 
 

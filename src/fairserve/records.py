@@ -20,6 +20,7 @@ class RequestRecord:
     output_tokens: int  # output tokens generated (all of them once finished)
     max_tokens: int  # output tokens requested
     status: str  # "finished" | "rejected" | "unfinished"
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache at its first admission (the simulator's)
 
     def to_dict(self) -> dict:
         return asdict(self)

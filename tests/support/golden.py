@@ -40,6 +40,7 @@ def key(spec: RunSpec, quick: bool) -> str:
     mode = "" if spec.mode == "reserve" else f" mode={spec.mode}"
     mode += "" if spec.kv_tokens is None else f" kv={spec.kv_tokens}"
     mode += " prefix-cache" if spec.prefix_cache else ""
+    mode += "" if spec.w_cached is None else f" w_cached={spec.w_cached:g}"
     return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{mode}{' quick' if quick else ''}"
 
 

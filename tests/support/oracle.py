@@ -353,6 +353,8 @@ class StepEngine:
         if isinstance(fits, CachedFits):  # blocks taken after each pop (CachedFits.take)
             batch: list[SimRequest] = []
             while (req := self.ledger.peek()) is not None and fits(req):  # type: ignore[arg-type]
+                if not req.admitted:
+                    req.cached_tokens = self.cached(req)  # charged at admission
                 self.ledger.pop()
                 fits.take(req)  # type: ignore[arg-type]
                 batch.append(req)  # type: ignore[arg-type]
@@ -401,8 +403,6 @@ class StepEngine:
         for r in batch:
             if r.admit_s is None:
                 r.admit_s = start
-                if r.held is not None:
-                    r.cached_tokens = r.held.cached_tokens
             if r.first_token_s is None:
                 r.first_token_s = self.now
             r.generated += 1

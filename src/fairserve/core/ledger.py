@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from .account import SEP, Account, LedgerView, TenantView, Unsupported, check_weight
-from .cost import LinearCost
+from .cost import CostFunction, LinearCost
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
 
@@ -203,7 +203,7 @@ class Ledger:
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
-            amount = self.cost.prompt(req.prompt_tokens)
+            amount = self.cost.prompt(req.prompt_tokens) + _cached(self.cost, req)
             if self.predictor is not None:
                 req.predicted = self.predictor.predict(req)
                 amount += self.cost.output(req.prompt_tokens, 0, req.predicted)
@@ -295,7 +295,9 @@ class Ledger:
             self._charge(req, self._expected(req) - old)
 
     def _expected(self, req: Request) -> float:
-        return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) if req.admitted else 0.0
+        if not req.admitted:
+            return 0.0
+        return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) + _cached(self.cost, req)
 
     def _charge(self, req: Request, amount: float) -> None:
         req.charged += amount
@@ -363,7 +365,7 @@ class Ledger:
                 req.output_done = output
             if prompt is not None:
                 req.prompt_tokens = prompt
-            delta = self.cost.total(req.prompt_tokens, req.output_done) - req.charged
+            delta = self.cost.total(req.prompt_tokens, req.output_done) + _cached(self.cost, req) - req.charged
             if delta:
                 self._charge(req, delta)
         if req.state is RUNNING and not cancelled:
@@ -471,6 +473,11 @@ class Ledger:
             }
 
         return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
+
+
+def _cached(cost: CostFunction, req: Request) -> float:
+    """What its cached prompt tokens change in a request's charge (the cost's price for them; 0 at w_cached = w_p)."""
+    return cost.cached(req.prompt_tokens, req.cached_tokens)
 
 
 def _count(acct: Account, queued: int, running: int) -> None:

@@ -152,11 +152,12 @@ def make_policy(
     w_p: float = 1.0,
     w_q: float = 2.0,
     seed: int = 0,
+    w_cached: float | None = None,
 ) -> Policy:
     """Build the policy `name[:argument]` with its cost function (`make_cost`). ValueError on a bad spec or cost.
     NOTE: a policy that orders by cached prefix is built here; its driver refuses it if it has no prefix cache."""
     entry, arg = check_policy(spec, prefix_cache=True)
-    costfn = make_cost(cost, w_p, w_q)
+    costfn = make_cost(cost, w_p, w_q, w_cached)
     if entry.build is not None:
         return entry.build(arg, costfn, seed)
     return entry.cls(cost=costfn)

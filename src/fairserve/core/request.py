@@ -32,6 +32,7 @@ class Request:
     arrival_s: float = 0.0
     priority: int | None = None  # named by the driver (vLLM's `priority`); the ledger sets the one it runs at
     item: Any = field(default=None, repr=False)  # the driver's own object (a gateway ticket, an engine's request)
+    cached_tokens: int = 0  # prompt tokens a prefix cache served at its first admission (set before pop: priced)
 
     # accounting, written only by the ledger
     account: Account = field(default=None, repr=False)  # type: ignore[assignment]  # the tenant's, set at arrival

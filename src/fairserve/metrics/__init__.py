@@ -1,6 +1,7 @@
 """Fairness and performance metrics over request records (offline analysis). Pure functions; no plotting.
 
-Service is the paper's weighted tokens, W = w_p * prompt + w_q * output. A request's prompt counts when its first
+Service is the paper's weighted tokens, W = w_p * prompt + w_q * output (with the cost's price for cached prompt
+tokens, `RequestRecord.cached_tokens`, as the ledger charges: core/cost.py). A request's prompt counts when its first
 token appears (the end of its prefill) and its output tokens are spread evenly from its first to its latest token,
 as the paper's artifact does. A client is *backlogged* at time t when it has a request that arrived and was not yet
 admitted. Comparisons between clients use service divided by the client's weight.

@@ -31,7 +31,8 @@ class ServiceCurve:
         self.times = times
         first = np.array([r.first_token_s for r in served], dtype=float)
         last = np.array([r.last_token_s if r.last_token_s is not None else r.first_token_s for r in served])
-        self._steps = _Steps(first, np.array([h.total(r.prompt_tokens, 1) for r in served], dtype=float))
+        step = [h.total(r.prompt_tokens, 1) + h.cached(r.prompt_tokens, r.cached_tokens) for r in served]
+        self._steps = _Steps(first, np.array(step, dtype=float))
         self._linear = isinstance(h, LinearCost)
         if isinstance(h, LinearCost):
             ramp = np.array([h.w_q * (r.output_tokens - 1) for r in served], dtype=np.float64)

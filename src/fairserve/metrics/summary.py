@@ -219,7 +219,9 @@ def client_stats(
         served = [r for r in rs if r.first_token_s is not None]
         prompt = sum(r.prompt_tokens for r in served)
         output = sum(r.output_tokens for r in rs)
-        service = sum(h.total(r.prompt_tokens, r.output_tokens) for r in served)
+        service = sum(
+            h.total(r.prompt_tokens, r.output_tokens) + h.cached(r.prompt_tokens, r.cached_tokens) for r in served
+        )
         out[client] = ClientStats(
             client=client,
             requests=len(rs),

@@ -30,11 +30,13 @@ THROUGHPUT_GOAL, TTFT_GOAL, NO_SHARING_GOAL = 2.0, 3.0, 0.95
 CURVE, NO_SHARING = f"system-prompts@{DURATION_S}s", f"no-sharing@{DURATION_S}s"
 OTHERS = tuple(f"{w}@{DURATION_S}s" for w in ("conversations", "document", "prefix-mix"))
 OTHERS_HELD = 4  # the other workloads' pool: half the clients' prompts
+W_CACHED: float | None = None  # every run's price of a cached prompt token (None: w_p = 1, the paper's service)
 
 
 def spec(workload: str, policy: str, held: int) -> RunSpec:
     label = f"{policy} @ {held} prompts"
-    return RunSpec(workload, policy, mode="paged", kv_tokens=held * PER_CLIENT, prefix_cache=True, label=label)
+    kv = held * PER_CLIENT
+    return RunSpec(workload, policy, mode="paged", kv_tokens=kv, prefix_cache=True, label=label, w_cached=W_CACHED)
 
 
 def curve_runs() -> tuple[RunSpec, ...]:
@@ -79,8 +81,10 @@ def most_running_output(o: RunOutput) -> int:
 
 
 def dlpm_bound(o: RunOutput) -> float:
-    """2·(Q + w_p·L_in + w_q·M) with the linear cost's w_p = 1, w_q = 2."""
-    return 2.0 * (QUANTUM + o.max_prompt + 2 * most_running_output(o))
+    """2·(Q + w_p·L_in + w_q·M) with the linear cost's w_p = 1, w_q = 2 (a cached prompt token priced above w_p
+    raises w_p·L_in to w_cached·L_in)."""
+    w_p = max(1.0, o.spec.w_cached or 0.0)
+    return 2.0 * (QUANTUM + w_p * o.max_prompt + 2 * most_running_output(o))
 
 
 def _hit(o: RunOutput) -> float:
@@ -184,6 +188,7 @@ def _scope(what: str) -> str:
         f"paged engine with the prefix cache (16-token blocks), Llama-2-7b on an A10G (profiled); {what}; "
         f"{CLIENTS} clients × 1 request/s, {SYSTEM}-token prompts + {QUESTION}-token questions, {OUTPUT} output "
         f"tokens, {DURATION_S} s; VTC, LPM and DLPM (quantum {QUANTUM:,}); service = prompt + 2 × output"
+        + ("" if W_CACHED is None else f", a cached prompt token {W_CACHED:g}")
     )
 
 

@@ -33,6 +33,7 @@ class RunSpec:
     mode: Mode = "reserve"  # the engine's admission: the paper's conservative reserve, or vLLM-like paged
     kv_tokens: int | None = None  # the KV pool; None: the workload's
     prefix_cache: bool = False  # paged mode: the prefix cache (sim/cached.py)
+    w_cached: float | None = None  # the linear cost's price of a prompt token served from the cache; None: w_p
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ class RunOutput:
 
     @property
     def cost(self) -> CostFunction:
-        return make_cost(self.spec.cost)
+        return make_cost(self.spec.cost, w_cached=self.spec.w_cached)
 
     @property
     def times(self) -> np.ndarray:
@@ -141,6 +142,7 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         mode=spec.mode,
         kv_tokens=spec.kv_tokens,
         prefix_cache=spec.prefix_cache,
+        w_cached=spec.w_cached,
     )
     return RunOutput(
         spec=spec,

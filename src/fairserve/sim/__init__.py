@@ -65,6 +65,7 @@ def simulate(
     w_q: float = 2.0,
     seed: int = 0,
     prefix_cache: bool = False,
+    w_cached: float | None = None,
     block_tokens: int = DEFAULT_BLOCK_TOKENS,
 ) -> SimResult:
     """Run `workload` under `policy` on the simulated engine. Defaults follow the workload (its pool, its hardware
@@ -72,7 +73,8 @@ def simulate(
     every request is done. A preset name brings its server's token-level effects; a `LatencyModel` object runs with
     none. A policy spec may end in engine options (`vtc:preempt=DELTA`, `:running-cap=TOKENS`; sim/preempt.py).
     `prefix_cache` (paged mode) shares the KV blocks of common prompt prefixes (`Arrival.prefix`), `block_tokens` a
-    block; policies that order by cached prefix (`lpm`, `dlpm`) need it."""
+    block; policies that order by cached prefix (`lpm`, `dlpm`) need it. `w_cached` prices the prompt tokens served
+    from the cache (linear cost; None: w_p, as every other prompt token)."""
     options: dict[str, float | int] = {}
     if isinstance(policy, str):
         check_policy(policy, engine_options=True, prefix_cache=prefix_cache)  # NOTE: preempt= needs counters
@@ -88,7 +90,7 @@ def simulate(
     if prefix_cache:
         config = replace(config, prefix_cache=True, block_tokens=block_tokens)
     if isinstance(policy, str):
-        policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed)
+        policy = make_policy(policy, cost=cost, w_p=w_p, w_q=w_q, seed=seed, w_cached=w_cached)
     ledger = Ledger(
         policy,
         weights=weights if weights is not None else workload.weights,

@@ -276,6 +276,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             req, first = first or peek(), None
             if req is None or not fits(req):  # type: ignore[arg-type]  # NOTE: it holds SimRequests only
                 break
+            if self.cache is not None and not req.admitted:
+                req.cached_tokens = self.cached_tokens(req)  # NOTE: before pop, which charges them (w_cached)
             pop()
             if lazy:
                 self._queue_sizes(req, False)  # type: ignore[arg-type]
@@ -303,8 +305,6 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         for r in batch:
             if r.admit_s is None:
                 r.admit_s = start
-                if r.held is not None:
-                    r.cached_tokens = r.held.cached_tokens
             if r.first_token_s is None:
                 r.first_token_s = self.now
             r.generated += 1  # the prefill produces one token

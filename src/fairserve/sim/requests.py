@@ -94,7 +94,6 @@ class SimRequest(Request):
     keys: list | None = None  # the block keys of the tokens its prefill fills (prefix cache) ...
     keys_for: int = 0  # ... computed for this many tokens (its prompt, and any output it recomputes)
     held: Held | None = None  # the blocks it holds while running (prefix cache)
-    cached_tokens: int = 0  # prompt tokens found in the cache at its first admission
     probe: tuple[int, int, int] = (-1, 0, 0)  # the cache's version and `generated` at the last look-up, its answer
     admit_s: float | None = None
     first_token_s: float | None = None
@@ -177,4 +176,5 @@ def record_of(r: SimRequest, step: int, end_s: float) -> RequestRecord:
         output_tokens=output,
         max_tokens=r.output_tokens,
         status=status,
+        cached_tokens=r.cached_tokens,
     )
