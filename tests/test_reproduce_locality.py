@@ -54,7 +54,10 @@ def test_the_answers_come_from_the_numbers():
     assert exp.judge(swapped(exp, res, locality.DLPM, locality.VTC))[0] is False  # DLPM as VTC: 1.00×
     starve = BY_NAME["locality-starvation"]
     assert starve.judge(swapped(starve, res, locality.LPM, locality.DLPM))[0] is False  # LPM as DLPM: 1.0×
-    assert "LPM" in starve.judge(res)[1]
+    assert "LPM" in starve.judge(res)[1] and "the ratio tends to about" in starve.judge(res)[1]
+    # a client LPM never admits waits the whole run, DLPM's worst about the share it leaves waiting
+    assert locality.overload_ceiling(12, 30) == "the ratio tends to about 2.5× under overload"
+    assert locality.overload_ceiling(0, 30) == "DLPM keeps up"
 
 
 def test_the_bound_counts_the_most_output_running_together():

@@ -64,6 +64,13 @@ def never_admitted(o: RunOutput) -> tuple[int, int]:
     return worst[0], worst[1]
 
 
+def overload_ceiling(left: int, sent: int) -> str:
+    """Where DLPM too is overloaded, its worst client's waits grow with the run at about the share of requests it
+    leaves waiting, (left / sent) per second, while a client LPM never admits waits the whole time: the ratio of the
+    two medians tends to about sent / left, however long the run."""
+    return f"the ratio tends to about {sent / left:.1f}× under overload" if left else "DLPM keeps up"
+
+
 def most_running_output(o: RunOutput) -> int:
     """M of the bound, from above: the most output tokens (max_tokens) of requests admitted and not yet finished at
     any admission (a preempted request counts as running from its first admission to its finish)."""
@@ -132,9 +139,10 @@ def _starvation(res: Results) -> Verdict:
         if held <= CLIENTS // 2:
             judged.append(ratio)
         starved, sent = never_admitted(runs[LPM])
+        left, _ = never_admitted(runs[DLPM])
         lines.append(
             f"{held} prompts: LPM {lpm:.1f} s ({starved} of a client's {sent} requests never admitted), "
-            f"DLPM {dlpm:.1f} s ({ratio:.1f}×; {never_admitted(runs[DLPM])[0]} never admitted), VTC {vtc:.1f} s"
+            f"DLPM {dlpm:.1f} s ({ratio:.1f}×; {left} never admitted: {overload_ceiling(left, sent)}), VTC {vtc:.1f} s"
         )
     holds = all(r >= TTFT_GOAL for r in judged)
     ours = f"LPM's worst client waits {', '.join(f'{r:.1f}×' for r in judged)} DLPM's worst (pools ≤ half)"
