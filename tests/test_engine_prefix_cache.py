@@ -24,21 +24,24 @@ LATENCIES = [get_latency_model("a10g-llama2-7b"), get_latency_model("llama-2-7b@
 @st.composite
 def shared_prefix_workload(draw):
     """Clients a-d, each request's prompt a prefix (one of a few system prompts or documents, possibly chained into
-    a longer one, as a conversation's turns) and then its own tokens."""
+    a longer one, as a conversation's turns) and then its own tokens, possibly continued as a segment that later
+    prompts declare (a conversation's answer)."""
     n = draw(st.integers(1, 40))
     out = []
     for _ in range(n):
         t = draw(st.floats(0, 8, allow_nan=False))
         client = draw(st.sampled_from("abcd"))
         first = draw(st.sampled_from(["s1", "s2", "s3", None]))
-        prefix = ()
+        prefix, continued_as = (), None
         if first is not None:
             prefix = ((first, draw(st.integers(1, 300))),)
             if draw(st.booleans()):
                 prefix += ((f"{first}+{draw(st.sampled_from('xy'))}", draw(st.integers(1, 100))),)
+            else:  # its own tokens and answer named as the segment others declare (a conversation's next turn)
+                continued_as = draw(st.sampled_from([None, f"{first}+x"]))
         own = draw(st.integers(0, 120))
         prompt = max(1, sum(k for _, k in prefix) + own)
-        out.append(Arrival(t, client, prompt, draw(st.integers(1, 120)), prefix))
+        out.append(Arrival(t, client, prompt, draw(st.integers(1, 120)), prefix, continued_as))
     return out
 
 

@@ -45,7 +45,18 @@ def test_a_conversation_turn_extends_the_previous_turns_prompt():
             prompt_keys(turn.prompt_tokens, 16, "t", turn.prefix),
         )
         assert now[: len(before)] == before
+        # ... and so is every full block of the previous answer: it continues as this turn's last segment
+        answered = prompt_keys(prev.prompt_tokens + 32, 16, prev.continued_as, prev.prefix)
+        assert prev.continued_as == turn.prefix[-1][0] and now[: len(answered)] == answered
     assert len(turns) == 8 and len({a.prefix[0][0] for a in turns}) == 2  # two conversations of 4 turns
+
+
+def test_a_conversations_next_turn_finds_the_previous_answer_cached():
+    w = prefix_workload("conversations", clients=1, rate=0.2, duration_s=20, turns=4)  # each turn done before the next
+    r = simulate(w, "vtc", mode="paged", prefix_cache=True, drain=True)
+    # turn k's KV holds its prompt (+2 template tokens) and 31 of its 32 output tokens: every full block of it is
+    # found by turn k + 1 (1,033 tokens -> 64 blocks, 1,129 -> 70, 1,225 -> 76), the answer's blocks included
+    assert r.cached_tokens == [0, 1024, 1120, 1216]
 
 
 def test_the_cache_finds_what_the_workloads_share():

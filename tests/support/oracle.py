@@ -243,7 +243,8 @@ class StepEngine:
         """The keys of the full blocks of its first `tokens` tokens (default: what its prefill fills)."""
         assert self.cache is not None
         n = r.prompt_tokens + self.extra + r.generated if tokens is None else tokens
-        return prompt_keys(n, self.cache.block_tokens, ("own", r.id), r.prefix)
+        own = ("own", r.id) if r.continued_as is None else r.continued_as  # a later prompt's segment, if any
+        return prompt_keys(n, self.cache.block_tokens, own, r.prefix)
 
     def cached(self, r) -> int:
         assert self.cache is not None

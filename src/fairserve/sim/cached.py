@@ -14,7 +14,7 @@ tokens of a waiting request the cache holds now (`Policy.cached`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from .prefix_cache import PrefixCache, prompt_keys
@@ -57,7 +57,7 @@ class PrefixCaching:
     def _chain(self, r: SimRequest, tokens: int) -> list:
         """The keys of the full blocks of `r`'s first `tokens` tokens (its prompt, then its output)."""
         assert self.cache is not None
-        return prompt_keys(tokens, self.cache.block_tokens, ("own", r.id), r.prefix)
+        return prompt_keys(tokens, self.cache.block_tokens, own_name(r), r.prefix)
 
     def _release(self, r: SimRequest) -> None:
         """`r` stops running: its blocks go back, every full one it computed kept in the cache (vLLM's rule). Its KV
@@ -92,6 +92,12 @@ class PrefixCaching:
         for r in due if self.running else ():
             assert r.held is not None
             cache.grow(r.held)
+
+
+def own_name(r: SimRequest) -> Hashable:
+    """What names the blocks past a request's declared prefix: the segment id its workload continues it as (a later
+    prompt that declares that segment shares them, its answer included, as vLLM matching tokens), else its own."""
+    return ("own", r.id) if r.continued_as is None else r.continued_as
 
 
 def hit_rates(records: list, cached: list[int]) -> dict[str, float]:

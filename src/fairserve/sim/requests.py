@@ -91,6 +91,7 @@ class SimRequest(Request):
     end_step: int = 0  # decode step at which the current run has produced every token
     fair_preemptions: int = 0  # times it was preempted for fairness (EngineConfig.preempt_delta)
     prefix: tuple[tuple[str, int], ...] = ()  # the workload's `Arrival.prefix`
+    continued_as: str | None = None  # the workload's `Arrival.continued_as`: the id of what follows the prefix
     keys: list | None = None  # the block keys of the tokens its prefill fills (prefix cache) ...
     keys_for: int = 0  # ... computed for this many tokens (its prompt, and any output it recomputes)
     held: Held | None = None  # the blocks it holds while running (prefix cache)
@@ -146,6 +147,7 @@ def sim_requests(arrivals: Iterable) -> list[SimRequest]:
             arrival_s=a.arrival_s,
             output_tokens=a.output_tokens,
             prefix=getattr(a, "prefix", ()),
+            continued_as=getattr(a, "continued_as", None),
         )
         for i, a in enumerate(arrivals)
     ]

@@ -27,6 +27,9 @@ class Arrival:
     # the prompt's shared prefix as segments (id, tokens), each id naming everything up to its segment's end:
     # requests whose prefixes agree on a segment share the prompt tokens up to its end (docs/workloads.md)
     prefix: tuple[tuple[str, int], ...] = ()
+    # the id a later prompt's segment gives what follows this prefix, its answer included (a conversation's next
+    # turn declares it: that prompt shares this answer's tokens); None: nothing later shares them
+    continued_as: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ policies that order by it (lpm, dlpm): docs/workloads.md, "Workloads with shared
 
 - `system-prompts`: N clients, each with its own P-token system prompt, then a Q-token question; O output tokens.
 - `conversations`: N clients, each in multi-turn conversations: a turn's prompt is the previous turn's prompt, its
-  answer and a new message (the answer is recomputed: its blocks are kept under the answering request's name).
+  answer and a new message (the answer's blocks are named by the next turn's segment: that turn finds them cached).
 - `document`: one D-token document asked Q-token questions by every client.
 - `no-sharing`: the `system-prompts` sizes, every prompt its own (nothing to share).
 - `prefix-mix`: half the clients with private system prompts, half sharing nothing.
@@ -76,11 +76,13 @@ def prefix_workload(
 
 def _turn(t: float, client: str, conv: str, turn: int, first: int, message: int, answer: int) -> Arrival:
     """Turn `turn` (from 0) of a conversation: its prompt is every earlier prompt, answer and message, then its own
-    message; declared as chained segments so that the next turn shares it (docs/workloads.md, "Prefixes")."""
+    message; declared as chained segments so that the next turn shares it (docs/workloads.md, "Prefixes"), and its
+    answer continued as the next turn's segment, so that the next turn shares that too."""
     segments = [(f"{conv}/0", first)]
     for j in range(1, turn + 1):
         segments.append((f"{conv}/{j}", answer + message))  # the previous answer and this turn's message
-    return Arrival(t, client, first + turn * (answer + message), answer, tuple(segments))
+    prompt = first + turn * (answer + message)
+    return Arrival(t, client, prompt, answer, tuple(segments), continued_as=f"{conv}/{turn + 1}")
 
 
 def make_prefix_workload(name: str, seed: int = 0, duration_s: float | None = None) -> Workload:
