@@ -94,7 +94,7 @@ class Gateway:
         doc: dict[str, Any] = {
             "status": "ok" if up else "unavailable",
             "policy": self.sched.ledger.policy.name,
-            "queued": self.sched.ledger.num_queued,
+            "queued": self.sched.pools.num_queued,
             "backends": backends,
         }
         if self.sched.shared is not None:  # NOTE: degraded shared state still serves: 200, said in the body
@@ -138,6 +138,14 @@ class Gateway:
         return owner
 
     async def models(self) -> Response:
+        """The union of the models the backends serve (their /v1/models entries, adapters' `parent` kept); while no
+        backend's list is known, the first healthy backend's answer, else the configured `models`."""
+        seen: dict[str, dict[str, Any]] = {}
+        for b in self.sched.backends:
+            for m in b.listing:
+                seen.setdefault(m["id"], m)
+        if seen:
+            return JSONResponse({"object": "list", "data": list(seen.values())})
         for b in self.sched.backends:
             if not b.healthy:
                 continue
@@ -217,6 +225,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if gw.sched.shared is not None:
             await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
+        await gw.health.discover_all()  # NOTE: the models each backend serves, before the first request
         gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
         if gw.snapshots is not None:
@@ -224,7 +233,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         yield
         # NOTE: requests cut off at the end of the drain are still sending their last event and settling
         deadline = time.monotonic() + 2.0
-        while len(gw.sched.ledger) and time.monotonic() < deadline:
+        while sum(map(len, gw.sched.pools.ledgers)) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         gw.stalls.stop()
         if gw.snapshots is not None:
@@ -236,6 +245,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await gw.sched.shared.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
+        gw.sched.usage.close()
 
     # NOTE: no redirect_slashes: Starlette builds the redirect's Location from the client's Host header (an open
     # redirect), and the OpenAI SDK follows a 307 with the prompt; a path with a trailing slash is a 404

@@ -29,6 +29,7 @@ class Parsed:
     n: int
     raw: bytes = b""  # the body as the client sent it
     priority: int | None = None  # vLLM's `priority`, as the client named it
+    model: str | None = None
 
 
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
@@ -40,7 +41,7 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
         body, plain = parse_json(raw), False  # not plain UTF-8 JSON: re-encoded before it goes upstream
     r = parse_request(body, kind == CHAT, strict=False, count=count)
     return Parsed(
-        body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"", r.priority
+        body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"", r.priority, r.model
     )
 
 
