@@ -21,8 +21,10 @@ from support.processes import serve as serve_process
 from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app
 
+ADMIN = "models-admin"
 KEYS = {"heavy": "key-heavy", "light": "key-light", "only-b": "key-only-b"}
-LIMIT = 2  # requests in flight at each emulator
+LIMITS = {"a": 1, "b": 4}  # requests in flight at each emulator
+PRICE_A = {"w_p": 2.0, "w_q": 4.0}  # a token of model A costs twice one of model B (w_p = 1, w_q = 2)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,13 @@ def fleet(tmp_path_factory):
     ):
         cfg = build_config(
             {
-                "backends": [{"url": a, "max_inflight_requests": LIMIT}, {"url": b, "max_inflight_requests": LIMIT}],
+                "backends": [
+                    {"url": a, "max_inflight_requests": LIMITS["a"]},
+                    {"url": b, "max_inflight_requests": LIMITS["b"]},
+                ],
                 "scope": "global",
+                "prices": {"model-a": PRICE_A},
+                "admin_key": ADMIN,
                 "health_interval_s": 2,  # NOTE: the models are read from each backend's /v1/models at start
                 "usage_log": str(usage),
                 "tenants": [
@@ -46,6 +53,9 @@ def fleet(tmp_path_factory):
         )
         with running_server(create_app(cfg)) as url:
             yield {"gateway": url, "a": a, "b": b, "usage": usage}
+
+
+QUEUE = r'^fairserve_gateway_queue_length\{tenant="([^"]+)"\} (\S+)$'
 
 
 def emulator_requests(url: str) -> float:
@@ -86,10 +96,10 @@ def test_a_tenant_limited_to_one_model_gets_403_for_another(fleet):
 
 
 async def b_load(fleet, name: str) -> list[str]:
-    """The light tenant's load on model B: 12 requests, 3 at a time (B takes 2: B's own queue); their ids."""
-    ids = [f"b-{name}-{i}" for i in range(12)]
+    """The light tenant's load on model B: 18 requests, 6 at a time (B takes 4: B's own queue); their ids."""
+    ids = [f"b-{name}-{i}" for i in range(18)]
     async with AsyncOpenAI(base_url=fleet["gateway"] + "/v1", api_key=KEYS["light"], max_retries=0) as c:
-        sem = asyncio.Semaphore(3)
+        sem = asyncio.Semaphore(6)
 
         async def one(rid: str) -> None:
             async with sem:
@@ -118,7 +128,7 @@ def test_a_saturated_model_does_not_hold_up_another(fleet):
                 while not stop.is_set():
                     await heavy.completions.create(model="model-a", prompt="hello " * 8, max_tokens=64)
 
-            tasks = [asyncio.create_task(flood()) for _ in range(10)]
+            tasks = [asyncio.create_task(flood()) for _ in range(8)]
             deadline = time.monotonic() + 20
             while await asyncio.to_thread(queued, "heavy") < 5:  # NOTE: A saturated: the heavy tenant's queue
                 assert time.monotonic() < deadline, "model A never had a queue"
@@ -140,6 +150,110 @@ def test_a_saturated_model_does_not_hold_up_another(fleet):
         f"with model A saturated {med_loaded * 1e3:.1f} / {max(wait_loaded) * 1e3:.1f} ms; "
         f"model A's heavy tenant: median {statistics.median(heavy) * 1e3:.0f} ms"
     )
-    # B's own queue (3 sent, 2 served at a time) is there either way; A's backlog adds nothing to it
+    # B's own queue (6 sent, 4 served at a time) is there either way; A's backlog adds nothing to it
     assert med_loaded <= med_alone + 0.05 and max(wait_loaded) <= max(wait_alone) + 0.1, (wait_alone, wait_loaded)
     assert statistics.median(heavy) > 4 * max(med_loaded, 0.02)  # A's requests did queue
+
+
+def service(base: str) -> dict[str, float]:
+    rows = HTTP.get(base + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()["tenants"]
+    return {r["name"]: r["service"] for r in rows}
+
+
+def test_global_scope_heavy_use_of_the_expensive_model_lowers_the_share_on_the_cheap_one(fleet):
+    """The heavy tenant keeps model A (twice the price) busy and competes on model B with the light tenant; one
+    account each over the fleet: while both are backlogged, their service (at each model's price) is equal, so the
+    heavy one gets less than half of model B, by what its model-A use cost."""
+    base = fleet["gateway"]
+    tokens = 8  # NOTE: short requests: the counters' gap while both are backlogged (2U) is a few requests
+
+    async def run() -> dict[tuple[str, str], int]:
+        got: dict[tuple[str, str], list[float]] = {(t, m): [] for t in ("heavy", "light") for m in ("a", "b")}
+        stop = asyncio.Event()
+        clients = {t: AsyncOpenAI(base_url=base + "/v1", api_key=KEYS[t], max_retries=0) for t in ("heavy", "light")}
+
+        async def loop(tenant: str, model: str) -> None:
+            while not stop.is_set():
+                s = await clients[tenant].completions.create(
+                    model=f"model-{model}", prompt="hi", max_tokens=tokens, stream=True
+                )
+                async for chunk in s:
+                    if chunk.choices and chunk.choices[0].text:
+                        got[tenant, model].append(time.monotonic())
+
+        tasks = [asyncio.create_task(loop("heavy", "a")) for _ in range(3)]
+        # NOTE: the light tenant's 12 streams keep it backlogged on B (4 in flight) between its requests
+        tasks += [asyncio.create_task(loop("heavy", "b")) for _ in range(8)]
+        tasks += [asyncio.create_task(loop("light", "b")) for _ in range(12)]
+
+        def both_queued() -> bool:
+            text = HTTP.get(base + "/metrics").text
+            q = {m.group(1): float(m.group(2)) for m in re.finditer(QUEUE, text, re.M)}
+            return q.get("heavy", 0) > 0 and q.get("light", 0) > 0
+
+        deadline = time.monotonic() + 20
+        while not await asyncio.to_thread(both_queued):
+            assert time.monotonic() < deadline, "the tenants never had a queue together"
+        t0, s0 = time.monotonic(), await asyncio.to_thread(service, base)
+        await asyncio.sleep(3.0)
+        t1, s1 = time.monotonic(), await asyncio.to_thread(service, base)
+        backlogged = await asyncio.to_thread(both_queued)
+        stop.set()
+        await asyncio.gather(*tasks)
+        for c in clients.values():
+            await c.close()
+        assert backlogged
+        counts = {k: sum(t0 <= at < t1 for at in v) for k, v in got.items()}
+        counts["service", "heavy"] = round(s1["heavy"] - s0["heavy"])
+        counts["service", "light"] = round(s1["light"] - s0["light"])
+        return counts
+
+    n = asyncio.run(run())
+    heavy_b, light_b, heavy_a = n["heavy", "b"], n["light", "b"], n["heavy", "a"]
+    share = heavy_b / (heavy_b + light_b)
+    # what each received, at the prices (output tokens; the 1-token prompts add little)
+    priced = (PRICE_A["w_q"] * heavy_a + 2 * heavy_b) / (2 * light_b)
+    unpriced = (2 * heavy_a + 2 * heavy_b) / (2 * light_b)
+    print(
+        f"global scope: heavy tenant's share of model B {share:.3f} ({heavy_a} tokens of model A at 2x), "
+        f"its service / the light tenant's: {priced:.3f} at the prices ({unpriced:.3f} if A cost as B); "
+        f"admin service {n['service', 'heavy']} vs {n['service', 'light']}"
+    )
+    assert heavy_a > 50 and light_b > 100, n
+    assert share < 0.4, n  # less than the half it would get on B alone
+    assert 0.85 <= priced <= 1.15, n  # equal service, at each model's price
+    assert unpriced < 0.8, n  # which it would not be if a token of A were charged as one of B
+
+
+def test_the_usage_log_has_a_line_per_request(fleet):
+    c = client(fleet, "only-b")
+    stream = c.chat.completions.create(
+        model="model-b",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=5,
+        stream=True,
+        extra_headers={"X-Request-Id": "usage-ok"},
+    )
+    assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content) == 5
+    # NOTE: a tenant limited to some models gets 403 for any other, known or not (it learns nothing of the rest)
+    for tenant, model, rid in (
+        ("only-b", "model-a", "usage-403"),
+        ("only-b", "gpt-9", "usage-403b"),
+        ("light", "gpt-9", "usage-404"),
+    ):
+        with pytest.raises(openai.APIStatusError):
+            client(fleet, tenant).completions.create(
+                model=model, prompt="hi", max_tokens=2, extra_headers={"X-Request-Id": rid}
+            )
+    assert wait_until(lambda: "usage-ok" in {r["request_id"] for r in usage_lines(fleet)})
+    lines = {r["request_id"]: r for r in usage_lines(fleet)}
+    ok = lines["usage-ok"]
+    assert ok["tenant"] == "only-b" and ok["model"] == "model-b" and ok["endpoint"] == "chat"
+    assert ok["outcome"] == "ok" and ok["output_tokens"] == 5 and ok["prompt_tokens"] > 0
+    assert ok["service"] == ok["prompt_tokens"] + 2 * 5  # model B's price: w_p = 1, w_q = 2
+    assert 0 <= ok["queue_wait_s"] <= ok["ttft_s"] <= ok["duration_s"] and ok["backend"] == fleet["b"]
+    assert lines["usage-403"]["outcome"] == lines["usage-403b"]["outcome"] == "model_not_allowed"
+    assert lines["usage-404"]["outcome"] == "model_not_found"
+    assert lines["usage-403"]["service"] == 0 and lines["usage-404"]["queue_wait_s"] is None
+    priced = [r for r in lines.values() if r["model"] == "model-a" and r["outcome"] == "ok"]
+    assert priced and all(r["service"] == 2 * r["prompt_tokens"] + 4 * r["output_tokens"] for r in priced)

@@ -5,11 +5,14 @@ counter scopes (per_model: a ledger per pool; global: one account per tenant ove
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from pathlib import Path
 
 import pytest
 from support.gateway import config
 
-from fairserve.gateway.config import build_config
+from fairserve.gateway.config import build_config, load_config
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler, UnknownModel
 
@@ -122,3 +125,48 @@ def test_per_model_scope_with_shared_state_or_a_snapshot_is_refused():
         build_config({**base, "scope": "per_model", "snapshot": "x.json"})
     assert build_config({**base, "snapshot": "x.json"}).counter_scope == "global"
     assert build_config(base).counter_scope == "per_model"
+
+
+def test_a_usage_log_that_cannot_be_opened_is_one_error_line(tmp_path):
+    from fairserve.gateway import create_app
+
+    with pytest.raises(ValueError, match=r"^usage_log: cannot open '.*/no/such/dir/u.jsonl' for appending: No such"):
+        create_app(config([A], usage_log=str(tmp_path / "no/such/dir/u.jsonl")))
+
+
+def test_the_usage_log_to_stdout(capsys):
+    async def go() -> None:
+        s = scheduler(A, usage_log="-")
+        t = s.new_ticket("alice", 7, 3, request_id="r-1", model="model-a", kind="completions")
+        s.submit(t)
+        s.output(t, 3)
+        s.close(t, Ending("ok", 7, 3))
+
+    asyncio.run(go())
+    line = json.loads(capsys.readouterr().out)
+    assert line["request_id"] == "r-1" and line["model"] == "model-a" and line["outcome"] == "ok"
+    assert (line["prompt_tokens"], line["output_tokens"], line["service"]) == (7, 3, 13.0)
+    assert line["backend"] == "http://a" and line["ttft_s"] >= line["queue_wait_s"] >= 0
+
+
+def test_the_multi_model_example_of_the_docs_loads_and_routes(tmp_path):
+    """docs/gateway.md's copyable example (the TOML block after `<!-- example: models -->`), as a user would copy it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gateway.md").read_text()
+    block = re.search(r"<!-- example: models -->\n```toml\n(.*?)```", text, re.S)
+    assert block is not None
+    path = tmp_path / "models.toml"
+    path.write_text(block.group(1).replace("/var/log/fairserve/usage.jsonl", str(tmp_path / "usage.jsonl")))
+    cfg = load_config(path)
+    assert cfg.counter_scope == "global" and cfg.prices["llama-70b"].w_q == 16
+    assert cfg.allowed_models() == {"free/alice": frozenset({"llama-8b"})}
+
+    async def go() -> None:
+        s = Scheduler(cfg, GatewayMetrics())
+        s.backends[0].serves([{"id": "llama-8b"}, {"id": "sql-lora", "parent": "llama-8b"}])  # its /v1/models
+        urls = {m: {b.url[-4:] for b in s.route(m).backends} for m in ("llama-8b", "sql-lora", "llama-70b")}
+        assert urls == {"llama-8b": {"8001", "8002"}, "sql-lora": {"8001"}, "llama-70b": {"8003"}}
+        with pytest.raises(UnknownModel):
+            s.route("gpt-4o")
+        s.usage.close()
+
+    asyncio.run(go())
