@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ class Job:
     at_step: int = 0  # added before this engine step (0: before the first)
     lora: str | None = None  # the LoRA adapter's name (a key of `drive`'s `loras`)
     seed: int | None = None  # of the prompt's tokens; default: the job's position
+    prefix: tuple[str, int] | None = None  # (id, tokens): the prompt starts with that many tokens of the id's sequence
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Run:
     finished_at: dict[str, int] = field(default_factory=dict)  # request id -> engine step it finished in
     outputs: dict[str, int] = field(default_factory=dict)  # request id -> output tokens produced
     tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> the output token ids
+    cached: dict[str, int] = field(default_factory=dict)  # request id -> vLLM's num_cached_tokens (prefix cache hits)
     admitted: list[str] = field(default_factory=list)  # request ids in the order vLLM first scheduled them
     admitted_at: dict[str, int] = field(default_factory=dict)  # request id -> the engine step that was
     priority: dict[str, int] = field(default_factory=dict)  # request id -> vLLM's `priority` once it was queued
@@ -65,6 +68,14 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
     # one LoRA slot for the adapters of the tests (tests_vllm/test_lora.py); the tenant is the adapter
     "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),  # test_lora.K
     "lora-default": (False, LORA, {}),
+    # prefix caching on a pool of 12 usable blocks of 32 tokens (one more is vLLM's null block), one request at a
+    # time: the order of admissions and releases is the order of the jobs (tests_vllm/test_prefix_cache.py)
+    "prefix": (
+        False,
+        {"enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 13, "max_num_seqs": 1}
+        | {"max_model_len": 384},
+        {},
+    ),
 }
 
 
@@ -142,7 +153,11 @@ def drive(
             i, job = pending.pop(0)
             extra = {} if job.client is None else {CLIENT_ARG: job.client}
             params = SamplingParams(max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0, extra_args=extra)
-            prompt = {"prompt_token_ids": prompt_ids(job.prompt, i if job.seed is None else job.seed)}
+            own = prompt_ids(job.prompt, i if job.seed is None else job.seed)
+            if job.prefix is not None:
+                pid, shared = job.prefix
+                own = prompt_ids(shared, zlib.crc32(pid.encode()))[: job.prompt] + own[shared:]
+            prompt = {"prompt_token_ids": own}
             lora = None if job.lora is None else (loras or {})[job.lora]
             engine.add_request(job.rid, prompt, params, lora_request=lora, priority=job.priority)
         for rid, req in sched.requests.items():
@@ -182,6 +197,7 @@ def drive(
                     run.finished_at[out.request_id] = run.steps
                     run.outputs[out.request_id] = len(out.outputs[0].token_ids)
                     run.tokens[out.request_id] = list(out.outputs[0].token_ids)
+                    run.cached[out.request_id] = out.num_cached_tokens or 0
             for rid, req in sched.requests.items():
                 job_id = ids.get(rid, rid)
                 preempted[job_id] = max(preempted.get(job_id, 0), req.num_preemptions)

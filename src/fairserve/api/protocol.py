@@ -89,7 +89,7 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         raise BadRequest("'model' must be a string.", "model")
     if not strict and not model:
         raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None:
         if not stream:
@@ -98,18 +98,18 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
             )
         if not isinstance(options, dict):
             raise BadRequest("'stream_options' must be an object.", "stream_options")
-    ignore_eos = _flag(body, "ignore_eos")
-    _flag(body, "echo")
+    ignore_eos = flag(body, "ignore_eos")
+    flag(body, "echo")
     max_tokens = None
     for name in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
-        value = _integer(body, name)
+        value = integer(body, name)
         if max_tokens is None:
             max_tokens = value
-    n = _integer(body, "n")
+    n = integer(body, "n")
     if strict and n not in (None, 1):
         raise BadRequest("Only n=1 is supported.", "n")
     if chat:
-        messages = _messages(body)
+        messages = messages_field(body)
         prompt, prompt_tokens = "", count(messages_text(messages))
     else:
         prompts = _prompts(body, strict)
@@ -155,14 +155,14 @@ def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> 
     )
 
 
-def _flag(body: dict, name: str) -> bool:
+def flag(body: dict, name: str) -> bool:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
         raise BadRequest(f"'{name}' must be a boolean.", name)
     return value is True
 
 
-def _integer(body: dict, name: str) -> int | None:
+def integer(body: dict, name: str) -> int | None:
     """An optional integer field, 1..MAX_INT."""
     value = body.get(name)
     if value is None:
@@ -202,7 +202,8 @@ def _prompts(body: dict, strict: bool) -> list:
         isinstance(prompt, str)
         or isinstance(prompt, list)
         and all(
-            isinstance(p, str) or _token_id(p) or isinstance(p, list) and all(_token_id(t) for t in p) for p in prompts
+            isinstance(p, str) or is_token_id(p) or isinstance(p, list) and all(is_token_id(t) for t in p)
+            for p in prompts
         )
     ):
         return prompts
@@ -211,11 +212,11 @@ def _prompts(body: dict, strict: bool) -> list:
     )
 
 
-def _token_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _messages(body: dict) -> list:
+def messages_field(body: dict) -> list:
     messages = body.get("messages")
     if messages is None:
         raise BadRequest("Missing required parameter: 'messages'.", "messages")
@@ -236,12 +237,14 @@ def _messages(body: dict) -> list:
     return messages
 
 
-def models_list(*names: str) -> dict[str, Any]:
-    """The body of GET /v1/models for a server of these models."""
-    return {
-        "object": "list",
-        "data": [{"id": n, "object": "model", "created": 0, "owned_by": "fairserve"} for n in names],
-    }
+def models_list(*names: str, loras: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The body of GET /v1/models for a server of these models, and LoRA adapters on the first (vLLM lists an
+    adapter with the base model as its `parent`)."""
+
+    def entry(name: str, parent: str | None) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "fairserve", "root": name, "parent": parent}
+
+    return {"object": "list", "data": [entry(n, None) for n in names] + [entry(a, names[0]) for a in loras]}
 
 
 def sse(obj: Any) -> bytes:

@@ -7,7 +7,13 @@ Semantics worth knowing:
 - Output: always exactly `max_tokens` tokens (chat: `max_completion_tokens`, else `max_tokens`; defaults 16 for
   completions, 256 for chat), each the text " tok", finish_reason "length". `ignore_eos` is accepted and changes
   nothing: the emulator behaves as if it were always true. Prompt tokens = `api.tokens.estimate_tokens` (>= 1).
-- Model names: any `model` is accepted (it may be omitted) and echoed back; /v1/models lists the configured one.
+- Model names: with `models` (`--model`, repeatable) and `loras` (`--lora`, adapters on the first model, listed
+  with it as `parent`) named, only those are served (404 `model_not_found` for others; a request naming none gets
+  the first); with none named, any `model` is accepted and echoed back and /v1/models lists "fairserve-emulated".
+- Beyond completions and chat (`more_api`): /v1/embeddings (a prefill of all inputs, answered at its end; float or
+  base64 vectors, deterministic per input), /v1/responses (streamed and not, `max_output_tokens` tokens, default
+  256; `previous_response_id` and `background` refused with a 400), /tokenize and /detokenize (vLLM's shapes;
+  reversible ids, `api.tokenize`; never reach the engine). Faults apply to completions and chat only.
 - Client: the `X-Fairserve-Client` header names the engine-side client, else "anonymous".
 - Errors are OpenAI-style JSON: 400 for malformed JSON, a non-object body, missing or invalid fields, `n` != 1,
   `stream_options` without `stream`, or a request that can never fit the KV pool; 429 if the engine's policy

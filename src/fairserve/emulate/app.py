@@ -1,10 +1,10 @@
-"""The emulator's FastAPI app: OpenAI endpoints served by the real-time driver, /v1/models, /healthz, /metrics."""
+"""The emulator's FastAPI app: completions and chat served by the real-time driver, /v1/models, /healthz, /metrics
+(embeddings, responses and tokenize: `more_api`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -18,11 +18,10 @@ from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_cal
 from ..api.streaming import EventStream
 from ..core import DEFAULT_TENANT, RequestState
 from .config import EmulatorConfig, Fault
-from .driver import Emulator, Job, TooLarge
+from .driver import CLIENT_HEADER, POLL_S, Emulator, Job, TooLarge, wait_tokens
+from .more_api import install as install_more
+from .more_api import not_served
 from .prometheus import make_registry
-
-CLIENT_HEADER = "X-Fairserve-Client"
-POLL_S = 0.05  # how often a non-streaming or hung request checks that its client is still there
 
 
 def create_app(config: EmulatorConfig | None = None) -> FastAPI:
@@ -41,6 +40,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
     app = FastAPI(title="fairserve emulate", lifespan=lifespan)
     app.state.emulator = emulator
     install_error_handlers(app, "the emulator")
+    install_more(app, emulator)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -52,7 +52,7 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return models_list(config.model)
+        return models_list(*(config.models or (config.model,)), loras=config.loras)
 
     @app.get("/healthz")
     @app.get("/health")
@@ -74,6 +74,8 @@ def create_app(config: EmulatorConfig | None = None) -> FastAPI:
 
 async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
     call = parse_call(parse_json(await request.body()), chat)
+    if (missing := not_served(em, call.model)) is not None:
+        return missing
     try:
         em.check_fits(call.prompt_tokens, call.max_tokens)
     except TooLarge as e:
@@ -107,7 +109,7 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
     if call.stream:
         return EventStream(_events(em, job, reply, call, drop_after))
     try:
-        if not await _wait_tokens(job, request, call.max_tokens if drop_after is None else drop_after):
+        if not await wait_tokens(job, request, call.max_tokens if drop_after is None else drop_after):
             em.close(job, "cancelled")
             return Response(status_code=499)
         if drop_after is not None:
@@ -117,20 +119,6 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
         return JSONResponse(reply.body(job.delivered))
     finally:
         em.close(job, "cancelled")  # a no-op unless the handler itself was cancelled
-
-
-async def _wait_tokens(job: Job, request: Request, target: int) -> bool:
-    """Wait until `target` tokens are delivered (or the engine is done); False if the client went away."""
-    next_check = time.monotonic() + POLL_S
-    while job.delivered < target and not job.engine_done:
-        job.changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.changed.wait(), POLL_S)
-        if time.monotonic() >= next_check:
-            if await request.is_disconnected():
-                return False
-            next_check = time.monotonic() + POLL_S
-    return True
 
 
 async def _events(

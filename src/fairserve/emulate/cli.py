@@ -16,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p = subparsers.add_parser(
         "emulate",
         help="serve an OpenAI-compatible API backed by the simulated engine, in real time",
-        description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /metrics) "
+        description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/embeddings, "
+        "/v1/responses, /v1/models, /tokenize, /detokenize, /metrics) "
         "that is the simulated continuous-batching engine running in (scaled) real time. It always "
         "generates max_tokens tokens. Fault injection makes it a test bed for gateways.",
     )
@@ -51,7 +52,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help=f"the engine's own scheduler, default fcfs (fairness is the gateway's job): {describe()}; with the "
         "simulator's engine options (vtc:preempt=DELTA, :running-cap=TOKENS)",
     )
-    p.add_argument("--model", default=EmulatorConfig.model, help="the model name /v1/models lists")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a model id to serve (repeatable; the first is the default); requests for other models get 404. "
+        "Without it any model name is accepted and /v1/models lists fairserve-emulated",
+    )
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a LoRA adapter served on the first --model (repeatable; /v1/models lists it with that `parent`)",
+    )
     p.add_argument("--error-rate", type=float, default=0.0, metavar="P", help="fraction answered 500 at once")
     p.add_argument(
         "--extra-latency",
@@ -78,7 +93,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     """Raises ValueError with a clear message on a bad value."""
     kv_tokens = args.kv_tokens if args.kv_tokens is not None else default_kv_tokens(args.profile)
     return EmulatorConfig(
-        model=args.model,
+        models=tuple(args.model),
+        loras=tuple(args.lora),
         time_scale=args.time_scale,
         profile=args.profile,
         kv_tokens=kv_tokens,

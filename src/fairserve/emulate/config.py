@@ -12,11 +12,14 @@ from ..sim.latency import DEFAULT_LATENCY_PROFILE, get_latency_model
 from ..workloads import DEFAULT_KV_TOKENS
 
 ENGINE_MODES = ("reserve", "paged")
+DEFAULT_MODEL = "fairserve-emulated"
 
 
 @dataclass(frozen=True)
 class EmulatorConfig:
-    model: str = "fairserve-emulated"  # the name /v1/models lists
+    # NOTE: no models named: any `model` is accepted and echoed (a test bed for one-model gateways)
+    models: tuple[str, ...] = ()  # the model ids served; requests for others get 404 model_not_found
+    loras: tuple[str, ...] = ()  # LoRA adapters served on the first model (listed with it as `parent`)
     time_scale: float = 1.0  # simulated seconds per wall second (10 = ten times faster)
     profile: str = DEFAULT_LATENCY_PROFILE  # latency profile, as `fairserve.sim.get_latency_model` names it
     kv_tokens: int = DEFAULT_KV_TOKENS  # KV-cache pool of the simulated engine
@@ -29,8 +32,13 @@ class EmulatorConfig:
     seed: int = 0  # seeds the fault draw
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError("model name must be a non-empty string")
+        for name in (*self.models, *self.loras):
+            if not isinstance(name, str) or not name.strip():
+                raise ValueError(f"model names must be non-empty strings, got {name!r}")
+        if self.loras and not self.models:
+            raise ValueError("LoRA adapters need a base model: name one with --model")
+        if len(set(self.served)) < len(self.served):
+            raise ValueError(f"model names must be distinct, got {', '.join(self.served)}")
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
             raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale}")
         if isinstance(self.kv_tokens, bool) or not isinstance(self.kv_tokens, int) or self.kv_tokens < 2:
@@ -45,6 +53,18 @@ class EmulatorConfig:
             raise ValueError(f"extra_latency_s must be a finite number >= 0, got {self.extra_latency_s}")
         get_latency_model(self.profile)  # ValueError naming the known profiles
         check_policy(self.policy, engine_options=True)  # ValueError naming the known policies or a bad option
+
+    @property
+    def model(self) -> str:
+        """The model a request that names none gets (and /metrics' model_name)."""
+        return self.models[0] if self.models else DEFAULT_MODEL
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        return (*self.models, *self.loras)
+
+    def serves(self, model: str | None) -> bool:
+        return not self.models or model is None or model in self.served
 
 
 class Fault(StrEnum):

@@ -17,11 +17,14 @@ milliseconds. Everything runs on the event loop's thread, so the engine needs no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import cast
+
+from starlette.requests import Request
 
 from ..core import Ledger, RequestState, make_policy
 from ..core.registry import split_options
@@ -30,6 +33,8 @@ from .config import EmulatorConfig, FaultDraw
 
 log = logging.getLogger(__name__)
 
+CLIENT_HEADER = "X-Fairserve-Client"  # names the engine-side client
+POLL_S = 0.05  # how often a non-streaming or hung request checks that its client is still there
 OUTCOMES = ("finished", "cancelled", "error", "dropped", "hung", "rejected")
 MIN_SLEEP_S = 0.002  # a step due sooner than this is not slept for: tokens may come up to 2 ms early
 YIELD_EVERY_S = 0.005  # while catching up, let the handlers run this often
@@ -203,3 +208,17 @@ class Emulator:
             self.generation_tokens_total += new
             job.delivered = produced
             job.changed.set()
+
+
+async def wait_tokens(job: Job, request: Request, target: int) -> bool:
+    """Wait until `target` tokens are delivered (or the engine is done); False if the client went away."""
+    next_check = time.monotonic() + POLL_S
+    while job.delivered < target and not job.engine_done:
+        job.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.changed.wait(), POLL_S)
+        if time.monotonic() >= next_check:
+            if await request.is_disconnected():
+                return False
+            next_check = time.monotonic() + POLL_S
+    return True
