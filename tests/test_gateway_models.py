@@ -257,3 +257,76 @@ def test_the_usage_log_has_a_line_per_request(fleet):
     assert lines["usage-403"]["service"] == 0 and lines["usage-404"]["queue_wait_s"] is None
     priced = [r for r in lines.values() if r["model"] == "model-a" and r["outcome"] == "ok"]
     assert priced and all(r["service"] == 2 * r["prompt_tokens"] + 4 * r["output_tokens"] for r in priced)
+
+
+def usage_line(fleet, rid: str) -> dict:
+    assert wait_until(lambda: rid in {r["request_id"] for r in usage_lines(fleet)})
+    return next(r for r in usage_lines(fleet) if r["request_id"] == rid)
+
+
+def test_embeddings_are_queued_and_charged_w_p_times_the_backends_input_tokens(fleet):
+    c = client(fleet, "light")
+    r = c.embeddings.create(model="model-a", input=["hello world", "fair"], extra_headers={"X-Request-Id": "emb-a"})
+    assert len(r.data) == 2 and len(r.data[0].embedding) == 32  # base64 on the wire, decoded by the client
+    line = usage_line(fleet, "emb-a")
+    assert line["endpoint"] == "embeddings" and line["outcome"] == "ok" and line["backend"] == fleet["a"]
+    assert line["prompt_tokens"] == r.usage.prompt_tokens and line["output_tokens"] == 0
+    assert line["service"] == PRICE_A["w_p"] * r.usage.prompt_tokens  # model A's w_p
+    f = c.embeddings.create(
+        model="model-b", input="hello", encoding_format="float", extra_headers={"X-Request-Id": "emb-b"}
+    )
+    assert usage_line(fleet, "emb-b")["service"] == f.usage.prompt_tokens and f.data[0].embedding[0] != 0
+
+
+def test_responses_streamed_and_not_charged_from_their_events_and_usage(fleet):
+    c = client(fleet, "light")
+    r = c.responses.create(
+        model="model-b", input="hello there", max_output_tokens=6, extra_headers={"X-Request-Id": "resp-1"}
+    )
+    assert r.usage.output_tokens == 6 and r.output_text
+    line = usage_line(fleet, "resp-1")
+    assert (line["prompt_tokens"], line["output_tokens"]) == (r.usage.input_tokens, 6)
+    assert line["service"] == r.usage.input_tokens + 2 * 6 and line["endpoint"] == "responses"
+    deltas, completed = 0, None
+    with c.responses.stream(
+        model="model-a", input="hello there", max_output_tokens=7, extra_headers={"X-Request-Id": "resp-2"}
+    ) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas += 1
+            elif event.type == "response.completed":
+                completed = event.response
+    assert deltas == 7 and completed is not None and completed.usage.output_tokens == 7
+    line = usage_line(fleet, "resp-2")
+    assert line["outcome"] == "ok" and line["output_tokens"] == 7 and line["ttft_s"] is not None
+    assert line["service"] == PRICE_A["w_p"] * completed.usage.input_tokens + PRICE_A["w_q"] * 7
+
+
+def test_stateful_responses_are_refused_naming_the_field(fleet):
+    c = client(fleet, "light")
+    for field, value in (("previous_response_id", "resp_123"), ("background", True)):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model="model-b", input="hi", **{field: value})
+        assert e.value.body["param"] == field and field in e.value.message
+    assert c.responses.create(model="model-b", input="hi", max_output_tokens=2, store=True).usage.output_tokens == 2
+
+
+def test_tokenize_passes_through_authenticated_and_not_charged(fleet):
+    base, h = fleet["gateway"], {"Authorization": f"Bearer {KEYS['light']}"}
+    before = service(base)["light"]
+    body = {"model": "model-a", "prompt": "hello fair world"}
+    via = HTTP.post(base + "/tokenize", json=body, headers=h)
+    direct = HTTP.post(fleet["a"] + "/tokenize", json=body)
+    assert via.status_code == 200 and via.json() == direct.json() and via.json()["count"] > 0
+    back = HTTP.post(base + "/detokenize", json={"model": "model-b", "tokens": via.json()["tokens"]}, headers=h)
+    assert back.status_code == 200 and back.json()["prompt"] == "hello fair world"
+    assert HTTP.post(base + "/tokenize", json=body).status_code == 401
+    assert (
+        HTTP.post(base + "/tokenize", json={**body, "model": "gpt-9"}, headers=h).json()["error"]["code"]
+        == "model_not_found"
+    )
+    limited = {"Authorization": f"Bearer {KEYS['only-b']}"}
+    assert HTTP.post(base + "/tokenize", json=body, headers=limited).status_code == 403
+    assert service(base)["light"] == before  # nothing charged
+    for path in ("/v1/audio/transcriptions", "/v1/rerank", "/v1/images/generations", "/pooling", "/v1/score"):
+        assert HTTP.post(base + path, json=body, headers=h).status_code == 404, path  # nothing else is proxied

@@ -170,3 +170,51 @@ def test_the_multi_model_example_of_the_docs_loads_and_routes(tmp_path):
         s.usage.close()
 
     asyncio.run(go())
+
+
+def test_tokenize_is_capped_in_concurrency_per_tenant():
+    from fairserve.gateway.tokenize import Tokenize
+
+    class Held:
+        """An upstream whose answers wait until released."""
+
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+            self.calls = 0
+
+        async def post(self, url, path, body, headers):
+            self.calls += 1
+            await self.release.wait()
+            release = self.release
+
+            class Resp:
+                status_code = 200
+
+                async def read(self) -> bytes:
+                    assert release.is_set()
+                    return b'{"count": 1}'
+
+                def close(self) -> None:
+                    pass
+
+                def header(self, name):
+                    return b"application/json"
+
+            return Resp()
+
+    async def go() -> None:
+        s = scheduler(A, tokenize_concurrency=2)
+        up = Held()
+        tok = Tokenize(s, up, {})
+        body = json.dumps({"model": "model-a", "prompt": "hi"}).encode()
+        held = [asyncio.create_task(tok._forward("/tokenize", body, "alice", f"r{i}")) for i in range(2)]
+        while up.calls < 2:
+            await asyncio.sleep(0.001)
+        over = await tok._forward("/tokenize", body, "alice", "r3")
+        other = asyncio.create_task(tok._forward("/tokenize", body, "bob", "r4"))  # another tenant's cap
+        assert over.status_code == 429 and b"too_many_requests" in over.body and over.headers["retry-after"] == "1"
+        up.release.set()
+        assert [r.status_code for r in await asyncio.gather(*held, other)] == [200, 200, 200]
+        assert tok.in_flight == {} and s.ledger.num_queued == 0 and s.view().tenants["alice"].service == 0
+
+    asyncio.run(go())

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from ..api.errors import error_response
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, admin_router, bearer, metrics_denied, same_key
-from .body import CHAT, COMPLETIONS, PATHS
+from .body import CHAT, COMPLETIONS, EMBEDDINGS, PATHS, RESPONSES
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
 from .health import HealthMonitor
@@ -34,6 +34,7 @@ from .relay import Upstream
 from .scheduler import Scheduler
 from .snapshot import Snapshots
 from .stalls import StallWatch
+from .tokenize import TOKENIZE_PATHS, Tokenize
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -68,6 +69,7 @@ class Gateway:
             first_byte_timeout=cfg.request_timeout_s,
         )
         self.proxy = Proxy(self.sched, self.upstream, self.stalls)
+        self.tokenize = Tokenize(self.sched, self.upstream, self.proxy.allowed_models)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
 
@@ -170,6 +172,7 @@ class _GatewayApp(FastAPI):
     is refused before either (`tenancy.AuthThrottle`)."""
 
     completion: Any = None
+    tokenize: Any = None
     throttle: AuthThrottle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -184,6 +187,8 @@ class _GatewayApp(FastAPI):
             kind = _FAST.get(scope["path"])
             if kind is not None:
                 return await self.completion(scope, receive, send, kind)
+            if scope["path"] in TOKENIZE_PATHS:
+                return await self.tokenize(scope, receive, send)
         if throttle is None or not throttle.limit:
             return await super().__call__(scope, receive, send)
 
@@ -276,6 +281,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.completion = completion_asgi
 
+    async def tokenize_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        tenant, request_id = gw.identify(scope)
+        if tenant is None:
+            gw.throttle.failed((scope.get("client") or ("",))[0])
+            return await _unauthorized(request_id)(scope, receive, send)
+        await gw.tokenize.handle(scope, receive, send, tenant, request_id)
+
+    app.tokenize = tokenize_asgi
+
     async def completion(request: Request, kind: str) -> Response:
         # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
         return _Asgi(lambda scope, receive, send: completion_asgi(scope, receive, send, kind))
@@ -287,6 +301,20 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await completion(request, COMPLETIONS)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await completion(request, EMBEDDINGS)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await completion(request, RESPONSES)
+
+    @app.post("/tokenize")
+    @app.post("/detokenize")
+    async def tokenize(request: Request) -> Response:
+        # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
+        return _Asgi(tokenize_asgi)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

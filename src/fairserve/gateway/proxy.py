@@ -388,7 +388,7 @@ class Proxy:
         return [*SSE_HEADERS, (b"x-request-id", t.request_id.encode("latin-1"))]
 
     def _answer(self, t: Ticket, resp: UpstreamResponse, content: bytes, doc: dict[str, Any], kind: str) -> Response:
-        prompt, output = usage_of(doc)
+        prompt, output = usage_of(doc, kind)
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
