@@ -83,6 +83,7 @@ class Gateway:
                 "in_flight_tokens": b.tokens,
                 "limit_requests": b.limit,
                 "adaptive": b.cfg.adaptive,
+                **({"models": sorted(b.models)} if b.models is not None else {}),
                 **({"reason": b.reason} if b.reason else {}),
                 **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
             }

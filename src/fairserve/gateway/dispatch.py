@@ -91,7 +91,7 @@ class Backend:
 
 
 def claim(
-    backends: list[Backend],
+    backends: Collection[Backend],
     req: Request,
     tokens: int,
     shared: SharedState | None = None,
@@ -210,7 +210,7 @@ class Dispatch:
                 t = req.item
                 pool: Pool = t.pool
                 if pool in room:
-                    t.backend = claim(list(pool.backends), req, t.tokens, shared, t.tried)
+                    t.backend = claim(pool.backends, req, t.tokens, shared, t.tried)
                     if t.backend is not None:
                         ledger.pop()
                         pool.queued -= 1

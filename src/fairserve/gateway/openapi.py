@@ -20,8 +20,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
     what = {
         400: "invalid request",
         401: "missing or unknown key",
-        403: "not allowed with this key",
-        404: "unknown tenant",
+        403: "not allowed with this key (the admin API; a model the tenant may not use)",
+        404: "unknown tenant, or no backend serves the model",
         408: "the request body did not arrive in time",
         409: "not supported by the policy",
         413: "body too large",
@@ -83,7 +83,7 @@ def _completion(chat: bool) -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}},
                 },
             },
-            **_errors(400, 401, 408, 413, 429, 502, 503, 504),
+            **_errors(400, 401, 403, 404, 408, 413, 429, 502, 503, 504),
         },
     }
 
@@ -183,7 +183,8 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     "responses": {
                         "200": _json(
                             {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
-                            "the first healthy backend's list, else the configured `models`",
+                            "the union of the backends' models (else the first healthy backend's list, else the "
+                            "configured `models`)",
                         ),
                         **_errors(401, 429),
                     },
