@@ -29,12 +29,12 @@ from ..core.account import TenantView
 from ..core.ledger import Ledger
 from ..tenancy import refused_priority
 from .config import GatewayConfig
-from .dispatch import Backend, Dispatch, Pool, UnknownModel
+from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
 from .usage import UsageLog
 
-__all__ = ["Backend", "Ending", "Scheduler", "Ticket", "UnknownModel"]
+__all__ = ["Backend", "Ending", "Scheduler", "Ticket", "UnknownModel", "claim"]
 
 log = logging.getLogger("fairserve.gateway")
 MAX_LOST = 3  # connections lost before any output, per request, before it fails with 502
