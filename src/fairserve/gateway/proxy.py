@@ -228,18 +228,9 @@ class Proxy:
                     param="priority",
                 ),
             )
-        elif (models := self.allowed_models.get(tenant)) is not None and parsed.model not in models:
-            outcome, response = (
-                "model_not_allowed",
-                self._error(
-                    request_id,
-                    403,
-                    f"tenant {tenant!r} may not use the model {parsed.model!r}; it may use: "
-                    + (", ".join(sorted(models)) or "no model"),
-                    "model_not_allowed",
-                    param="model",
-                ),
-            )
+        elif (message := model_refused(self.allowed_models, tenant, parsed.model)) is not None:
+            outcome = "model_not_allowed"
+            response = self._error(request_id, 403, message, outcome, param="model")
         else:
             return None
         self.sched.metrics.refused(tenant, outcome)
@@ -340,7 +331,7 @@ class Proxy:
                     raise Failed(f"{backend.name}: HTTP {status}")
                 self.sched.backend_ok(backend)
                 t.ending = Ending("backend_rejected", refund=True)
-                return await _passthrough(resp, content, t.request_id)(scope, receive, send)
+                return await passthrough(resp, content, t.request_id)(scope, receive, send)
             if not parsed.stream:
                 content = await resp.read()
                 try:
@@ -392,10 +383,19 @@ class Proxy:
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
-        return _passthrough(resp, content, t.request_id)
+        return passthrough(resp, content, t.request_id)
 
 
-def _passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
+def model_refused(allowed_models: dict[str, frozenset[str]], tenant: str, model: str | None) -> str | None:
+    """Why `tenant` may not use `model` (the 403's message), or None if it may."""
+    allowed = allowed_models.get(tenant)
+    if allowed is None or model in allowed:
+        return None
+    return f"tenant {tenant!r} may not use the model {model!r}; it may use: {', '.join(sorted(allowed)) or 'no model'}"
+
+
+def passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
+    """The backend's answer as it came, with the request's id."""
     media = resp.header(b"content-type")
     return Response(
         content,

@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
+from .proxy import model_refused, passthrough
 from .relay import UpstreamError
 from .scheduler import Scheduler, UnknownModel
 
@@ -52,10 +53,7 @@ class Tokenize:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             return self._error(400, "'model' must be a string.", "invalid_request", rid, "model")
-        allowed = self.allowed_models.get(tenant)
-        if allowed is not None and model not in allowed:
-            names = ", ".join(sorted(allowed)) or "no model"
-            message = f"tenant {tenant!r} may not use the model {model!r}; it may use: {names}"
+        if (message := model_refused(self.allowed_models, tenant, model)) is not None:
             return self._error(403, message, "model_not_allowed", rid, "model")
         try:
             pool = self.sched.route(model)
@@ -85,10 +83,4 @@ class Tokenize:
             self.in_flight[tenant] -= 1
             if not self.in_flight[tenant]:
                 del self.in_flight[tenant]
-        media = resp.header(b"content-type")
-        return Response(
-            content,
-            status_code=resp.status_code,
-            media_type=media.decode("latin-1") if media is not None else "application/json",
-            headers={"X-Request-Id": rid},
-        )
+        return passthrough(resp, content, rid)
