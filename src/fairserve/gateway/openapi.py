@@ -88,6 +88,30 @@ def _completion(chat: bool) -> dict[str, Any]:
     }
 
 
+def _more(summary: str, required: list[str], props: dict[str, Any], queued: bool = True) -> dict[str, Any]:
+    """An endpoint beside the completions (embeddings, responses, tokenize): what it needs, and the backend's answer
+    passed through (any JSON, any status the backend chose: an unknown model's 404, say)."""
+    passed = {"description": "the backend's answer, as it gave it", "content": {"application/json": {"schema": {}}}}
+    # NOTE: a 404 is the gateway's (no backend serves the model) or the backend's own, passed through: `default`
+    errors = (400, 401, 403, 408, 413, 429, 502, 503, *((504,) if queued else ()))
+    return {
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object", "required": required, "properties": props}}},
+        },
+        "responses": {
+            "200": {
+                "description": "the backend's answer (server-sent events for a streamed response)",
+                "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}},
+            },
+            **_errors(*errors),
+            "default": passed,
+        },
+    }
+
+
 def openapi(cfg: GatewayConfig) -> dict[str, Any]:
     row = {
         "type": "object",
@@ -176,6 +200,40 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": _completion(True)},
             "/v1/completions": {"post": _completion(False)},
+            "/v1/embeddings": {
+                "post": _more(
+                    "Embeddings (queued and charged w_p x the input tokens)",
+                    ["model", "input"],
+                    {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                    },
+                )
+            },
+            "/v1/responses": {
+                "post": _more(
+                    "Responses (queued and charged as a completion; previous_response_id and background: 400)",
+                    ["model", "input"],
+                    {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"type": "string"},
+                        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_INT},
+                        "stream": {"type": "boolean"},
+                    },
+                )
+            },
+            **{
+                path: {
+                    "post": _more(
+                        f"vLLM's {path}: sent to a backend of the model, not queued or charged",
+                        [],
+                        {"model": {"type": "string"}},
+                        queued=False,
+                    )
+                }
+                for path in ("/tokenize", "/detokenize")
+            },
             "/v1/models": {
                 "get": {
                     "summary": "Models",
