@@ -116,12 +116,7 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
-    priority = body.get("priority")
-    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
-    if priority is not None and bad:
-        raise BadRequest(
-            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
-        )
+    priority = priority_field(body)
     return ParsedRequest(
         chat=chat,
         model=model,
@@ -135,6 +130,17 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         ignore_eos=ignore_eos,
         priority=priority,
     )
+
+
+def priority_field(body: dict) -> int | None:
+    """vLLM's `priority` as the request names it (None: it names none). Raises BadRequest."""
+    priority = body.get("priority")
+    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
+    if priority is not None and bad:
+        raise BadRequest(
+            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
+        )
+    return priority
 
 
 def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:
