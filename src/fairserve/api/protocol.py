@@ -82,13 +82,7 @@ def parse_json(raw: bytes | str) -> Any:
 
 def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
     """Validate an OpenAI request body (see the module's docstring for the two modes); raises BadRequest."""
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string.", "model")
-    if not strict and not model:
-        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    model = body_model(body, strict)
     stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None:
@@ -130,6 +124,18 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         ignore_eos=ignore_eos,
         priority=priority,
     )
+
+
+def body_model(body: Any, strict: bool) -> str | None:
+    """The `model` of a body that must be a JSON object (strict: it may be omitted). Raises BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string.", "model")
+    if not strict and not model:
+        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    return model
 
 
 def priority_field(body: dict) -> int | None:
