@@ -139,3 +139,13 @@ def test_simulate_takes_w_cached_and_refuses_it_without_the_linear_cost(tmp_path
     assert main([*argv, "--policy", "vtc", "--w-cached", "0.5", "--cost", "profiled"]) == 2
     err = capsys.readouterr().err
     assert "needs the linear cost" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_request_with_its_own_price_pays_its_own_cached_price():
+    led = Ledger(make_policy("vtc"), "a")  # the policy's price: the paper's
+    req = led.arrive(1, "a", 100, max_tokens=10)
+    req.cost, req.cached_tokens = LinearCost(2.0, 4.0, w_cached=0.5), 64
+    led.pop()
+    assert req.charged == 2.0 * 36 + 0.5 * 64
+    led.output(req, 3)
+    assert led.settle(req, prompt=80) and req.charged == led.service["a"] == 2.0 * 16 + 0.5 * 64 + 4.0 * 3

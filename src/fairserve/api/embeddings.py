@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import MAX_INT, BadRequest, is_token_id
+from .protocol import MAX_INT, BadRequest, body_model, is_token_id
 from .tokens import TokenCounter, estimate_tokens
 
 ENCODINGS = ("float", "base64")
@@ -35,11 +35,7 @@ class EmbeddingsCall:
 def parse_embeddings(body: Any, *, strict: bool, count: TokenCounter = estimate_tokens) -> EmbeddingsCall:
     """Validate an embeddings body (strict: `model` may be omitted; lenient, the gateway: it is required).
     Raises BadRequest naming the field."""
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str) or not strict and not model:
-        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    model = body_model(body, strict)
     inputs = _inputs(body.get("input"))
     fmt = body.get("encoding_format", "float")
     if fmt not in ENCODINGS:

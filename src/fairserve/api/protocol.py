@@ -82,13 +82,7 @@ def parse_json(raw: bytes | str) -> Any:
 
 def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
     """Validate an OpenAI request body (see the module's docstring for the two modes); raises BadRequest."""
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string.", "model")
-    if not strict and not model:
-        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    model = body_model(body, strict)
     stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None:
@@ -116,12 +110,7 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
-    priority = body.get("priority")
-    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
-    if priority is not None and bad:
-        raise BadRequest(
-            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
-        )
+    priority = priority_field(body)
     return ParsedRequest(
         chat=chat,
         model=model,
@@ -135,6 +124,29 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         ignore_eos=ignore_eos,
         priority=priority,
     )
+
+
+def body_model(body: Any, strict: bool) -> str | None:
+    """The `model` of a body that must be a JSON object (strict: it may be omitted). Raises BadRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string.", "model")
+    if not strict and not model:
+        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    return model
+
+
+def priority_field(body: dict) -> int | None:
+    """vLLM's `priority` as the request names it (None: it names none). Raises BadRequest."""
+    priority = body.get("priority")
+    bad = isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_INT
+    if priority is not None and bad:
+        raise BadRequest(
+            f"'priority' must be an integer from {-MAX_INT} to {MAX_INT}, got {_short(priority)}.", "priority"
+        )
+    return priority
 
 
 def parse_call(body: Any, chat: bool, default_max_tokens: int | None = None) -> Call:

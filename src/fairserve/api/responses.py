@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .protocol import BadRequest, flag, integer
+from .protocol import BadRequest, body_model, flag, integer
 from .tokens import OUTPUT_PIECE, TokenCounter, estimate_tokens
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256
@@ -36,11 +36,7 @@ class ResponsesCall:
 def parse_responses(body: Any, *, strict: bool, count: TokenCounter = estimate_tokens) -> ResponsesCall:
     """Validate a responses body (strict: `model` may be omitted; lenient, the gateway: it is required).
     Raises BadRequest naming the field."""
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str) or not strict and not model:
-        raise BadRequest("Missing required parameter: 'model' (a non-empty string).", "model")
+    model = body_model(body, strict)
     for name in STATEFUL:
         if body.get(name) not in (None, False):
             raise BadRequest(

@@ -203,10 +203,11 @@ class Ledger:
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
-            amount = self.cost.prompt(req.prompt_tokens) + _cached(self.cost, req)
+            cost = req.cost or self.cost
+            amount = cost.prompt(req.prompt_tokens) + _cached(cost, req)
             if self.predictor is not None:
                 req.predicted = self.predictor.predict(req)
-                amount += self.cost.output(req.prompt_tokens, 0, req.predicted)
+                amount += cost.output(req.prompt_tokens, 0, req.predicted)
             req.admission = amount
             self._charge(req, amount)
         return req
@@ -232,12 +233,13 @@ class Ledger:
         y0 = req.output_done
         y1 = req.output_done = y0 + tokens
         p = req.predicted
-        w_q = self._w_q
+        w_q = self._w_q if req.cost is None else _w_q(req.cost)
         if p == 0 and w_q is not None:
             amount = w_q * tokens
         elif y1 > p:
             start = y0 if y0 > p else p
-            amount = w_q * (y1 - start) if w_q is not None else self.cost.output(req.prompt_tokens, start, y1)
+            cost = req.cost or self.cost
+            amount = w_q * (y1 - start) if w_q is not None else cost.output(req.prompt_tokens, start, y1)
         else:
             return
         req.charged += amount
@@ -258,6 +260,8 @@ class Ledger:
         group: list[Request] = []
         acct: Account | None = None
         for req in reqs:
+            if req.cost is not None:
+                raise ValueError("Ledger.outputs charges requests at the policy's price: use output() for a priced one")
             if req.state is RUNNING:
                 if acct is None:
                     acct = req.account
@@ -297,7 +301,8 @@ class Ledger:
     def _expected(self, req: Request) -> float:
         if not req.admitted:
             return 0.0
-        return self.cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) + _cached(self.cost, req)
+        cost = req.cost or self.cost
+        return cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) + _cached(cost, req)
 
     def _charge(self, req: Request, amount: float) -> None:
         req.charged += amount
@@ -365,7 +370,8 @@ class Ledger:
                 req.output_done = output
             if prompt is not None:
                 req.prompt_tokens = prompt
-            delta = self.cost.total(req.prompt_tokens, req.output_done) + _cached(self.cost, req) - req.charged
+            cost = req.cost or self.cost
+            delta = cost.total(req.prompt_tokens, req.output_done) + _cached(cost, req) - req.charged
             if delta:
                 self._charge(req, delta)
         if req.state is RUNNING and not cancelled:
@@ -473,6 +479,11 @@ class Ledger:
             }
 
         return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
+
+
+def _w_q(cost: CostFunction) -> float | None:
+    """A linear cost's per-token output price (the fast path), else None."""
+    return cost.w_q if type(cost) is LinearCost else None
 
 
 def _cached(cost: CostFunction, req: Request) -> float:

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from .account import Account
+from .cost import CostFunction
 
 
 class RequestState(StrEnum):
@@ -32,6 +33,7 @@ class Request:
     arrival_s: float = 0.0
     priority: int | None = None  # named by the driver (vLLM's `priority`); the ledger sets the one it runs at
     item: Any = field(default=None, repr=False)  # the driver's own object (a gateway ticket, an engine's request)
+    cost: CostFunction | None = field(default=None, repr=False)  # its own price (a model's); None: the policy's
     cached_tokens: int = 0  # prompt tokens a prefix cache served at its first admission (set before pop: priced)
 
     # accounting, written only by the ledger

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from ..api.errors import error_response
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, admin_router, bearer, metrics_denied, same_key
-from .body import CHAT, COMPLETIONS, PATHS
+from .body import CHAT, COMPLETIONS, EMBEDDINGS, PATHS, RESPONSES
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
 from .health import HealthMonitor
@@ -34,6 +34,7 @@ from .relay import Upstream
 from .scheduler import Scheduler
 from .snapshot import Snapshots
 from .stalls import StallWatch
+from .tokenize import TOKENIZE_PATHS, Tokenize
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -68,6 +69,7 @@ class Gateway:
             first_byte_timeout=cfg.request_timeout_s,
         )
         self.proxy = Proxy(self.sched, self.upstream, self.stalls)
+        self.tokenize = Tokenize(self.sched, self.upstream, self.proxy.allowed_models)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
 
@@ -81,6 +83,7 @@ class Gateway:
                 "in_flight_tokens": b.tokens,
                 "limit_requests": b.limit,
                 "adaptive": b.cfg.adaptive,
+                **({"models": sorted(b.models)} if b.models is not None else {}),
                 **({"reason": b.reason} if b.reason else {}),
                 **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
             }
@@ -94,7 +97,7 @@ class Gateway:
         doc: dict[str, Any] = {
             "status": "ok" if up else "unavailable",
             "policy": self.sched.ledger.policy.name,
-            "queued": self.sched.ledger.num_queued,
+            "queued": self.sched.pools.num_queued,
             "backends": backends,
         }
         if self.sched.shared is not None:  # NOTE: degraded shared state still serves: 200, said in the body
@@ -138,6 +141,14 @@ class Gateway:
         return owner
 
     async def models(self) -> Response:
+        """The union of the models the backends serve (their /v1/models entries, adapters' `parent` kept); while no
+        backend's list is known, the first healthy backend's answer, else the configured `models`."""
+        seen: dict[str, dict[str, Any]] = {}
+        for b in self.sched.backends:
+            for m in b.listing:
+                seen.setdefault(m["id"], m)
+        if seen:
+            return JSONResponse({"object": "list", "data": list(seen.values())})
         for b in self.sched.backends:
             if not b.healthy:
                 continue
@@ -162,6 +173,7 @@ class _GatewayApp(FastAPI):
     is refused before either (`tenancy.AuthThrottle`)."""
 
     completion: Any = None
+    tokenize: Any = None
     throttle: AuthThrottle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -176,6 +188,8 @@ class _GatewayApp(FastAPI):
             kind = _FAST.get(scope["path"])
             if kind is not None:
                 return await self.completion(scope, receive, send, kind)
+            if scope["path"] in TOKENIZE_PATHS:
+                return await self.tokenize(scope, receive, send)
         if throttle is None or not throttle.limit:
             return await super().__call__(scope, receive, send)
 
@@ -217,6 +231,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if gw.sched.shared is not None:
             await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
+        await gw.health.discover_all()  # NOTE: the models each backend serves, before the first request
         gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
         if gw.snapshots is not None:
@@ -224,7 +239,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         yield
         # NOTE: requests cut off at the end of the drain are still sending their last event and settling
         deadline = time.monotonic() + 2.0
-        while len(gw.sched.ledger) and time.monotonic() < deadline:
+        while sum(map(len, gw.sched.pools.ledgers)) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         gw.stalls.stop()
         if gw.snapshots is not None:
@@ -236,6 +251,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             await gw.sched.shared.stop()
         await gw.client.aclose()
         await gw.upstream.aclose()
+        gw.sched.usage.close()
 
     # NOTE: no redirect_slashes: Starlette builds the redirect's Location from the client's Host header (an open
     # redirect), and the OpenAI SDK follows a 307 with the prompt; a path with a trailing slash is a 404
@@ -266,6 +282,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.completion = completion_asgi
 
+    async def tokenize_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        tenant, request_id = gw.identify(scope)
+        if tenant is None:
+            gw.throttle.failed((scope.get("client") or ("",))[0])
+            return await _unauthorized(request_id)(scope, receive, send)
+        await gw.tokenize.handle(scope, receive, send, tenant, request_id)
+
+    app.tokenize = tokenize_asgi
+
     async def completion(request: Request, kind: str) -> Response:
         # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
         return _Asgi(lambda scope, receive, send: completion_asgi(scope, receive, send, kind))
@@ -277,6 +302,20 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await completion(request, COMPLETIONS)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await completion(request, EMBEDDINGS)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await completion(request, RESPONSES)
+
+    @app.post("/tokenize")
+    @app.post("/detokenize")
+    async def tokenize(request: Request) -> Response:
+        # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
+        return _Asgi(tokenize_asgi)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -8,12 +8,19 @@ from typing import Any
 
 import orjson
 
-from ..api.protocol import MAX_INT, BadRequest, parse_json, parse_request
+from ..api.embeddings import parse_embeddings
+from ..api.protocol import MAX_INT, BadRequest, parse_json, parse_request, priority_field
+from ..api.responses import parse_responses, usage_tokens
 from ..api.tokens import TokenCounter, estimate_tokens
 from ..engines.queue import CLIENT_ARG
 
-CHAT, COMPLETIONS = "chat", "completions"
-PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
+CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES = "chat", "completions", "embeddings", "responses"
+PATHS = {
+    CHAT: "/v1/chat/completions",
+    COMPLETIONS: "/v1/completions",
+    EMBEDDINGS: "/v1/embeddings",
+    RESPONSES: "/v1/responses",
+}
 
 
 BodyError = BadRequest  # a request body the gateway refuses (400); `param` names the offending field
@@ -29,19 +36,28 @@ class Parsed:
     n: int
     raw: bytes = b""  # the body as the client sent it
     priority: int | None = None  # vLLM's `priority`, as the client named it
+    model: str | None = None
+    kind: str = CHAT
 
 
 def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
-    """The request, by `api.protocol`'s parser in its lenient (proxy) mode: token-id prompts, any n and unknown
-    fields pass through. Raises BodyError."""
+    """The request, by `api`'s parsers in their lenient (proxy) mode: token-id prompts, any n and unknown
+    fields pass through. Embeddings produce no output (capacity: their inputs); a responses body's stateful fields
+    (`previous_response_id`, `background`) are refused. Raises BodyError."""
     try:
         body, plain = orjson.loads(raw), True
     except orjson.JSONDecodeError:
         body, plain = parse_json(raw), False  # not plain UTF-8 JSON: re-encoded before it goes upstream
+    kept = raw if plain else b""
+    if kind == EMBEDDINGS:
+        e = parse_embeddings(body, strict=False, count=count)
+        return Parsed(body, False, False, e.prompt_tokens, 0, 1, kept, priority_field(body), e.model, kind)
+    if kind == RESPONSES:
+        c = parse_responses(body, strict=False, count=count)
+        out = c.max_output_tokens
+        return Parsed(body, c.stream, False, c.prompt_tokens, out, 1, kept, priority_field(body), c.model, kind)
     r = parse_request(body, kind == CHAT, strict=False, count=count)
-    return Parsed(
-        body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, raw if plain else b"", r.priority
-    )
+    return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, kept, r.priority, r.model, kind)
 
 
 def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: int = 0) -> bytes:
@@ -60,13 +76,15 @@ def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: in
     elif "priority" in body:
         body = {k: v for k, v in body.items() if k != "priority"}
         parsed = replace(parsed, body=body, raw=b"")
-    if not (parsed.stream and not parsed.wants_usage) and parsed.raw:
+    # NOTE: a responses stream ends with its usage anyway (response.completed); embeddings are never streamed
+    needs_usage = parsed.stream and not parsed.wants_usage and parsed.kind in (CHAT, COMPLETIONS)
+    if not needs_usage and parsed.raw:
         return parsed.raw  # nothing to change: the client's bytes as they are
-    if "stream_options" not in body and parsed.raw:
+    if needs_usage and "stream_options" not in body and parsed.raw:
         end = parsed.raw.rstrip().rfind(b"}")
         if end > 0:  # the one key added at the end of the client's object
             return parsed.raw[:end] + b',"stream_options":{"include_usage":true}}'
-    if parsed.stream and not parsed.wants_usage:
+    if needs_usage:
         body = dict(body)
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     try:
@@ -102,8 +120,12 @@ def delta_tokens(chunk: dict[str, Any], kind: str, count: TokenCounter = estimat
     return total
 
 
-def usage_of(doc: Any) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) from a response's `usage`, each None when absent or malformed."""
+def usage_of(doc: Any, kind: str = CHAT) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from a response's `usage` (a Responses body's input_tokens and
+    output_tokens; an embeddings body's prompt_tokens and no output), each None when absent or malformed."""
+    if kind == RESPONSES:
+        got = usage_tokens(doc)
+        return (None, None) if got is None or max(got) > MAX_INT else got
     usage = doc.get("usage") if isinstance(doc, dict) else None
     if not isinstance(usage, dict):
         return None, None
@@ -118,6 +140,10 @@ def usage_of(doc: Any) -> tuple[int | None, int | None]:
 
 def response_output_tokens(doc: Any, kind: str, count: TokenCounter = estimate_tokens) -> int:
     """The estimate of a non-streamed response's output, for backends that report no usage."""
+    if kind == EMBEDDINGS:
+        return 0
+    if kind == RESPONSES:
+        return responses_output_tokens(doc, count)
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         return 0
     chunk = {
@@ -126,3 +152,24 @@ def response_output_tokens(doc: Any, kind: str, count: TokenCounter = estimate_t
         ]
     }
     return delta_tokens(chunk, kind, count)
+
+
+def responses_output_tokens(doc: Any, count: TokenCounter = estimate_tokens) -> int:
+    """The estimate of a Responses body's output: the text of its `output` items' parts."""
+    total = 0
+    items = doc.get("output") if isinstance(doc, dict) else None
+    for item in items if isinstance(items, list) else ():
+        parts = item.get("content") if isinstance(item, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str) and text:
+                total += max(1, count(text))
+    return total
+
+
+def responses_delta_tokens(doc: dict[str, Any], count: TokenCounter = estimate_tokens) -> int:
+    """Output tokens in one Responses stream event: a `response.output_text.delta`'s text (at least 1)."""
+    if doc.get("type") != "response.output_text.delta":
+        return 0
+    delta = doc.get("delta")
+    return max(1, count(delta)) if isinstance(delta, str) and delta else 0

@@ -127,7 +127,7 @@ class CapacityMonitor:
     async def step(self) -> None:
         """One scrape of every adaptive backend, then the new limits (and a dispatch, if any limit rose)."""
         readings = await asyncio.gather(*(self._read(b) for b in self.backends))
-        backlog = self.sched.ledger.num_queued
+        backlog = self.sched.pools.num_queued
         rose = False
         for b, reading in zip(self.backends, readings, strict=False):
             new = next_limit(b.limit, b.cfg.max_inflight_requests, reading, b.requests, backlog)

@@ -46,6 +46,9 @@ SCALARS = {
     "max_headers": "max_headers",
     "ssl_certfile": "ssl_certfile",
     "ssl_keyfile": "ssl_keyfile",
+    "scope": "scope",
+    "usage_log": "usage_log",
+    "tokenize_concurrency": "tokenize_concurrency",
 }
 BACKEND_OPTIONS = {
     "max_requests": "max_inflight_requests",
@@ -54,13 +57,14 @@ BACKEND_OPTIONS = {
     "adaptive": "adaptive",
     "metrics_url": "metrics_url",
     "engine_tenant": "engine_tenant",
+    "models": "models",
 }
 FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def parse_backend(text: str) -> dict[str, Any]:
-    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U][,engine_tenant=1]` → a backend
-    table."""
+    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U][,engine_tenant=1]
+    [,models=A|B]` → a backend table."""
     url, *options = (p.strip() for p in text.split(","))
     out: dict[str, Any] = {"url": url}
     for opt in options:
@@ -70,6 +74,9 @@ def parse_backend(text: str) -> dict[str, Any]:
                 f"bad --backend option {opt!r} in {text!r}: expected one of "
                 f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}"
             )
+        if name == "models":  # NOTE: `|` between ids: a comma separates the options
+            out[name] = [m.strip() for m in value.split("|") if m.strip()]
+            continue
         if name in ("api_key", "metrics_url"):
             out[name] = value
             continue
@@ -110,14 +117,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument(
         "--backend",
         action="append",
-        metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U,engine_tenant=1]",
-        help="an OpenAI-compatible server; repeat for several. engine_tenant=1: name the tenant to the "
+        metavar="URL[,max_requests=N,max_tokens=M,api_key=K,adaptive=1,metrics_url=U,engine_tenant=1,models=A|B]",
+        help="an OpenAI-compatible server; repeat for several. models=A|B: the model ids it serves (default: those "
+        "it lists at /v1/models). engine_tenant=1: name the tenant to the "
         "engine (vllm_xargs.fairserve_client, for vLLM with fairserve's VTCScheduler). "
         "adaptive=1: limit its in-flight requests "
         "from its /metrics (vLLM, SGLang, llama.cpp)",
     )
     g.add_argument("--policy", metavar="P", help=f"the scheduling policy, default vtc: {describe()}")
     add_server_arguments(g)
+    g.add_argument(
+        "--scope",
+        choices=["per_model", "global"],
+        help="counters per model pool (per_model, the default) or one account per tenant over the fleet (global)",
+    )
+    g.add_argument("--usage-log", metavar="PATH|-", help="one JSON line per request, to this file or - (stdout)")
+    g.add_argument(
+        "--tokenize-concurrency", type=int, metavar="N", help="/tokenize and /detokenize in flight per tenant (4)"
+    )
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
     g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
     g.add_argument(

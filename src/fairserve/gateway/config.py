@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
@@ -75,6 +75,8 @@ class BackendConfig(Strict):
     adaptive: bool = False  # limit in-flight requests from the backend's /metrics
     metrics_url: str | None = None  # default: URL/metrics (gateway/capacity.py)
     engine_tenant: bool = False  # name the tenant to the engine (vLLM with VTCScheduler)
+    # the model ids it serves; empty: those it lists at /v1/models (gateway/dispatch.py)
+    models: list[str] = Field(default_factory=list, max_length=1024)
 
     @property
     def name(self) -> str:
@@ -101,6 +103,13 @@ class BackendConfig(Strict):
         return checked_url(v, HTTP_URL, "an http(s) URL like http://127.0.0.1:8000/metrics") if v is not None else None
 
 
+class Price(Strict):
+    """A model's cost of a prompt and an output token (`prices."llama-70b" = { w_p = 4, w_q = 8 }`)."""
+
+    w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
+    w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
+
+
 class GatewayConfig(TenantsMixin, Strict):
     listen: str = "127.0.0.1:8080"
     backends: list[BackendConfig] = Field(min_length=1)
@@ -109,6 +118,12 @@ class GatewayConfig(TenantsMixin, Strict):
     policy: str = "vtc"
     w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
     w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
+    prices: dict[str, Price] = Field(default_factory=dict)  # by model id; others cost w_p, w_q
+    # counters per model pool (each pool its own resource) or one account per tenant over the fleet; None:
+    # per_model, except with `state` or `snapshot` (which keep one account per tenant): global
+    scope: Literal["per_model", "global"] | None = None
+    usage_log: str | None = None  # one JSON line per request: a file (appended to) or "-" (stdout)
+    tokenize_concurrency: int = Field(4, ge=1, le=1024)  # /tokenize and /detokenize in flight per tenant
     queue_limit: int = Field(256, ge=1)  # queued requests per tenant
     queue_ttl_s: float = Field(300.0, gt=0)  # the longest a request may wait in the queue
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
@@ -180,7 +195,7 @@ class GatewayConfig(TenantsMixin, Strict):
     def _state(cls, v: str | None) -> str | None:
         return checked_url(v, REDIS_URL, "a Redis URL like redis://127.0.0.1:6379/0") if v is not None else None
 
-    @field_validator("ssl_certfile", "ssl_keyfile", "snapshot")
+    @field_validator("ssl_certfile", "ssl_keyfile", "snapshot", "usage_log")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
         if v is not None and (not v.strip() or "\0" in v):
@@ -212,6 +227,12 @@ class GatewayConfig(TenantsMixin, Strict):
                 raise ValueError(
                     "state: adaptive backends cannot be combined with shared state (leases use max_inflight_requests)"
                 )
+        if self.scope == "per_model" and (self.state is not None or self.snapshot is not None):
+            key = "state" if self.state is not None else "snapshot"
+            raise ValueError(
+                f'scope: "per_model" cannot be combined with {key} (it keeps one account per tenant): '
+                'use scope = "global", or one gateway (group) per model'
+            )
         if self.ssl_keyfile is not None and self.ssl_certfile is None:
             raise ValueError("ssl_keyfile: needs ssl_certfile (the certificate) too")
         for key in ("ssl_certfile", "ssl_keyfile"):
@@ -219,6 +240,12 @@ class GatewayConfig(TenantsMixin, Strict):
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{key}: no such file: {path}")
         return self
+
+    @property
+    def counter_scope(self) -> str:
+        if self.scope is not None:
+            return self.scope
+        return "global" if self.state is not None or self.snapshot is not None else "per_model"
 
     @property
     def scheme(self) -> str:

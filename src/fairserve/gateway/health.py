@@ -2,6 +2,11 @@
 up (the server is there and answering; a 404 from a server without that path still counts), a 5xx, no connection or
 no answer within the timeout means down. A backend marked down by a failed request is checked at once.
 
+The models a backend serves (unless its config names them) are read from its `/v1/models` at start and with each
+check that finds it up (gateway/dispatch.py routes by them); an answer that is not a model list leaves them as
+they were. Without active checks (`health_interval_s = 0`) the gateway sends nothing of its own to a backend: its
+config's `models`, else it serves any model.
+
 No client request is spent finding out that a backend is down or back: while none is up, requests wait in the queue
 (`Scheduler.healthy`, `/healthz`)."""
 
@@ -13,6 +18,7 @@ import logging
 
 import httpx
 
+from ..api.protocol import parse_json
 from .scheduler import Backend, Scheduler
 
 log = logging.getLogger("fairserve.gateway")
@@ -51,7 +57,33 @@ class HealthMonitor:
         if reason:
             self.sched.backend_down(b, reason)
         else:
+            await self.discover(b)
             self.sched.backend_up(b)
+
+    async def discover(self, b: Backend) -> None:
+        """Read the models `b` serves from its /v1/models (not if its config names them)."""
+        if b.cfg.models:
+            return
+        headers = {"authorization": f"Bearer {b.cfg.api_key}"} if b.cfg.api_key else {}
+        try:
+            resp = await self.client.get(b.url + "/v1/models", headers=headers, timeout=self.timeout_s)
+            doc = parse_json(resp.content) if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if isinstance(data, list):
+            before = b.models
+            b.serves(data)
+            if b.models != before:
+                log.info("backend %s serves %s", b.name, ", ".join(sorted(b.models or ())) or "no model")
+
+    async def discover_all(self) -> None:
+        """At start: every backend's models, within the health check's timeout (with active checks)."""
+        if self.interval_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timeout_s + 0.5):
+                await asyncio.gather(*(self.discover(b) for b in self.sched.backends))
 
     async def _run(self) -> None:
         backends = self.sched.backends

@@ -20,8 +20,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
     what = {
         400: "invalid request",
         401: "missing or unknown key",
-        403: "not allowed with this key",
-        404: "unknown tenant",
+        403: "not allowed with this key (the admin API; a model the tenant may not use)",
+        404: "unknown tenant, or no backend serves the model",
         408: "the request body did not arrive in time",
         409: "not supported by the policy",
         413: "body too large",
@@ -83,7 +83,31 @@ def _completion(chat: bool) -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}},
                 },
             },
-            **_errors(400, 401, 408, 413, 429, 502, 503, 504),
+            **_errors(400, 401, 403, 404, 408, 413, 429, 502, 503, 504),
+        },
+    }
+
+
+def _more(summary: str, required: list[str], props: dict[str, Any], queued: bool = True) -> dict[str, Any]:
+    """An endpoint beside the completions (embeddings, responses, tokenize): what it needs, and the backend's answer
+    passed through (any JSON, any status the backend chose: an unknown model's 404, say)."""
+    passed = {"description": "the backend's answer, as it gave it", "content": {"application/json": {"schema": {}}}}
+    # NOTE: a 404 is the gateway's (no backend serves the model) or the backend's own, passed through: `default`
+    errors = (400, 401, 403, 408, 413, 429, 502, 503, *((504,) if queued else ()))
+    return {
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object", "required": required, "properties": props}}},
+        },
+        "responses": {
+            "200": {
+                "description": "the backend's answer (server-sent events for a streamed response)",
+                "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}},
+            },
+            **_errors(*errors),
+            "default": passed,
         },
     }
 
@@ -176,6 +200,40 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": _completion(True)},
             "/v1/completions": {"post": _completion(False)},
+            "/v1/embeddings": {
+                "post": _more(
+                    "Embeddings (queued and charged w_p x the input tokens)",
+                    ["model", "input"],
+                    {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                    },
+                )
+            },
+            "/v1/responses": {
+                "post": _more(
+                    "Responses (queued and charged as a completion; previous_response_id and background: 400)",
+                    ["model", "input"],
+                    {
+                        "model": {"type": "string", "minLength": 1},
+                        "input": {"type": "string"},
+                        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_INT},
+                        "stream": {"type": "boolean"},
+                    },
+                )
+            },
+            **{
+                path: {
+                    "post": _more(
+                        f"vLLM's {path}: sent to a backend of the model, not queued or charged",
+                        [],
+                        {"model": {"type": "string"}},
+                        queued=False,
+                    )
+                }
+                for path in ("/tokenize", "/detokenize")
+            },
             "/v1/models": {
                 "get": {
                     "summary": "Models",
@@ -183,7 +241,8 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     "responses": {
                         "200": _json(
                             {"type": "object", "required": ["data"], "properties": {"data": {"type": "array"}}},
-                            "the first healthy backend's list, else the configured `models`",
+                            "the union of the backends' models (else the first healthy backend's list, else the "
+                            "configured `models`)",
                         ),
                         **_errors(401, 429),
                     },

@@ -164,7 +164,7 @@ class GatewayMetrics:
         sched = self.scheduler
         assert sched is not None, "bind() first"
         ledger = sched.ledger
-        accounts, counter_of = ledger.accounts, ledger.policy.counter_of
+        accounts, groups, counter_of = sched.accounts()  # NOTE: summed over the pools where each has a ledger
         active = self.activity.active(lambda t: (a := accounts.get(t)) is not None and bool(a.queued or a.running))
         rows: list[TenantStats] = []
         backlogged = {}
@@ -197,7 +197,7 @@ class GatewayMetrics:
             + f"{P}backlogged_counter_spread {num(partial.counter_spread)}\n"
             + _head(P + "jain_index", "gauge", JAIN_HELP)
             + f"{P}jain_index {num(partial.jain)}\n"
-            + self._groups(ledger.groups, active)
+            + self._groups(groups, active)
             + self._levels()
             + self._backends(sched)
         )

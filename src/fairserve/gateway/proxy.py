@@ -23,7 +23,7 @@ from ..tenancy import priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
-from .scheduler import Backend, Ending, Scheduler, Ticket
+from .scheduler import Backend, Ending, Scheduler, Ticket, UnknownModel
 from .stalls import StallWatch
 
 log = logging.getLogger("fairserve.gateway")
@@ -97,6 +97,7 @@ class Proxy:
         self.cfg = sched.cfg
         self.upstream = upstream
         self.stalls = stalls
+        self.allowed_models = self.cfg.allowed_models()  # tenants limited to some models
 
     def _error(
         self,
@@ -126,18 +127,19 @@ class Proxy:
             parsed = parse_body(raw, kind, self.sched.count_tokens)
         except BodyError as e:
             metrics.refused(tenant, "invalid")
+            sched.usage.refused(request_id, tenant, None, kind, "invalid")
             return await self._error(request_id, 400, str(e), "invalid_request", param=e.param)(scope, receive, send)
-        allowed = sched.refused_priority(tenant, parsed.priority)
-        if allowed is not None and parsed.priority is not None:
-            metrics.refused(tenant, "invalid")
-            return await self._error(
-                request_id,
-                400,
-                priority_message(tenant, parsed.priority, allowed),
-                "invalid_priority",
-                param="priority",
-            )(scope, receive, send)
-        ticket = sched.new_ticket(tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id)
+        refusal = self.refusal(tenant, parsed, kind, request_id)
+        if refusal is not None:
+            return await refusal(scope, receive, send)
+        try:
+            ticket = sched.new_ticket(
+                tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id, parsed.model, kind
+            )
+        except UnknownModel as e:
+            metrics.refused(tenant, "model_not_found")
+            sched.usage.refused(request_id, tenant, parsed.model, kind, "model_not_found")
+            return await self._error(request_id, 404, str(e), "model_not_found", param="model")(scope, receive, send)
         refused = sched.submit(ticket, parsed.priority)
         if refused == "queue_full":
             return await self._error(
@@ -210,6 +212,30 @@ class Proxy:
                 ending = Ending("client_disconnected", refund=not ticket.sent or (ending is not None and ending.refund))
             sched.close(ticket, ending or Ending(default))
             log.debug("request %s: tenant %s, %s", ticket.request_id, tenant, ticket.outcome)
+
+    def refusal(self, tenant: str, parsed: Parsed, kind: str, request_id: str) -> Response | None:
+        """The 400 or 403 of a request its tenant may not send (a priority it may not name, a model it may not
+        use); None if it may."""
+        allowed = self.sched.refused_priority(tenant, parsed.priority)
+        if allowed is not None and parsed.priority is not None:
+            outcome, response = (
+                "invalid",
+                self._error(
+                    request_id,
+                    400,
+                    priority_message(tenant, parsed.priority, allowed),
+                    "invalid_priority",
+                    param="priority",
+                ),
+            )
+        elif (message := model_refused(self.allowed_models, tenant, parsed.model)) is not None:
+            outcome = "model_not_allowed"
+            response = self._error(request_id, 403, message, outcome, param="model")
+        else:
+            return None
+        self.sched.metrics.refused(tenant, outcome)
+        self.sched.usage.refused(request_id, tenant, parsed.model, kind, outcome)
+        return response
 
     async def _serve(
         self, t: Ticket, parsed: Parsed, kind: str, scope: Scope, receive: Receive, send: Send, client: Client
@@ -305,7 +331,7 @@ class Proxy:
                     raise Failed(f"{backend.name}: HTTP {status}")
                 self.sched.backend_ok(backend)
                 t.ending = Ending("backend_rejected", refund=True)
-                return await _passthrough(resp, content, t.request_id)(scope, receive, send)
+                return await passthrough(resp, content, t.request_id)(scope, receive, send)
             if not parsed.stream:
                 content = await resp.read()
                 try:
@@ -353,14 +379,23 @@ class Proxy:
         return [*SSE_HEADERS, (b"x-request-id", t.request_id.encode("latin-1"))]
 
     def _answer(self, t: Ticket, resp: UpstreamResponse, content: bytes, doc: dict[str, Any], kind: str) -> Response:
-        prompt, output = usage_of(doc)
+        prompt, output = usage_of(doc, kind)
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
-        return _passthrough(resp, content, t.request_id)
+        return passthrough(resp, content, t.request_id)
 
 
-def _passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
+def model_refused(allowed_models: dict[str, frozenset[str]], tenant: str, model: str | None) -> str | None:
+    """Why `tenant` may not use `model` (the 403's message), or None if it may."""
+    allowed = allowed_models.get(tenant)
+    if allowed is None or model in allowed:
+        return None
+    return f"tenant {tenant!r} may not use the model {model!r}; it may use: {', '.join(sorted(allowed)) or 'no model'}"
+
+
+def passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
+    """The backend's answer as it came, with the request's id."""
     media = resp.header(b"content-type")
     return Response(
         content,

@@ -25,7 +25,8 @@ from aiohttp.helpers import get_env_proxy_for_url
 
 from ..api.errors import error_body
 from ..api.protocol import parse_json, sse
-from .body import delta_tokens, usage_of
+from ..api.responses import FINAL_EVENTS
+from .body import RESPONSES, delta_tokens, responses_delta_tokens, usage_of
 from .scheduler import Ending, Scheduler, Ticket
 from .stalls import Watched
 
@@ -253,6 +254,8 @@ class Relay:
             doc = None
         if not isinstance(doc, dict):  # NOTE: the OpenAI SDK fails on such an event: the backend's stream is broken
             return sse(error_body(502, GARBLED + "; the response is incomplete", code="backend_error")), 0, GARBLED
+        if self.kind == RESPONSES:
+            return self._response_event(doc, raw)
         if doc.get("error"):
             return raw, 0, "the backend sent an error event"
         if "usage" in doc:
@@ -264,6 +267,19 @@ class Relay:
                 doc = {k: v for k, v in doc.items() if k != "usage"}
                 raw = sse(doc)
         return raw, delta_tokens(doc, self.kind, self.sched.count_tokens), ""
+
+    def _response_event(self, doc: dict[str, Any], raw: bytes) -> tuple[bytes | None, int, str]:
+        """A Responses stream event: its text deltas are charged; the final event (`response.completed`, or
+        `.incomplete`) carries the usage it is reconciled to and ends the stream (there is no [DONE]); `error` and
+        `response.failed` are the backend's failure, passed on."""
+        kind = doc.get("type")
+        if kind == "error" or kind == "response.failed":
+            return raw, 0, f"the backend sent {kind!r}"
+        if kind in FINAL_EVENTS:
+            self._done = True
+            self._usage = usage_of(doc.get("response"), RESPONSES)
+            return raw, 0, ""
+        return raw, responses_delta_tokens(doc, self.sched.count_tokens), ""
 
     async def prefetch(self) -> None:
         """Read events until the first with output (or the end). Raises UpstreamFailed if the backend fails first.

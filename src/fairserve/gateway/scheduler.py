@@ -1,9 +1,10 @@
 """The gateway's driver of the scheduling core: tickets, backend capacity, and the dispatcher.
 
-The policy decides the order (VTC, FCFS, ...); this module decides capacity: `fits(req)` picks the least-loaded
-backend with room for one more request and its tokens (prompt + max_tokens). A backend's request limit is its
-`max_inflight_requests`, or with `adaptive` what gateway/capacity.py sets from the backend's /metrics. Dispatch runs
-on every arrival and whenever capacity frees. Everything here is synchronous, so it runs atomically on the event loop.
+The policy decides the order (VTC, FCFS, ...); gateway/dispatch.py decides where a request may go (its model's
+pool) and capacity: the least-loaded backend of its pool with room for one more request and its tokens (prompt +
+max_tokens). A backend's request limit is its `max_inflight_requests`, or with `adaptive` what gateway/capacity.py
+sets from the backend's /metrics. Dispatch runs on every arrival and whenever capacity frees. Everything here is
+synchronous, so it runs atomically on the event loop.
 
 Health: a backend is down from an unreachable request or a failed health check (gateway/health.py) until a check
 passes (or, without active checks, for `backend_cooldown_s`). A request whose backend was down or lost its
@@ -18,87 +19,25 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.tokens import token_counter
-from ..core import Ledger, LedgerView, Request, RequestState, make_policy
+from ..core import Account, CostFunction, LedgerView, LinearCost, Request, RequestState, make_policy
+from ..core.account import TenantView
+from ..core.ledger import Ledger
 from ..tenancy import refused_priority
-from .config import BackendConfig, GatewayConfig
+from .config import GatewayConfig
+from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .prometheus import GatewayMetrics
 from .shared_state import SharedState, StateSettings
+from .usage import UsageLog
+
+__all__ = ["Backend", "Ending", "Scheduler", "Ticket", "UnknownModel", "claim"]
 
 log = logging.getLogger("fairserve.gateway")
 MAX_LOST = 3  # connections lost before any output, per request, before it fails with 502
-
-
-@dataclass(eq=False)
-class Backend:
-    cfg: BackendConfig
-    requests: int = 0  # in flight
-    tokens: int = 0  # prompt + max_tokens of those in flight
-    healthy: bool = True  # the last health check or attempt reached it
-    down_until: float = 0.0  # down: skipped until then (inf: until a health check passes)
-    reason: str = ""  # why it is down
-    busy_until: float = 0.0  # it answered 429/503 with Retry-After: skipped until then (health checks keep it)
-    limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (gateway/capacity.py)
-    token_limit: int | None = (
-        None  # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
-    )
-
-    def __post_init__(self) -> None:
-        self.limit = self.cfg.max_inflight_requests
-        self.token_limit = self.cfg.max_inflight_tokens
-
-    @property
-    def url(self) -> str:
-        return self.cfg.url
-
-    @property
-    def name(self) -> str:
-        """The URL without credentials (shown, logged, a metrics label)."""
-        return self.cfg.name
-
-    def room_for(self, tokens: int) -> bool:
-        if self.requests >= self.limit:
-            return False
-        limit = self.token_limit
-        # NOTE: a request larger than the whole token budget still runs, alone, rather than blocking the queue
-        return (
-            limit is None
-            or self.tokens + tokens <= limit
-            or self.requests == 0
-            and limit == self.cfg.max_inflight_tokens
-        )
-
-    def load(self) -> tuple[float, float]:
-        limit = self.token_limit
-        return self.requests / max(self.limit, 1), self.tokens / limit if limit else 0.0
-
-
-def claim(
-    backends: list[Backend],
-    req: Request,
-    tokens: int,
-    shared: SharedState | None = None,
-    tried: Collection[str] = (),
-) -> Backend | None:
-    """The capacity check: the least-loaded backend that is up, has not failed `req` (`tried`) and has room for one
-    more request of `tokens` capacity tokens, which is then taken on it; None if there is none, or if shared state
-    says another replica's tenant comes first."""
-    if shared is not None and not shared.may_admit(req):
-        return None
-    now = time.monotonic()
-    room = [
-        b for b in backends if b.url not in tried and b.down_until <= now and b.busy_until <= now and b.room_for(tokens)
-    ]
-    if not room:
-        return None
-    b = min(room, key=Backend.load)
-    b.requests += 1
-    b.tokens += tokens
-    return b
 
 
 @dataclass(frozen=True)
@@ -121,6 +60,14 @@ class Ticket:
     tokens: int  # capacity it reserves on a backend
     queued_at: float
     admitted: asyncio.Future[Backend]
+    pool: Pool = field(default=None, repr=False)  # type: ignore[assignment]  # NOTE: set by `new_ticket`
+    model: str | None = None
+    cost: CostFunction | None = None  # its model's price (None: w_p, w_q)
+    arrived_at: float = 0.0  # first queued (queued_at moves on a requeue)
+    dispatched_at: float | None = None  # first admitted to a backend
+    first_token_at: float | None = None  # its first output reached the client (or its whole answer came)
+    kind: str = ""  # the endpoint (chat, completions, embeddings, responses)
+    backend_name: str = ""  # the backend it was last sent to (the usage log)
     req: Request | None = None  # set when the ledger accepts it
     backend: Backend | None = None
     tried: set[str] = field(default_factory=set)  # backends that failed it
@@ -141,6 +88,8 @@ class Scheduler:
         self.count_tokens = token_counter(cfg.tokenizer)
         self.tenants = [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
+        self.prices = {m: LinearCost(p.w_p, p.w_q) for m, p in cfg.prices.items()}
+        self.usage = UsageLog(cfg.usage_log)  # UsageLogError (one line) if it cannot be opened
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/health.py)
@@ -155,17 +104,35 @@ class Scheduler:
             if cfg.state is not None
             else None
         )
-        policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
-        if self.shared is not None:
-            policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
-        self.ledger = Ledger(
-            policy, self.tenants, cfg.weights(), peers=self.shared, priorities=cfg.priorities(), allowed=cfg.allowed()
-        )
+
+        def make_ledger() -> Ledger:
+            policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
+            if self.shared is not None:
+                policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
+            return Ledger(
+                policy,
+                self.tenants,
+                cfg.weights(),
+                peers=self.shared,
+                priorities=cfg.priorities(),
+                allowed=cfg.allowed(),
+            )
+
+        self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model")
+        self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(
-        self, tenant: str, prompt_tokens: int, max_tokens: int | None, n: int = 1, request_id: str = ""
+        self,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        n: int = 1,
+        request_id: str = "",
+        model: str | None = None,
+        kind: str = "",
     ) -> Ticket:
+        """A ticket for a request of `model` (UnknownModel if no backend serves it)."""
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
         now = time.monotonic()
         return Ticket(
@@ -175,9 +142,22 @@ class Scheduler:
             prompt_tokens + out * n,
             now,
             asyncio.get_running_loop().create_future(),
+            pool=self.pools.route(model),
+            model=model,
+            cost=self.prices.get(model) if model is not None else None,
+            arrived_at=now,
             deadline=now + self.cfg.queue_ttl_s,
             request_id=request_id,
+            kind=kind,
         )
+
+    def route(self, model: str | None) -> Pool:
+        """The pool that serves `model`; UnknownModel if none does."""
+        return self.pools.route(model)
+
+    def queued_of(self, tenant: str) -> int:
+        """`tenant`'s requests queued now, over every pool."""
+        return sum(a.queued for x in self.pools.ledgers if (a := x.accounts.get(tenant)) is not None)
 
     def refused_priority(self, tenant: str, named: int | None) -> list[int] | None:
         """None if a request of `tenant` may name priority `named` (or names none); else the values it may name."""
@@ -187,7 +167,7 @@ class Scheduler:
         """Queue a ticket (`priority`: the one its request names, checked by `refused_priority`); returns the outcome
         if it is refused ("queue_full" or "rejected"): it never entered the ledger, and nothing is left to settle."""
         self.metrics.arrived(t.tenant)
-        if self.ledger.accounts[t.tenant].queued >= self.cfg.queue_limit:
+        if self.queued_of(t.tenant) >= self.cfg.queue_limit:
             outcome = "queue_full"
         else:
             if self.shared is not None:
@@ -200,30 +180,31 @@ class Scheduler:
                 arrival_s=t.queued_at,
                 priority=priority,
                 item=t,
+                cost=t.cost,
             )
-            if self.ledger.add(req):
+            if t.pool.ledger.add(req):
                 t.req = req
+                t.pool.queued += 1
                 self.metrics.enqueued(req.priority or 0)
                 self.dispatch()
                 return None
             outcome = "rejected"
         t.outcome = outcome
         self.metrics.refused(t.tenant, outcome)
+        self.usage.ticket(t)
         return outcome
 
     # ---- admission ----------------------------------------------------------------------------------------------
-    def _fits(self, req: Request) -> bool:
-        t: Ticket = req.item
-        t.backend = claim(self.backends, req, t.tokens, self.shared, t.tried)
-        return t.backend is not None
-
     def dispatch(self) -> None:
         now = time.monotonic()
-        for req in self.ledger.admit(self._fits):
+        for req in self.pools.admit(self.shared):
             t: Ticket = req.item
+            if t.dispatched_at is None:
+                t.dispatched_at = now
+            assert t.backend is not None  # the pass took it
+            t.backend_name = t.backend.name
             self.metrics.waited(t.tenant, now - t.queued_at, req.priority or 0)
             if not t.admitted.done():
-                assert t.backend is not None  # `_fits` set it
                 t.admitted.set_result(t.backend)
         if self.shared is not None:  # NOTE: also with nothing queued: lease room this replica cannot use may move
             self.shared.waiting()
@@ -232,7 +213,7 @@ class Scheduler:
     def _wake_after_cooldown(self, now: float) -> None:
         """While a backend cools down, dispatch again when it is back, so queued requests are not stranded."""
         later = [x for b in self.backends for x in (b.down_until, b.busy_until) if now < x < math.inf]
-        if not later or not self.ledger.num_queued:
+        if not later or not self.pools.num_queued:
             return
         at = min(later) + 0.01
         if self._wakeup is not None:
@@ -271,7 +252,9 @@ class Scheduler:
     def output(self, t: Ticket, tokens: int) -> None:
         """`tokens` output tokens reached the client: charged now (VTC orders by them)."""
         assert t.req is not None
-        self.ledger.output(t.req, tokens)
+        if t.first_token_at is None:
+            t.first_token_at = time.monotonic()
+        t.pool.ledger.output(t.req, tokens)
 
     def backend_failed(self, t: Ticket, unreachable: bool = False, lost: bool = False, why: str = "") -> bool:
         """`t` failed on its backend before any output reached the client. Requeue it (its charges stand) if
@@ -291,13 +274,15 @@ class Scheduler:
         if not unreachable and (not lost or t.lost > MAX_LOST):
             t.tried.add(b.url)
         self._release(t)
-        left = [x for x in self.backends if x.url not in t.tried]
-        # NOTE: it waits for a down backend only while none is up; backends that are up all failed it otherwise
-        if not left or (self.healthy and not set(left) & set(self.healthy)):
+        left = [x for x in t.pool.backends if x.url not in t.tried]
+        up = [x for x in self.healthy if x in t.pool.backends]
+        # NOTE: it waits for a down backend only while none of its pool is up; those up all failed it otherwise
+        if not left or (up and not set(left) & set(up)):
             return False
         t.queued_at = time.monotonic()
         t.admitted = asyncio.get_running_loop().create_future()
-        self.ledger.requeue(t.req)
+        t.pool.ledger.requeue(t.req)
+        t.pool.queued += 1
         self.metrics.enqueued(t.req.priority or 0)
         self.dispatch()
         return True
@@ -344,7 +329,7 @@ class Scheduler:
         it was settled already."""
         req = t.req
         queued = req is not None and req.state is RequestState.QUEUED
-        if req is None or not self.ledger.settle(
+        if req is None or not t.pool.ledger.settle(
             req,
             prompt=0 if ending.refund else ending.prompt,
             output=0 if ending.refund else ending.output,
@@ -353,25 +338,78 @@ class Scheduler:
             return False
         t.outcome = ending.outcome
         if queued:
+            t.pool.queued -= 1
             self.metrics.enqueued(req.priority or 0, -1)
         admitted = req.admitted
         self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
         self._release(t)
+        self.usage.ticket(t)
         self.dispatch()
         return True
 
     # ---- admin --------------------------------------------------------------------------------------------------
     def view(self) -> LedgerView:
-        return self.ledger.view()
+        """Every tenant's numbers; with a ledger per pool, summed over the pools (service, counters, queued, in
+        flight)."""
+        views = [x.view() for x in self.pools.ledgers]
+        if len(views) == 1:
+            return views[0]
+        return LedgerView(views[0].policy, _summed(v.tenants for v in views), _summed(v.groups for v in views))
+
+    def accounts(self) -> tuple[dict[str, Account], dict[str, Account], Callable[[Account], float]]:
+        """(tenants, groups, counter_of) to read, summed over the pools where each has a ledger (/metrics)."""
+        ledgers = self.pools.ledgers
+        if len(ledgers) == 1:
+            return self.ledger.accounts, self.ledger.groups, self.ledger.policy.counter_of
+
+        def summed(tables: list[tuple[dict[str, Account], Callable[[Account], float]]]) -> dict[str, Account]:
+            out: dict[str, Account] = {}
+            for table, counter_of in tables:
+                for name, a in table.items():
+                    s = out.get(name)
+                    if s is None:
+                        s = out[name] = Account(name, a.rank, a.weight, priority=a.priority)
+                    s.service += a.service
+                    s.counter += counter_of(a)
+                    s.queued += a.queued
+                    s.running += a.running
+            return out
+
+        tenants = summed([(x.accounts, x.policy.counter_of) for x in ledgers])
+        groups = summed([(x.groups, x.policy.counter_of) for x in ledgers])
+        return tenants, groups, lambda a: a.counter
 
     def set_weight(self, tenant: str, weight: float) -> None:
-        self.ledger.set_weight(tenant, weight)
+        for ledger in self.pools.ledgers:
+            ledger.set_weight(tenant, weight)
         if self.shared is not None:
             self.shared.set_weight(tenant, weight)
         self.dispatch()
 
     def reset(self) -> None:
-        self.ledger.reset()
+        for ledger in self.pools.ledgers:
+            ledger.reset()
         if self.shared is not None:
             self.shared.reset()
         self.dispatch()
+
+
+def _summed(tables: Any) -> dict[str, TenantView]:
+    out: dict[str, TenantView] = {}
+    for table in tables:
+        for name, v in table.items():
+            s = out.get(name)
+            out[name] = (
+                v
+                if s is None
+                else TenantView(
+                    name,
+                    v.weight,
+                    s.counter + v.counter,
+                    s.service + v.service,
+                    s.queued + v.queued,
+                    s.running + v.running,
+                    v.priority,
+                )
+            )
+    return out

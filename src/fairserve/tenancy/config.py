@@ -35,6 +35,13 @@ def check_path(v: str) -> str:
 
 
 Priority = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY, strict=True)
+ModelsField = Field(None, max_length=1024)
+
+
+def check_models(v: list[str] | None) -> list[str] | None:
+    if v is not None and any(not m or m != m.strip() for m in v):
+        raise ValueError("model ids must be non-empty, without surrounding spaces")
+    return v
 
 
 class TenantConfig(Strict):
@@ -44,8 +51,10 @@ class TenantConfig(Strict):
     priority: int | None = Priority  # its own (lower is served first); None: its nearest group's, else 0
     # the priorities its requests may name (vLLM's `priority` field); its own is always allowed
     priorities: list[StrictInt] = Field(default_factory=list, max_length=64)
+    models: list[str] | None = ModelsField  # the model ids it may use (None: any; its groups may limit it too)
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
+    _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
 
     @field_validator("priorities")
     @classmethod
@@ -70,8 +79,10 @@ class GroupConfig(Strict):
     name: str
     weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
     priority: int | None = Priority
+    models: list[str] | None = ModelsField  # the model ids its tenants may use (None: any)
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
+    _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
 
 
 def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Sequence[GroupConfig] = ()) -> None:
@@ -157,6 +168,23 @@ class TenantsMixin:
         """The priorities a request of `tenant` may name: its own level and its `priorities`."""
         configured = next((t.priorities for t in self.tenants if t.name == tenant), [])
         return sorted({self.level_of(tenant), *configured})
+
+    def allowed_models(self) -> dict[str, frozenset[str]]:
+        """By tenant, the models it may use, where it or a group above it names some (`models = [...]`): those
+        every one of them allows. A tenant absent may use any."""
+        limits = {g.name: g.models for g in self.groups if g.models is not None}
+        limits.update((t.name, t.models) for t in self.tenants if t.models is not None)
+        out: dict[str, frozenset[str]] = {}
+        if not limits:
+            return out
+        for t in self.tenants:
+            allowed: frozenset[str] | None = None
+            for node in (t.name, *parents(t.name)):
+                if (names := limits.get(node)) is not None:
+                    allowed = frozenset(names) if allowed is None else allowed & frozenset(names)
+            if allowed is not None:
+                out[t.name] = allowed
+        return out
 
     def key_owners(self) -> dict[str, str]:
         return {k: t.name for t in self.tenants for k in t.api_keys}
