@@ -139,3 +139,63 @@ def test_without_its_quantum_the_bound_breaks():
     assert gap > 10 * 2 * (500 + 320 + 2 * outputs)
     gap, outputs = dlpm_gap(500, arrivals, 1200)
     assert gap <= 2 * (500 + 320 + 2 * outputs)
+
+
+def test_dlpm_deficits_refills_and_weights_exactly():
+    from fairserve.core import LinearCost
+
+    policy = make_policy("dlpm")
+    assert (policy.name, policy.quantum, policy.refills) == ("dlpm500", 500, 0)
+    ledger = ledger_with("dlpm:100", {})
+    ledger.set_weight("w", 2.0)
+    for i, tenant in enumerate(["a", "a", "w", "w", "a"]):
+        ledger.arrive(i, tenant, 150, 1, float(i))
+    dlpm, a, w = ledger.policy, ledger.accounts["a"], ledger.accounts["w"]
+    assert dlpm.deficit(a) == 100 and dlpm.counter_of(a) == -100  # a new tenant starts with one quantum
+    assert ledger.pop().id == 0  # a: 100 -> -50
+    assert dlpm.deficit(a) == -50 and dlpm.counter_of(a) == 50
+    assert ledger.pop().id == 2  # w pays 150 / 2: 100 -> 25
+    assert dlpm.deficit(w) == 25
+    assert ledger.pop().id == 3  # w still in credit: 25 -> -50
+    assert dlpm.refills == 0
+    # nobody in credit: a round for each backlogged tenant (a: -50 -> 50, debt kept, not overwritten); w has
+    # nothing queued, so nothing
+    assert ledger.pop().id == 1 and (dlpm.refills, dlpm.deficit(a), dlpm.deficit(w)) == (1, -100, -50)
+    ledger.arrive(5, "w", 150, 1, 5.0)  # back with its debt
+    assert ledger.pop().id == 5  # one round (w -50 -> 50, a -100 -> 0), then w pays 75
+    assert (dlpm.refills, dlpm.deficit(a), dlpm.deficit(w)) == (2, 0, -25)
+    assert ledger.pop().id == 4 and dlpm.refills == 3 and dlpm.deficit(a) == -50  # a zero deficit is no credit
+    two = ledger_with("dlpm:100", {})
+    two.arrive(0, "x", 350, 1, 0.0)
+    two.arrive(1, "x", 10, 1, 0.0)
+    two.pop()  # 100 - 350 = -250: three rounds to credit
+    assert two.pop().id == 1 and two.policy.refills == 3 and two.policy.deficit(two.accounts["x"]) == 40
+    # back from idle with a debt: the debt is kept (only credit is capped)
+    back = ledger_with("dlpm:100", {})
+    back.arrive(0, "d", 300, 1, 0.0)
+    back.settle(back.pop(), output=1)  # 100 - 300 - 2: idle with a debt of 202
+    back.arrive(1, "d", 10, 1, 1.0)
+    assert back.policy.deficit(back.accounts["d"]) == -202
+    # the policy's own price is the one charged
+    priced = Ledger(make_policy("dlpm:100", cost=LinearCost(3.0, 2.0)))
+    priced.policy.cached = lambda req: 0
+    priced.arrive(0, "p", 10, 1, 0.0)
+    priced.pop()
+    assert priced.accounts["p"].service == 30.0 and priced.policy.deficit(priced.accounts["p"]) == 70.0
+
+
+def test_lpm_ties_go_to_arrival_order_also_for_a_request_put_back():
+    from fairserve.core import LinearCost
+
+    ledger = ledger_with("lpm", {0: 32, 1: 32})
+    ledger.arrive(0, "a", 100, 1, 0.0)
+    ledger.arrive(1, "b", 100, 1, 0.0)
+    first = ledger.pop()
+    assert first.id == 0
+    ledger.requeue(first)  # back in the queue, after b in the policy's own order
+    assert ledger.pop().id == 0
+    priced = Ledger(make_policy("lpm", cost=LinearCost(3.0, 2.0)))
+    priced.policy.cached = lambda req: 0
+    priced.arrive(0, "p", 10, 1, 0.0)
+    priced.pop()
+    assert priced.accounts["p"].service == 30.0

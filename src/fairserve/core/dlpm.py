@@ -53,7 +53,7 @@ class DLPM(Policy):
         if q is None:  # becomes backlogged: no hoarded credit
             q = self._queues[tenant] = deque()
             self._deficit[tenant] = min(self._deficit.get(tenant, self.quantum), self.quantum)
-        (q.appendleft if front else q.append)(req)
+        q.append(req)  # NOTE: put back or not, a tenant's requests are told apart by cache, then arrival (`seq`)
 
     def _in_credit(self) -> Iterator[Request]:
         deficit = self._deficit
