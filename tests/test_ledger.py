@@ -376,3 +376,20 @@ def test_counts_of_several_requests_of_one_tenant():
     led.requeue(r1)
     assert (led.accounts["a"].queued, led.accounts["a"].running, led.num_queued) == (3, 0, 3)
     assert led.counter_of("nobody") == 0.0
+
+
+def test_a_request_with_its_own_price_is_charged_at_it_token_by_token():
+    """The gateway's per-model prices: a request's own cost replaces the policy's, on the fast linear path and on a
+    general cost alike."""
+    from fairserve.core import LinearCost, Request
+    from fairserve.core.cost import make_cost
+
+    led = Ledger(make_policy("vtc"))
+    profiled = make_cost("profiled")
+    for rid, cost in (("lin", LinearCost(1.0, 5.0)), ("prof", profiled)):
+        led.add(Request(id=rid, tenant=rid, prompt_tokens=10, max_tokens=8, cost=cost))
+        req = led.pop()
+        led.output(req, 3)
+        led.output(req, 2)
+        assert req.charged == pytest.approx(cost.total(10, 5))
+    assert led.accounts["lin"].service == 10 + 5 * 5
