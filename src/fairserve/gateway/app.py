@@ -231,6 +231,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if gw.sched.shared is not None:
             await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
+            if gw.sched.quotas is not None:
+                gw.sched.quotas.use_redis(gw.sched.shared)
         await gw.health.discover_all()  # NOTE: the models each backend serves, before the first request
         gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
@@ -242,6 +244,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         while sum(map(len, gw.sched.pools.ledgers)) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         gw.stalls.stop()
+        if gw.sched.quotas is not None:
+            await gw.sched.quotas.drain()
         if gw.snapshots is not None:
             await gw.snapshots.stop()
             gw.snapshots.save()
@@ -338,7 +342,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics(request: Request) -> Response:
         if (denied := metrics_denied(request, config.metrics_key)) is not None:
             return denied
-        return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        body = gw.metrics.exposition()
+        if gw.sched.quotas is not None:
+            body += (await gw.sched.quotas.exposition(gw.metrics.active_tenants)).encode()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     spec = openapi(config)
 
@@ -346,7 +353,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def openapi_json() -> Response:
         return JSONResponse(spec)
 
-    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows))
+    app.include_router(
+        admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows, gw.sched.quotas)
+    )
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:
