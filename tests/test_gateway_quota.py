@@ -153,3 +153,30 @@ def test_two_replicas_on_redis_hold_the_quota_in_total():
             assert wait_until(lambda gw=gw: quotas(gw)["quotas"]["alice"]["tokens"]["held"] == 0)
             assert quotas(gw)["quotas"]["alice"]["tokens"]["used"] == used  # both read the one count
         print(json.dumps({"limit": limit, "used": used, "bound": bound, "served": len(ok)}))
+
+
+def test_quotas_fail_open_with_one_warning_while_their_store_is_lost(caplog):
+    from fairserve.core import LinearCost
+    from fairserve.gateway.quota_gate import NOTHING, QuotaGate
+    from fairserve.tenancy import QuotaConfig
+
+    class Lost:
+        async def read(self, key):
+            raise ConnectionError("redis is gone")
+
+        try_hold = settle = read
+
+    gate = QuotaGate({"alice": QuotaConfig(per="day", tokens=1)}, clock=Clock())
+    gate.book.store = Lost()
+    ticket = type("T", (), {"tenant": "alice", "tokens": 20, "prompt_tokens": 10, "cost": LinearCost(), "pool": None})
+
+    async def scenario():
+        assert await gate.check("alice") is None and await gate.check("alice") is None
+        assert await gate.hold(ticket) is NOTHING
+        assert await gate.all_status() == {"enforced": False, "quotas": {"alice": {"per": "day"}}}
+
+    with caplog.at_level("WARNING", "fairserve.gateway"):
+        asyncio.run(scenario())
+    assert [r.message for r in caplog.records].count(
+        "quotas are not enforced while their store cannot be reached: ConnectionError"
+    ) == 1
