@@ -22,7 +22,7 @@ from .quota import MEASURES, Cost, Exhausted, Hold, Quota, QuotaBook, utc_now
 from .quota_store import RedisQuotaStore
 
 if TYPE_CHECKING:
-    from .scheduler import Ticket
+    from .scheduler import Scheduler, Ticket
     from .shared_state import SharedState
 
 log = logging.getLogger("fairserve.gateway")
@@ -41,14 +41,17 @@ def insufficient_quota(out: Exhausted, request_id: str) -> Response:
 
 class QuotaGate:
     def __init__(self, quotas: dict[str, QuotaConfig], clock: Callable[[], datetime] = utc_now) -> None:
-        self.book = QuotaBook(
-            {p: Quota(q.per, q.tokens, q.service) for p, q in quotas.items()},
-            clock=clock,
-        )
+        self.book = QuotaBook({}, clock=clock)
         self._paths: dict[str, list[str]] = {}  # tenant -> the nodes of its path that have a quota
         self.shared: SharedState | None = None
         self.failing = False  # the store could not be reached at the last call: quotas are not enforced
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.configure(quotas)
+
+    def configure(self, quotas: dict[str, QuotaConfig]) -> None:
+        """New limits (a reload); use so far is kept."""
+        self.book.quotas = {p: Quota(q.per, q.tokens, q.service) for p, q in quotas.items()}
+        self._paths.clear()
 
     def use_redis(self, shared: SharedState) -> None:
         """Keep use in the shared state's Redis (its client, its key prefix)."""
@@ -168,3 +171,18 @@ class QuotaGate:
                     if m in status:
                         out.append(f'{P}{name}{{measure="{m}",node="{path}"}} {num(float(status[m][field]))}\n')
         return "".join(out)
+
+
+class QuotaView:
+    """What the admin API reads: the scheduler's quotas as they are now (a reload may add or remove them)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    async def status(self, path: str) -> dict[str, Any]:
+        gate = self.sched.quotas
+        return await gate.status(path) if gate is not None else {}
+
+    async def all_status(self) -> dict[str, Any]:
+        gate = self.sched.quotas
+        return await gate.all_status() if gate is not None else {"enforced": False, "quotas": {}}

@@ -122,7 +122,8 @@ class Scheduler:
             )
 
         quotas = cfg.quotas()
-        self.quotas = QuotaGate(quotas) if quotas else None  # NOTE: None: the hot path asks nothing
+        self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
+        self.quotas = self.quota_gate  # NOTE: None while no quota is configured: the hot path asks nothing
 
         self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model")
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
@@ -348,9 +349,11 @@ class Scheduler:
             self.metrics.enqueued(req.priority or 0, -1)
         admitted = req.admitted
         self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
-        if t.holding is not None and self.quotas is not None:
+        if t.holding is not None and self.quota_gate is not None:
             # NOTE: what the ledger charged: the raw tokens, and their service at the request's price
-            self.quotas.settle(t.holding, Cost((req.prompt_tokens if admitted else 0) + req.output_done, req.charged))
+            self.quota_gate.settle(
+                t.holding, Cost((req.prompt_tokens if admitted else 0) + req.output_done, req.charged)
+            )
         self._release(t)
         self.usage.ticket(t)
         self.dispatch()

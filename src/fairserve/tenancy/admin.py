@@ -85,8 +85,6 @@ def admin_router(
     dashboard. `quotas`: each row then has its node's `quota` (used, held, remaining, resets_at per measure), and
     GET /admin/quotas lists every node's."""
     router = APIRouter(prefix="/admin")
-    known = set(tenants)
-    nodes = nodes_of(tenants)
     history = History()
 
     def denied(request: Request) -> Response | None:
@@ -122,10 +120,11 @@ def admin_router(
         view = accounts.view()
         return JSONResponse({"policy": view.policy, "tree": tree(view, tenants)})
 
-    async def reweight(name: str, request: Request, among: set[str], what: str) -> Response:
+    async def reweight(name: str, request: Request, what: str) -> Response:
         if (bad := denied(request)) is not None:
             return bad
-        if name not in among:
+        # NOTE: read from `tenants` each time: a live reload changes that list in place
+        if name not in (set(tenants) if what == "tenant" else nodes_of(tenants)):
             return error_response(404, f"no {what} named {name!r}", code=f"unknown_{what}")
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
@@ -148,11 +147,11 @@ def admin_router(
 
     @router.put("/tenants/{name:path}/weight")
     async def set_weight(name: str, request: Request) -> Response:
-        return await reweight(name, request, known, "tenant")
+        return await reweight(name, request, "tenant")
 
     @router.put("/nodes/{name:path}/weight")
     async def set_node_weight(name: str, request: Request) -> Response:
-        return await reweight(name, request, nodes, "node")
+        return await reweight(name, request, "node")
 
     @router.post("/reset")
     async def reset(request: Request) -> Response:

@@ -178,6 +178,10 @@ class KeyOwners:
             owner = self.hashed.get(key_digest(key))
         return owner if owner is not None else default
 
+    def replace(self, other: KeyOwners) -> None:
+        """Take `other`'s keys (a reload): whoever holds this object sees them at once."""
+        self.clear, self.hashed = other.clear, other.hashed
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key) is not None
 
