@@ -5,6 +5,7 @@ real `fairserve gateway` process."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import signal
 import subprocess
@@ -93,6 +94,17 @@ def test_a_reload_under_load_loses_nothing_adds_a_tenant_and_refuses_a_removed_k
             path.write_text(toml(url, {"alice": ["key-alice"]}, extra='policy = "fcfs"'))
             assert "policy changed: only a restart" in reload(gw).json()["error"]["message"]
             assert post(gw, "key-carol").status_code == 200  # the running configuration was kept
+
+            # alice's key now stored hashed, and a quota for carol: both apply from this reload on
+            digest = hashlib.sha256(b"key-alice").hexdigest()
+            text = toml(url, {"carol": ["key-carol"]}) + 'quota = { tokens = 1, per = "hour" }\n'
+            text += f'[[tenants]]\nname = "alice"\napi_key_sha256 = ["{digest}"]\n'
+            path.write_text(text)
+            assert reload(gw).status_code == 200
+            assert post(gw, "key-alice").status_code == 200
+            assert post(gw, "key-carol").status_code == 200  # 0 used < 1: let through
+            out = post(gw, "key-carol")
+            assert out.status_code == 429 and out.json()["error"]["code"] == "insufficient_quota"
 
 
 def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp_path):
