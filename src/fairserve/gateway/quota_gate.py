@@ -65,7 +65,12 @@ class QuotaGate:
         return out
 
     def _reachable(self) -> bool:
-        return self.shared is None or self.shared.up
+        if self.shared is None or self.shared.up:
+            return True
+        if not self.failing:
+            log.warning("quotas are not enforced while the shared state (Redis) is degraded")
+            self.failing = True
+        return False
 
     def _failed(self, e: BaseException) -> None:
         if not self.failing:
