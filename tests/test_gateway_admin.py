@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from support.gateway import ADMIN, HTTP, FakeBackend, admin_tenants, auth, chat_
 
 from fairserve.gateway import build_config, load_config
 from fairserve.gateway import cli as gateway_cli
+from fairserve.tenancy import key_digest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "gateway.md"
 
@@ -68,7 +70,7 @@ def test_config_defaults():
     cfg = build_config(base_config())
     assert cfg.backends[0].url == "http://127.0.0.1:8000"  # a trailing /v1 is accepted
     assert cfg.listen == "127.0.0.1:8080" and cfg.policy == "vtc" and cfg.weights() == {"a": 1.0, "b": 2.0}
-    assert cfg.key_owners() == {"ka": "a", "kb": "b"} and not cfg.trusted_proxy
+    assert cfg.key_owners().clear == {"ka": "a", "kb": "b"} and not cfg.trusted_proxy
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,10 @@ def test_config_defaults():
         ({"backends": [{"url": "ftp://x"}]}, "backends.0.url"),
         ({"backends": [{"url": "http://x", "max_inflight_requests": 0}]}, "backends.0.max_inflight_requests"),
         ({"tenants": [{"name": "a", "api_keys": ["k"], "weight": 0}]}, "tenants.0.weight"),
-        ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0.api_keys"),
+        ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0"),
+        ({"tenants": [{"name": "a", "api_key_sha256": ["abc"]}]}, "tenants.0.api_key_sha256"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "quota": {"per": "week", "tokens": 5}}]}, "tenants.0.quota.per"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"], "quota": {"per": "day"}}]}, "tenants.0.quota"),
         ({"tenants": [{"name": "a b", "api_keys": ["k"]}]}, "tenants.0.name"),
         ({"policy": "best"}, "policy"),
         ({"policy": "rpm:x"}, "policy"),
@@ -102,11 +107,21 @@ def test_config_errors_name_the_key(change, key):
         ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "a", "api_keys": ["j"]}]}, "tenant names"),
         ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]}, "shared"),
         ({"admin_key": "ka"}, "admin_key"),
+        ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_key_sha256": [key_digest("k")]}]}, "shared"),
     ],
 )
 def test_config_cross_checks(change, words):
     with pytest.raises(ValueError, match=words):
         build_config(base_config(**change))
+
+
+def test_a_hashed_key_authenticates_and_a_wrong_key_does_not():
+    digest = hashlib.sha256(b"secret-key").hexdigest()
+    cfg = build_config(base_config(tenants=[{"name": "a", "api_key_sha256": [digest.upper()]}]))
+    owners = cfg.key_owners()
+    assert owners.get("secret-key") == "a" and "secret-key" in owners
+    assert owners.get("secret-kez") is None and owners.get(digest) is None  # the digest itself is no key
+    assert "secret-key" not in cfg.model_dump_json()  # the config holds no key
 
 
 def test_documented_example_config_loads(tmp_path):
@@ -206,3 +221,12 @@ def test_access_log_from_the_file_and_the_flag(tmp_path):
     )
     assert not gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"))).access_log
     assert gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k")).access_log
+
+
+def test_serve_refuses_quotas_with_one_line():
+    from fairserve.serve.config import load_config as load_serve
+
+    tenant = {"name": "a", "api_keys": ["k"], "quota": {"per": "day", "tokens": 5}}
+    with pytest.raises(ValueError, match="does not enforce quotas") as e:
+        load_serve(None, {"model": "tiny-random", "tenants": [tenant]})
+    assert "\n" not in str(e.value)

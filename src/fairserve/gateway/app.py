@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
 from ..api.protocol import models_list
-from ..tenancy import AuthThrottle, admin_router, bearer, metrics_denied, same_key
+from ..tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key
 from .body import CHAT, COMPLETIONS, EMBEDDINGS, PATHS, RESPONSES
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
@@ -30,7 +31,10 @@ from .health import HealthMonitor
 from .openapi import openapi
 from .prometheus import GatewayMetrics
 from .proxy import Proxy
+from .quota_gate import QuotaView
 from .relay import Upstream
+from .reload import ReloadError
+from .reload import reload as reload_config
 from .scheduler import Scheduler
 from .snapshot import Snapshots
 from .stalls import StallWatch
@@ -72,6 +76,18 @@ class Gateway:
         self.tokenize = Tokenize(self.sched, self.upstream, self.proxy.allowed_models)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
+        self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
+
+    def reload(self) -> str:
+        """Re-read and apply the configuration (gateway/reload.py); ReloadError (one line) when it is refused."""
+        assert self.load is not None
+        try:
+            line = reload_config(self, self.load)
+        except ReloadError as e:
+            log.error("reload refused, the running configuration is kept: %s", e)
+            raise
+        log.warning(line)
+        return line
 
     def backend_rows(self) -> list[dict[str, Any]]:
         """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""
@@ -201,6 +217,20 @@ class _GatewayApp(FastAPI):
         await super().__call__(scope, receive, counting)
 
 
+def _on_hangup(gw: Gateway) -> bool:
+    """SIGHUP reloads (where the loop may take signals: the main thread); whether it was installed."""
+
+    def hangup() -> None:
+        with contextlib.suppress(ReloadError):  # NOTE: logged in one line by `Gateway.reload`
+            gw.reload()
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
+    except (ValueError, RuntimeError, NotImplementedError):  # NOTE: not the main thread (tests), or no SIGHUP
+        return False
+    return True
+
+
 def _started(scope: Scope) -> bool:
     return bool(scope.get("fairserve.streaming"))  # set by the proxy before it starts a stream
 
@@ -224,24 +254,33 @@ def _unauthorized(request_id: str | None = None) -> Response:
     )
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None = None) -> FastAPI:
+    """The app; `load` re-reads the configuration (the file with the same flags) for SIGHUP and POST /admin/reload."""
     gw = Gateway(config)
+    gw.load = load
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if gw.sched.shared is not None:
             await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
+            if gw.sched.quotas is not None:
+                gw.sched.quotas.use_redis(gw.sched.shared)
         await gw.health.discover_all()  # NOTE: the models each backend serves, before the first request
         gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
         gw.health.start()
         if gw.snapshots is not None:
             gw.snapshots.start()
+        hangup = load is not None and _on_hangup(gw)
         yield
+        if hangup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         # NOTE: requests cut off at the end of the drain are still sending their last event and settling
         deadline = time.monotonic() + 2.0
         while sum(map(len, gw.sched.pools.ledgers)) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         gw.stalls.stop()
+        if gw.sched.quotas is not None:
+            await gw.sched.quotas.drain()
         if gw.snapshots is not None:
             await gw.snapshots.stop()
             gw.snapshots.save()
@@ -338,7 +377,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics(request: Request) -> Response:
         if (denied := metrics_denied(request, config.metrics_key)) is not None:
             return denied
-        return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        body = gw.metrics.exposition()
+        if gw.sched.quotas is not None:
+            body += (await gw.sched.quotas.exposition(gw.metrics.active_tenants)).encode()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     spec = openapi(config)
 
@@ -346,7 +388,21 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def openapi_json() -> Response:
         return JSONResponse(spec)
 
-    app.include_router(admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows))
+    app.include_router(
+        admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows, QuotaView(gw.sched))
+    )
+
+    @app.post("/admin/reload")
+    async def reload_config(request: Request) -> Response:
+        if (denied := admin_denied(request, gw.cfg.admin_key, gw.owners)) is not None:
+            return denied
+        if gw.load is None:
+            return error_response(409, "this gateway was started without a configuration to re-read", code="no_config")
+        try:
+            line = gw.reload()
+        except ReloadError as e:
+            return error_response(400, f"reload refused, the running configuration is kept: {e}", code="invalid_config")
+        return JSONResponse({"reloaded": True, "message": line})
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:

@@ -326,6 +326,40 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     },
                 }
             },
+            "/admin/quotas": {
+                "get": {
+                    "summary": "Every quota's use in its current window: limit, used, held, remaining, resets_at",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["enforced", "quotas"],
+                                "properties": {"enforced": {"type": "boolean"}, "quotas": {"type": "object"}},
+                            },
+                            "the quotas",
+                        ),
+                        **_errors(401, 403, 429),
+                    },
+                }
+            },
+            "/admin/reload": {
+                "post": {
+                    "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, quotas",
+                    "security": admin,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["reloaded", "message"],
+                                "properties": {"reloaded": {"type": "boolean"}, "message": {"type": "string"}},
+                            },
+                            "reloaded",
+                        ),
+                        **_errors(400, 401, 403, 409, 429),
+                    },
+                }
+            },
             "/openapi.json": {
                 "get": {"summary": "This description", "responses": {"200": _json({"type": "object"}, "OpenAPI 3")}}
             },

@@ -29,6 +29,7 @@ OUTCOMES = (
     "client_timeout",
     "rejected",
     "queue_full",
+    "insufficient_quota",
     "timeout",
     "client_disconnected",
     "client_stalled",
@@ -107,6 +108,11 @@ class GatewayMetrics:
             kind = "histogram" if family == "queue_wait_seconds" else "counter"
             heads.append(_head(P + family + ("_total" if kind == "counter" else ""), kind, text))
         self._heads = heads  # one per family, in the order of `TenantStats.lines`
+
+    @property
+    def active_tenants(self) -> list[str]:
+        """The tenants the last scrape wrote series for."""
+        return self._active or []
 
     def bind(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler

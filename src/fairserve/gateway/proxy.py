@@ -22,6 +22,8 @@ from ..api.streaming import connection_of, shutting_down
 from ..tenancy import priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
+from .quota import Exhausted
+from .quota_gate import insufficient_quota
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
 from .scheduler import Backend, Ending, Scheduler, Ticket, UnknownModel
 from .stalls import StallWatch
@@ -132,6 +134,10 @@ class Proxy:
         refusal = self.refusal(tenant, parsed, kind, request_id)
         if refusal is not None:
             return await refusal(scope, receive, send)
+        if sched.quotas is not None and (out := await sched.quotas.check(tenant)) is not None:
+            metrics.refused(tenant, "insufficient_quota")
+            sched.usage.refused(request_id, tenant, parsed.model, kind, "insufficient_quota")
+            return await insufficient_quota(out, request_id)(scope, receive, send)
         try:
             ticket = sched.new_ticket(
                 tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id, parsed.model, kind
@@ -256,6 +262,15 @@ class Proxy:
                 return await response(scope, receive, send)
             if client.left():
                 return  # NOTE: admitted as its client left: nothing goes upstream
+            if self.sched.quotas is not None and t.holding is None:
+                # NOTE: a task, so that a hold taken as the client leaves is still settled (`Scheduler.close`)
+                t.holding = asyncio.get_running_loop().create_task(self.sched.quotas.hold(t))
+                held = await asyncio.shield(t.holding)
+                if isinstance(held, Exhausted):  # NOTE: it ran out while this request was queued
+                    t.ending = Ending("insufficient_quota", refund=True)
+                    return await insufficient_quota(held, t.request_id)(scope, receive, send)
+                if client.left():
+                    return
             try:
                 assert t.req is not None
                 sent = upstream_body(parsed, t.tenant, t.req.priority or 0) if backend.cfg.engine_tenant else body

@@ -31,6 +31,8 @@ from ..tenancy import refused_priority
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .prometheus import GatewayMetrics
+from .quota import Cost
+from .quota_gate import QuotaGate
 from .shared_state import SharedState, StateSettings
 from .usage import UsageLog
 
@@ -79,6 +81,7 @@ class Ticket:
     sent: bool = False  # a request went upstream for it (a client that leaves before is charged nothing)
     stalled: str = ""  # why its stream was cut for a client that does not read (gateway/stalls.py)
     upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
+    holding: asyncio.Task[Any] | None = None  # its quota hold, taken at its first dispatch (gateway/quota_gate.py)
 
 
 class Scheduler:
@@ -117,6 +120,10 @@ class Scheduler:
                 priorities=cfg.priorities(),
                 allowed=cfg.allowed(),
             )
+
+        quotas = cfg.quotas()
+        self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
+        self.quotas = self.quota_gate  # NOTE: None while no quota is configured: the hot path asks nothing
 
         self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model")
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
@@ -342,6 +349,11 @@ class Scheduler:
             self.metrics.enqueued(req.priority or 0, -1)
         admitted = req.admitted
         self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
+        if t.holding is not None and self.quota_gate is not None:
+            # NOTE: what the ledger charged: the raw tokens, and their service at the request's price
+            self.quota_gate.settle(
+                t.holding, Cost((req.prompt_tokens if admitted else 0) + req.output_done, req.charged)
+            )
         self._release(t)
         self.usage.ticket(t)
         self.dispatch()

@@ -57,6 +57,11 @@ class ServeConfig(TenantsMixin, Strict):
     @model_validator(mode="after")
     def _tenants(self) -> ServeConfig:
         check_tenants(self.tenants, self.admin_key, self.groups)
+        if quotas := self.quotas():
+            raise ValueError(
+                f"quota (on {', '.join(sorted(quotas))}): `fairserve serve` does not enforce quotas; "
+                "put `fairserve gateway` in front of it"
+            )
         return self
 
     @property

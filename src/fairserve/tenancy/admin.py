@@ -15,6 +15,9 @@ from ..core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
 from ..core.account import nodes_of
 from ..dashboard import BackendRows, History, asset, snapshot, tree
 from .auth import bearer, same_key
+from .config import KeyOwners
+
+Owners = KeyOwners | dict[str, str]
 
 
 class Accounts(Protocol):
@@ -25,6 +28,14 @@ class Accounts(Protocol):
     def set_weight(self, tenant: str, weight: float) -> None: ...
 
     def reset(self) -> None: ...
+
+
+class Quotas(Protocol):
+    """Quota use to show (the gateway's `QuotaGate`)."""
+
+    async def status(self, path: str) -> dict[str, Any]: ...
+
+    async def all_status(self) -> dict[str, Any]: ...
 
 
 MAX_OWNER_KEYS = 1000  # keys one `POST /admin/owners` may ask about
@@ -45,7 +56,7 @@ _ASSETS = {
 }
 
 
-def admin_denied(request: Request, admin_key: str | None, tenant_keys: dict[str, str]) -> Response | None:
+def admin_denied(request: Request, admin_key: str | None, tenant_keys: Owners) -> Response | None:
     """None if `request` carries the admin key as Bearer; else the 401/403 to answer."""
     key = bearer(request)
     admin = same_key(key, admin_key)
@@ -62,18 +73,18 @@ def admin_router(
     accounts: Accounts,
     tenants: list[str],
     admin_key: str | None,
-    tenant_keys: dict[str, str],
+    tenant_keys: Owners,
     backends: BackendRows | None = None,
+    quotas: Quotas | None = None,
 ) -> APIRouter:
     """GET /admin/tenants, GET /admin/tree (every node of the tenant tree), PUT /admin/tenants/{path}/weight and
     PUT /admin/nodes/{path}/weight (any tenant or group), POST /admin/reset, POST /admin/owners (which tenant owns
     each of some API keys) and GET /admin/dashboard (the dashboard's data): only the admin key (as Bearer) gets in.
     Rows for the configured `tenants` and their groups only (bounded, and no tenant appears that nobody configured).
     Also the dashboard page, GET /dashboard, which holds no data. `backends`: the gateway's backend rows, for the
-    dashboard."""
+    dashboard. `quotas`: each row then has its node's `quota` (used, held, remaining, resets_at per measure), and
+    GET /admin/quotas lists every node's."""
     router = APIRouter(prefix="/admin")
-    known = set(tenants)
-    nodes = nodes_of(tenants)
     history = History()
 
     def denied(request: Request) -> Response | None:
@@ -87,7 +98,20 @@ def admin_router(
         if (bad := denied(request)) is not None:
             return bad
         view = accounts.view()
-        return JSONResponse({"policy": view.policy, "tenants": rows(view)})
+        out = rows(view)
+        if quotas is not None:
+            for row in out:
+                if status := await quotas.status(row["name"]):
+                    row["quota"] = status
+        return JSONResponse({"policy": view.policy, "tenants": out})
+
+    @router.get("/quotas")
+    async def list_quotas(request: Request) -> Response:
+        if (bad := denied(request)) is not None:
+            return bad
+        if quotas is None:
+            return JSONResponse({"enforced": False, "quotas": {}})
+        return JSONResponse(await quotas.all_status())
 
     @router.get("/tree")
     async def get_tree(request: Request) -> Response:
@@ -96,10 +120,11 @@ def admin_router(
         view = accounts.view()
         return JSONResponse({"policy": view.policy, "tree": tree(view, tenants)})
 
-    async def reweight(name: str, request: Request, among: set[str], what: str) -> Response:
+    async def reweight(name: str, request: Request, what: str) -> Response:
         if (bad := denied(request)) is not None:
             return bad
-        if name not in among:
+        # NOTE: read from `tenants` each time: a live reload changes that list in place
+        if name not in (set(tenants) if what == "tenant" else nodes_of(tenants)):
             return error_response(404, f"no {what} named {name!r}", code=f"unknown_{what}")
         try:
             weight = check_weight(name, json.loads(await request.body())["weight"])
@@ -115,16 +140,18 @@ def admin_router(
         except Unsupported as e:
             return error_response(409, str(e), code="unsupported")
         view = accounts.view()
-        row = view.tenants.get(name) or view.groups[name]
-        return JSONResponse(row.row())
+        row = (view.tenants.get(name) or view.groups[name]).row()
+        if quotas is not None and (status := await quotas.status(name)):
+            row["quota"] = status
+        return JSONResponse(row)
 
     @router.put("/tenants/{name:path}/weight")
     async def set_weight(name: str, request: Request) -> Response:
-        return await reweight(name, request, known, "tenant")
+        return await reweight(name, request, "tenant")
 
     @router.put("/nodes/{name:path}/weight")
     async def set_node_weight(name: str, request: Request) -> Response:
-        return await reweight(name, request, nodes, "node")
+        return await reweight(name, request, "node")
 
     @router.post("/reset")
     async def reset(request: Request) -> Response:

@@ -6,11 +6,12 @@ and the `--tenant` / `--group` flags. The gateway and `fairserve serve` share al
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from ..api.config import Strict
 from ..core import MAX_WEIGHT, MIN_WEIGHT
@@ -44,17 +45,61 @@ def check_models(v: list[str] | None) -> list[str] | None:
     return v
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_digest(key: str) -> str:
+    """The hex SHA-256 of an API key, as `api_key_sha256` gives it (`printf %s KEY | sha256sum`)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class QuotaConfig(Strict):
+    """`quota = { tokens = N, service = S, per = "day" }` on a tenant or a group: raw prompt + output tokens and/or
+    weighted service per UTC hour, day or calendar month (gateway/quota.py)."""
+
+    per: Literal["hour", "day", "month"]
+    tokens: int | None = Field(None, gt=0, strict=True)
+    service: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _some(self) -> QuotaConfig:
+        if self.tokens is None and self.service is None:
+            raise ValueError("a quota needs `tokens`, `service` or both")
+        return self
+
+
 class TenantConfig(Strict):
     name: str  # a path: `pro/acme/search` is the tenant `search` in the group `pro/acme`, in the group `pro`
-    api_keys: list[str] = Field(min_length=1)
+    api_keys: list[str] = Field(default_factory=list)
+    # keys given by their hex SHA-256 only, so that the config file holds no key
+    api_key_sha256: list[str] = Field(default_factory=list)
     weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
     priority: int | None = Priority  # its own (lower is served first); None: its nearest group's, else 0
     # the priorities its requests may name (vLLM's `priority` field); its own is always allowed
     priorities: list[StrictInt] = Field(default_factory=list, max_length=64)
     models: list[str] | None = ModelsField  # the model ids it may use (None: any; its groups may limit it too)
+    quota: QuotaConfig | None = None
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
     _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _digests(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if not isinstance(d, str) or not _SHA256.match(d.strip().lower()):
+                raise ValueError(f"must be hex SHA-256 digests of 64 characters (printf %s KEY | sha256sum), got {d!r}")
+        return [d.strip().lower() for d in v]
+
+    @model_validator(mode="after")
+    def _has_key(self) -> TenantConfig:
+        if not self.api_keys and not self.api_key_sha256:
+            raise ValueError(f"tenant {self.name!r} needs api_keys or api_key_sha256 (at least one key)")
+        return self
+
+    def digests(self) -> list[str]:
+        """Every key's hex SHA-256: the hashed ones and those given in clear."""
+        return [*self.api_key_sha256, *map(key_digest, self.api_keys)]
 
     @field_validator("priorities")
     @classmethod
@@ -80,6 +125,7 @@ class GroupConfig(Strict):
     weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)
     priority: int | None = Priority
     models: list[str] | None = ModelsField  # the model ids its tenants may use (None: any)
+    quota: QuotaConfig | None = None  # on its tenants' use in total
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
     _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
@@ -104,14 +150,40 @@ def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Se
         if g.name not in known:
             what = "a tenant, not a group" if g.name in names else "no group of the configured tenants"
             raise ValueError(f"groups: {g.name!r} is {what} (a group is a prefix of a tenant's path, e.g. pro/acme)")
-    owner: dict[str, str] = {}
+    owner: dict[str, str] = {}  # by digest: a key given in clear and the same key hashed are one key
     for t in tenants:
-        for k in t.api_keys:
+        for k in t.digests():
             if k in owner and owner[k] != t.name:
                 raise ValueError(f"an API key is shared by tenants {owner[k]!r} and {t.name!r}")
             owner[k] = t.name
-    if admin_key is not None and admin_key in owner:
-        raise ValueError(f"admin_key is also an API key of tenant {owner[admin_key]!r}")
+    if admin_key is not None and (digest := key_digest(admin_key)) in owner:
+        raise ValueError(f"admin_key is also an API key of tenant {owner[digest]!r}")
+
+
+class KeyOwners:
+    """Which tenant owns an API key: those given in clear by a dict lookup, those given hashed (`api_key_sha256`) by
+    the lookup of the key's SHA-256 (only when some are configured: no hashing on the way of the others)."""
+
+    __slots__ = ("clear", "hashed")
+
+    def __init__(self, tenants: Sequence[TenantConfig]) -> None:
+        self.clear = {k: t.name for t in tenants for k in t.api_keys}
+        self.hashed = {d: t.name for t in tenants for d in t.api_key_sha256}
+
+    def get(self, key: str | None, default: str | None = None) -> str | None:
+        if key is None:
+            return default
+        owner = self.clear.get(key)
+        if owner is None and self.hashed:
+            owner = self.hashed.get(key_digest(key))
+        return owner if owner is not None else default
+
+    def replace(self, other: KeyOwners) -> None:
+        """Take `other`'s keys (a reload): whoever holds this object sees them at once."""
+        self.clear, self.hashed = other.clear, other.hashed
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
 
 
 class TenantsMixin:
@@ -186,8 +258,14 @@ class TenantsMixin:
                 out[t.name] = allowed
         return out
 
-    def key_owners(self) -> dict[str, str]:
-        return {k: t.name for t in self.tenants for k in t.api_keys}
+    def key_owners(self) -> KeyOwners:
+        return KeyOwners(self.tenants)
+
+    def quotas(self) -> dict[str, QuotaConfig]:
+        """The nodes (tenants and groups) with a quota, by path."""
+        out = {t.name: t.quota for t in self.tenants if t.quota is not None}
+        out.update((g.name, g.quota) for g in self.groups if g.quota is not None)
+        return out
 
 
 def parse_tenant(text: str) -> tuple[str, str, float | None]:

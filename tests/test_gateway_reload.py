@@ -1,0 +1,147 @@
+"""Live configuration: POST /admin/reload while 20 streams are in flight and 50 requests queued loses none, serves a
+new tenant, refuses a removed key, keeps the old configuration on a broken file (one line); SIGHUP does the same in a
+real `fairserve gateway` process."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+
+import httpx
+from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_until
+
+from fairserve.api.server import free_port, running_server
+from fairserve.gateway import create_app, load_config
+
+IN_FLIGHT, QUEUED = 20, 50
+
+
+def toml(url: str, tenants: dict[str, list[str]], extra: str = "") -> str:
+    out = f'admin_key = "{ADMIN}"\nhealth_interval_s = 0\n{extra}\n[[backends]]\nurl = "{url}"\n'
+    out += f"max_inflight_requests = {IN_FLIGHT}\n"
+    for name, keys in tenants.items():
+        out += f'[[tenants]]\nname = "{name}"\napi_keys = {json.dumps(keys)}\n'
+    return out
+
+
+def post(base: str, key: str, tokens: int = 3) -> httpx.Response:
+    return HTTP.post(base + "/v1/chat/completions", json=chat_body(tokens), headers={"Authorization": f"Bearer {key}"})
+
+
+def reload(base: str) -> httpx.Response:
+    return HTTP.post(base + "/admin/reload", headers={"Authorization": f"Bearer {ADMIN}"})
+
+
+async def stream(c: httpx.AsyncClient, base: str, key: str) -> tuple[int, int]:
+    """A streamed request: (status, content pieces received), the stream read to its [DONE]."""
+    pieces, done = 0, False
+    async with c.stream(
+        "POST",
+        base + "/v1/chat/completions",
+        json=chat_body(8, stream=True),
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        async for line in r.aiter_lines():
+            pieces += line.startswith("data: {")
+            done = done or line == "data: [DONE]"
+        return r.status_code, pieces if done else -1
+
+
+def test_a_reload_under_load_loses_nothing_adds_a_tenant_and_refuses_a_removed_key(tmp_path):
+    fake = FakeBackend(delay_s=0.03)
+    path = tmp_path / "gateway.toml"
+    with running_server(fake.app) as url:
+        path.write_text(toml(url, {"alice": ["key-alice", "key-alice-old"], "bob": ["key-bob"]}))
+        app = create_app(load_config(path), lambda: load_config(path))
+        with running_server(app) as gw:
+
+            async def scenario() -> tuple[list[tuple[int, int]], httpx.Response]:
+                async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as c:
+                    keys = ["key-alice", "key-bob"]
+                    sent = [asyncio.ensure_future(stream(c, gw, keys[i % 2])) for i in range(IN_FLIGHT + QUEUED)]
+
+                    def loaded() -> bool:
+                        q = sum(metric(gw, "fairserve_gateway_queue_length", tenant=t) for t in ("alice", "bob"))
+                        return q == QUEUED
+
+                    assert await asyncio.to_thread(wait_until, loaded, 20)
+                    # bob removed, alice's old key removed, carol added
+                    path.write_text(toml(url, {"alice": ["key-alice"], "carol": ["key-carol"]}))
+                    answer = await asyncio.to_thread(reload, gw)
+                    return await asyncio.gather(*sent), answer
+
+            results, answer = asyncio.run(scenario())
+            assert answer.status_code == 200 and "1 added, 1 removed" in answer.json()["message"], answer.text
+            # none lost (each stream whole, to its [DONE]): bob's queued requests too were served
+            assert results[0][0] == 200 and results[0][1] >= 8 and results == [results[0]] * (IN_FLIGHT + QUEUED)
+            assert post(gw, "key-carol").status_code == 200  # the new tenant
+            assert post(gw, "key-alice-old").status_code == 401 and post(gw, "key-bob").status_code == 401
+            names = [
+                t["name"]
+                for t in HTTP.get(gw + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()["tenants"]
+            ]
+            assert names == ["alice", "carol"]
+
+            path.write_text("[[tenants]\nname = ")  # broken
+            refused = reload(gw)
+            assert refused.status_code == 400 and "\n" not in refused.json()["error"]["message"]
+            assert "not valid TOML" in refused.json()["error"]["message"]
+            path.write_text(toml(url, {"alice": ["key-alice"]}, extra='policy = "fcfs"'))
+            assert "policy changed: only a restart" in reload(gw).json()["error"]["message"]
+            assert post(gw, "key-carol").status_code == 200  # the running configuration was kept
+
+            # alice's key now stored hashed, and a quota for carol: both apply from this reload on
+            digest = hashlib.sha256(b"key-alice").hexdigest()
+            text = toml(url, {"carol": ["key-carol"]}) + 'quota = { tokens = 1, per = "hour" }\n'
+            text += f'[[tenants]]\nname = "alice"\napi_key_sha256 = ["{digest}"]\n'
+            path.write_text(text)
+            assert reload(gw).status_code == 200
+            assert post(gw, "key-alice").status_code == 200
+            assert post(gw, "key-carol").status_code == 200  # 0 used < 1: let through
+            out = post(gw, "key-carol")
+            assert out.status_code == 429 and out.json()["error"]["code"] == "insufficient_quota"
+
+
+def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp_path):
+    fake = FakeBackend()
+    path = tmp_path / "gateway.toml"
+    with running_server(fake.app) as url, tempfile.TemporaryFile() as log:
+        path.write_text(toml(url, {"alice": ["key-alice"]}))
+        port = free_port()
+        cmd = [sys.executable, "-m", "fairserve", "gateway", "--config", str(path), "--listen", f"127.0.0.1:{port}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        base = f"http://127.0.0.1:{port}"
+        try:
+
+            def up() -> bool:
+                try:
+                    return HTTP.get(base + "/livez", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return proc.poll() is not None
+
+            assert wait_until(up, 30, 0.1) and proc.poll() is None
+            path.write_text("listen = ")
+            proc.send_signal(signal.SIGHUP)
+
+            def logged(words: str) -> bool:
+                log.seek(0)
+                return words in log.read().decode(errors="replace")
+
+            assert wait_until(lambda: logged("reload refused"), 10)
+            assert proc.poll() is None and post(base, "key-alice").status_code == 200
+            path.write_text(toml(url, {"alice": ["key-alice"], "dave": ["key-dave"]}))
+            proc.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: logged("config reloaded"), 10)
+            assert post(base, "key-dave").status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+        refusal = next(line for line in text.splitlines() if "reload refused" in line)
+        assert "not valid TOML" in refusal
