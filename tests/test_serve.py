@@ -41,7 +41,8 @@ def config(**overrides):
 
 @pytest.fixture(scope="module")
 def server():
-    app = create_app(config())
+    tenants = [{"name": n, "api_keys": [k]} for n, k in KEYS.items()]
+    app = create_app(config(tenants=[*tenants, {"name": "carol", "api_keys": ["kc"], "models": ["llama-70b"]}]))
     with running_server(app, timeout_s=60) as url:
         yield url, app.state.engine
 
@@ -127,6 +128,8 @@ def test_errors_are_openai_shaped(server):
     with pytest.raises(openai.NotFoundError, match="does not exist") as e:
         client(url).completions.create(model="gpt-9", prompt="x", max_tokens=1)
     assert e.value.code == "model_not_found"
+    r = post({"prompt": "x", "max_tokens": 1}, key="kc")  # carol may use llama-70b only, not the model served
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed" and "llama-70b" in r.text
     for status, response in (
         (404, httpx.get(url + "/v1/nothing-here")),
         (405, httpx.delete(url + "/v1/completions")),

@@ -19,7 +19,7 @@ from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
-from ..tenancy import priority_message
+from ..tenancy import model_refused, priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
 from .quota import Exhausted
@@ -399,14 +399,6 @@ class Proxy:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
         return passthrough(resp, content, t.request_id)
-
-
-def model_refused(allowed_models: dict[str, frozenset[str]], tenant: str, model: str | None) -> str | None:
-    """Why `tenant` may not use `model` (the 403's message), or None if it may."""
-    allowed = allowed_models.get(tenant)
-    if allowed is None or model in allowed:
-        return None
-    return f"tenant {tenant!r} may not use the model {model!r}; it may use: {', '.join(sorted(allowed)) or 'no model'}"
 
 
 def passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:

@@ -14,7 +14,8 @@ from starlette.types import Receive, Scope, Send
 from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
-from .proxy import model_refused, passthrough
+from ..tenancy.access import model_refused
+from .proxy import passthrough
 from .relay import UpstreamError
 from .scheduler import Scheduler, UnknownModel
 

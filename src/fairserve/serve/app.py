@@ -22,7 +22,15 @@ from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_cal
 from ..api.streaming import EventStream
 from ..core import DEFAULT_TENANT, make_policy
 from ..engines.hf_engine import EngineError, EngineSizing, EngineStopped, HFEngine
-from ..tenancy import TenantCollector, admin_router, bearer, metrics_denied, priority_message, refused_priority
+from ..tenancy import (
+    TenantCollector,
+    admin_router,
+    bearer,
+    metrics_denied,
+    model_refused,
+    priority_message,
+    refused_priority,
+)
 from .config import ServeConfig
 
 log = logging.getLogger("fairserve.serve")
@@ -78,6 +86,7 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
     engine = engine if engine is not None else build_engine(cfg)
     tokenizer = engine.tokenizer
     owners = cfg.key_owners()
+    allowed_models = cfg.allowed_models()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -122,6 +131,8 @@ def create_app(cfg: ServeConfig, engine: HFEngine | None = None) -> FastAPI:
         call = parse_call(parse_json(raw), chat, cfg.default_max_tokens)
         if (missing := unknown_model(call.model, [cfg.model_name])) is not None:
             return missing
+        if (refused := model_refused(allowed_models, tenant, cfg.model_name)) is not None:
+            return error_response(403, refused, code="model_not_allowed", param="model")
         if engine.queue is not None:
             with engine.queue.lock:
                 allowed = refused_priority(engine.queue.ledger, tenant, call.priority)

@@ -6,6 +6,7 @@ The admin API and the collector read the ledger's `view()` and change it through
 owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
 """
 
+from .access import model_refused
 from .admin import MAX_OWNER_KEYS, Accounts, admin_denied, admin_router
 from .auth import AuthThrottle, bearer, metrics_denied, same_key
 from .config import (
@@ -54,6 +55,7 @@ __all__ = [
     "priority_message",
     "refused_priority",
     "same_key",
+    "model_refused",
     "tenants_from_flags",
     "tree_overrides",
 ]
