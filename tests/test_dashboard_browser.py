@@ -106,7 +106,7 @@ def gateway(emulator):
             "admin_key": ADMIN,
             "tenants": [
                 {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
-                {"name": "bob", "api_keys": [KEYS["bob"]]},
+                {"name": "bob", "api_keys": [KEYS["bob"]], "quota": {"tokens": 10**9, "per": "day"}},
             ],
         }
     )
@@ -161,6 +161,18 @@ def test_dashboard_live_in_a_browser(browser, gateway):
             ".replace(/,/g, '')) > 0",
             timeout=10_000,
         )
+        # bob's quota: what finished requests used, what running ones hold, and what remains, as they happen
+        quota = '#quotas tr[data-node="bob"][data-measure="tokens"] [data-field="{}"]'
+        page.wait_for_function(
+            "(sel) => Number(document.querySelector(sel).textContent.replace(/,/g, '')) > 0",
+            arg=quota.format("used"),
+            timeout=10_000,
+        )
+        used, held, remaining = (
+            int(page.inner_text(quota.format(f)).replace(",", "")) for f in ("used", "held", "remaining")
+        )
+        assert abs(used + held + remaining - 10**9) <= 2  # one poll's numbers (rounded for display)
+        assert page.locator('#quotas tr[data-node="alice"]').count() == 0  # alice has no quota
         OUT.mkdir(parents=True, exist_ok=True)
         shot = OUT / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)

@@ -184,9 +184,9 @@ def admin_router(
     async def dashboard_data(request: Request) -> Response:
         if (bad := denied(request)) is not None:
             return bad
-        return JSONResponse(
-            snapshot(accounts.view(), tenants, history, backends), headers={"cache-control": "no-store"}
-        )
+        data = snapshot(accounts.view(), tenants, history, backends)
+        data["quotas"] = await quotas.all_status() if quotas is not None else None
+        return JSONResponse(data, headers={"cache-control": "no-store"})
 
     page = APIRouter()
     for suffix, (name, media_type) in _ASSETS.items():

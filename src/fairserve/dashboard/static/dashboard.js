@@ -111,6 +111,8 @@ function render(data) {
   $("tree-card").hidden = !data.tree;
   if (data.tree) renderTree(data.tree);
 
+  renderQuotas(data.quotas);
+
   $("backends-card").hidden = data.backends === null;
   if (data.backends !== null) {
     $("backends").tBodies[0].replaceChildren(...data.backends.map((b) => {
@@ -126,6 +128,33 @@ function render(data) {
   $("window").textContent = "(service per second, over " + data.history.window_s + " s windows; up to the last " +
     Math.round(data.history.span_s / 60) + " minutes)";
   chart(data.history, data.tenants.map((t) => t.name));
+}
+
+function renderQuotas(quotas) {
+  // each node's quota: one row per measure (tokens, service) in the current UTC window
+  const nodes = quotas ? Object.entries(quotas.quotas) : [];
+  $("quotas-card").hidden = nodes.length === 0;
+  if (nodes.length === 0) return;
+  $("quotas-note").textContent = quotas.enforced ? "" : "(not enforced now: their store cannot be reached)";
+  const rows = [];
+  for (const [path, q] of nodes) {
+    for (const measure of ["tokens", "service"]) {
+      const m = q[measure];
+      if (!m) continue;
+      const tr = document.createElement("tr");
+      tr.dataset.node = path;
+      tr.dataset.measure = measure;
+      cell(tr, path + " (per " + q.per + ")", "name");
+      cell(tr, measure, "measure");
+      cell(tr, fmt(m.used, 0), "used");
+      cell(tr, fmt(m.held, 0), "held");
+      cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
+      cell(tr, fmt(m.limit, 0), "limit");
+      cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
+      rows.push(tr);
+    }
+  }
+  $("quotas").tBodies[0].replaceChildren(...rows);
 }
 
 function renderTree(top) {
