@@ -106,6 +106,19 @@ def test_a_reload_under_load_loses_nothing_adds_a_tenant_and_refuses_a_removed_k
             out = post(gw, "key-carol")
             assert out.status_code == 429 and out.json()["error"]["code"] == "insufficient_quota"
 
+            # a model's price reloads: a request from then on is charged at it
+            def charged(key: str) -> float:
+                rows = HTTP.get(gw + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()["tenants"]
+                before = next(r["service"] for r in rows if r["name"] == "alice")
+                assert post(gw, key).status_code == 200
+                rows = HTTP.get(gw + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()["tenants"]
+                return next(r["service"] for r in rows if r["name"] == "alice") - before
+
+            plain = charged("key-alice")  # prompt + 2 x 3 output tokens
+            path.write_text(toml(url, {"alice": ["key-alice"]}, extra='[prices."fake-model"]\nw_p = 3.0\nw_q = 5.0'))
+            assert reload(gw).status_code == 200
+            assert charged("key-alice") == 3 * (plain - 2 * 3) + 5 * 3
+
 
 def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp_path):
     fake = FakeBackend()

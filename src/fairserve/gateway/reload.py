@@ -1,7 +1,7 @@
 """Live configuration: `SIGHUP` or `POST /admin/reload` re-read the config file (with the same flags on top) and apply
-the tenant tree — tenants, keys, weights, groups, model access, quotas — without dropping a queued or in-flight
-request. Anything else changed needs a restart: such a file is refused, as is one that does not validate, with one
-line, and the running configuration is kept.
+the tenant tree — tenants, keys, weights, groups, model access, quotas — and the models' prices without dropping a
+queued or in-flight request (a request keeps the price of its arrival). Anything else changed needs a restart: such
+a file is refused, as is one that does not validate, with one line, and the running configuration is kept.
 
 Decisions (docs/gateway.md, Live configuration): a removed tenant's queued and running requests are served (they were
 accepted with a valid key), its key is refused (401) from then on; a weight the file changed since the last load
@@ -18,12 +18,13 @@ from ..core import Unsupported
 from ..core.account import nodes_of
 from .config import GatewayConfig
 from .quota_gate import QuotaGate
+from .scheduler import price_table
 
 if TYPE_CHECKING:
     from .app import Gateway
 
 log = logging.getLogger("fairserve.gateway")
-LIVE = frozenset({"tenants", "groups"})  # the keys a reload applies
+LIVE = frozenset({"tenants", "groups", "prices"})  # the keys a reload applies
 
 
 class ReloadError(ValueError):
@@ -38,7 +39,9 @@ def check(old: GatewayConfig, new: GatewayConfig) -> None:
     """ReloadError if `new` changes what only a restart can change."""
     changed = [k for k in type(old).model_fields if k not in LIVE and getattr(old, k) != getattr(new, k)]
     if changed:
-        raise ReloadError(f"{', '.join(changed)} changed: only a restart applies that (tenants and groups reload)")
+        raise ReloadError(
+            f"{', '.join(changed)} changed: only a restart applies that (tenants, groups and prices reload)"
+        )
     (p0, a0), (p1, a1) = _levels(old), _levels(new)
     kept = nodes_of([t.name for t in old.tenants]) & nodes_of([t.name for t in new.tenants])
     moved = sorted(n for n in kept if p0.get(n) != p1.get(n) or a0.get(n) != a1.get(n))
@@ -69,6 +72,7 @@ def apply(gw: Gateway, new: GatewayConfig) -> str:
             except Unsupported:
                 pass  # NOTE: fcfs, rpm: weights change nothing
             changed += 1
+    sched.prices = price_table(new)  # NOTE: for requests from now on; one queued or running keeps its own
     sched.tenants[:] = after  # NOTE: in place: the admin API reads this list
     gw.owners.replace(new.key_owners())
     gw.tenant_names = frozenset(after)

@@ -91,7 +91,7 @@ class Scheduler:
         self.count_tokens = token_counter(cfg.tokenizer)
         self.tenants = [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
-        self.prices = {m: LinearCost(p.w_p, p.w_q) for m, p in cfg.prices.items()}
+        self.prices = price_table(cfg)
         self.usage = UsageLog(cfg.usage_log)  # UsageLogError (one line) if it cannot be opened
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
@@ -425,3 +425,8 @@ def _summed(tables: Any) -> dict[str, TenantView]:
                 )
             )
     return out
+
+
+def price_table(cfg: GatewayConfig) -> dict[str, CostFunction]:
+    """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q."""
+    return {m: LinearCost(p.w_p, p.w_q) for m, p in cfg.prices.items()}
