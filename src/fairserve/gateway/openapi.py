@@ -345,7 +345,8 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
             },
             "/admin/reload": {
                 "post": {
-                    "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, quotas",
+                    "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, model access, "
+                    "quotas, prices",
                     "security": admin,
                     "responses": {
                         "200": _json(
