@@ -137,6 +137,14 @@ def test_a_saturated_model_does_not_hold_up_another(fleet):
             deadline = time.monotonic() + 20
             while await asyncio.to_thread(queued, "heavy") < 5:  # NOTE: A saturated: the heavy tenant's queue
                 assert time.monotonic() < deadline, "model A never had a queue"
+            pools = dict(
+                re.findall(
+                    r'^fairserve_gateway_pool_queue_length\{pool="([^"]+)"\} (\S+)$',
+                    HTTP.get(base + "/metrics").text,
+                    re.M,
+                )
+            )
+            assert float(pools["model-a"]) >= 1 and "model-b" in pools  # each pool's own queue
             loaded = await b_load(fleet, "loaded")
             assert await asyncio.to_thread(queued, "heavy") >= 3  # A was saturated all along
             stop.set()

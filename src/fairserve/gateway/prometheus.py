@@ -289,6 +289,21 @@ class GatewayMetrics:
             out.append(_head(P + name, "gauge", text))
             # NOTE: the URL without credentials: /metrics may be readable by anyone
             out += [f'{P}{name}{{backend="{label(b.name)}"}} {num(value(b))}\n' for b in s.backends]
+        # NOTE: a pool is the backends serving a model, labelled by the models they all serve; by label, so two
+        # pools that serve the same models are one series
+        pools: dict[str, list[float]] = {}
+        for pool in s.pools.pools.values():
+            row = pools.setdefault(label(pool.name), [0, 0])
+            row[0] += pool.queued
+            row[1] += sum(b.requests for b in pool.backends)
+        for i, (name, text) in enumerate(
+            (
+                ("pool_queue_length", "Requests waiting for a pool's backends (the backends serving a model)"),
+                ("pool_inflight_requests", "Requests in flight on a pool's backends"),
+            )
+        ):
+            out.append(_head(P + name, "gauge", text))
+            out += [f'{P}{name}{{pool="{pool}"}} {num(row[i])}\n' for pool, row in pools.items()]
         if s.shared is not None:
             out.append(
                 _head(
