@@ -218,3 +218,22 @@ def test_tokenize_is_capped_in_concurrency_per_tenant():
         assert tok.in_flight == {} and s.ledger.num_queued == 0 and s.view().tenants["alice"].service == 0
 
     asyncio.run(go())
+
+
+def test_a_pass_stops_once_the_pools_with_room_have_nothing_queued():
+    """One ledger over the fleet: after model B's only queued request is admitted, the pass does not walk model A's
+    whole backlog looking for more (each request looked at is popped and put back: per-event work)."""
+
+    async def go() -> None:
+        s = scheduler(A, {**B, "max_inflight_requests": 8}, scope="global")
+        for _ in range(50):
+            s.submit(s.new_ticket("alice", 5, 5, model="model-a"))
+        ledger = s.pools.ledgers[0]
+        looked = []
+        unpop = ledger.unpop
+        ledger.unpop = lambda req, item=None: looked.append(req) or unpop(req, item)  # type: ignore[method-assign]
+        light = s.new_ticket("bob", 5, 5, model="model-b")
+        s.submit(light)
+        assert light.admitted.done() and len(looked) <= 2, len(looked)
+
+    asyncio.run(go())

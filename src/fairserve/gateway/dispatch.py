@@ -215,6 +215,8 @@ class Dispatch:
                         ledger.pop()
                         pool.queued -= 1
                         admitted.append(req)
+                        if not pool.queued:  # NOTE: else the pass would walk every full pool's queue for it
+                            room.discard(pool)
                         continue
                     room.discard(pool)
                 if shared is not None or not room:
