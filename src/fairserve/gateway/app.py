@@ -9,7 +9,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from ..api.errors import error_response
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key
-from .body import CHAT, COMPLETIONS, EMBEDDINGS, PATHS, RESPONSES
+from .body import PATHS
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
 from .health import HealthMonitor
@@ -330,25 +330,15 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     app.tokenize = tokenize_asgi
 
-    async def completion(request: Request, kind: str) -> Response:
+    def completion(kind: str) -> Callable[[], Awaitable[Response]]:
         # NOTE: POSTs to these paths are served by `_GatewayApp.__call__` before routing; this is a fallback
-        return _Asgi(lambda scope, receive, send: completion_asgi(scope, receive, send, kind))
+        async def route() -> Response:
+            return _Asgi(lambda scope, receive, send: completion_asgi(scope, receive, send, kind))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await completion(request, CHAT)
+        return route
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await completion(request, COMPLETIONS)
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await completion(request, EMBEDDINGS)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await completion(request, RESPONSES)
+    for kind, path in PATHS.items():
+        app.add_api_route(path, completion(kind), methods=["POST"], name=kind)
 
     @app.post("/tokenize")
     @app.post("/detokenize")
