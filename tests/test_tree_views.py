@@ -96,10 +96,10 @@ def test_top_and_bench_show_the_tree_and_score_it(tmp_path, capsys):
         for node in ("org-a", "org-b", "org-a/u0", "org-a/u1", "org-b/solo"):
             assert shares[node]["measured"] == pytest.approx(shares[node]["expected"], abs=0.08), shares
         (line,) = [x for x in text.splitlines() if x.strip().startswith("solo")]
-        assert [float(x) for x in re.findall(r"\d\.\d{3}", line)] == [
-            round(shares["org-b/solo"]["expected"], 3),
-            round(shares["org-b/solo"]["measured"], 3),
-        ]
+        # NOTE: the table prints 3 decimals of the same shares: a value at a rounding boundary may print 1e-3 off
+        assert [float(x) for x in re.findall(r"\d\.\d{3}", line)] == pytest.approx(
+            [shares["org-b/solo"]["expected"], shares["org-b/solo"]["measured"]], abs=1.5e-3
+        )
 
         HTTP.put(base + "/admin/nodes/org-a/weight", json={"weight": 3}, headers=ADMIN_H)
         assert main(["top", "--target", base, "--admin-key", ADMIN, "--once", "--interval", "0.6"]) == 0
