@@ -6,8 +6,11 @@ the per-node and per-level series of /metrics. One emulator and one gateway serv
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
+from datetime import datetime
+from pathlib import Path
 
 import openai
 import pytest
@@ -28,10 +31,16 @@ TENANTS = {
 LIMIT = 4  # requests in flight at the emulator
 TOKENS = 16  # per request
 VIP = 6  # priority-0 requests sent into the backlog
+EPS = 0.003  # s: the usage log's times are to the millisecond
 
 
 @pytest.fixture(scope="module")
-def gateway():
+def usage_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tree") / "usage.jsonl"
+
+
+@pytest.fixture(scope="module")
+def gateway(usage_log):
     with serve_process("emulate", "--time-scale", "10") as emulator:
         cfg = build_config(
             {
@@ -39,6 +48,7 @@ def gateway():
                 "admin_key": ADMIN,
                 "health_interval_s": 0,
                 "metrics_window_s": 2,
+                "usage_log": str(usage_log),
                 "groups": [{"name": "std", "priority": 1}, {"name": "premium", "priority": 0}],
                 "tenants": [
                     {"name": t, "api_keys": [k], **({"priorities": [1, 2]} if t == "std/org-b/solo" else {})}
@@ -126,35 +136,28 @@ def test_two_organisations_get_half_each_however_many_users(gateway):
     assert wait_until(lambda: idle(gateway), timeout_s=20)
 
 
-def test_a_priority_0_tenant_overtakes_a_priority_1_backlog(gateway):
+def dispatches(usage_log: Path, since: float) -> list[tuple[str, float, float]]:
+    """(tenant, arrival, dispatch) of each request in the usage log that ended after `since` (wall-clock seconds):
+    a line's time is its end, in milliseconds, so the times are within a millisecond or two of the gateway's."""
+    out = []
+    for line in usage_log.read_text().splitlines():
+        r = json.loads(line)
+        end = datetime.fromisoformat(r["time"]).timestamp()
+        if end >= since and r["queue_wait_s"] is not None:
+            arrived = end - r["duration_s"]
+            out.append((r["tenant"], arrived, arrived + r["queue_wait_s"]))
+    return out
+
+
+def test_a_priority_0_tenant_overtakes_a_priority_1_backlog(gateway, usage_log):
     assert wait_until(lambda: idle(gateway), timeout_s=20)
+    since = time.time()
 
-    def levels() -> dict[str, float]:
-        """From one scrape: queued and dispatched so far at levels 0 and 1."""
-        text = HTTP.get(gateway + "/metrics").text
-        out = {}
-        for lv in (0, 1):
-            for name, key in (("priority_queue_length", "queued"), ("priority_queue_wait_seconds_count", "sent")):
-                m = re.search(rf'^fairserve_gateway_{name}{{priority="{lv}"}} (\S+)$', text, re.M)
-                out[f"{key}{lv}"] = float(m.group(1)) if m else 0.0
-        return out
-
-    def watch() -> list[dict[str, float]]:
-        """Scrapes, from the one where all the vip requests are in (queued or sent) to the one where all are sent."""
-        seen: list[dict[str, float]] = []
-        while True:
-            now = levels()
-            if seen or now["queued0"] + now["sent0"] >= VIP:
-                seen.append(now)
-            if seen and now["sent0"] >= VIP:
-                return seen
-
-    async def run() -> tuple[list[dict[str, float]], list[float]]:
+    async def run() -> list[float]:
         got: list[float] = []
         stop = asyncio.Event()
         clients = [AsyncOpenAI(base_url=gateway + "/v1", api_key=TENANTS[f"std/org-a/u{i}"]) for i in range(4)]
-        # NOTE: 16 streams for 4 slots, each request 4 times a vip one: a slot frees every ~0.1 s, far apart from
-        # the scrapes that watch the order
+        # NOTE: 16 streams for 4 slots, each request 4 times a vip one: the vip requests arrive into a backlog
         tasks = [asyncio.create_task(stream(c, got, stop, 4 * TOKENS)) for c in clients for _ in range(4)]
         assert await asyncio.to_thread(wait_until, lambda: nodes(gateway)["std"]["queue_length"] >= 10, 10)
         vip = AsyncOpenAI(base_url=gateway + "/v1", api_key=TENANTS["premium/vip"], max_retries=0)
@@ -165,25 +168,26 @@ def test_a_priority_0_tenant_overtakes_a_priority_1_backlog(gateway):
             assert r.usage.completion_tokens == TOKENS
             return time.monotonic() - start
 
-        watching = asyncio.create_task(asyncio.wait_for(asyncio.to_thread(watch), 20))
         latencies = await asyncio.gather(*(one() for _ in range(VIP)))
-        scrapes = await watching
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await vip.close()
         for c in clients:
             await c.close()
-        return scrapes, latencies
+        return latencies
 
-    scrapes, latencies = asyncio.run(run())
-    # the vip requests were queued behind a priority-1 backlog and went first: between two scrapes that both saw a
-    # vip request queued (none arrives after the first: it was queued all along), not one priority-1 request was
-    # dispatched, while vip requests were (they waited only for running requests to end: the non-preemptive
-    # floor). Under VTC alone the two top-level groups would alternate.
-    assert scrapes[0]["queued1"] >= 4, scrapes[0]
-    spans = [(a, b) for a, b in zip(scrapes, scrapes[1:], strict=False) if a["queued0"] and b["queued0"]]
-    assert sum(b["sent0"] - a["sent0"] for a, b in spans) > 0, scrapes  # vip requests moved while others waited
-    assert sum(b["sent1"] - a["sent1"] for a, b in spans) == 0, scrapes
+    latencies = asyncio.run(run())
+    # the vip requests were queued behind a priority-1 backlog and went first: from the first vip arrival to the last
+    # vip dispatch not one priority-1 request was dispatched (the log's times are to the millisecond: EPS), while
+    # priority-1 requests that had arrived before the first vip waited throughout. Under VTC alone the two top-level
+    # groups would alternate.
+    rows = dispatches(usage_log, since)
+    vips = [(a, d) for t, a, d in rows if t == "premium/vip"]
+    assert len(vips) == VIP, rows
+    first, last = min(a for a, _ in vips), max(d for _, d in vips)
+    std = [(a, d) for t, a, d in rows if t.startswith("std/")]
+    assert [d for _, d in std if first + EPS < d < last - EPS] == [], (first, last, sorted(std))
+    assert sum(a < first and d > last for a, d in std) >= 4, (first, last, sorted(std))
     waits = metric_samples(gateway, "fairserve_gateway_priority_queue_wait_seconds_sum")
     counts = metric_samples(gateway, "fairserve_gateway_priority_queue_wait_seconds_count")
     mean = {lv: waits[f'priority="{lv}"'] / counts[f'priority="{lv}"'] for lv in (0, 1)}
