@@ -33,8 +33,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fairserve.gateway")
 
+# the keys a reload applies (docs/gateway.md, Live configuration)
+LIVE = frozenset(
+    {
+        "tenants", "groups", "prices", "w_p", "w_q", "backends",
+        "connect_timeout_s", "request_timeout_s", "chunk_timeout_s", "queue_ttl_s", "queue_limit", "max_body_bytes",
+        "tokenize_concurrency", "default_max_tokens", "tokenizer", "trusted_proxy", "models", "metrics_key",
+        "backend_cooldown_s", "retry_after_max_s", "health_path", "health_interval_s", "metrics_interval_s",
+        "metrics_window_s", "client_write_timeout_s", "client_min_rate", "auth_failure_limit", "auth_failure_window_s",
+    }
+)  # fmt: skip
 _SERVER = "the HTTP server's, set when it starts"
-# the keys only a restart applies, and why; every other key reloads
+# the keys only a restart applies, and why (a key in neither set: a restart, too)
 RESTART = {
     "listen": "the socket is bound at start",
     "policy": "the counters are the policy's",
@@ -63,9 +73,10 @@ class ReloadError(ValueError):
 def check(gw: Gateway, new: GatewayConfig) -> None:
     """ReloadError if `new` changes what only a restart can change."""
     old = gw.cfg
-    changed = [k for k in RESTART if getattr(old, k) != getattr(new, k)]
+    changed = [k for k in type(old).model_fields if k not in LIVE and getattr(old, k) != getattr(new, k)]
     if changed:
-        why = "; ".join(f"{k}: {RESTART[k]}" for k in changed) if len(changed) > 1 else RESTART[changed[0]]
+        reasons = [RESTART.get(k, "it is read at start") for k in changed]
+        why = "; ".join(f"{k}: {r}" for k, r in zip(changed, reasons, strict=True)) if len(changed) > 1 else reasons[0]
         raise ReloadError(f"{', '.join(changed)} changed: only a restart applies that ({why})")
     if (old.health_interval_s > 0) != (new.health_interval_s > 0):
         raise ReloadError("health_interval_s changed: only a restart turns active health checks on or off")
