@@ -442,5 +442,6 @@ def _summed(tables: Any) -> dict[str, TenantView]:
 
 
 def price_table(cfg: GatewayConfig) -> dict[str, CostFunction]:
-    """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q."""
+    """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q (`Scheduler.price` where a
+    reload changed them)."""
     return {m: LinearCost(p.w_p, p.w_q) for m, p in cfg.prices.items()}
