@@ -39,7 +39,9 @@ def reload(sched: Scheduler, new) -> list:
 
 def test_per_model_ledgers_follow_their_models_and_merged_pools_lose_no_charge():
     async def run() -> None:
-        sched = Scheduler(cfg((A, ["x"], 1), (B, ["y"], 1)), GatewayMetrics())
+        metrics = GatewayMetrics()
+        sched = Scheduler(cfg((A, ["x"], 1), (B, ["y"], 1)), metrics)
+        metrics.bind(sched)
         d = sched.pools
 
         def submit(tenant: str, model: str):
@@ -64,6 +66,8 @@ def test_per_model_ledgers_follow_their_models_and_merged_pools_lose_no_charge()
         reload(sched, cfg((B, ["x", "y"], 3)))
         assert x3.pool.ledger is lx and x3.pool is not d.route("x") and d.route("x").ledger is ly
         assert sched.draining == [x1.backend] and x1.backend.limit == 0
+        text = metrics.exposition().decode()  # the two pools over B are one series, B's requests counted once
+        assert 'pool_inflight_requests{pool="x,y"} 3.0' in text and 'pool_queue_length{pool="x,y"} 1.0' in text
         for t in (x1, y1, x2, y2):
             sched.close(t, Ending("ok", 10, 5))
         assert sched.draining == []  # A drained
