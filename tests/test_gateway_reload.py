@@ -1,6 +1,8 @@
 """Live configuration: POST /admin/reload while 20 streams are in flight and 50 requests queued loses none, serves a
 new tenant, refuses a removed key, keeps the old configuration on a broken file (one line); SIGHUP does the same in a
-real `fairserve gateway` process."""
+real `fairserve gateway` process. A timeout reloads for the requests after it; a key only a restart applies is refused
+with its reason (every key is one or the other); with shared state a backend change is refused. (The backends'
+reload: test_gateway_fleet_reload.py.)"""
 
 from __future__ import annotations
 
@@ -11,12 +13,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import httpx
+import pytest
 from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_until
 
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app, load_config
+from fairserve.gateway.config import GatewayConfig, build_config
+from fairserve.gateway.reload import LIVE, RESTART, ReloadError, check
 
 IN_FLIGHT, QUEUED = 20, 50
 
@@ -158,3 +164,41 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
         text = log.read().decode(errors="replace")
         refusal = next(line for line in text.splitlines() if "reload refused" in line)
         assert "not valid TOML" in refusal
+
+
+def test_every_config_key_either_reloads_or_is_refused_with_its_reason():
+    assert LIVE | set(RESTART) == set(GatewayConfig.model_fields) and not LIVE & set(RESTART)
+
+
+def test_a_timeout_reloads_for_requests_from_then_on_and_a_restart_key_is_refused_with_why(tmp_path):
+    fake = FakeBackend(delay_s=0.1)  # a 5-token answer takes 0.5 s
+    path = tmp_path / "gateway.toml"
+    with running_server(fake.app) as url:
+        path.write_text(toml(url, {"alice": ["key-alice"]}))
+        app = create_app(load_config(path), lambda: load_config(path))
+        with running_server(app) as gw:
+            assert post(gw, "key-alice", 5).status_code == 200
+            path.write_text(toml(url, {"alice": ["key-alice"]}, extra="request_timeout_s = 0.2"))
+            assert reload(gw).status_code == 200
+            out = post(gw, "key-alice", 5)
+            assert out.status_code == 504 and out.json()["error"]["code"] == "backend_timeout"
+            path.write_text(toml(url, {"alice": ["key-alice"]}, extra='listen = "127.0.0.1:1"'))
+            message = reload(gw).json()["error"]["message"]
+            assert "listen changed: only a restart applies that (the socket is bound at start)" in message
+            path.write_text(
+                toml(url, {"alice": ["key-alice"]}).replace("health_interval_s = 0", "health_interval_s = 1")
+            )
+            assert "turns active health checks on or off" in reload(gw).json()["error"]["message"]
+            assert post(gw, "key-alice", 1).status_code == 200  # still the reloaded 0.2 s: a short answer passes
+
+
+def test_with_shared_state_a_backend_change_is_refused_with_how_to_roll_it_out():
+    def cfg(*urls: str):
+        tenants = [{"name": "alice", "api_keys": ["k"]}]
+        return build_config(
+            {"backends": [{"url": u} for u in urls], "tenants": tenants, "state": "redis://127.0.0.1:1/0"}
+        )
+
+    with pytest.raises(ReloadError, match="restarting the replicas one by one"):
+        check(SimpleNamespace(cfg=cfg("http://127.0.0.1:9")), cfg("http://127.0.0.1:9", "http://127.0.0.1:10"))
+    check(SimpleNamespace(cfg=cfg("http://127.0.0.1:9")), cfg("http://127.0.0.1:9"))  # nothing changed: fine

@@ -27,6 +27,7 @@ from ..tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_
 from .body import PATHS
 from .capacity import CapacityMonitor
 from .config import GatewayConfig
+from .fleet import connections
 from .health import HealthMonitor
 from .openapi import openapi
 from .prometheus import GatewayMetrics
@@ -61,10 +62,12 @@ class Gateway:
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
         self.tenant_names = frozenset(self.sched.tenants)
-        limit = sum(b.max_inflight_requests for b in cfg.backends) + 16
+        limit = connections(cfg.backends, [])
+        # NOTE: the gateway's own requests (health checks, model lists, metrics scrapes) are a few per backend at a
+        # time: no cap, so backends a reload adds need no new client
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(cfg.chunk_timeout_s, connect=cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=limit),
         )
         self.upstream = Upstream(
             connect_timeout=cfg.connect_timeout_s,
@@ -77,12 +80,13 @@ class Gateway:
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
+        self.reloading = asyncio.Lock()  # one reload at a time
 
-    def reload(self) -> str:
+    async def reload(self) -> str:
         """Re-read and apply the configuration (gateway/reload.py); ReloadError (one line) when it is refused."""
         assert self.load is not None
         try:
-            line = reload_config(self, self.load)
+            line = await reload_config(self, self.load)
         except ReloadError as e:
             log.error("reload refused, the running configuration is kept: %s", e)
             raise
@@ -91,9 +95,11 @@ class Gateway:
 
     def backend_rows(self) -> list[dict[str, Any]]:
         """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""
+        draining = self.sched.draining
         return [
             {
                 "url": b.name,
+                **({"draining": True} if b in draining else {}),
                 "healthy": b.healthy,
                 "in_flight_requests": b.requests,
                 "in_flight_tokens": b.tokens,
@@ -103,7 +109,7 @@ class Gateway:
                 **({"reason": b.reason} if b.reason else {}),
                 **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
             }
-            for b in self.sched.backends
+            for b in [*self.sched.backends, *draining]
         ]
 
     def health_report(self) -> tuple[int, dict[str, Any]]:
@@ -220,9 +226,16 @@ class _GatewayApp(FastAPI):
 def _on_hangup(gw: Gateway) -> bool:
     """SIGHUP reloads (where the loop may take signals: the main thread); whether it was installed."""
 
-    def hangup() -> None:
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def reload() -> None:
         with contextlib.suppress(ReloadError):  # NOTE: logged in one line by `Gateway.reload`
-            gw.reload()
+            await gw.reload()
+
+    def hangup() -> None:
+        task = asyncio.get_running_loop().create_task(reload())
+        tasks.add(task)  # NOTE: held until done: the loop keeps only a weak reference
+        task.add_done_callback(tasks.discard)
 
     try:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
@@ -365,7 +378,7 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        if (denied := metrics_denied(request, config.metrics_key)) is not None:
+        if (denied := metrics_denied(request, gw.cfg.metrics_key)) is not None:
             return denied
         body = gw.metrics.exposition()
         if gw.sched.quotas is not None:
@@ -389,7 +402,7 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
         if gw.load is None:
             return error_response(409, "this gateway was started without a configuration to re-read", code="no_config")
         try:
-            line = gw.reload()
+            line = await gw.reload()
         except ReloadError as e:
             return error_response(400, f"reload refused, the running configuration is kept: {e}", code="invalid_config")
         return JSONResponse({"reloaded": True, "message": line})

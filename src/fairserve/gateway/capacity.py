@@ -98,7 +98,8 @@ class CapacityMonitor:
 
     def __init__(self, sched: Scheduler, client: httpx.AsyncClient, interval_s: float) -> None:
         self.sched, self.client, self.interval_s = sched, client, interval_s
-        self.backends = [b for b in sched.backends if b.cfg.adaptive]
+        self.backends: list[Backend] = []
+        self.follow()
         self._failing: set[str] = set()  # backends whose last scrape gave no reading (logged once)
         self._task: asyncio.Task[None] | None = None
 
@@ -143,6 +144,10 @@ class CapacityMonitor:
             except Exception as e:  # noqa: BLE001  NOTE: the gateway keeps serving on the limits it has
                 log.error("adaptive capacity: %r", e)
             await asyncio.sleep(self.interval_s)
+
+    def follow(self) -> None:
+        """Scrape the scheduler's adaptive backends (again after a reload changed them)."""
+        self.backends = [b for b in self.sched.backends if b.cfg.adaptive]
 
     def start(self) -> None:
         if self.backends and self._task is None:

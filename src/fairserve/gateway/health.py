@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import httpx
 
 from ..api.protocol import parse_json
+from .config import GatewayConfig
 from .scheduler import Backend, Scheduler
 
 log = logging.getLogger("fairserve.gateway")
@@ -27,11 +29,14 @@ log = logging.getLogger("fairserve.gateway")
 class HealthMonitor:
     def __init__(self, sched: Scheduler, client: httpx.AsyncClient) -> None:
         self.sched, self.client = sched, client
-        cfg = sched.cfg
-        self.path, self.interval_s = cfg.health_path, cfg.health_interval_s
-        self.timeout_s = max(0.5, min(self.interval_s, cfg.connect_timeout_s + 5.0))
+        self.configure(sched.cfg)
         self._task: asyncio.Task[None] | None = None
         self._now = asyncio.Event()
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """`cfg`'s path, interval and timeout, from the next check on (a live reload keeps checks on or off)."""
+        self.path, self.interval_s = cfg.health_path, cfg.health_interval_s
+        self.timeout_s = max(0.5, min(self.interval_s, cfg.connect_timeout_s + 5.0))
 
     def start(self) -> None:
         if self.interval_s > 0:
@@ -79,11 +84,19 @@ class HealthMonitor:
 
     async def discover_all(self) -> None:
         """At start: every backend's models, within the health check's timeout (with active checks)."""
-        if self.interval_s <= 0:
+        await self._within(self.discover, self.sched.backends)
+
+    async def check_all(self, backends: list[Backend]) -> None:
+        """`backends` (added by a reload, not yet serving) checked and their models read, within the health check's
+        timeout (with active checks)."""
+        await self._within(self.check, backends)
+
+    async def _within(self, each: Callable[[Backend], Awaitable[None]], backends: list[Backend]) -> None:
+        if self.interval_s <= 0 or not backends:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.timeout_s + 0.5):
-                await asyncio.gather(*(self.discover(b) for b in self.sched.backends))
+                await asyncio.gather(*(each(b) for b in backends))
 
     async def _run(self) -> None:
         backends = self.sched.backends

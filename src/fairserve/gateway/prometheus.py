@@ -20,6 +20,7 @@ from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
 if TYPE_CHECKING:
+    from .dispatch import Backend
     from .scheduler import Scheduler
 
 P = "fairserve_gateway_"
@@ -290,12 +291,15 @@ class GatewayMetrics:
             # NOTE: the URL without credentials: /metrics may be readable by anyone
             out += [f'{P}{name}{{backend="{label(b.name)}"}} {num(value(b))}\n' for b in s.backends]
         # NOTE: a pool is the backends serving a model, labelled by the models they all serve; by label, so two
-        # pools that serve the same models are one series
-        pools: dict[str, list[float]] = {}
+        # pools that serve the same models are one series (each backend's requests counted once in it: pools of
+        # one label may share backends, e.g. a merged pool's and its leftover's after a reload, gateway/fleet.py)
+        queued: dict[str, int] = {}
+        members: dict[str, set[Backend]] = {}
         for pool in s.pools.pools.values():
-            row = pools.setdefault(label(pool.name), [0, 0])
-            row[0] += pool.queued
-            row[1] += sum(b.requests for b in pool.backends)
+            name = label(pool.name)
+            queued[name] = queued.get(name, 0) + pool.queued
+            members.setdefault(name, set()).update(pool.backends)
+        pools = {name: (n, sum(b.requests for b in members[name])) for name, n in queued.items()}
         for i, (name, text) in enumerate(
             (
                 ("pool_queue_length", "Requests waiting for a pool's backends (the backends serving a model)"),

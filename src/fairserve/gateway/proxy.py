@@ -249,7 +249,11 @@ class Proxy:
         """Serve `t` and record its ending on it (`t.ending`); `handle` settles it."""
         body = upstream_body(parsed)
         while True:
-            backend = await self.sched.wait(t)
+            try:
+                backend = await self.sched.wait(t)
+            except UnknownModel as e:  # NOTE: a reload removed the last backend that served its model
+                t.ending = Ending("model_not_found", refund=True)
+                return await self._error(t, 404, str(e), "model_not_found", param="model")(scope, receive, send)
             if backend is None:
                 t.ending = Ending("timeout", refund=True)
                 response = self._error(

@@ -134,10 +134,27 @@ class Upstream:
         self.first_byte_timeout = read_timeout if first_byte_timeout is None else first_byte_timeout
         self.max_connections = max_connections  # 0: no limit
         self._session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []  # replaced by `configure`, closed at `aclose`
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
         )
         self._proxies: dict[str, tuple[yarl.URL | None, aiohttp.BasicAuth | None]] = {}
+
+    def configure(
+        self, connect_timeout: float, read_timeout: float, first_byte_timeout: float, max_connections: int
+    ) -> None:
+        """New settings for the requests sent from now on (a live reload); those in flight keep theirs. A new
+        connect timeout or connection limit takes a new connection pool: the old one's requests finish on it, its idle
+        connections expire, and it is closed at `aclose`."""
+        self.read_timeout, self.first_byte_timeout = read_timeout, first_byte_timeout
+        if (connect_timeout, max_connections) != (self.connect_timeout, self.max_connections):
+            self.connect_timeout, self.max_connections = connect_timeout, max_connections
+            self._timeout = aiohttp.ClientTimeout(
+                total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
+            )
+            if self._session is not None:
+                self._retired.append(self._session)
+                self._session = None
 
     def session(self) -> aiohttp.ClientSession:
         """Made on first use: it belongs to the running loop."""
@@ -193,8 +210,9 @@ class Upstream:
             return UpstreamResponse(resp, sent + self.first_byte_timeout, self.read_timeout)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in [*self._retired, self._session]:
+            if session is not None:
+                await session.close()
 
 
 # ---- relaying a streamed answer --------------------------------------------------------------------------------------

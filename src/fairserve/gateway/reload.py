@@ -1,12 +1,17 @@
 """Live configuration: `SIGHUP` or `POST /admin/reload` re-read the config file (with the same flags on top) and apply
-the tenant tree — tenants, keys, weights, groups, model access, quotas — and the models' prices without dropping a
-queued or in-flight request (a request keeps the price of its arrival). Anything else changed needs a restart: such
-a file is refused, as is one that does not validate, with one line, and the running configuration is kept.
+it without dropping a queued or in-flight request: the tenant tree (tenants, keys, weights, groups, model access,
+quotas), the models' prices and `w_p`/`w_q` (a request keeps the price of its arrival), the backends
+(gateway/fleet.py: added ones serve at once, removed ones drain, queued requests go to the new pools), the timeouts
+of the upstream hop and the queue (for requests and connections from then on), and the limits read at each request.
+What only a restart can change (`RESTART`: the listening socket, the policy and its ledgers, the shared state, the
+HTTP server's own settings, ...) is refused, as is a file that does not validate, with one line naming the keys and
+why, and the running configuration is kept.
 
 Decisions (docs/gateway.md, Live configuration): a removed tenant's queued and running requests are served (they were
 accepted with a valid key), its key is refused (401) from then on; a weight the file changed since the last load
 wins over one set through the admin API, an unchanged one leaves the admin's in place; with `--state` a weight the
-reload changes is published to every replica (as an admin change is), the rest is this replica's."""
+reload changes is published to every replica (as an admin change is), the rest is this replica's, and a backend
+change is refused (the replicas share each backend's leases: restart them one by one)."""
 
 from __future__ import annotations
 
@@ -14,43 +19,81 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..core import Unsupported
+from ..api.tokens import token_counter
+from ..core import LinearCost, Unsupported
 from ..core.account import nodes_of
+from . import fleet
 from .config import GatewayConfig
+from .dispatch import UnknownModel
 from .quota_gate import QuotaGate
-from .scheduler import price_table
+from .scheduler import Ending, price_table
 
 if TYPE_CHECKING:
     from .app import Gateway
 
 log = logging.getLogger("fairserve.gateway")
-LIVE = frozenset({"tenants", "groups", "prices"})  # the keys a reload applies
+
+# the keys a reload applies (docs/gateway.md, Live configuration)
+LIVE = frozenset(
+    {
+        "tenants", "groups", "prices", "w_p", "w_q", "backends",
+        "connect_timeout_s", "request_timeout_s", "chunk_timeout_s", "queue_ttl_s", "queue_limit", "max_body_bytes",
+        "tokenize_concurrency", "default_max_tokens", "tokenizer", "trusted_proxy", "models", "metrics_key",
+        "backend_cooldown_s", "retry_after_max_s", "health_path", "health_interval_s", "metrics_interval_s",
+        "metrics_window_s", "client_write_timeout_s", "client_min_rate", "auth_failure_limit", "auth_failure_window_s",
+    }
+)  # fmt: skip
+_SERVER = "the HTTP server's, set when it starts"
+# the keys only a restart applies, and why (a key in neither set: a restart, too)
+RESTART = {
+    "listen": "the socket is bound at start",
+    "policy": "the counters are the policy's",
+    "scope": "it decides the ledgers that hold the counters",
+    "state": "the replicas' shared state is joined at start",
+    "state_interval_s": "the replicas' shared state is joined at start",
+    "state_ttl_s": "every replica must use the same",
+    "snapshot": "it is restored at start",
+    "snapshot_interval_s": "the snapshots are scheduled at start",
+    "usage_log": "it is opened at start",
+    "admin_key": "the admin API takes it at start",
+    "client_timeout_s": _SERVER,
+    "drain_timeout_s": _SERVER,
+    "access_log": _SERVER,
+    "max_header_bytes": _SERVER,
+    "max_headers": _SERVER,
+    "ssl_certfile": _SERVER,
+    "ssl_keyfile": _SERVER,
+}
 
 
 class ReloadError(ValueError):
     """The new configuration was refused (one line); the running one is kept."""
 
 
-def _levels(cfg: GatewayConfig) -> tuple[dict[str, int], dict[str, list[int]]]:
-    return cfg.priorities(), cfg.allowed()
-
-
-def check(old: GatewayConfig, new: GatewayConfig) -> None:
+def check(gw: Gateway, new: GatewayConfig) -> None:
     """ReloadError if `new` changes what only a restart can change."""
+    old = gw.cfg
     changed = [k for k in type(old).model_fields if k not in LIVE and getattr(old, k) != getattr(new, k)]
     if changed:
+        reasons = [RESTART.get(k, "it is read at start") for k in changed]
+        why = "; ".join(f"{k}: {r}" for k, r in zip(changed, reasons, strict=True)) if len(changed) > 1 else reasons[0]
+        raise ReloadError(f"{', '.join(changed)} changed: only a restart applies that ({why})")
+    if (old.health_interval_s > 0) != (new.health_interval_s > 0):
+        raise ReloadError("health_interval_s changed: only a restart turns active health checks on or off")
+    if old.state is not None and old.backends != new.backends:
         raise ReloadError(
-            f"{', '.join(changed)} changed: only a restart applies that (tenants, groups and prices reload)"
+            "backends changed: with state (replicas share each backend's leases in Redis), roll a backend change out "
+            "by restarting the replicas one by one"
         )
-    (p0, a0), (p1, a1) = _levels(old), _levels(new)
+    p0, a0, p1, a1 = old.priorities(), old.allowed(), new.priorities(), new.allowed()
     kept = nodes_of([t.name for t in old.tenants]) & nodes_of([t.name for t in new.tenants])
     moved = sorted(n for n in kept if p0.get(n) != p1.get(n) or a0.get(n) != a1.get(n))
     if moved:
         raise ReloadError(f"the priorities of {', '.join(moved)} changed: only a restart applies that")
 
 
-def apply(gw: Gateway, new: GatewayConfig) -> str:
-    """Put `new`'s tenant tree in place (after `check`); returns the line to log."""
+def _tenants(gw: Gateway, new: GatewayConfig) -> str:
+    """Put `new`'s tenant tree, prices and quotas in place; returns what changed, for the log line."""
     old, sched = gw.cfg, gw.sched
     before, after = {t.name for t in old.tenants}, [t.name for t in new.tenants]
     priorities, allowed = new.priorities(), new.allowed()
@@ -72,7 +115,10 @@ def apply(gw: Gateway, new: GatewayConfig) -> str:
             except Unsupported:
                 pass  # NOTE: fcfs, rpm: weights change nothing
             changed += 1
-    sched.prices = price_table(new)  # NOTE: for requests from now on; one queued or running keeps its own
+    # NOTE: prices for requests from now on; one queued or running keeps its own
+    sched.prices = price_table(new)
+    base = LinearCost(new.w_p, new.w_q)
+    sched.price = None if sched.ledger.cost == base else base
     sched.tenants[:] = after  # NOTE: in place: the admin API reads this list
     gw.owners.replace(new.key_owners())
     gw.tenant_names = frozenset(after)
@@ -86,16 +132,66 @@ def apply(gw: Gateway, new: GatewayConfig) -> str:
     elif sched.quota_gate is not None:
         sched.quota_gate.configure(quotas)
     sched.quotas = sched.quota_gate if quotas else None
-    gw.cfg = sched.cfg = gw.proxy.cfg = new
     added, removed = len(set(after) - before), len(before - set(after))
-    return f"config reloaded: {len(after)} tenants ({added} added, {removed} removed), {changed} weights changed"
+    return f"{len(after)} tenants ({added} added, {removed} removed), {changed} weights changed"
 
 
-def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
-    """Read and apply; ReloadError (one line) when refused, the running configuration kept."""
-    try:
-        new = load()
-    except ValueError as e:
-        raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    check(gw.cfg, new)
-    return apply(gw, new)
+def _settings(gw: Gateway, new: GatewayConfig) -> None:
+    """The settings read by the gateway's parts from the next request, connection, check or scrape on."""
+    sched = gw.sched
+    if new.tokenizer != gw.cfg.tokenizer:
+        sched.count_tokens = token_counter(new.tokenizer)
+    gw.upstream.configure(
+        new.connect_timeout_s,
+        new.chunk_timeout_s,
+        new.request_timeout_s,
+        fleet.connections(new.backends, sched.draining),
+    )
+    gw.health.configure(new)
+    gw.capacity.interval_s = new.metrics_interval_s
+    gw.metrics.activity.window_s = new.metrics_window_s
+    gw.stalls.timeout_s, gw.stalls.min_rate = new.client_write_timeout_s, new.client_min_rate
+    gw.stalls.period_s = min(1.0, new.client_write_timeout_s / 4)
+    gw.throttle.limit, gw.throttle.window_s = new.auth_failure_limit, new.auth_failure_window_s
+    # NOTE: the rest (queue_limit, queue_ttl_s, max_body_bytes, timeouts of the queue, ...) is read from the config
+    gw.cfg = sched.cfg = gw.proxy.cfg = gw.tokenize.cfg = new
+
+
+def apply(gw: Gateway, new: GatewayConfig, change: fleet.Change) -> str:
+    """Put `new` in place (after `check`, with `change` to the backends prepared); returns the line to log."""
+    sched = gw.sched
+    line = _tenants(gw, new)
+    unserved = fleet.apply(sched, change) if change else []
+    if change:
+        gw.capacity.follow()
+        gw.capacity.start()
+    _settings(gw, new)
+    for t in unserved:  # NOTE: now that the pools are consistent; each answers 404 to its client
+        err = UnknownModel(t.model or "", sched.pools.served())
+        sched.close(t, Ending("model_not_found", refund=True))
+        if not t.admitted.done():
+            t.admitted.set_exception(err)
+    sched.dispatch()  # NOTE: queued requests may go to an added backend now
+    if change:
+        line += ", " + change.summary()
+        if unserved:
+            line += f", {len(unserved)} queued requests for models no backend serves now answered 404"
+    return "config reloaded: " + line
+
+
+async def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
+    """Read, check, prepare (added backends checked) and apply; ReloadError (one line) when refused, the running
+    configuration kept. One reload at a time."""
+    async with gw.reloading:
+        try:
+            new = load()
+        except ValueError as e:
+            raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        check(gw, new)
+        change = fleet.plan(gw.sched, new.backends)
+        gw.health.configure(new)  # NOTE: the new path and timeout for the checks of added backends
+        try:
+            await gw.health.check_all(change.added)
+        finally:
+            gw.health.configure(gw.cfg)
+        return apply(gw, new, change)

@@ -28,6 +28,7 @@ from ..core import Account, CostFunction, LedgerView, LinearCost, Request, Reque
 from ..core.account import TenantView
 from ..core.ledger import Ledger
 from ..tenancy import refused_priority
+from . import fleet
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .prometheus import GatewayMetrics
@@ -91,7 +92,9 @@ class Scheduler:
         self.count_tokens = token_counter(cfg.tokenizer)
         self.tenants = [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
+        self.draining: list[Backend] = []  # removed by a reload, with requests still in flight (gateway/fleet.py)
         self.prices = price_table(cfg)
+        self.price: CostFunction | None = None  # other models' price, where a reload changed w_p, w_q (else theirs)
         self.usage = UsageLog(cfg.usage_log)  # UsageLogError (one line) if it cannot be opened
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
@@ -109,16 +112,17 @@ class Scheduler:
         )
 
         def make_ledger() -> Ledger:
-            policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)
+            policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)  # NOTE: the start's w_p, w_q (`self.price`)
             if self.shared is not None:
                 policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
+            now = self.cfg  # NOTE: a pool made after a reload takes the tenant tree reloaded
             return Ledger(
                 policy,
                 self.tenants,
-                cfg.weights(),
+                now.weights(),
                 peers=self.shared,
-                priorities=cfg.priorities(),
-                allowed=cfg.allowed(),
+                priorities=now.priorities(),
+                allowed=now.allowed(),
             )
 
         quotas = cfg.quotas()
@@ -151,7 +155,7 @@ class Scheduler:
             asyncio.get_running_loop().create_future(),
             pool=self.pools.route(model),
             model=model,
-            cost=self.prices.get(model) if model is not None else None,
+            cost=self.prices.get(model, self.price) if model is not None else self.price,
             arrived_at=now,
             deadline=now + self.cfg.queue_ttl_s,
             request_id=request_id,
@@ -281,15 +285,22 @@ class Scheduler:
         if not unreachable and (not lost or t.lost > MAX_LOST):
             t.tried.add(b.url)
         self._release(t)
-        left = [x for x in t.pool.backends if x.url not in t.tried]
-        up = [x for x in self.healthy if x in t.pool.backends]
+        pool = t.pool
+        if fleet.stale(self.pools, pool):  # NOTE: a reload changed its backends: where its model goes now
+            try:
+                pool = fleet.pool_for(self.pools, t.model, pool.ledger)
+            except UnknownModel:
+                return False
+        left = [x for x in pool.backends if x.url not in t.tried]
+        up = [x for x in self.healthy if x in pool.backends]
         # NOTE: it waits for a down backend only while none of its pool is up; those up all failed it otherwise
         if not left or (up and not set(left) & set(up)):
             return False
         t.queued_at = time.monotonic()
         t.admitted = asyncio.get_running_loop().create_future()
-        t.pool.ledger.requeue(t.req)
-        t.pool.queued += 1
+        t.pool = pool
+        pool.ledger.requeue(t.req)
+        pool.queued += 1
         self.metrics.enqueued(t.req.priority or 0)
         self.dispatch()
         return True
@@ -328,6 +339,9 @@ class Scheduler:
         if b is not None:
             b.requests -= 1
             b.tokens -= t.tokens
+            if not b.requests and self.draining and b in self.draining:
+                self.draining.remove(b)
+                log.info("backend %s removed: drained", b.name)
 
     # ---- the one ending of every accepted request -----------------------------------------------------------------
     def close(self, t: Ticket, ending: Ending) -> bool:
@@ -428,5 +442,6 @@ def _summed(tables: Any) -> dict[str, TenantView]:
 
 
 def price_table(cfg: GatewayConfig) -> dict[str, CostFunction]:
-    """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q."""
+    """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q (`Scheduler.price` where a
+    reload changed them)."""
     return {m: LinearCost(p.w_p, p.w_q) for m, p in cfg.prices.items()}
