@@ -97,16 +97,19 @@ async def stream(client: AsyncOpenAI, got: list[float], stop: asyncio.Event, tok
 
 
 def test_two_organisations_get_half_each_however_many_users(gateway):
-    async def run() -> tuple[dict[str, int], list[tuple[int, int]]]:
-        got: dict[str, list[float]] = {"org-a": [], "org-b": []}
+    def service() -> tuple[float, float]:
+        tree = nodes(gateway)
+        return tree["std/org-a"]["service"], tree["std/org-b"]["service"]
+
+    async def run() -> tuple[tuple[float, float], list[tuple[int, int]]]:
+        got: list[float] = []
         stop = asyncio.Event()
         clients = {t: AsyncOpenAI(base_url=gateway + "/v1", api_key=k, max_retries=0) for t, k in TENANTS.items()}
         # two streams per org-a user (20 in all), twelve for org-b's one user: both organisations keep a queue
         tasks = [
-            asyncio.create_task(stream(clients[f"std/org-a/u{i % USERS_A}"], got["org-a"], stop))
-            for i in range(2 * USERS_A)
+            asyncio.create_task(stream(clients[f"std/org-a/u{i % USERS_A}"], got, stop)) for i in range(2 * USERS_A)
         ]
-        tasks += [asyncio.create_task(stream(clients["std/org-b/solo"], got["org-b"], stop)) for _ in range(12)]
+        tasks += [asyncio.create_task(stream(clients["std/org-b/solo"], got, stop)) for _ in range(12)]
 
         def both_queued() -> bool:
             tree = nodes(gateway)
@@ -115,24 +118,27 @@ def test_two_organisations_get_half_each_however_many_users(gateway):
         deadline = time.monotonic() + 20
         while not await asyncio.to_thread(both_queued):  # NOTE: the window starts once both are backlogged
             assert time.monotonic() < deadline, "the organisations never had a queue together"
+        a0, b0 = await asyncio.to_thread(service)
         t0, queues = time.monotonic(), []
         while time.monotonic() < t0 + 3.0:
             tree = await asyncio.to_thread(nodes, gateway)
             queues.append((tree["std/org-a"]["queue_length"], tree["std/org-b"]["queue_length"]))
             await asyncio.sleep(0.25)
-        t1 = time.monotonic()
+        a1, b1 = await asyncio.to_thread(service)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         for c in clients.values():
             await c.close()
-        return {org: sum(t0 <= at < t1 for at in times) for org, times in got.items()}, queues
+        return (a1 - a0, b1 - b0), queues
 
-    served, queues = asyncio.run(run())
-    assert all(a > 0 and b > 0 for a, b in queues), queues  # both backlogged all along the window
-    share = served["org-b"] / sum(served.values())
-    assert sum(served.values()) > 500, served
-    print(f"two organisations: org-b share {share:.3f} of {sum(served.values())} tokens")
-    assert 0.47 <= share <= 0.53, served
+    # NOTE: the service the gateway charged (admin tree), not tokens timed by this process: a busy machine delays
+    # this process's reading, not the gateway's charging
+    (a, b), queues = asyncio.run(run())
+    assert all(qa > 0 and qb > 0 for qa, qb in queues), queues  # both backlogged all along the window
+    share = b / (a + b)
+    assert a + b > 1000, (a, b)
+    print(f"two organisations: org-b share {share:.3f} of {a + b:.0f} service")
+    assert 0.47 <= share <= 0.53, (a, b)
     assert wait_until(lambda: idle(gateway), timeout_s=20)
 
 
