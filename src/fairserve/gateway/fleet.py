@@ -31,7 +31,8 @@ from .config import BackendConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler, Ticket
+    from .scheduler import Scheduler
+    from .ticket import Ticket
 
 log = logging.getLogger("fairserve.gateway")
 _LEFTOVER = "~ledger:"  # NOTE: in a leftover pool's key: never a backend URL (those are http(s)://...)

@@ -25,8 +25,9 @@ from .config import redact_text
 from .quota import Exhausted
 from .quota_gate import insufficient_quota
 from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
-from .scheduler import Backend, Ending, Scheduler, Ticket, UnknownModel
+from .scheduler import Backend, Scheduler, UnknownModel
 from .stalls import StallWatch
+from .ticket import Ending, Ticket
 
 log = logging.getLogger("fairserve.gateway")
 

@@ -22,8 +22,9 @@ from .quota import MEASURES, Cost, Exhausted, Hold, Quota, QuotaBook, utc_now
 from .quota_store import RedisQuotaStore
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler, Ticket
+    from .scheduler import Scheduler
     from .shared_state import SharedState
+    from .ticket import Ticket
 
 log = logging.getLogger("fairserve.gateway")
 P = "fairserve_gateway_"

@@ -27,8 +27,9 @@ from ..api.errors import error_body
 from ..api.protocol import parse_json, sse
 from ..api.responses import FINAL_EVENTS
 from .body import RESPONSES, delta_tokens, responses_delta_tokens, usage_of
-from .scheduler import Ending, Scheduler, Ticket
+from .scheduler import Scheduler
 from .stalls import Watched
+from .ticket import Ending, Ticket
 
 
 class UpstreamFailed(Exception):

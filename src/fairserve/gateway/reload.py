@@ -26,7 +26,8 @@ from . import fleet
 from .config import GatewayConfig
 from .dispatch import UnknownModel
 from .quota_gate import QuotaGate
-from .scheduler import Ending, price_table
+from .scheduler import price_table
+from .ticket import Ending
 
 if TYPE_CHECKING:
     from .app import Gateway

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .scheduler import Ticket
+    from .ticket import Ticket
 
 log = logging.getLogger("fairserve.gateway")
 
