@@ -15,8 +15,8 @@ from support.raw_sockets import chunk, raw_backend, sse_answer
 from fairserve.api.server import running_server
 from fairserve.gateway.config import BackendConfig
 from fairserve.gateway.proxy import Failed
-from fairserve.gateway.relay import Upstream, UpstreamError
 from fairserve.gateway.scheduler import Backend
+from fairserve.gateway.upstream import Upstream, UpstreamError
 
 AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
 

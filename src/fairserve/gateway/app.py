@@ -33,13 +33,13 @@ from .openapi import openapi
 from .prometheus import GatewayMetrics
 from .proxy import Proxy
 from .quota_gate import QuotaView
-from .relay import Upstream
 from .reload import ReloadError
 from .reload import reload as reload_config
 from .scheduler import Scheduler
 from .snapshot import Snapshots
 from .stalls import StallWatch
 from .tokenize import TOKENIZE_PATHS, Tokenize
+from .upstream import Upstream
 
 log = logging.getLogger("fairserve.gateway")
 

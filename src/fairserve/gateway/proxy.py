@@ -24,10 +24,11 @@ from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, 
 from .config import redact_text
 from .quota import Exhausted
 from .quota_gate import insufficient_quota
-from .relay import Relay, UpstreamError, UpstreamFailed, UpstreamResponse
+from .relay import Relay
 from .scheduler import Backend, Scheduler, UnknownModel
 from .stalls import StallWatch
 from .ticket import Ending, Ticket
+from .upstream import UpstreamError, UpstreamFailed, UpstreamResponse
 
 log = logging.getLogger("fairserve.gateway")
 

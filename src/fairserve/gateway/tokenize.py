@@ -16,8 +16,8 @@ from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..tenancy.access import model_refused
 from .proxy import passthrough
-from .relay import UpstreamError
 from .scheduler import Scheduler, UnknownModel
+from .upstream import UpstreamError
 
 TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
