@@ -90,7 +90,7 @@ def test_the_query_form_of_a_redis_password_is_shown_nowhere():
     url = f"redis://127.0.0.1:{free_tcp_port()}/0?password={SECRET}"
     proc = subprocess.run(
         [sys.executable, "-m", "fairserve", "gateway", "--backend", "http://127.0.0.1:1", "--tenant", "a:k"]
-        + ["--state", url],
+        + ["--state", url, "--listen", f"127.0.0.1:{free_tcp_port()}"],  # NOTE: not 8080: the README test uses it
         capture_output=True,
         text=True,
         timeout=60,

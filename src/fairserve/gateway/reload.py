@@ -30,7 +30,7 @@ from .scheduler import price_table
 from .ticket import Ending
 
 if TYPE_CHECKING:
-    from .app import Gateway
+    from .instance import Gateway
 
 log = logging.getLogger("fairserve.gateway")
 

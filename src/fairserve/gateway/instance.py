@@ -1,0 +1,177 @@
+"""What one gateway instance holds (`Gateway`): config, scheduler (policy + backends), metrics, the upstream client,
+the monitors; who a request is from (`identify`), `/healthz`'s report and the union of the backends' models. The
+routes over it are in gateway/app.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
+
+from ..api.protocol import models_list
+from ..tenancy import AuthThrottle, bearer, same_key
+from .capacity import CapacityMonitor
+from .config import GatewayConfig
+from .fleet import connections
+from .health import HealthMonitor
+from .prometheus import GatewayMetrics
+from .proxy import Proxy
+from .reload import ReloadError
+from .reload import reload as reload_config
+from .scheduler import Scheduler
+from .snapshot import Snapshots
+from .stalls import StallWatch
+from .tokenize import Tokenize
+from .upstream import Upstream
+
+log = logging.getLogger("fairserve.gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+class Gateway:
+    """What one app instance holds: config, scheduler (policy + backends), metrics, the upstream client."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.metrics = GatewayMetrics(cfg.metrics_window_s)
+        self.sched = Scheduler(cfg, self.metrics)
+        self.metrics.bind(self.sched)
+        # NOTE: restored now, so that a bad file stops the gateway before it serves
+        self.snapshots = (
+            Snapshots(cfg.snapshot, self.sched.ledger, cfg.weights(), cfg.snapshot_interval_s)
+            if cfg.snapshot is not None
+            else None
+        )
+        self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
+        self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
+        self.owners = cfg.key_owners()
+        self.tenant_names = frozenset(self.sched.tenants)
+        limit = connections(cfg.backends, [])
+        # NOTE: the gateway's own requests (health checks, model lists, metrics scrapes) are a few per backend at a
+        # time: no cap, so backends a reload adds need no new client
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.chunk_timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=limit),
+        )
+        self.upstream = Upstream(
+            connect_timeout=cfg.connect_timeout_s,
+            read_timeout=cfg.chunk_timeout_s,
+            max_connections=limit,
+            first_byte_timeout=cfg.request_timeout_s,
+        )
+        self.proxy = Proxy(self.sched, self.upstream, self.stalls)
+        self.tokenize = Tokenize(self.sched, self.upstream, self.proxy.allowed_models)
+        self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
+        self.health = HealthMonitor(self.sched, self.client)
+        self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
+        self.reloading = asyncio.Lock()  # one reload at a time
+
+    async def reload(self) -> str:
+        """Re-read and apply the configuration (gateway/reload.py); ReloadError (one line) when it is refused."""
+        assert self.load is not None
+        try:
+            line = await reload_config(self, self.load)
+        except ReloadError as e:
+            log.error("reload refused, the running configuration is kept: %s", e)
+            raise
+        log.warning(line)
+        return line
+
+    def backend_rows(self) -> list[dict[str, Any]]:
+        """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""
+        draining = self.sched.draining
+        return [
+            {
+                "url": b.name,
+                **({"draining": True} if b in draining else {}),
+                "healthy": b.healthy,
+                "in_flight_requests": b.requests,
+                "in_flight_tokens": b.tokens,
+                "limit_requests": b.limit,
+                "adaptive": b.cfg.adaptive,
+                **({"models": sorted(b.models)} if b.models is not None else {}),
+                **({"reason": b.reason} if b.reason else {}),
+                **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
+            }
+            for b in [*self.sched.backends, *draining]
+        ]
+
+    def health_report(self) -> tuple[int, dict[str, Any]]:
+        """`/healthz`: 200 while some backend is up, else 503 with the reason."""
+        backends = self.backend_rows()
+        up = bool(self.sched.healthy)
+        doc: dict[str, Any] = {
+            "status": "ok" if up else "unavailable",
+            "policy": self.sched.ledger.policy.name,
+            "queued": self.sched.pools.num_queued,
+            "backends": backends,
+        }
+        if self.sched.shared is not None:  # NOTE: degraded shared state still serves: 200, said in the body
+            doc["shared_state"] = self.sched.shared.status()
+        if not up:
+            doc["reason"] = "no backend is healthy: " + "; ".join(
+                f"{b.name}: {b.reason or 'down'}" for b in self.sched.backends
+            )
+        return (200 if up else 503), doc
+
+    def tenant(self, request: Request) -> str | None:
+        """The tenant a request is from: its key's owner; with `trusted_proxy`, `X-Tenant-Id` (the key must still
+        be a valid tenant or admin key). None: unauthenticated."""
+        return self._tenant(bearer(request), request.headers.get("x-tenant-id"))
+
+    def identify(self, scope: Scope) -> tuple[str | None, str]:
+        """(`tenant()`, the request's id) from a raw ASGI scope (the hot path builds no Request). The id is the
+        client's `X-Request-Id` when it is 1-128 characters of letters, digits and `-_.:@/+=`, else a new one."""
+        auth = claimed = rid = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if auth is None:
+                    auth = value.decode("latin-1")
+            elif name == b"x-tenant-id":
+                if claimed is None:
+                    claimed = value.decode("latin-1")
+            elif name == b"x-request-id" and rid is None:
+                rid = value.decode("latin-1")
+        scheme, _, key = (auth or "").partition(" ")
+        key = key.strip()
+        tenant = self._tenant(key if scheme.lower() == "bearer" and key else None, claimed)
+        return tenant, rid if rid is not None and _REQUEST_ID.match(rid) else uuid.uuid4().hex
+
+    def _tenant(self, key: str | None, claimed: str | None) -> str | None:
+        if key is None:
+            return None
+        owner = self.owners.get(key)
+        if self.cfg.trusted_proxy and claimed is not None:
+            valid = owner is not None or same_key(key, self.cfg.admin_key)
+            return claimed if valid and claimed in self.tenant_names else None
+        return owner
+
+    async def models(self) -> Response:
+        """The union of the models the backends serve (their /v1/models entries, adapters' `parent` kept); while no
+        backend's list is known, the first healthy backend's answer, else the configured `models`."""
+        seen: dict[str, dict[str, Any]] = {}
+        for b in self.sched.backends:
+            for m in b.listing:
+                seen.setdefault(m["id"], m)
+        if seen:
+            return JSONResponse({"object": "list", "data": list(seen.values())})
+        for b in self.sched.backends:
+            if not b.healthy:
+                continue
+            headers = {"authorization": f"Bearer {b.cfg.api_key}"} if b.cfg.api_key else {}
+            try:
+                resp = await self.client.get(b.url + "/v1/models", headers=headers, timeout=5.0)
+                if resp.status_code == 200 and isinstance(resp.json(), dict):
+                    return Response(resp.content, media_type="application/json")
+            except (httpx.HTTPError, ValueError):
+                continue
+        return JSONResponse(models_list(*self.cfg.models))
