@@ -411,21 +411,27 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                     break
                 dt = one(n, kv)
         else:
+            bounded, accumulate = until != float("inf"), np.add.accumulate
+            many = self._linear.decode_steps_s if self._linear is not None else None
             while done < steps and now < until:
                 take = steps - done
-                if dt > 0 and until != float("inf"):
+                if dt > 0 and bounded:
                     take = min(take, max(SHORT_RUN, int((until - now) / dt) + 2))
-                dts = decode_steps_s(self.latency, n, kv, take)
+                dts = many(n, kv, take) if many is not None else decode_steps_s(self.latency, n, kv, take)
                 busy_dts = dts.copy()
                 dts[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-                np.cumsum(dts, out=dts)
-                take = min(take, int(np.searchsorted(dts, until, side="left")) + 1)
+                accumulate(dts, out=dts)
+                if bounded:
+                    take = min(take, int(dts.searchsorted(until)) + 1)
                 now = float(dts[take - 1])
                 busy_dts[0] += busy
-                busy = float(np.cumsum(busy_dts[:take])[-1])
+                busy_run = busy_dts[:take]
+                accumulate(busy_run, out=busy_run)
+                busy = float(busy_run[-1])
                 kv += n * take
                 done += take
-                dt = one(n, kv)
+                if done < steps and now < until:
+                    dt = one(n, kv)
         self.now, self.busy_s = now, busy
         return done
 
