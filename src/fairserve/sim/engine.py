@@ -32,6 +32,8 @@ from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_reques
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
+LONG_RUN = 1024  # a run toward a time (an arrival) is computed this far at least (what is left is kept for later)
+NO_RUN = (np.zeros(0), np.zeros(0), 0)
 
 
 class SimEngine(Forecast, Preemption, PrefixCaching):
@@ -88,6 +90,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         self._pending: list[SimRequest] = []  # run(): the arrivals, in order, of which `_arrived` are submitted
         self._arrived = 0
         self._horizon = float("inf")
+        self._run: tuple[np.ndarray, np.ndarray, int] = NO_RUN  # the last decode run: clock, busy time, first step
+        self._run_kv = 0  # ... and the context at its first step
 
     @property
     def kv_free(self) -> int:
@@ -411,29 +415,46 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                     break
                 dt = one(n, kv)
         else:
-            bounded, accumulate = until != float("inf"), np.add.accumulate
-            many = self._linear.decode_steps_s if self._linear is not None else None
+            bounded = until != float("inf")
             while done < steps and now < until:
-                take = steps - done
-                if dt > 0 and bounded:
-                    take = min(take, max(SHORT_RUN, int((until - now) / dt) + 2))
-                dts = many(n, kv, take) if many is not None else decode_steps_s(self.latency, n, kv, take)
-                busy_dts = dts.copy()
-                dts[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-                accumulate(dts, out=dts)
+                at = self.step + done
+                nows, busys, k = self._run
+                k = at - k
+                if not (
+                    0 < k < len(nows) and kv == self._run_kv + n * k and nows[k - 1] == now and busys[k - 1] == busy
+                ):
+                    take = steps - done
+                    if dt > 0 and bounded and take > LONG_RUN:
+                        take = max(LONG_RUN, int((until - now) / dt) + 2)
+                    nows, busys = self._decode_run(n, kv, take, now, busy)
+                    self._run, self._run_kv, k = (nows, busys, at), kv, 0
+                run = nows[k : k + steps - done]
+                take = len(run)
                 if bounded:
-                    take = min(take, int(dts.searchsorted(until)) + 1)
-                now = float(dts[take - 1])
-                busy_dts[0] += busy
-                busy_run = busy_dts[:take]
-                accumulate(busy_run, out=busy_run)
-                busy = float(busy_run[-1])
+                    take = min(take, int(run.searchsorted(until)) + 1)
+                now, busy = float(run[take - 1]), float(busys[k + take - 1])
                 kv += n * take
                 done += take
                 if done < steps and now < until:
                     dt = one(n, kv)
         self.now, self.busy_s = now, busy
         return done
+
+    def _decode_run(self, n: int, kv: int, steps: int, now: float, busy: float) -> tuple[np.ndarray, np.ndarray]:
+        """The clock and the busy time after each of `steps` decode steps of a batch of `n` from `now`, `busy`: each
+        step's duration added in order, as a loop adds them. Kept (`_run`) while the batch stays the same: arrivals
+        cut a run into pieces, and a sum continued from where it was cut is the same sum."""
+        dts = (
+            self._linear.decode_steps_s(n, kv, steps)
+            if self._linear is not None
+            else decode_steps_s(self.latency, n, kv, steps)
+        )
+        nows = dts.copy()
+        nows[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
+        np.add.accumulate(nows, out=nows)
+        dts[0] += busy
+        np.add.accumulate(dts, out=dts)
+        return nows, dts
 
     # ---- requests starting and stopping ------------------------------------------------------------------------
     def _start(self, r: SimRequest) -> None:
