@@ -220,11 +220,11 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
         head = None
         if self._charging is not Charging.EVERY_STEP and not self._every_try:  # NOTE: a failing try is not needed
-            head = self._first()
-            first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
+            head, hi = self._first(), self._quiet_steps_cap()
+            first = self._first_fit(head, self.step, hi) if head is not None else NEVER
             if first != self.step:
                 self._refused = head
-                self._next_try = self._when_admission_can_succeed(self.step + 1, first)
+                self._next_try = self._when_admission_can_succeed(self.step + 1, first, hi)
                 self._decode(until)
                 return
         if self._admit(head):

@@ -123,18 +123,19 @@ class Forecast:
             self._charge(req.tenant)
 
     # ---- when an admission can succeed -------------------------------------------------------------------------
-    def _when_admission_can_succeed(self, lo: int, first: int | None = None) -> int:
+    def _when_admission_can_succeed(self, lo: int, first: int | None = None, hi: int | None = None) -> int:
         """After a try that stopped at a request that did not fit (`_refused`): the first step from `lo` on at which a
         try could admit something, while nothing happens (every event resets it). The policy's next request fits
         again at a step the reserve index computes (in paged mode, not before the pool grows); another request can
         only be first if the next one's tenant is charged past the others, and only fit where the smallest queued
-        sizes fit (`first`: when the next request first fits, if known)."""
+        sizes fit (`first`: when the next request first fits, if known; `hi`: `_quiet_steps_cap()`, if known)."""
         if self._charging is Charging.EVERY_STEP or self._every_try:
             return lo  # NOTE: every step's charges count, as step by step; preemption and the cap are not forecast
         head = self._refused
         if head is None:
             return NEVER
-        hi = self._quiet_steps_cap()
+        if hi is None:
+            hi = self._quiet_steps_cap()
         if first is None:
             first = self._first_fit(head, lo, hi)
         if self._charging is Charging.AT_END or head.tenant not in self._tenants:
