@@ -177,7 +177,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         if self._next_try > self.step and self.running and self.cache is None:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
-            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.policy.peek() is req:
+            # (LAZY: one level of flat tenants, so a request behind its tenant's queued ones is not first)
+            if not was_backlogged if charging is Charging.LAZY else self.ledger.policy.peek() is req:
                 hi = min(self._next_try, self._quiet_steps_cap())
                 self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
