@@ -230,9 +230,16 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                 return
         if self._admit(head):
             self._waited = 0
-            if self._charging is not Charging.EVERY_STEP and self.ledger.num_queued and self.running:
+            lo = self.step + self._wait
+            # NOTE: a finish by the end of the wait comes before any try and makes a forecast moot
+            if (
+                self._charging is not Charging.EVERY_STEP
+                and self.ledger.num_queued
+                and self.running
+                and self._next_finish() > lo
+            ):
                 self._refused = self._first()  # NOTE: after the prefill's charges; it did not fit this round
-                self._next_try = self._when_admission_can_succeed(self.step + self._wait)
+                self._next_try = self._when_admission_can_succeed(lo)
             return
         self._next_try = self._when_admission_can_succeed(self.step + 1)
         self._decode(until)
