@@ -457,10 +457,10 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             if self._linear is not None
             else decode_steps_s(self.latency, n, kv, steps)
         )
-        nows = dts.copy()
-        nows[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-        np.add.accumulate(nows, out=nows)
-        dts[0] += busy
+        first = float(dts[0])
+        dts[0] = first + now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
+        nows = np.add.accumulate(dts)
+        dts[0] = first + busy
         np.add.accumulate(dts, out=dts)
         return nows, dts
 
