@@ -91,7 +91,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         self._arrived = 0
         self._horizon = float("inf")
         self._run: tuple[np.ndarray, np.ndarray, int] = NO_RUN  # the last decode run: clock, busy time, first step
-        self._run_kv = 0  # ... and the context at its first step
+        self._run_at = (0, 0)  # ... and its batch size and context at its first step (the durations depend on these)
 
     @property
     def kv_free(self) -> int:
@@ -429,13 +429,16 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                 nows, busys, k = self._run
                 k = at - k
                 if not (
-                    0 < k < len(nows) and kv == self._run_kv + n * k and nows[k - 1] == now and busys[k - 1] == busy
+                    0 < k < len(nows)
+                    and (n, kv - n * k) == self._run_at
+                    and nows[k - 1] == now
+                    and busys[k - 1] == busy
                 ):
                     take = steps - done
                     if dt > 0 and bounded and take > LONG_RUN:
                         take = max(LONG_RUN, int((until - now) / dt) + 2)
                     nows, busys = self._decode_run(n, kv, take, now, busy)
-                    self._run, self._run_kv, k = (nows, busys, at), kv, 0
+                    self._run, self._run_at, k = (nows, busys, at), (n, kv), 0
                 run = nows[k : k + steps - done]
                 take = len(run)
                 if bounded:
