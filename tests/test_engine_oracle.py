@@ -194,3 +194,28 @@ def test_a_cancel_in_the_middle_of_a_run_of_steps_is_charged_what_was_produced(m
         engine.cancel(long)
         done.append((engine.step, long.generated, engine.ledger.service["x"]))
     assert done[1] == done[0] == (401, 402, 10 + 2 * 402)
+
+
+@pytest.mark.parametrize("latency", range(len(LATENCIES)))
+def test_a_run_of_steps_cut_by_an_arrival_continues_the_same_sums(monkeypatch, latency):
+    """A run of decode steps cut by a time (an arrival) and then continued ends at the clock and busy time of the
+    same run uncut, bit for bit, and the continuation reuses what the first piece computed (SimEngine._run)."""
+    computed = []
+    decode_run = SimEngine._decode_run
+    monkeypatch.setattr(SimEngine, "_decode_run", lambda self, *a: computed.append(a) or decode_run(self, *a))
+    ends = []
+    for cut in (False, True):
+        engine = SimEngine(Ledger(make_policy("vtc")), LATENCIES[latency])
+        for i in range(3):
+            engine.submit(SimRequest(id=i, tenant=CLIENTS[i], prompt_tokens=50, max_tokens=900, output_tokens=900))
+        engine.advance()  # the prefill
+        start, n, computed[:] = engine.now, len(engine.running), []
+        until = start + 0.4 * (engine.latency.decode_step_s(n, engine.kv_used) * 600) if cut else float("inf")
+        done = engine._run_steps(n, 600, until)
+        engine.step, engine.kv_used = engine.step + done, engine.kv_used + n * done
+        if cut:
+            assert 100 < done < 600 and engine.now >= until
+            done += engine._run_steps(n, 600 - done, float("inf"))
+            assert len(computed) == 1  # NOTE: the second piece decoded from the first piece's sums
+        ends.append((done, engine.now, engine.busy_s))
+    assert ends[1] == ends[0]

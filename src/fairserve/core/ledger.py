@@ -273,14 +273,16 @@ class Ledger:
         w_q, total = self._w_q, 0.0
         each = w_q * tokens if w_q is not None else None  # NOTE: the charge of a request without a prediction
         for req in group:
-            y0 = req.output_done
-            y1 = req.output_done = y0 + tokens
             p = req.predicted
             if p == 0 and each is not None:
-                amount = each
-            else:  # only tokens beyond the prediction, either way
-                lo, hi = max(y0, p), max(y1, p)
-                amount = w_q * (hi - lo) if w_q is not None else self.cost.output(req.prompt_tokens, lo, hi)
+                req.output_done += tokens
+                req.charged += each
+                total += each
+                continue
+            y0 = req.output_done
+            y1 = req.output_done = y0 + tokens
+            lo, hi = max(y0, p), max(y1, p)  # only tokens beyond the prediction, either way
+            amount = w_q * (hi - lo) if w_q is not None else self.cost.output(req.prompt_tokens, lo, hi)
             req.charged += amount
             total += amount
         if total:

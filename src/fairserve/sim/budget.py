@@ -115,18 +115,23 @@ class ReserveIndex:
 
     def peak_with_entries(self, extra: list[tuple[int, int]]) -> int:
         """`reserve_peak` of the running set plus `extra` entries (e, T), in one pass (no maxima to repair)."""
-        xs, j, m = sorted(extra, reverse=True), 0, len(extra)  # NOTE: the order among equal ends does not matter
+        xs, j = sorted(extra, reverse=True), 0  # NOTE: the order among equal ends does not matter
+        xs.append((NONE, 0))  # NOTE: a sentinel that ends before every entry
+        xe, xt = xs[0]
         peak = c = i = 0
         for e, t in self.ends:
-            while j < m and xs[j][0] >= e:  # NOTE: among equal ends the order does not change the peak
+            while xe >= e:  # NOTE: among equal ends the order does not change the peak
+                i, c = i + 1, c + xt - xe
+                term = (xe - 1) * i + c
+                if term > peak:
+                    peak = term
+                j += 1
                 xe, xt = xs[j]
-                j, i, c = j + 1, i + 1, c + xt - xe
-                peak = max(peak, (xe - 1) * i + c)
             i, c = i + 1, c + t - e
             term = (e - 1) * i + c
             if term > peak:
                 peak = term
-        for xe, xt in xs[j:]:
+        for xe, xt in xs[j:-1]:
             i, c = i + 1, c + xt - xe
             peak = max(peak, (xe - 1) * i + c)
         return peak

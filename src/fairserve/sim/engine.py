@@ -32,6 +32,8 @@ from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_reques
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
+LONG_RUN = 1024  # a run toward a time (an arrival) is computed this far at least (what is left is kept for later)
+NO_RUN = (np.zeros(0), np.zeros(0), 0)
 
 
 class SimEngine(Forecast, Preemption, PrefixCaching):
@@ -88,6 +90,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         self._pending: list[SimRequest] = []  # run(): the arrivals, in order, of which `_arrived` are submitted
         self._arrived = 0
         self._horizon = float("inf")
+        self._run: tuple[np.ndarray, np.ndarray, int] = NO_RUN  # the last decode run: clock, busy time, first step
+        self._run_at = (0, 0)  # ... and its batch size and context at its first step (the durations depend on these)
 
     @property
     def kv_free(self) -> int:
@@ -173,7 +177,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         if self._next_try > self.step and self.running and self.cache is None:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
-            if (charging is Charging.LAZY and not was_backlogged) or self.ledger.policy.peek() is req:
+            # (LAZY: one level of flat tenants, so a request behind its tenant's queued ones is not first)
+            if not was_backlogged if charging is Charging.LAZY else self.ledger.policy.peek() is req:
                 hi = min(self._next_try, self._quiet_steps_cap())
                 self._next_try = min(self._next_try, self._first_fit(req, self.step, hi))
 
@@ -216,18 +221,25 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
         head = None
         if self._charging is not Charging.EVERY_STEP and not self._every_try:  # NOTE: a failing try is not needed
-            head = self._first()
-            first = self._first_fit(head, self.step, self._quiet_steps_cap()) if head is not None else NEVER
+            head, hi = self._first(), self._quiet_steps_cap()
+            first = self._first_fit(head, self.step, hi) if head is not None else NEVER
             if first != self.step:
                 self._refused = head
-                self._next_try = self._when_admission_can_succeed(self.step + 1, first)
+                self._next_try = self._when_admission_can_succeed(self.step + 1, first, hi)
                 self._decode(until)
                 return
         if self._admit(head):
             self._waited = 0
-            if self._charging is not Charging.EVERY_STEP and self.ledger.num_queued and self.running:
+            lo = self.step + self._wait
+            # NOTE: a finish by the end of the wait comes before any try and makes a forecast moot
+            if (
+                self._charging is not Charging.EVERY_STEP
+                and self.ledger.num_queued
+                and self.running
+                and self._next_finish() > lo
+            ):
                 self._refused = self._first()  # NOTE: after the prefill's charges; it did not fit this round
-                self._next_try = self._when_admission_can_succeed(self.step + self._wait)
+                self._next_try = self._when_admission_can_succeed(lo)
             return
         self._next_try = self._when_admission_can_succeed(self.step + 1)
         self._decode(until)
@@ -411,23 +423,49 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                     break
                 dt = one(n, kv)
         else:
+            bounded = until != float("inf")
             while done < steps and now < until:
-                take = steps - done
-                if dt > 0 and until != float("inf"):
-                    take = min(take, max(SHORT_RUN, int((until - now) / dt) + 2))
-                dts = decode_steps_s(self.latency, n, kv, take)
-                busy_dts = dts.copy()
-                dts[0] += now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-                np.cumsum(dts, out=dts)
-                take = min(take, int(np.searchsorted(dts, until, side="left")) + 1)
-                now = float(dts[take - 1])
-                busy_dts[0] += busy
-                busy = float(np.cumsum(busy_dts[:take])[-1])
+                at = self.step + done
+                nows, busys, k = self._run
+                k = at - k
+                if not (
+                    0 < k < len(nows)
+                    and (n, kv - n * k) == self._run_at
+                    and nows[k - 1] == now
+                    and busys[k - 1] == busy
+                ):
+                    take = steps - done
+                    if dt > 0 and bounded and take > LONG_RUN:
+                        take = max(LONG_RUN, int((until - now) / dt) + 2)
+                    nows, busys = self._decode_run(n, kv, take, now, busy)
+                    self._run, self._run_at, k = (nows, busys, at), (n, kv), 0
+                run = nows[k : k + steps - done]
+                take = len(run)
+                if bounded:
+                    take = min(take, int(run.searchsorted(until)) + 1)
+                now, busy = float(run[take - 1]), float(busys[k + take - 1])
                 kv += n * take
                 done += take
-                dt = one(n, kv)
+                if done < steps and now < until:
+                    dt = one(n, kv)
         self.now, self.busy_s = now, busy
         return done
+
+    def _decode_run(self, n: int, kv: int, steps: int, now: float, busy: float) -> tuple[np.ndarray, np.ndarray]:
+        """The clock and the busy time after each of `steps` decode steps of a batch of `n` from `now`, `busy`: each
+        step's duration added in order, as a loop adds them. Kept (`_run`) while the batch stays the same: arrivals
+        cut a run into pieces, and a sum continued from where it was cut is the same sum."""
+        dts = (
+            self._linear.decode_steps_s(n, kv, steps)
+            if self._linear is not None
+            else decode_steps_s(self.latency, n, kv, steps)
+        )
+        first = float(dts[0])
+        dts[0] = first + now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
+        nows = np.add.accumulate(dts)
+        dts[0] = first + busy
+        np.add.accumulate(dts, out=dts)
+        return nows, dts
 
     # ---- requests starting and stopping ------------------------------------------------------------------------
     def _start(self, r: SimRequest) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 import math
 from enum import Enum
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from ..core.cost import LinearCost
@@ -124,18 +123,19 @@ class Forecast:
             self._charge(req.tenant)
 
     # ---- when an admission can succeed -------------------------------------------------------------------------
-    def _when_admission_can_succeed(self, lo: int, first: int | None = None) -> int:
+    def _when_admission_can_succeed(self, lo: int, first: int | None = None, hi: int | None = None) -> int:
         """After a try that stopped at a request that did not fit (`_refused`): the first step from `lo` on at which a
         try could admit something, while nothing happens (every event resets it). The policy's next request fits
         again at a step the reserve index computes (in paged mode, not before the pool grows); another request can
         only be first if the next one's tenant is charged past the others, and only fit where the smallest queued
-        sizes fit (`first`: when the next request first fits, if known)."""
+        sizes fit (`first`: when the next request first fits, if known; `hi`: `_quiet_steps_cap()`, if known)."""
         if self._charging is Charging.EVERY_STEP or self._every_try:
             return lo  # NOTE: every step's charges count, as step by step; preemption and the cap are not forecast
         head = self._refused
         if head is None:
             return NEVER
-        hi = self._quiet_steps_cap()
+        if hi is None:
+            hi = self._quiet_steps_cap()
         if first is None:
             first = self._first_fit(head, lo, hi)
         if self._charging is Charging.AT_END or head.tenant not in self._tenants:
@@ -255,13 +255,19 @@ class Forecast:
         now = self.step
         if not tenant:
             return now + 1
-        h0, o0 = Fraction(self.ledger.accounts[head.tenant].counter), Fraction(self.ledger.accounts[tenant].counter)
-        h_rate = (Fraction(head_counter) - h0) / (at - now)
-        o_rate = (Fraction(counter) - o0) / (at - since) if at > since else Fraction(0)
-        gap = o0 + o_rate * (now - since) - h0  # how far `tenant` is behind at now; it closes at h_rate - o_rate
-        if h_rate <= o_rate:
+        # NOTE: exact, in integers: every counter is a binary fraction (exact_charges), so all share a denominator
+        h0, o0 = self.ledger.accounts[head.tenant].counter, self.ledger.accounts[tenant].counter
+        (h0n, h0d), (o0n, o0d) = h0.as_integer_ratio(), o0.as_integer_ratio()
+        (hcn, hcd), (ocn, ocd) = head_counter.as_integer_ratio(), counter.as_integer_ratio()
+        d = max(h0d, o0d, hcd, ocd)  # powers of two: the largest is a multiple of each
+        h0i, o0i, hci, oci = h0n * (d // h0d), o0n * (d // o0d), hcn * (d // hcd), ocn * (d // ocd)
+        a = at - now  # head's counter rises by hci - h0i over a steps
+        b, rise = (at - since, oci - o0i) if at > since else (1, 0)  # tenant's, by rise over b steps
+        closing = (hci - h0i) * b - rise * a  # (head's rate - tenant's) * d * a * b
+        if closing <= 0:
             return at
-        return max(now + 1, now + math.ceil(gap / (h_rate - o_rate)))
+        gap = (o0i - h0i) * b + rise * (now - since)  # how far `tenant` is behind at now, * d * b
+        return max(now + 1, now - (-(gap * a) // closing))
 
     def _queue_sizes(self, r: SimRequest, queued: bool) -> None:
         """LAZY: `r` joins (`queued`) or leaves the queue: the smallest queued sizes follow."""

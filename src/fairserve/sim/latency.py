@@ -100,7 +100,7 @@ def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
 
 def _sums(prompt_lens: Sequence[int]) -> tuple[float, float]:
     """Σx and Σx² over a prefill batch's prompt lengths (attention cost grows with x²)."""
-    return float(sum(prompt_lens)), float(sum(x * x for x in prompt_lens))
+    return float(sum(prompt_lens)), float(sum([x * x for x in prompt_lens]))  # NOTE: whole numbers, summed exactly
 
 
 def _cached_sums(uncached: Sequence[int], cached: Sequence[int]) -> tuple[float, float]:
