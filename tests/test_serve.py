@@ -150,7 +150,8 @@ def test_disconnect_cancels_in_the_engine(server):
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
     assert all(line.startswith("data:") or not line for line in got)
-    for _ in range(100):
+    deadline = time.monotonic() + 30  # NOTE: the engine sees the client gone at its next token: later under load
+    while time.monotonic() < deadline:
         row = account(url, "bob")
         if row["in_flight"] == 0 and row["queue_length"] == 0:
             break
@@ -183,7 +184,8 @@ def test_non_streaming_client_that_leaves_is_cancelled(server):
                 await call
 
     asyncio.run(leave_while_running())
-    for _ in range(100):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         row = account(url, "bob")
         if row["in_flight"] == 0 and row["queue_length"] == 0 and row["service"] > before:
             break
