@@ -13,8 +13,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
   (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
   (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
   live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
-  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads; a sync that
-  gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
+  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads per model
+  pool; a sync that gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
@@ -49,7 +49,8 @@ from .redis_backlog import BACKLOG_LUA
 #   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlog: n nodes now backlogged here (mode "=": all of them), then n nodes no longer backlogged here
-#   starved: the tenant at the head of this replica's queue when it may be admitted but no lease has room, else ""
+#   starved: "" or a JSON list, flat: tenant, pool per model pool whose head here may be admitted but finds no lease
+#     with room (the head's tenant; the pool: its backends' URLs, sorted, space-separated)
 #   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
 #                          keep r, keep t)
 #     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
@@ -61,9 +62,9 @@ from .redis_backlog import BACKLOG_LUA
 #          services (three lists in the same order; nil where unset),
 #          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
 #          node, counter: the two smallest counters backlogged at the top on any live replica), starved elsewhere (flat:
-#          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
-#          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
-#          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
+#          tenant, counter, pool, per waiting head of the other live replicas), leases (r, others waiting r (0/1),
+#          t, others waiting t per backend), live replicas, epoch, since, weights since, reset generation,
+#          known (0: Redis had forgotten this replica, and with it its backlog)}: `ANSWER` names them.
 # NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
@@ -267,10 +268,15 @@ end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved, mine = nxt(), nil
-local waiting, heads = {}, {}
+local waiting, heads, pools = {}, {}, {}
 local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
-  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] else mine = st[j + 1] end
+  if st[j] ~= rid then
+    local got = cjson.decode(st[j + 1])
+    for q = 1, #got, 2 do heads[#heads + 1], pools[#pools + 1] = got[q], got[q + 1] end
+  else
+    mine = st[j + 1]
+  end
 end
 if starved ~= '' then
   if mine ~= starved then redis.call('HSET', ST, rid, starved) end
@@ -280,7 +286,7 @@ end
 if #heads > 0 then
   local counters = redis.call('HMGET', C, unpack(heads))
   for j, tenant in ipairs(heads) do
-    waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
+    waiting[3 * j - 2], waiting[3 * j - 1], waiting[3 * j] = tenant, counters[j] or '0', pools[j]
     local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
     while node do row(node); node = parent(node) end
   end

@@ -28,8 +28,9 @@ class Changes:
         self.tokens_of = tokens_of
         # changed since the last sync was sent: each account with its (counter, service) before its first change
         self.dirty: dict[Account, tuple[float, float]] = {}
-        self.queued_tokens = 0  # capacity tokens of the requests queued
-        self._tokens: dict[Any, int] = {}  # by request id: what `queued_tokens` counted for it
+        self.pool_of: Callable[[Request], str] = lambda req: ""  # a queued request's model pool (SharedState sets it)
+        self.pool_tokens: dict[str, int] = {}  # per pool: capacity tokens of the requests queued
+        self._tokens: dict[Any, tuple[str, int]] = {}  # by request id: what `pool_tokens` counted for it
         self.backlog: set[str] = set()  # the tenants Redis was last told are backlogged here
         self.full = True  # send the whole backlog next time (at start; after a failed sync; Redis forgot it)
         self.sent: tuple[str, list[str], list[str]] = ("=", [], [])  # the backlog part of the sync being sent
@@ -51,13 +52,15 @@ class Changes:
 
         def queued(req: Request, front: bool) -> None:
             self.mark(req.account)
-            tokens = self._tokens[req.id] = self.tokens_of(req)
-            self.queued_tokens += tokens
+            pool, tokens = self._tokens[req.id] = self.pool_of(req), self.tokens_of(req)
+            self.pool_tokens[pool] = self.pool_tokens.get(pool, 0) + tokens
             enqueue(req, front)
 
         def left(req: Request, hook: Callable[[Request], None]) -> None:
             self.mark(req.account)
-            self.queued_tokens -= self._tokens.pop(req.id, 0)
+            pool, tokens = self._tokens.pop(req.id, ("", 0))
+            if tokens:
+                self.pool_tokens[pool] -= tokens
             hook(req)
 
         # NOTE: instance attributes shadow the methods; setattr, since mypy forbids assigning to a method
