@@ -143,7 +143,7 @@ class Changes:
         pending: dict[str, float],
     ) -> None:
         """An answer into the ledger: the weights set since the last one (`weights`: tenants, weights), then the
-        global counter and service of the tenants in `rows` (tenants, counters, services), with what this replica
+        global counter and service of the tenants in `rows` (tenants, "COUNTER SERVICE" values), with what this replica
         changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight `pending` (set here,
         not yet sent) stays."""
         accounts = ledger.accounts
@@ -158,16 +158,14 @@ class Changes:
             except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
                 log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
         groups = ledger.groups
-        for tenant, c, s in zip(*rows, strict=True):
+        for tenant, value in zip(*rows, strict=True):
             name = _text(tenant)
             acct = accounts.get(name) or groups.get(name)
-            if acct is None:
+            if acct is None or value is None:
                 continue
-            counter = _num(c)
-            if counter is None:
-                continue
+            c, s = _text(value).split(" ")
+            counter, service = float(c), float(s)
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
-            service = _num(s) or 0.0
             ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
             acct.synced = service
             if acct in self.dirty:  # NOTE: what changed since counts from these values now

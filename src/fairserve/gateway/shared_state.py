@@ -86,7 +86,7 @@ __all__ = [
     "probe",
 ]
 
-PULL = 32  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
+PULL = 8  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
 
 
 class BackendSlot(Protocol):
@@ -388,8 +388,7 @@ class SharedState(Link):
     def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
         (
             tenants,
-            counters,
-            services,
+            values,
             weighted,
             weights,
             floor,
@@ -402,7 +401,7 @@ class SharedState(Link):
             generation,
             known,
         ) = reply
-        self.changes.apply(self.ledger, [tenants, counters, services], [weighted, weights], snap, self._weights)
+        self.changes.apply(self.ledger, [tenants, values], [weighted, weights], snap, self._weights)
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
         # no other replica has yet), with the charges not yet sent on top, and its whole backlog
