@@ -154,8 +154,8 @@ class Pool:
 class Dispatch:
     """The pools, their ledgers, and the one admission pass over them (see the module's docstring)."""
 
-    # NOTE: True: the policy's order over every pool together, a saturated pool holding up the others (the order
-    # before pools were passed over; the tests measure it as the counterfactual)
+    # NOTE: True: one order over every pool together, so that a saturated pool holds up the others (the counterfactual
+    # the pool tests measure)
     strict = False
 
     def __init__(self, backends: list[Backend], make_ledger: Callable[[], Ledger], per_model: bool) -> None:
