@@ -132,6 +132,7 @@ end
 local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
 local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
 seq, wseq = tonumber(single[4] or '0'), tonumber(single[5] or '0')
+local seq0 = seq  -- NOTE: the changes after it are this sync's own, all in its answer already
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
@@ -355,7 +356,9 @@ if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
   nsince, nwsince, wrows = string.format('%d', seq), string.format('%d', wseq), rows
 else
-  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
+  -- NOTE: up to the changes this sync made (its own: in the answer's rows already), so that they are not pulled
+  -- back later: once the others' changes are all read, `since` moves past this sync's own
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, seq0, 'WITHSCORES', 'LIMIT', 0, pull)
   for j = 1, #got, 2 do row(got[j]) end
   nsince = #got > 0 and #got == 2 * pull and got[#got] or string.format('%d', seq)
   wrows, nwsince = {}, wsince
