@@ -237,3 +237,42 @@ def test_a_pass_stops_once_the_pools_with_room_have_nothing_queued():
         assert light.admitted.done() and len(looked) <= 2, len(looked)
 
     asyncio.run(go())
+
+
+def test_with_shared_state_a_request_defers_only_to_waiting_heads_of_pools_sharing_a_backend():
+    """The replicas' comparison per pool, without Redis (the sync is not started; its view set by hand): another
+    replica waits with bob's head for backend a. Alice's request for model-b (backend b) goes; hers for model-a and
+    for model-x (backends a and b) wait behind bob's. This replica's own waiting heads and lease demand are per pool."""
+
+    async def go() -> None:
+        a = {"url": "http://a", "max_inflight_requests": 1, "models": ["model-a", "model-x"]}
+        b = {"url": "http://b", "max_inflight_requests": 4, "models": ["model-b", "model-x"]}
+        s = scheduler(a, b, scope="global", state="redis://127.0.0.1:9/0")
+        shared = s.shared
+        assert shared is not None and shared.pools is s.pools
+        shared.up = True  # NOTE: as after a sync: bob (counter 0) waits on another replica for backend a
+        shared._starved = [(0.0, "bob", "http://a")]
+        first = s.new_ticket("alice", 5, 5, model="model-b")
+        s.submit(first)
+        assert first.admitted.done() and s.ledger.accounts["alice"].counter > 0
+        held = [s.new_ticket("alice", 5, 5, model=m) for m in ("model-a", "model-x")]
+        for t in held:
+            s.submit(t)
+        assert not any(t.admitted.done() for t in held)
+        other = s.new_ticket("alice", 5, 5, model="model-b")
+        s.submit(other)
+        assert other.admitted.done() and other.backend.url == "http://b"
+        assert {h.key for h in shared.heads()} == {"http://a", "http://a http://b"}
+        # bob's wait over: alice's model-a request takes a's slot; the next two for model-a find no room
+        shared._starved = []
+        s.dispatch()
+        assert held[0].admitted.done() and held[1].admitted.done()
+        for _ in range(2):
+            s.submit(s.new_ticket("alice", 5, 5, model="model-a"))
+        args, _, _ = shared._args()
+        starved = json.loads(next(x for x in args if isinstance(x, str) and x.startswith("[")))
+        assert starved == ["alice", "http://a"]  # waiting for backend a only, with its pool
+        rows = {args[k]: args[k + 5] for k in range(len(args)) if args[k] in ("http://a", "http://b")}
+        assert rows == {"http://a": 1 + 1, "http://b": 3}  # demand: a's own queue on a (its limit), none on b
+
+    asyncio.run(go())

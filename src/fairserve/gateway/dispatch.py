@@ -12,8 +12,13 @@ pool does not count on another), `global` one ledger over the fleet (one account
 a token of one model cost more than another's). Either way the admission pass does not let a pool without room hold
 up one with room: within a ledger, requests whose pool is full are passed over (`Ledger.pop`, then `Ledger.unpop`
 at the end of the pass: their admission charges stand only during the pass) and the policy's order holds among the
-requests of pools with room. With shared state (several replicas) the order stays strict, as the leases and the
-waiting replicas' heads are compared in it (gateway/shared_state.py).
+requests of pools with room.
+
+With shared state (several replicas, gateway/shared_state.py) the same holds across replicas: the pass also finds
+each pool's head (its first request still queued: `heads`), a replica reports the heads that may be admitted but
+find no lease with room as waiting, each with its pool (`Pool.key`, its backends' URLs, the same on every replica),
+and a replica defers only to the waiting heads of pools that share a backend with its request's pool. A saturated
+pool's waiting heads thus hold up no request for another pool, on any replica.
 
 This is the place fleet-level dispatch grows (preemption across pools, locality): `Dispatch.admit` is the one pass.
 """
@@ -23,13 +28,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..core import Ledger, Request
+from ..core import Ledger, Request, RequestState
 from .config import BackendConfig
-
-if TYPE_CHECKING:
-    from .shared_state import SharedState
+from .shared_state import Head, SharedState, pool_key
 
 
 @dataclass(eq=False)
@@ -130,6 +133,10 @@ class Pool:
     backends: tuple[Backend, ...]
     ledger: Ledger  # its own (per_model) or the fleet's (global)
     queued: int = 0  # its requests waiting for admission
+    key: str = ""  # its backends' URLs (`pool_key`): the same pool on every replica
+
+    def __post_init__(self) -> None:
+        self.key = pool_key(b.url for b in self.backends)
 
     @property
     def name(self) -> str:
@@ -147,6 +154,10 @@ class Pool:
 class Dispatch:
     """The pools, their ledgers, and the one admission pass over them (see the module's docstring)."""
 
+    # NOTE: True: one order over every pool together, so that a saturated pool holds up the others (the counterfactual
+    # the pool tests measure)
+    strict = False
+
     def __init__(self, backends: list[Backend], make_ledger: Callable[[], Ledger], per_model: bool) -> None:
         self.backends = backends
         self.per_model = per_model
@@ -154,6 +165,10 @@ class Dispatch:
         self.ledgers: list[Ledger] = [make_ledger()]  # the fleet's (global), or the first pool's (per_model)
         self.pools: dict[frozenset[str], Pool] = {}
         self._turn = 0  # which ledger's pass goes first (they may share backends)
+        self._heads: list[tuple[Pool, Request]] = []  # with shared state: as the last pass found them
+        shared = self.ledgers[0].peers
+        if isinstance(shared, SharedState):
+            shared.bind(self)
 
     def pool(self, backends: Collection[Backend]) -> Pool:
         key = frozenset(b.url for b in backends)
@@ -185,10 +200,23 @@ class Dispatch:
     def num_queued(self) -> int:
         return sum(x.num_queued for x in self.ledgers)
 
+    def key_of(self, req: Request) -> str:
+        """The pool of a queued request (its ticket's)."""
+        return str(req.item.pool.key)
+
+    def heads(self) -> list[Head]:
+        """Each pool's first request still queued, as the last pass found them (shared state compares them across
+        replicas); with `strict`, each ledger's first request, for every backend."""
+        if self.strict:
+            every = pool_key(b.url for b in self.backends)
+            return [Head(every, req, x.num_queued) for x in self.ledgers if (req := x.peek()) is not None]
+        return [Head(p.key, req, p.queued) for p, req in self._heads if req.state is RequestState.QUEUED and p.queued]
+
     def admit(self, shared: SharedState | None = None) -> list[Request]:
         """One admission pass over every ledger: the requests admitted, each with its backend taken
         (`ticket.backend`)."""
         ledgers, out = self.ledgers, []
+        self._heads = []
         n = len(ledgers)
         self._turn = (self._turn + 1) % n
         for i in range(n):
@@ -199,11 +227,14 @@ class Dispatch:
 
     def _pass(self, ledger: Ledger, shared: SharedState | None) -> list[Request]:
         now = time.monotonic()
-        room = {p for p in self.pools.values() if p.ledger is ledger and p.queued and p.has_room(now)}
+        queued = [p for p in self.pools.values() if p.ledger is ledger and p.queued]
+        room = {p for p in queued if p.has_room(now)}
+        # NOTE: with shared state every pool's head is found (the replicas compare them), not only those with room
+        headless = set(queued) if shared is not None and not self.strict else set()
         admitted: list[Request] = []
         passed: list[Request] = []  # popped only to look behind them; put back, as they were, at the end
         try:
-            while room:
+            while room or headless:
                 req = ledger.peek()
                 if req is None:
                     break
@@ -217,10 +248,16 @@ class Dispatch:
                         admitted.append(req)
                         if not pool.queued:  # NOTE: else the pass would walk every full pool's queue for it
                             room.discard(pool)
+                            headless.discard(pool)
                         continue
                     room.discard(pool)
-                if shared is not None or not room:
-                    break  # NOTE: with shared state the order is strict (the replicas compare their heads)
+                if self.strict:
+                    break
+                if pool in headless:
+                    headless.discard(pool)
+                    self._heads.append((pool, req))
+                if not room and not headless:
+                    break
                 ledger.pop()
                 passed.append(req)
         finally:

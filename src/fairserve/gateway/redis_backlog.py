@@ -4,17 +4,17 @@ replica, keeps the floors the lift reads, and lifts a node below the top of the 
 
 Keys (prefix `P`): `P:bk:REPLICA`, the nodes backlogged on a replica; `P:bt:NODE`, the replicas a node is
 backlogged on; `P:f:PARENT` (`P:f:` at the top), the nodes under one parent backlogged on any replica, scored by
-their counters (a score is always the node's counter in `P:c`), so that the smallest among a node's siblings is read
+their counters (a score is always the node's counter in `P:cs`), so that the smallest among a node's siblings is read
 in O(log n). A node that becomes backlogged anywhere below the top is lifted to the smallest counter among its
 siblings there, net of what the same sync charged it, and that counter is the one every replica takes; a replica
 lifts a node at the top itself, from the two smallest counters an answer gives it, and sends the lift with its
 charges. Nodes of one parent that join in one sync do not lift each other (as arrivals in one instant).
 
-What it uses of the script around it: `p`, `F`, `C`, `V`, `fmt`, `lifts`, `bump`, `known_c` (the counters this sync
-read or wrote); what it gives it: `backlog(replica, node)`, `unbacklog(replica, node)` (gathered), `write_floor()`
-(written, before anything reads a floor), `members` (the replicas a charged node is backlogged on, as read by the
-charges), `dcs` (what this batch charged each node), `hold` (set by the script: no lift while Redis's data is being
-restored), `parent(node)`, `floor_key(node)`, `by_floor(nodes)`."""
+What it uses of the script around it: `p`, `F`, `CS`, `V`, `fmt`, `lifts`, `bump`, `split`, `known` and `known_c`
+(the values and counters this sync read or wrote); what it gives it: `backlog(replica, node)`, `unbacklog(replica,
+node)` (gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node
+is backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
+lift while Redis's data is being restored), `parent(node)`, `floor_key(node)`, `by_floor(nodes)`."""
 
 BACKLOG_LUA = """
 -- a node's parent in the tenant tree ('' at the top), and the key of the floor among its siblings (`P:f:PARENT`)
@@ -77,7 +77,9 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
           if not known_c[node] then unknown[#unknown + 1] = node end
         end
         if #unknown > 0 then
-          for q, c in ipairs(redis.call('HMGET', C, unpack(unknown))) do known_c[unknown[q]] = c or false end
+          for q, v in ipairs(redis.call('HMGET', CS, unpack(unknown))) do
+            known[unknown[q]], known_c[unknown[q]] = v, v and split(v)
+          end
         end
         local there = floor and redis.call('ZMSCORE', key, unpack(names)) or {}  -- on the floor: backlogged elsewhere
         local set = {}
@@ -86,8 +88,9 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
           local dc = dcs[node] or 0
           if floor and not there[q] and tonumber(c) - dc < floor then
             c = string.format(fmt, floor + dc)
-            known_c[node] = c
-            lifted[#lifted + 1] = node; lifted[#lifted + 1] = c
+            local _, service = split(known[node] or '0 0')
+            known_c[node], known[node] = c, c .. ' ' .. service
+            lifted[#lifted + 1] = node; lifted[#lifted + 1] = known[node]
           end
           set[#set + 1] = c; set[#set + 1] = node
         end
@@ -95,7 +98,7 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
       end
     end
     if #lifted > 0 then
-      redis.call('HSET', C, unpack(lifted))
+      redis.call('HSET', CS, unpack(lifted))
       local k, log = bump(#lifted / 2), {}
       for j = 1, #lifted, 2 do k = k + 1; log[j], log[j + 1] = k, lifted[j] end
       redis.call('ZADD', V, unpack(log))

@@ -3,8 +3,9 @@
 out its arguments.
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
-- each node's virtual counter, service and weight (hashes `P:c`, `P:s`, `P:w`, keyed by the tenant, or by the
-  group of the tenant tree: a replica's charge rows carry its groups' too, each the sum of its tenants' charges);
+- each node's virtual counter and service, in one field ("COUNTER SERVICE": one read and one write for both), and
+  its weight (hashes `P:cs`, `P:w`, keyed by the tenant, or by the group of the tenant tree: a replica's charge
+  rows carry its groups' too, each the sum of its tenants' charges);
 - which nodes are backlogged on which live replica (a dead replica's backlog is gone within `ttl_s`), and per
   parent the nodes backlogged anywhere scored by counter, for the lift (`redis_backlog.py`: that part of the
   script); the nodes backlogged on a replica that another one charged since its last sync (`P:d:REPLICA`, in its
@@ -13,8 +14,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
   (hashes `P:lr:URL` requests, `P:lt:URL` tokens: fields g:REPLICA) and its demand the lease does not cover
   (u:REPLICA), with their sums over the live replicas (g, u; `P:urls`, the backends seen): the leases of all
   live replicas never add up to more than the backend's `max_inflight_requests` / `max_inflight_tokens`, and a dead
-  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads; a sync that
-  gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
+  replica's lease stops counting after `ttl_s`; the replicas waiting for capacity (`P:st`, their heads per model
+  pool; a sync that gives back room they wait for publishes to each one's channel `P:wake:REPLICA`);
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
@@ -49,7 +50,8 @@ from .redis_backlog import BACKLOG_LUA
 #   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
 #   backlog: n nodes now backlogged here (mode "=": all of them), then n nodes no longer backlogged here
-#   starved: the tenant at the head of this replica's queue when it may be admitted but no lease has room, else ""
+#   starved: "" or a JSON list, flat: tenant, pool per model pool whose head here may be admitted but finds no lease
+#     with room (the head's tenant; the pool: its backends' URLs, sorted, space-separated)
 #   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
 #                          keep r, keep t)
 #     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
@@ -57,13 +59,13 @@ from .redis_backlog import BACKLOG_LUA
 #      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
 #      others wait leaves its spare out of keep, so that the spare is released at its next sync)
 # Returns {tenants (nodes): those charged or newly backlogged here, those backlogged here and charged elsewhere,
-#          the groups above other replicas' waiting heads, those changed since `since`; their counters and
-#          services (three lists in the same order; nil where unset),
+#          the groups above other replicas' waiting heads, those changed since `since`; their "COUNTER SERVICE"
+#          values (two lists in the same order; nil where unset),
 #          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
 #          node, counter: the two smallest counters backlogged at the top on any live replica), starved elsewhere (flat:
-#          tenant, counter, per other live replica that waits), leases (r, others waiting r (0/1), t, others waiting
-#          t per backend), live replicas, epoch, since, weights since, reset generation, known (0: Redis had
-#          forgotten this replica, and with it its backlog)}: `ANSWER` names them.
+#          tenant, counter, pool, per waiting head of the other live replicas), leases (r, others waiting r (0/1),
+#          t, others waiting t per backend), live replicas, epoch, since, weights since, reset generation,
+#          known (0: Redis had forgotten this replica, and with it its backlog)}: `ANSWER` names them.
 # NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
@@ -76,7 +78,7 @@ local t = redis.call('TIME')
 local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local i = 13
 local function nxt() i = i + 1; return ARGV[i] end
-local C, S, W, V, WV, SEQ = p .. ':c', p .. ':s', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
+local CS, W, V, WV, SEQ = p .. ':cs', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
 local fmt = '%.17g'
 -- NOTE: the change numbers as of now (read once, then counted here: the script is atomic), so none is read again
@@ -84,8 +86,13 @@ local seq, wseq = 0, 0
 local function bump(n) seq = redis.call('INCRBY', SEQ, n); return seq - n end
 local function wbump() wseq = redis.call('INCR', p .. ':wseq'); return wseq end
 local function touch(tenant) redis.call('ZADD', V, bump(1) + 1, tenant) end
--- the values this script wrote (or read) for a node: the answer's counters and services need no HMGET for them
-local known_c, known_s = {}, {}
+-- the values this script wrote (or read) for a node: `known`, its "COUNTER SERVICE" field (false: none), and
+-- `known_c` its counter: the answer needs no HMGET for them
+local known, known_c = {}, {}
+local function split(v)  -- "COUNTER SERVICE": the two strings
+  local sp = string.find(v, ' ', 1, true)
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
 local rows, listed = {}, {}
 local function row(tenant)
   if not listed[tenant] then listed[tenant] = true; rows[#rows + 1] = tenant end
@@ -125,6 +132,7 @@ end
 local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
 local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
 seq, wseq = tonumber(single[4] or '0'), tonumber(single[5] or '0')
+local seq0 = seq  -- NOTE: the changes after it are this sync's own, all in its answer already
 if not current then
   current = t[1] .. '.' .. t[2]
   redis.call('SET', p .. ':e', current)
@@ -136,7 +144,7 @@ end
 -- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
 for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
 write_floor()
-local known = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added, so Redis did not know it
+local known_replica = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added: Redis did not know it
 local replicas = redis.call('ZCARD', R)
 hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
@@ -153,11 +161,14 @@ if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas
 end
 if fresh and reset == '1' then
   generation = redis.call('INCR', p .. ':rg')
-  local all = redis.call('HKEYS', C)
-  for a = 1, #all, 1000 do
-    local set = {}
-    for j = a, math.min(a + 999, #all) do set[#set + 1] = all[j]; set[#set + 1] = '0' end
-    redis.call('HSET', C, unpack(set))
+  local all, values = {}, redis.call('HGETALL', CS)
+  for j = 1, #values, 2 do
+    all[#all + 1] = values[j]
+    local _, service = split(values[j + 1])
+    values[j + 1] = '0 ' .. service
+  end
+  for a = 1, #values, 2000 do
+    redis.call('HSET', CS, unpack(values, a, math.min(a + 1999, #values)))
   end
   for key, idx in pairs(by_floor(all)) do  -- NOTE: each backlogged node's floor score too (XX: only those there)
     for a = 1, #idx, 1000 do
@@ -182,7 +193,7 @@ if fresh and #names > 0 then
   for a = 1, #names, 1000 do
     local b = math.min(a + 999, #names)
     local chunk = (a == 1 and b == #names) and names or {unpack(names, a, b)}
-    local oc, os = redis.call('HMGET', C, unpack(chunk)), redis.call('HMGET', S, unpack(chunk))
+    local old = redis.call('HMGET', CS, unpack(chunk))
     -- each node's score on its siblings' floor: one call per parent (one for all when nobody is below the top)
     local backlogged, floors = tree and {} or redis.call('ZMSCORE', F, unpack(chunk)), {}
     if tree then
@@ -193,17 +204,23 @@ if fresh and #names > 0 then
         for q, j in ipairs(idx) do backlogged[j] = scores[q] end
       end
     end
-    local setc, sets, log = {}, {}, {}
+    local set, log = {}, {}
     for j = a, b do
       local tenant, q, x = names[j], j - a + 1, at[j]
       local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
-      local c, s = tonumber(oc[q] or ARGV[x + 4]), tonumber(os[q] or ARGV[x + 5])
+      local c, s
+      if old[q] then
+        c, s = split(old[q])
+        c, s = tonumber(c), tonumber(s)
+      else
+        c, s = tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5])
+      end
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
-      local cs, ss = string.format(fmt, c + dc), string.format(fmt, s + ds)
-      dcs[tenant], known_c[tenant], known_s[tenant] = dc, cs, ss
+      local cs = string.format(fmt, c + dc)
+      local v = cs .. ' ' .. string.format(fmt, s + ds)
+      dcs[tenant], known_c[tenant], known[tenant] = dc, cs, v
       k = k + 1
-      setc[2 * q - 1], setc[2 * q] = tenant, cs
-      sets[2 * q - 1], sets[2 * q] = tenant, ss
+      set[2 * q - 1], set[2 * q] = tenant, v
       log[2 * q - 1], log[2 * q] = k, tenant
       if backlogged[q] then  -- its new counter on the floor; the other replicas that backlog it hear of it next
         local key = tree and floor_key(tenant) or F
@@ -216,8 +233,7 @@ if fresh and #names > 0 then
         end
       end
     end
-    redis.call('HSET', C, unpack(setc))
-    redis.call('HSET', S, unpack(sets))
+    redis.call('HSET', CS, unpack(set))
     for key, floor in pairs(floors) do redis.call('ZADD', key, unpack(floor)) end
     redis.call('ZADD', V, unpack(log))
   end
@@ -267,10 +283,15 @@ end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved, mine = nxt(), nil
-local waiting, heads = {}, {}
+local waiting, heads, pools = {}, {}, {}
 local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
-  if st[j] ~= rid then heads[#heads + 1] = st[j + 1] else mine = st[j + 1] end
+  if st[j] ~= rid then
+    local got = cjson.decode(st[j + 1])
+    for q = 1, #got, 2 do heads[#heads + 1], pools[#pools + 1] = got[q], got[q + 1] end
+  else
+    mine = st[j + 1]
+  end
 end
 if starved ~= '' then
   if mine ~= starved then redis.call('HSET', ST, rid, starved) end
@@ -278,9 +299,9 @@ elseif mine then
   redis.call('HDEL', ST, rid)
 end
 if #heads > 0 then
-  local counters = redis.call('HMGET', C, unpack(heads))
+  local values = redis.call('HMGET', CS, unpack(heads))
   for j, tenant in ipairs(heads) do
-    waiting[2 * j - 1], waiting[2 * j] = tenant, counters[j] or '0'
+    waiting[3 * j - 2], waiting[3 * j - 1], waiting[3 * j] = tenant, values[j] and split(values[j]) or '0', pools[j]
     local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
     while node do row(node); node = parent(node) end
   end
@@ -335,7 +356,9 @@ if current ~= epoch then
   for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
   nsince, nwsince, wrows = string.format('%d', seq), string.format('%d', wseq), rows
 else
-  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, '+inf', 'WITHSCORES', 'LIMIT', 0, pull)
+  -- NOTE: up to the changes this sync made (its own: in the answer's rows already), so that they are not pulled
+  -- back later: once the others' changes are all read, `since` moves past this sync's own
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, seq0, 'WITHSCORES', 'LIMIT', 0, pull)
   for j = 1, #got, 2 do row(got[j]) end
   nsince = #got > 0 and #got == 2 * pull and got[#got] or string.format('%d', seq)
   wrows, nwsince = {}, wsince
@@ -358,13 +381,13 @@ local function values(key, list, known)  -- HMGET (in chunks, as unpack() has a 
   return out
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
-return {rows, values(C, rows, known_c), values(S, rows, known_s), wrows, values(W, wrows, {}), floor, waiting, leases,
-  replicas, current, nsince, nwsince, generation, known}
+return {rows, values(CS, rows, known), wrows, values(W, wrows, {}), floor, waiting, leases, replicas, current, nsince,
+  nwsince, generation, known_replica}
 """
 )
 # The answer's parts, in order (the comment above SYNC_LUA says what each holds).
 ANSWER = (
-    "tenants", "counters", "services", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
+    "tenants", "values", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
     "since", "weights_since", "generation", "known",
 )  # fmt: skip
 

@@ -28,8 +28,9 @@ class Changes:
         self.tokens_of = tokens_of
         # changed since the last sync was sent: each account with its (counter, service) before its first change
         self.dirty: dict[Account, tuple[float, float]] = {}
-        self.queued_tokens = 0  # capacity tokens of the requests queued
-        self._tokens: dict[Any, int] = {}  # by request id: what `queued_tokens` counted for it
+        self.pool_of: Callable[[Request], str] = lambda req: ""  # a queued request's model pool (SharedState sets it)
+        self.pool_tokens: dict[str, int] = {}  # per pool: capacity tokens of the requests queued
+        self._tokens: dict[Any, tuple[str, int]] = {}  # by request id: what `pool_tokens` counted for it
         self.backlog: set[str] = set()  # the tenants Redis was last told are backlogged here
         self.full = True  # send the whole backlog next time (at start; after a failed sync; Redis forgot it)
         self.sent: tuple[str, list[str], list[str]] = ("=", [], [])  # the backlog part of the sync being sent
@@ -51,13 +52,15 @@ class Changes:
 
         def queued(req: Request, front: bool) -> None:
             self.mark(req.account)
-            tokens = self._tokens[req.id] = self.tokens_of(req)
-            self.queued_tokens += tokens
+            pool, tokens = self._tokens[req.id] = self.pool_of(req), self.tokens_of(req)
+            self.pool_tokens[pool] = self.pool_tokens.get(pool, 0) + tokens
             enqueue(req, front)
 
         def left(req: Request, hook: Callable[[Request], None]) -> None:
             self.mark(req.account)
-            self.queued_tokens -= self._tokens.pop(req.id, 0)
+            pool, tokens = self._tokens.pop(req.id, ("", 0))
+            if tokens:
+                self.pool_tokens[pool] -= tokens
             hook(req)
 
         # NOTE: instance attributes shadow the methods; setattr, since mypy forbids assigning to a method
@@ -140,7 +143,7 @@ class Changes:
         pending: dict[str, float],
     ) -> None:
         """An answer into the ledger: the weights set since the last one (`weights`: tenants, weights), then the
-        global counter and service of the tenants in `rows` (tenants, counters, services), with what this replica
+        global counter and service of the tenants in `rows` (tenants, "COUNTER SERVICE" values), with what this replica
         changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight `pending` (set here,
         not yet sent) stays."""
         accounts = ledger.accounts
@@ -155,16 +158,14 @@ class Changes:
             except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
                 log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
         groups = ledger.groups
-        for tenant, c, s in zip(*rows, strict=True):
+        for tenant, value in zip(*rows, strict=True):
             name = _text(tenant)
             acct = accounts.get(name) or groups.get(name)
-            if acct is None:
+            if acct is None or value is None:
                 continue
-            counter = _num(c)
-            if counter is None:
-                continue
+            c, s = _text(value).split(" ")
+            counter, service = float(c), float(s)
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
-            service = _num(s) or 0.0
             ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
             acct.synced = service
             if acct in self.dirty:  # NOTE: what changed since counts from these values now

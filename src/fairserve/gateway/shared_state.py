@@ -20,13 +20,15 @@ writes the global values into its ledger (`Ledger.apply_remote`, `Ledger.set_wei
 backends' limits.
 
 Fairness across replicas: this is the ledger's `Peers`; the counter lift uses the smallest counter among tenants
-backlogged anywhere (`lift_floor`). A replica whose head may be admitted but finds no lease with room reports itself
-waiting, with that head's tenant (`P:st`); a replica admits its head unless another replica waits for a different
-tenant with a smaller counter (`may_admit`). One that may not admit shrinks its lease to what it has in flight and
-reports no wait, so the capacity flows to the replica holding the smallest waiting counter, and two replicas that
-each see the other first do not both stand still. A replica syncs early when it starts waiting, and when it holds
-lease room it cannot use while others wait (`waiting`); that sync wakes the waiting replicas (pub/sub, `Link._listen`),
-which sync at once.
+backlogged anywhere (`lift_floor`). The comparison is per model pool (gateway/dispatch.py: a pool is the backends
+that serve a model, `Head.key` their URLs): a replica whose pool head may be admitted but finds no lease with room
+reports itself waiting, with that head's tenant and pool (`P:st`); a replica admits a request unless another
+replica waits for a different tenant with a smaller counter in a pool that shares a backend with the request's
+(`may_admit`), so a saturated pool holds up no other. One that may not admit a pool's head asks no more lease on its
+backends than it has in flight and reports no wait for it, so the capacity flows to the replica holding the smallest
+waiting counter, and two replicas that each see the other first do not both stand still. A replica syncs early when
+it starts waiting, and when it holds lease room it cannot use while others wait (`waiting`); that sync wakes the
+waiting replicas (pub/sub, `Link._listen`), which sync at once.
 
 A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
 per replica): a sync whose answer was lost is sent again with the same batch, which Redis applies only if it did
@@ -46,9 +48,11 @@ reported theirs, and takes each tenant's counter, service and weight from the fi
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core import Account, Ledger, Policy, Request
@@ -74,13 +78,15 @@ __all__ = [
     "DEFAULT_TTL_S",
     "PULL",
     "BackendSlot",
+    "Head",
     "SharedState",
     "SharedStateError",
     "StateSettings",
+    "pool_key",
     "probe",
 ]
 
-PULL = 32  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
+PULL = 8  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
 
 
 class BackendSlot(Protocol):
@@ -91,6 +97,28 @@ class BackendSlot(Protocol):
     tokens: int
     limit: int
     token_limit: int | None
+
+
+def pool_key(urls: Iterable[str]) -> str:
+    """A pool's name across replicas: its backends' URLs, sorted, space-separated (a URL has no space)."""
+    return " ".join(sorted(urls))
+
+
+@dataclass(frozen=True)
+class Head:
+    """A pool's first request still queued here, and the pool's requests queued."""
+
+    key: str  # the pool (`pool_key`)
+    req: Request
+    queued: int
+
+
+class Pools(Protocol):
+    """The model pools (gateway.dispatch.Dispatch), which bind themselves (`SharedState.bind`)."""
+
+    def key_of(self, req: Request) -> str: ...
+
+    def heads(self) -> list[Head]: ...
 
 
 class SharedState(Link):
@@ -118,8 +146,8 @@ class SharedState(Link):
         self._floor: list[tuple[float, str]] = []  # the two smallest counters backlogged on any replica
         # the heads of other live replicas that may admit them but have no lease with room: (counter, tenant),
         # smallest first; while one of them is smaller than this replica's head, this replica does not admit
-        self._starved: list[tuple[float, str]] = []
-        self._sent_starved = False  # the last sync reported this replica starved
+        self._starved: list[tuple[float, str, str]] = []  # (counter, tenant, pool)
+        self._sent_starved: frozenset[str] = frozenset()  # the pools the last sync reported this replica starved in
         self._gained = False  # the last answer grew a lease: a replica starved again may sync early again
         # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
         # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
@@ -136,6 +164,11 @@ class SharedState(Link):
         self._others_wait: dict[str, tuple[bool, bool]] = {}  # per backend: other replicas wait for capacity
         self._sync_lock = asyncio.Lock()
         self.ledger: Ledger = None  # type: ignore[assignment]  # NOTE: the ledger attaches itself (`attach`)
+        # the model pools (gateway/dispatch.py binds itself); without them, one pool of every backend
+        self.pools: Pools | None = None
+        self._all = pool_key(b.cfg.url for b in self.backends)
+        self._urls: dict[str, frozenset[str]] = {}  # a pool's backend URLs, by its key
+        self.changes.pool_of = lambda req: self._all
 
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
     def track(self, policy: Policy) -> Policy:
@@ -150,6 +183,24 @@ class SharedState(Link):
             raise ValueError("shared state: build the ledger over SharedState.track(policy)")
         self.ledger = ledger
         self._seed = dict(ledger.weights)
+
+    def bind(self, pools: Pools) -> None:
+        """The model pools: heads are compared per pool (called by gateway.dispatch.Dispatch, before any request)."""
+        self.pools = pools
+        self.changes.pool_of = pools.key_of
+
+    def heads(self) -> list[Head]:
+        """Each pool's first request queued here."""
+        if self.pools is not None:
+            return self.pools.heads()
+        head = self.ledger.peek()
+        return [] if head is None else [Head(self._all, head, self.ledger.num_queued)]
+
+    def _backends_of(self, key: str) -> frozenset[str]:
+        urls = self._urls.get(key)
+        if urls is None:
+            urls = self._urls[key] = frozenset(key.split(" "))
+        return urls
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
         """The lift's floor for a node (tenant or group) at the top of the tree: the smallest counter among the
@@ -173,15 +224,16 @@ class SharedState(Link):
         return floor
 
     def may_admit(self, req: Request) -> bool:
-        """Whether this replica may admit `req`, its queue's head: unless another replica waits for capacity to
-        admit a different tenant with a smaller counter (as of the last sync), this replica uses its leases. In a
-        tenant tree the two are compared where their paths part: the two nodes below their deepest common group
-        (a group's counter here counts every replica's charges, `Ledger.apply_remote`). Always True while degraded
-        (no fresh view of the others)."""
-        if not self.up:
+        """Whether this replica may admit `req`, its pool's head: unless another replica waits for capacity to
+        admit a different tenant with a smaller counter in a pool that shares a backend with `req`'s (as of the last
+        sync), this replica uses its leases. In a tenant tree the two are compared where their paths part: the two
+        nodes below their deepest common group (a group's counter here counts every replica's charges,
+        `Ledger.apply_remote`). Always True while degraded (no fresh view of the others)."""
+        if not self.up or not self._starved:
             return True
-        for counter, tenant in self._starved:
-            if tenant != req.tenant:
+        urls = self._backends_of(self.changes.pool_of(req))
+        for counter, tenant, pool in self._starved:
+            if tenant != req.tenant and not urls.isdisjoint(self._backends_of(pool)):
                 mine, theirs = parting(req.tenant, tenant)
                 if mine == req.tenant and theirs == tenant:  # NOTE: siblings: the shared counter Redis answered
                     return req.account.counter <= counter
@@ -197,15 +249,20 @@ class SharedState(Link):
         a lease: never back to back for nothing), or when it holds lease room it cannot use while others wait."""
         if not self.up or self._wake.is_set():
             return
-        head = self.ledger.peek()
-        if head is not None and self.may_admit(head):
-            if (not self._sent_starved or self._gained) and any(
-                b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
-                for b in self.backends
-            ):
-                self._wake.set()
-        elif any(wr or wt for wr, wt in self._others_wait.values()) and any(
-            b.requests < b.limit for b in self.backends
+        eligible = {h.key for h in self.heads() if self.may_admit(h.req)}
+        wanted: set[str] = set()  # the backends of the pools whose heads may be admitted
+        for key in eligible:
+            wanted |= self._backends_of(key)
+        if (eligible - self._sent_starved or self._gained) and any(
+            b.limit < b.cfg.max_inflight_requests or (b.token_limit or 0) < (b.cfg.max_inflight_tokens or 0)
+            for b in self.backends
+            if b.cfg.url in wanted
+        ):
+            self._wake.set()
+        elif any(
+            b.requests < b.limit and any(self._others_wait.get(b.cfg.url, ()))
+            for b in self.backends
+            if b.cfg.url not in wanted
         ):
             self._wake.set()
 
@@ -241,18 +298,30 @@ class SharedState(Link):
             self.changes.full = True
             self.changes.backlog_changes(self.ledger, ())
         number, charges, weights, snap, reset = self._unanswered
-        head = self.ledger.peek()
-        eligible = head is not None and self.may_admit(head)
-        # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room
-        self._sent_starved = eligible
-        demand_r = self.ledger.num_queued if eligible else 0
-        demand_t = self.changes.queued_tokens if eligible else 0
-        spare_r = s.spare if eligible or head is None else 0
-        spare_t = int(spare_r * self._mean_tokens) + spare_r
+        # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room: its
+        # pool's queued requests are the demand on the pool's backends; a backend only of heads that may not be
+        # admitted gets no spare (its room goes to the replica whose head comes first)
+        demand: dict[str, tuple[int, int]] = {}
+        deferred: set[str] = set()
+        starved: list[str] = []
+        for h in self.heads():
+            urls = self._backends_of(h.key)
+            if self.may_admit(h.req):
+                starved += [h.req.tenant, h.key]
+                tokens = self.changes.pool_tokens.get(h.key, 0)
+                for url in urls:
+                    r, t = demand.get(url, (0, 0))
+                    demand[url] = (r + h.queued, t + tokens)
+            else:
+                deferred |= urls
+        self._sent_starved = frozenset(starved[1::2])
         backends: list[list[Any]] = []
         keeps: list[tuple[int, int | None]] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
+            demand_r, demand_t = demand.get(b.cfg.url, (0, 0))
+            spare_r = 0 if b.cfg.url in deferred and b.cfg.url not in demand else s.spare
+            spare_t = int(spare_r * self._mean_tokens) + spare_r
             need_r, need_t = b.requests + min(demand_r, lr), b.tokens + min(demand_t, lt)
             wait_r, wait_t = self._others_wait.get(b.cfg.url, (False, False))
             keep_r = min(b.limit, need_r + (0 if wait_r else spare_r))
@@ -275,7 +344,7 @@ class SharedState(Link):
             weights,
             [x for t, w in self._seed.items() for x in (t, repr(w))],
             self.changes.sent,
-            head.tenant if eligible and head is not None else "",
+            json.dumps(starved) if starved else "",
             backends,
         )
         return args, snap, keeps
@@ -319,8 +388,7 @@ class SharedState(Link):
     def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
         (
             tenants,
-            counters,
-            services,
+            values,
             weighted,
             weights,
             floor,
@@ -333,7 +401,7 @@ class SharedState(Link):
             generation,
             known,
         ) = reply
-        self.changes.apply(self.ledger, [tenants, counters, services], [weighted, weights], snap, self._weights)
+        self.changes.apply(self.ledger, [tenants, values], [weighted, weights], snap, self._weights)
         epoch = _text(epoch)
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
         # no other replica has yet), with the charges not yet sent on top, and its whole backlog
@@ -348,7 +416,9 @@ class SharedState(Link):
             self.changes.full = True
         self._epoch, self._seq, self._wseq, self._generation = epoch, _text(seq), _text(wseq), generation
         self._floor = [(float(c), _text(t)) for t, c in zip(floor[0::2], floor[1::2], strict=True)]
-        self._starved = sorted((float(c), _text(t)) for t, c in zip(starved[0::2], starved[1::2], strict=True))
+        self._starved = sorted(
+            (float(c), _text(t), _text(k)) for t, c, k in zip(starved[0::3], starved[1::3], starved[2::3], strict=True)
+        )
         self.replicas = int(replicas)
         for k, b in enumerate(self.backends):
             gr, wr, gt, wt = leases[4 * k : 4 * k + 4]
@@ -378,7 +448,7 @@ class SharedState(Link):
             "replicas": self.replicas,
             "round_trips": self.round_trips,
             "last_sync_age_s": round(self.clock() - self.last_sync, 3) if self.last_sync else None,
-            "waiting_for_capacity": self.up and self._sent_starved,  # as the last sync reported it
+            "waiting_for_capacity": self.up and bool(self._sent_starved),  # as the last sync reported it
             # each backend's limit (over all replicas) and this replica's lease of it
             "backends": [
                 {
