@@ -38,6 +38,7 @@ def test_index_matches_formula_as_requests_start_and_end(reqs, step, prompt, out
         i = -1 if k % 3 else k % len(entries)
         index.remove(*entries.pop(i))
         cache.pop(i)
+        assert index.peak_with_entries([candidate]) == reserve_peak(cache + [(held, left)])  # before a repair
         assert index.peak_with(held, left, step) == reserve_peak(cache + [(held, left)])
 
 

@@ -114,12 +114,16 @@ class ReserveIndex:
         return max(self._prefix[pos], own, self._suffix[pos + 1] - step + held)
 
     def peak_with_entries(self, extra: list[tuple[int, int]]) -> int:
-        """`reserve_peak` of the running set plus `extra` entries (e, T), in one pass (no maxima to repair)."""
+        """`reserve_peak` of the running set plus `extra` entries (e, T), in one pass over the running requests
+        from the first that ends no later than some entry (the terms before it are the index's prefix maxima)."""
+        if self._from != CLEAN:
+            self._repair()
         xs, j = sorted(extra, reverse=True), 0  # NOTE: the order among equal ends does not matter
         xs.append((NONE, 0))  # NOTE: a sentinel that ends before every entry
         xe, xt = xs[0]
-        peak = c = i = 0
-        for e, t in self.ends:
+        i = bisect_left(self._neg_e, -xe)  # the running requests that end after every entry: their terms stay
+        peak, c = self._prefix[i], self._cum[i]
+        for e, t in self.ends[i:]:
             while xe >= e:  # NOTE: among equal ends the order does not change the peak
                 i, c = i + 1, c + xt - xe
                 term = (xe - 1) * i + c

@@ -25,7 +25,7 @@ from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .cached import PrefixCaching
-from .forecast import NEVER, Charging, Forecast, Sizes, exact_charges
+from .forecast import NEVER, Charging, Forecast, QueuedSizes, exact_charges
 from .latency import LatencyModel, LinearLatency, decode_steps_s, prefill_cached_s
 from .preempt import Capped, Preemption
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
@@ -82,7 +82,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             self._charging = Charging.LAZY if exact_charges(ledger) else Charging.EVERY_STEP
         self._lifts = caps.lifts
         self._charged: dict[str, int] = {}  # LAZY: the step up to which each running tenant is charged
-        self._needs, self._lefts = Sizes(), Sizes()  # LAZY: the queued requests' prefill sizes and tokens to go
+        self._queued = QueuedSizes(self._extra)  # LAZY: the queued requests' prefill sizes and tokens to go
         self._waited = 0  # decode steps since the last admission
         self._next_try = 0  # no admission can succeed before this step (until the next event)
         self._refused: Request | None = None  # the policy's next request, which did not fit at the last try
@@ -173,7 +173,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         if req.state is not QUEUED:
             return
         if charging is Charging.LAZY:
-            self._queue_sizes(req, True)
+            self._queued.add(req)
         if self._next_try > self.step and self.running and self.cache is None:
             # NOTE: an arrival does not reorder the requests queued before it, so only `req` can succeed sooner,
             # once it is first: it is, or (counters) it heads its tenant's queue, which the others' charges can lift
@@ -189,7 +189,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             self._stop(req)
             self.ledger.output(req, req.generated - req.output_done)
         elif req.state is QUEUED and self._charging is Charging.LAZY:
-            self._queue_sizes(req, False)
+            self._queued.remove(req)
         self.ledger.settle(req, cancelled=True)
         self._next_try = 0
 
@@ -292,7 +292,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
                 req.cached_tokens = self.cached_tokens(req)  # NOTE: before pop, which charges them (w_cached)
             pop()
             if lazy:
-                self._queue_sizes(req, False)  # type: ignore[arg-type]
+                self._queued.remove(req)  # type: ignore[arg-type]
             if self.cache is not None:
                 budget.take(req)  # type: ignore[union-attr, arg-type]  # NOTE: paged (the cache needs it)
             batch.append(req)  # type: ignore[arg-type]
@@ -510,4 +510,4 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         self.ledger.requeue(r)
         self.preemptions += 1
         if self._charging is Charging.LAZY:
-            self._queue_sizes(r, True)
+            self._queued.add(r)

@@ -71,8 +71,7 @@ class Forecast:
     _charging: Charging
     _every_try: bool
     _charged: dict[str, int]
-    _needs: Sizes
-    _lefts: Sizes
+    _queued: QueuedSizes
     _refused: Request | None
     _extra: int
     _kv: int
@@ -177,14 +176,13 @@ class Forecast:
     def _first_fit_smallest(self, lo: int, hi: int) -> tuple[int, int]:
         """A request made of the smallest prefill and the fewest tokens to go among the queued ones fits no later
         than any queued request does: (the first step in [lo, hi) at which it fits, the last step it fits)."""
-        need = self._needs.smallest()
-        if need is None or need > self._prefill_max or len(self.running) >= self._running_max:
+        sizes = self._queued.smallest()
+        if sizes is None or sizes[0] > self._prefill_max or len(self.running) >= self._running_max:
             return NEVER, -1
+        need, left = sizes
         if self._index is None:  # paged: it fits while the pool has room for it
             last = self.step + (self._kv - self.kv_used - need - 1) // len(self.running)
             return (lo if lo <= last and lo < hi else NEVER), last
-        left = self._lefts.smallest()
-        assert left is not None
         limit = self._kv - self._per_client * len(self._tenants)
         g = self._index.first_fit(need + 1, left, limit, lo, hi)
         return (NEVER if g is None else g), NEVER
@@ -269,41 +267,52 @@ class Forecast:
         gap = (o0i - h0i) * b + rise * (now - since)  # how far `tenant` is behind at now, * d * b
         return max(now + 1, now - (-(gap * a) // closing))
 
-    def _queue_sizes(self, r: SimRequest, queued: bool) -> None:
-        """LAZY: `r` joins (`queued`) or leaves the queue: the smallest queued sizes follow."""
-        need, left = r.prompt_tokens + self._extra + r.generated, r.output_tokens - r.generated - 1
-        if queued:
-            self._needs.add(need)
-            self._lefts.add(left)
+
+class QueuedSizes:
+    """LAZY: the queued requests' prefill sizes and tokens to go, how many of each, and the smallest of each: O(1)
+    but when the last of the smallest leaves. A request is counted as it is when it joins and when it leaves."""
+
+    __slots__ = ("extra", "needs", "lefts", "need", "left")
+
+    def __init__(self, extra: int) -> None:
+        self.extra = extra  # the server's extra prompt tokens (EngineConfig.prompt_extra_tokens)
+        self.needs: dict[int, int] = {}
+        self.lefts: dict[int, int] = {}
+        self.need = self.left = 0
+
+    def add(self, r: SimRequest) -> None:
+        g = r.generated
+        need, left = r.prompt_tokens + self.extra + g, r.output_tokens - g - 1
+        needs, lefts = self.needs, self.lefts
+        if not needs:
+            self.need, self.left = need, left
         else:
-            self._needs.remove(need)
-            self._lefts.remove(left)
+            if need < self.need:
+                self.need = need
+            if left < self.left:
+                self.left = left
+        needs[need] = needs.get(need, 0) + 1
+        lefts[left] = lefts.get(left, 0) + 1
 
+    def remove(self, r: SimRequest) -> None:
+        g = r.generated
+        need, left = r.prompt_tokens + self.extra + g, r.output_tokens - g - 1
+        needs, lefts = self.needs, self.lefts
+        k = needs[need] - 1
+        if k:
+            needs[need] = k
+        else:
+            del needs[need]
+            if need == self.need and needs:
+                self.need = min(needs)
+        k = lefts[left] - 1
+        if k:
+            lefts[left] = k
+        else:
+            del lefts[left]
+            if left == self.left and lefts:
+                self.left = min(lefts)
 
-class Sizes:
-    """How many queued requests have each size, and the smallest: O(1) but when the last of the smallest leaves."""
-
-    __slots__ = ("count", "low")
-
-    def __init__(self) -> None:
-        self.count: dict[int, int] = {}
-        self.low = 0
-
-    def add(self, size: int) -> None:
-        count = self.count
-        if not count or size < self.low:
-            self.low = size
-        count[size] = count.get(size, 0) + 1
-
-    def remove(self, size: int) -> None:
-        count = self.count
-        left = count[size] - 1
-        if left:
-            count[size] = left
-            return
-        del count[size]
-        if size == self.low and count:
-            self.low = min(count)
-
-    def smallest(self) -> int | None:
-        return self.low if self.count else None
+    def smallest(self) -> tuple[int, int] | None:
+        """(the smallest prefill, the fewest tokens to go) among the queued requests (None if none is queued)."""
+        return (self.need, self.left) if self.needs else None
