@@ -19,8 +19,8 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from . import charges
 from .account import SEP, Account, LedgerView, TenantView, Unsupported, check_weight
-from .cost import CostFunction, LinearCost
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
 
@@ -68,7 +68,7 @@ class Ledger:
         self._lifts = caps.lifts
         self._on_charge = policy.on_charge if caps.orders_by_counter else None
         # NOTE: the linear cost's per-token price, so the hottest call skips a method call
-        self._w_q = self.cost.w_q if type(self.cost) is LinearCost else None
+        self._w_q = charges.linear_w_q(self.cost)
         for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
             self.account(t)
         for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
@@ -203,11 +203,9 @@ class Ledger:
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
-            cost = req.cost or self.cost
-            amount = cost.prompt(req.prompt_tokens) + _cached(cost, req)
             if self.predictor is not None:
                 req.predicted = self.predictor.predict(req)
-                amount += cost.output(req.prompt_tokens, 0, req.predicted)
+            amount = charges.admission(req.cost or self.cost, req, self.predictor is not None)
             req.admission = amount
             self._charge(req, amount)
         return req
@@ -233,7 +231,7 @@ class Ledger:
         y0 = req.output_done
         y1 = req.output_done = y0 + tokens
         p = req.predicted
-        w_q = self._w_q if req.cost is None else _w_q(req.cost)
+        w_q = self._w_q if req.cost is None else charges.linear_w_q(req.cost)
         if p == 0 and w_q is not None:
             amount = w_q * tokens
         elif y1 > p:
@@ -281,8 +279,7 @@ class Ledger:
                 continue
             y0 = req.output_done
             y1 = req.output_done = y0 + tokens
-            lo, hi = max(y0, p), max(y1, p)  # only tokens beyond the prediction, either way
-            amount = w_q * (hi - lo) if w_q is not None else self.cost.output(req.prompt_tokens, lo, hi)
+            amount = charges.beyond_prediction(self.cost, w_q, req, y0, y1)
             req.charged += amount
             total += amount
         if total:
@@ -295,16 +292,11 @@ class Ledger:
         or refunded."""
         if req.done or prompt_tokens == req.prompt_tokens:
             return
-        old = self._expected(req)
+        cost = req.cost or self.cost
+        old = charges.expected(cost, req)
         req.prompt_tokens = prompt_tokens
         if req.admitted:
-            self._charge(req, self._expected(req) - old)
-
-    def _expected(self, req: Request) -> float:
-        if not req.admitted:
-            return 0.0
-        cost = req.cost or self.cost
-        return cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) + _cached(cost, req)
+            self._charge(req, charges.expected(cost, req) - old)
 
     def _charge(self, req: Request, amount: float) -> None:
         req.charged += amount
@@ -372,8 +364,7 @@ class Ledger:
                 req.output_done = output
             if prompt is not None:
                 req.prompt_tokens = prompt
-            cost = req.cost or self.cost
-            delta = cost.total(req.prompt_tokens, req.output_done) + _cached(cost, req) - req.charged
+            delta = charges.final(req.cost or self.cost, req) - req.charged
             if delta:
                 self._charge(req, delta)
         if req.state is RUNNING and not cancelled:
@@ -481,16 +472,6 @@ class Ledger:
             }
 
         return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
-
-
-def _w_q(cost: CostFunction) -> float | None:
-    """A linear cost's per-token output price (the fast path), else None."""
-    return cost.w_q if type(cost) is LinearCost else None
-
-
-def _cached(cost: CostFunction, req: Request) -> float:
-    """What its cached prompt tokens change in a request's charge (the cost's price for them; 0 at w_cached = w_p)."""
-    return cost.cached(req.prompt_tokens, req.cached_tokens)
 
 
 def _count(acct: Account, queued: int, running: int) -> None:
