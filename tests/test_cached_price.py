@@ -86,6 +86,18 @@ def test_unpop_refunds_the_priced_admission_and_the_next_pop_prices_anew():
     assert led.settle(req) and req.charged == led.service["a"] == 100.0 + 20.0
 
 
+def test_a_prompt_cut_below_its_cached_tokens_is_charged_at_the_cached_price():
+    led = Ledger(make_policy("vtc", cost=LinearCost(w_cached=0.5)), "a")
+    req = led.arrive(1, "a", 100, max_tokens=10)
+    req.cached_tokens = 64
+    led.pop()
+    assert req.charged == 36.0 + 32.0
+    led.prompt(req, 40)  # NOTE: the backend's usage: all 40 were cached
+    assert req.charged == led.service["a"] == 20.0
+    led.prompt(req, 80)
+    assert req.charged == led.service["a"] == 16.0 + 32.0
+
+
 def test_the_cost_names_its_cached_price_and_refuses_one_it_cannot_apply():
     assert LinearCost().name == LinearCost(w_cached=None).name == "linear(1,2)"
     assert make_cost("linear", 1.0, 2.0, 0.1) == LinearCost(1.0, 2.0, 0.1)

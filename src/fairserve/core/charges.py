@@ -38,9 +38,7 @@ def beyond_prediction(cost: CostFunction, w_q: float | None, req: Request, y0: i
 
 
 def expected(cost: CostFunction, req: Request) -> float:
-    """What an admitted request stands charged at now, by its counts (0 before admission)."""
-    if not req.admitted:
-        return 0.0
+    """What an admitted request stands charged at now, by its counts."""
     return cost.total(req.prompt_tokens, max(req.output_done, req.predicted)) + cached_price(cost, req)
 
 

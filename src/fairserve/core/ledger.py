@@ -292,11 +292,13 @@ class Ledger:
         or refunded."""
         if req.done or prompt_tokens == req.prompt_tokens:
             return
+        if not req.admitted:  # NOTE: charged at admission, at the size it has then
+            req.prompt_tokens = prompt_tokens
+            return
         cost = req.cost or self.cost
         old = charges.expected(cost, req)
         req.prompt_tokens = prompt_tokens
-        if req.admitted:
-            self._charge(req, charges.expected(cost, req) - old)
+        self._charge(req, charges.expected(cost, req) - old)
 
     def _charge(self, req: Request, amount: float) -> None:
         req.charged += amount
