@@ -16,6 +16,11 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _object(properties: dict[str, Any], description: str) -> dict[str, Any]:
+    """A 200 whose JSON object has every one of `properties`."""
+    return _json({"type": "object", "required": list(properties), "properties": properties}, description)
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     what = {
         400: "invalid request",
@@ -283,14 +288,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     "queued and in flight, members nested under their groups",
                     "security": admin,
                     "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["policy", "tree"],
-                                "properties": {"policy": {"type": "string"}, "tree": {"type": "array"}},
-                            },
-                            "the tree",
-                        ),
+                        "200": _object({"policy": {"type": "string"}, "tree": {"type": "array"}}, "the tree"),
                         **_errors(401, 403, 429),
                     },
                 }
@@ -331,14 +329,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     "summary": "Every quota's use in its current window: limit, used, held, remaining, resets_at",
                     "security": admin,
                     "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["enforced", "quotas"],
-                                "properties": {"enforced": {"type": "boolean"}, "quotas": {"type": "object"}},
-                            },
-                            "the quotas",
-                        ),
+                        "200": _object({"enforced": {"type": "boolean"}, "quotas": {"type": "object"}}, "the quotas"),
                         **_errors(401, 403, 429),
                     },
                 }
@@ -346,17 +337,10 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
             "/admin/reload": {
                 "post": {
                     "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, model access, "
-                    "quotas, prices",
+                    "quotas, prices, timeouts, backends",
                     "security": admin,
                     "responses": {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["reloaded", "message"],
-                                "properties": {"reloaded": {"type": "boolean"}, "message": {"type": "string"}},
-                            },
-                            "reloaded",
-                        ),
+                        "200": _object({"reloaded": {"type": "boolean"}, "message": {"type": "string"}}, "reloaded"),
                         **_errors(400, 401, 403, 409, 429),
                     },
                 }
