@@ -32,7 +32,8 @@ from typing import Any
 
 from ..core import Ledger, Request, RequestState
 from .config import BackendConfig
-from .shared_state import Head, SharedState, pool_key
+from .shared_heads import Head, pool_key
+from .shared_state import SharedState
 
 
 @dataclass(eq=False)
