@@ -11,8 +11,8 @@ lifts a node at the top itself, from the two smallest counters an answer gives i
 charges. Nodes of one parent that join in one sync do not lift each other (as arrivals in one instant).
 
 What it uses of the script around it: `p`, `F`, `CS`, `V`, `fmt`, `lifts`, `bump`, `split`, `known` and `known_c`
-(the values and counters this sync read or wrote); what it gives it: `backlog(replica, node)`, `unbacklog(replica,
-node)` (gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node
+(the values and counters this sync read or wrote); what it gives it: `backlog(replica, nodes)`, `unbacklog(replica,
+node)`, `unbacklog_all(replica, nodes)` (gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node
 is backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
 lift while Redis's data is being restored), `parent(node)`, `floor_key(node)`, `by_floor(nodes)`."""
 
@@ -43,9 +43,11 @@ end
 -- (only the lift below the top asks, one call per parent). A node no longer backlogged here leaves the floor when
 -- no replica backlogs it: known without asking for a node whose replicas this sync read (`members`, its charge)
 local fadd, fdel, dcs, members = {}, {}, {}, {}
-local function backlog(r, tenant)
-  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1 then
-    fadd[#fadd + 1] = tenant
+local function backlog(r, list)  -- NOTE: one SADD for the replica's set (in chunks, as unpack() has a limit)
+  local key = p .. ':bk:' .. r
+  for a = 1, #list, 1000 do redis.call('SADD', key, unpack(list, a, math.min(a + 999, #list))) end
+  for _, tenant in ipairs(list) do
+    if redis.call('SADD', p .. ':bt:' .. tenant, r) == 1 then fadd[#fadd + 1] = tenant end
   end
 end
 local function unbacklog(r, tenant)
@@ -60,6 +62,11 @@ local function unbacklog(r, tenant)
     end
     if empty then fdel[#fdel + 1] = tenant end
   end
+end
+local function unbacklog_all(r, list)  -- no longer backlogged on replica `r` (its set: one SREM, in chunks)
+  local key = p .. ':bk:' .. r
+  for a = 1, #list, 1000 do redis.call('SREM', key, unpack(list, a, math.min(a + 999, #list))) end
+  for _, tenant in ipairs(list) do unbacklog(r, tenant) end
 end
 -- the lift below the top (see above): not while Redis's data is restored (`hold`), nor for a policy without it
 local hold = false

@@ -19,7 +19,7 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
-- `P:sn`, the number of the last batch applied for each replica's token (`P:seen`: when each was last seen, so that
+- `P:sq`, the number of the last batch applied for each replica's token, as its score (`P:seen`: when each was last seen, so that
   the numbers of replicas gone for an hour are forgotten);
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
@@ -45,7 +45,7 @@ from .redis_backlog import BACKLOG_LUA
 #    replica has in flight, so that every replica can report its requests in flight before capacity is handed out
 #    again)
 #   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
-#    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
+#    N is above the number last applied for TOKEN (`P:sq`): a sync whose answer was lost is sent again with the same
 #    batch, and Redis, which may have run it, never charges twice)
 #   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
@@ -80,18 +80,22 @@ local i = 13
 local function nxt() i = i + 1; return ARGV[i] end
 local CS, W, V, WV, SEQ = p .. ':cs', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
-local fmt = '%.17g'
+local fmt, fmt2 = '%.17g', '%.17g %.17g'
 -- NOTE: the change numbers as of now (read once, then counted here: the script is atomic), so none is read again
 local seq, wseq = 0, 0
 local function bump(n) seq = redis.call('INCRBY', SEQ, n); return seq - n end
 local function wbump() wseq = redis.call('INCR', p .. ':wseq'); return wseq end
 local function touch(tenant) redis.call('ZADD', V, bump(1) + 1, tenant) end
 -- the values this script wrote (or read) for a node: `known`, its "COUNTER SERVICE" field (false: none), and
--- `known_c` its counter: the answer needs no HMGET for them
+-- `known_c` its counter (a string or a number): the answer needs no HMGET for them
 local known, known_c = {}, {}
 local function split(v)  -- "COUNTER SERVICE": the two strings
   local sp = string.find(v, ' ', 1, true)
   return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
+local function numbers(v)  -- "COUNTER SERVICE": the two numbers
+  local sp = string.find(v, ' ', 1, true)
+  return tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
 end
 local rows, listed = {}, {}
 local function row(tenant)
@@ -124,7 +128,7 @@ if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotte
   write_floor()
   local st = redis.call('HGETALL', ST)
   for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
-  redis.call('HDEL', p .. ':sn', batch)
+  redis.call('ZREM', p .. ':sq', batch)
   redis.call('ZREM', p .. ':seen', batch)
   return 1
 end
@@ -150,12 +154,12 @@ hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
 local colon = string.find(batch, ':', 1, true)
 local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
-local fresh = number > tonumber(redis.call('HGET', p .. ':sn', token) or '-1')
-if fresh then redis.call('HSET', p .. ':sn', token, number) end
+-- NOTE: one call: GT changes the score only upward, CH counts it (a new token is added, and counts too)
+local fresh = redis.call('ZADD', p .. ':sq', 'GT', 'CH', number, token) == 1
 if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas gone for an hour
   redis.call('ZADD', p .. ':seen', now, token)
   for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. ':seen', '-inf', now - 3600000)) do
-    redis.call('HDEL', p .. ':sn', old)
+    redis.call('ZREM', p .. ':sq', old)
     redis.call('ZREM', p .. ':seen', old)
   end
 end
@@ -210,15 +214,15 @@ if fresh and #names > 0 then
       local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
       local c, s
       if old[q] then
-        c, s = split(old[q])
-        c, s = tonumber(c), tonumber(s)
+        c, s = numbers(old[q])
       else
         c, s = tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5])
       end
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
-      local cs = string.format(fmt, c + dc)
-      local v = cs .. ' ' .. string.format(fmt, s + ds)
-      dcs[tenant], known_c[tenant], known[tenant] = dc, cs, v
+      c = c + dc
+      -- NOTE: one string per row; the counter stays a number (redis.call writes a number as %.17g itself)
+      local v = string.format(fmt2, c, s + ds)
+      dcs[tenant], known_c[tenant], known[tenant] = dc, c, v
       k = k + 1
       set[2 * q - 1], set[2 * q] = tenant, v
       log[2 * q - 1], log[2 * q] = k, tenant
@@ -226,7 +230,7 @@ if fresh and #names > 0 then
         local key = tree and floor_key(tenant) or F
         local floor = floors[key]
         if not floor then floor = {}; floors[key] = floor end
-        floor[#floor + 1], floor[#floor + 2] = cs, tenant
+        floor[#floor + 1], floor[#floor + 2] = c, tenant
         members[tenant] = redis.call('SMEMBERS', p .. ':bt:' .. tenant)
         for _, r in ipairs(members[tenant]) do
           if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
@@ -254,32 +258,22 @@ for _ = 1, tonumber(nxt()) do
     redis.call('ZADD', WV, wbump(), tenant)
   end
 end
-local bk = p .. ':bk:' .. rid
-if mode == '=' then
-  local want = {}
-  for _ = 1, tonumber(nxt()) do
-    local tenant = nxt()
-    want[tenant] = true
-    backlog(rid, tenant)
-    row(tenant)
-  end
-  for _, tenant in ipairs(redis.call('SMEMBERS', bk)) do
-    if not want[tenant] then
-      redis.call('SREM', bk, tenant)
-      unbacklog(rid, tenant)
-    end
-  end
-else
-  for _ = 1, tonumber(nxt()) do
-    local tenant = nxt()
-    backlog(rid, tenant)
-    row(tenant)
-  end
-end
-for _ = 1, tonumber(nxt()) do
+local added, gone = {}, {}
+for j = 1, tonumber(nxt()) do
   local tenant = nxt()
-  if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
+  added[j] = tenant
+  row(tenant)
 end
+if mode == '=' then  -- NOTE: all of them: those here before and not now are no longer backlogged here
+  local want = {}
+  for _, tenant in ipairs(added) do want[tenant] = true end
+  for _, tenant in ipairs(redis.call('SMEMBERS', p .. ':bk:' .. rid)) do
+    if not want[tenant] then gone[#gone + 1] = tenant end
+  end
+end
+backlog(rid, added)
+for _ = 1, tonumber(nxt()) do gone[#gone + 1] = nxt() end
+unbacklog_all(rid, gone)
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved, mine = nxt(), nil
