@@ -30,6 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
+try:  # NOTE: optional: redis-py's own C parser where installed; the Python one below otherwise
+    import hiredis
+except ImportError:  # pragma: no cover
+    hiredis = None
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.redis_server import RedisServer  # noqa: E402
 
@@ -39,6 +44,8 @@ from fairserve.gateway.shared_state import PULL  # noqa: E402
 
 PREFIX = "load"
 BACKENDS = ("http://b0", "http://b1")
+CHARGE = ("20.0", "20.0", "", "0", "0")  # service delta, counter delta, no lift, base counter and service
+BACKEND_ROWS = tuple((url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0) for url in BACKENDS)  # limit 20, 1 in use, 1 more wanted
 EPOCH = ANSWER.index("epoch")  # then since, weights since
 
 
@@ -54,20 +61,27 @@ class SimReplica:
         self.backlog: list[str] = []
         self.first = True
 
-    def args(self) -> list[object]:
+    def step(self) -> tuple[list[int], list[int], list[int], str]:
+        """The next sync's changes, as indices into `tenants`: those charged, those now backlogged here, those no
+        longer, and the backlog mode ("=" the whole list at the first sync, then "+" changes)."""
         self.number += 1
-        picks = self.rng.sample(self.tenants, self.changed)
-        charges = [x for t in picks for x in (t, "20.0", "20.0", "", "0", "0")]
+        picks = self.rng.sample(range(len(self.tenants)), self.changed)
         # NOTE: a backlog that moves: two of the charged tenants start queueing, the two oldest stop
         added = [t for t in picks[:2] if t not in self.backlog]
         gone = self.backlog[:2] if len(self.backlog) >= 8 else []
         self.backlog = [t for t in self.backlog if t not in gone] + added
         mode = "=" if self.first else "+"
         self.first = False
-        backends = [[url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0] for url in BACKENDS]
+        return picks, added, gone, mode
+
+    def args(self, step: tuple[list[int], list[int], list[int], str] | None = None) -> list[object]:
+        """The sync script's ARGV for the next sync (or for `step`), laid out by `sync_args`."""
+        picks, added, gone, mode = step or self.step()
+        names = self.tenants
+        charges = [x for t in picks for x in (names[t], *CHARGE)]
         return sync_args(
             self.prefix, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, True, charges,
-            [], [], (mode, added, gone), "", backends,
+            [], [], (mode, [names[t] for t in added], [names[t] for t in gone]), "", [list(b) for b in BACKEND_ROWS],
         )  # fmt: skip
 
     def answered(self, reply: list[object]) -> None:
@@ -82,6 +96,52 @@ def _command(*args: object) -> bytes:
         b = a if isinstance(a, bytes) else str(a).encode()
         parts += (b"$%d\r\n" % len(b), b, b"\r\n")
     return b"".join(parts)
+
+
+def _bulk(a: object) -> bytes:
+    b = str(a).encode()
+    return b"$%d\r\n%s\r\n" % (len(b), b)
+
+
+class Encoder:
+    """The EVALSHA of one simulated replica's syncs in RESP, from parts encoded once: the bytes `_command("EVALSHA",
+    sha, 0, *sim.args(step))` gives (checked at the first sync), at a fraction of the cost."""
+
+    def __init__(self, sha: str, sim: SimReplica, names: list[bytes], charges: list[bytes]) -> None:
+        self.sim, self.names, self.charges = sim, names, charges
+        self.head = b"".join(_bulk(x) for x in ("EVALSHA", sha, 0, sim.prefix, sim.rid, 3000, 500, ""))
+        self.tail = b"".join(_bulk(x) for x in ("", len(BACKEND_ROWS), *(x for b in BACKEND_ROWS for x in b)))
+        self.fixed = b"".join(_bulk(x) for x in ("0", "+", "1", sim.changed))  # reset, mode, lifts, charges
+        self.count = 23 + 6 * sim.changed + 11 * len(BACKEND_ROWS)  # all but the backlog's tenants
+
+    def encode(self, step: tuple[list[int], list[int], list[int], str]) -> bytes:
+        picks, added, gone, mode = step
+        sim, names = self.sim, self.names
+        fixed = self.fixed if mode == "+" else self.fixed.replace(b"$1\r\n+\r\n", b"$1\r\n=\r\n", 1)
+        return b"".join((
+            b"*%d\r\n" % (self.count + len(added) + len(gone)), self.head,
+            *(_bulk(x) for x in (*sim.read, PULL, f"{sim.rid}:{sim.number}")), fixed,
+            *(self.charges[t] for t in picks), b"$1\r\n0\r\n$1\r\n0\r\n",
+            _bulk(len(added)), *(names[t] for t in added), _bulk(len(gone)), *(names[t] for t in gone), self.tail,
+        ))  # fmt: skip
+
+
+class _HiredisReplies:
+    """RESP replies read by hiredis (the C parser redis-py uses where it is installed)."""
+
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()  # type: ignore[union-attr]
+
+    def feed(self, data: bytes) -> None:
+        self.reader.feed(data)
+
+    def get(self) -> object | None:
+        reply = self.reader.gets()
+        return None if reply is False else reply
+
+
+def _reader() -> _HiredisReplies | _Replies:
+    return _HiredisReplies() if hiredis is not None else _Replies()
 
 
 class _Replies:
@@ -141,8 +201,11 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
     host, port = url.split("//")[1].split("/")[0].split(":")
     tenants = [f"t{i}" for i in range(a.tenants)]
     sims = [SimReplica(rid, tenants, a.changed, hash(rid)) for rid in rids]
+    names = [_bulk(t) for t in tenants]
+    charges = [names[k] + b"".join(_bulk(x) for x in CHARGE) for k in range(len(tenants))]
+    encoders = [Encoder(sha, sim, names, charges) for sim in sims]
     socks = [socket.create_connection((host, int(port))) for _ in sims]
-    readers = [_Replies() for _ in sims]
+    readers = [_reader() for _ in sims]
     sel = selectors.DefaultSelector()
     for k, sock in enumerate(socks):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -152,8 +215,16 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
 
     client = redis.Redis.from_url(url)
     script = client.register_script(SYNC_LUA)
-    for sim in sims:  # NOTE: the first sync reads every tenant: not part of the steady state measured
+    for k, sim in enumerate(sims):  # NOTE: the first sync reads every tenant: not part of the steady state measured
         sim.answered(script(args=sim.args()))
+        step = sim.step()  # NOTE: the lean encoding is checked against the plain one, then sent
+        command = encoders[k].encode(step)
+        if command != _command("EVALSHA", sha, 0, *sim.args(step)):
+            raise AssertionError("redis_load.py: the lean encoding differs from sync_args'")
+        socks[k].sendall(command)
+        while (reply := readers[k].get()) is None:
+            readers[k].feed(socks[k].recv(65536))
+        sim.answered(reply)  # type: ignore[arg-type]
     ready.put(len(sims))
     go.wait()
     cpu0, start = time.process_time(), time.perf_counter()
@@ -166,7 +237,7 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
     lat: list[float] = []
 
     def send(k: int) -> None:
-        socks[k].sendall(_command("EVALSHA", sha, 0, *sims[k].args()))
+        socks[k].sendall(encoders[k].encode(sims[k].step()))
         sent[k] = time.perf_counter()
 
     while due or sent:

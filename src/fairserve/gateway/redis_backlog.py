@@ -19,8 +19,8 @@ lift while Redis's data is being restored), `parent(node)`, `floor_key(node)`, `
 BACKLOG_LUA = """
 -- a node's parent in the tenant tree ('' at the top), and the key of the floor among its siblings (`P:f:PARENT`)
 local function parent(node)
-  if not string.find(node, '/', 1, true) then return nil end  -- NOTE: a plain search first: most are at the top
-  return string.match(node, '^(.*)/')
+  if not find(node, '/', 1, true) then return nil end  -- NOTE: a plain search first: most are at the top
+  return match(node, '^(.*)/')
 end
 local function floor_key(node)
   local up = parent(node)
@@ -45,27 +45,27 @@ end
 local fadd, fdel, dcs, members = {}, {}, {}, {}
 local function backlog(r, list)  -- NOTE: one SADD for the replica's set (in chunks, as unpack() has a limit)
   local key = p .. ':bk:' .. r
-  for a = 1, #list, 1000 do redis.call('SADD', key, unpack(list, a, math.min(a + 999, #list))) end
+  for a = 1, #list, 1000 do call('SADD', key, unpack(list, a, math.min(a + 999, #list))) end
   for _, tenant in ipairs(list) do
-    if redis.call('SADD', p .. ':bt:' .. tenant, r) == 1 then fadd[#fadd + 1] = tenant end
+    if call('SADD', p .. ':bt:' .. tenant, r) == 1 then fadd[#fadd + 1] = tenant end
   end
 end
 local function unbacklog(r, tenant)
-  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 then
+  if call('SREM', p .. ':bt:' .. tenant, r) == 1 then
     local m, empty = members[tenant], true
     if m then
       for _, other in ipairs(m) do
         if other ~= r then empty = false; break end
       end
     else
-      empty = redis.call('EXISTS', p .. ':bt:' .. tenant) == 0
+      empty = call('EXISTS', p .. ':bt:' .. tenant) == 0
     end
     if empty then fdel[#fdel + 1] = tenant end
   end
 end
 local function unbacklog_all(r, list)  -- no longer backlogged on replica `r` (its set: one SREM, in chunks)
   local key = p .. ':bk:' .. r
-  for a = 1, #list, 1000 do redis.call('SREM', key, unpack(list, a, math.min(a + 999, #list))) end
+  for a = 1, #list, 1000 do call('SREM', key, unpack(list, a, math.min(a + 999, #list))) end
   for _, tenant in ipairs(list) do unbacklog(r, tenant) end
 end
 -- the lift below the top (see above): not while Redis's data is restored (`hold`), nor for a policy without it
@@ -74,7 +74,7 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
   if #fadd > 0 then
     local lifted = {}
     for key, idx in pairs(by_floor(fadd)) do
-      local low = (lifts and not hold and key ~= F) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
+      local low = (lifts and not hold and key ~= F) and call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
       local floor = low[2] and tonumber(low[2])
       for a = 1, #idx, 1000 do
         local b, names, unknown = math.min(a + 999, #idx), {}, {}
@@ -84,31 +84,31 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
           if not known_c[node] then unknown[#unknown + 1] = node end
         end
         if #unknown > 0 then
-          for q, v in ipairs(redis.call('HMGET', CS, unpack(unknown))) do
+          for q, v in ipairs(call('HMGET', CS, unpack(unknown))) do
             known[unknown[q]], known_c[unknown[q]] = v, v and split(v)
           end
         end
-        local there = floor and redis.call('ZMSCORE', key, unpack(names)) or {}  -- on the floor: backlogged elsewhere
+        local there = floor and call('ZMSCORE', key, unpack(names)) or {}  -- on the floor: backlogged elsewhere
         local set = {}
         for q, node in ipairs(names) do
           local c = known_c[node] or '0'
           local dc = dcs[node] or 0
           if floor and not there[q] and tonumber(c) - dc < floor then
-            c = string.format(fmt, floor + dc)
+            c = format(fmt, floor + dc)
             local _, service = split(known[node] or '0 0')
             known_c[node], known[node] = c, c .. ' ' .. service
             lifted[#lifted + 1] = node; lifted[#lifted + 1] = known[node]
           end
           set[#set + 1] = c; set[#set + 1] = node
         end
-        redis.call('ZADD', key, unpack(set))
+        call('ZADD', key, unpack(set))
       end
     end
     if #lifted > 0 then
-      redis.call('HSET', CS, unpack(lifted))
+      call('HSET', CS, unpack(lifted))
       local k, log = bump(#lifted / 2), {}
       for j = 1, #lifted, 2 do k = k + 1; log[j], log[j + 1] = k, lifted[j] end
-      redis.call('ZADD', V, unpack(log))
+      call('ZADD', V, unpack(log))
     end
   end
   if #fdel > 0 then
@@ -116,7 +116,7 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
       for a = 1, #idx, 1000 do
         local names = {}
         for j = a, math.min(a + 999, #idx) do names[#names + 1] = fdel[idx[j]] end
-        redis.call('ZREM', key, unpack(names))
+        call('ZREM', key, unpack(names))
       end
     end
   end
