@@ -11,9 +11,10 @@ lifts a node at the top itself, from the two smallest counters an answer gives i
 charges. Nodes of one parent that join in one sync do not lift each other (as arrivals in one instant).
 
 What it uses of the script around it: `p`, `F`, `CS`, `V`, `fmt`, `lifts`, `bump`, `split`, `known` and `known_c`
-(the values and counters this sync read or wrote); what it gives it: `backlog(replica, nodes)`, `unbacklog(replica,
-node)`, `unbacklog_all(replica, nodes)` (gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node
-is backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
+(the values and counters this sync read or wrote), and `call`, `find`, `match`, `format` (as locals);
+what it gives it: `backlog(replica, nodes)`, `unbacklog(replica, node)`, `unbacklog_all(replica, nodes)`
+(gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node is
+backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
 lift while Redis's data is being restored), `parent(node)`, `floor_key(node)`, `by_floor(nodes)`."""
 
 BACKLOG_LUA = """

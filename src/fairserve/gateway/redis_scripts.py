@@ -19,8 +19,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
-- `P:sq`, the number of the last batch applied for each replica's token, as its score (`P:seen`: when each was last seen, so that
-  the numbers of replicas gone for an hour are forgotten);
+- `P:sq`, the number of the last batch applied for each replica's token, as its score (`P:seen`: when each was
+  last seen, so that the numbers of replicas gone for an hour are forgotten);
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
