@@ -11,17 +11,16 @@ lifts a node at the top itself, from the two smallest counters an answer gives i
 charges. Nodes of one parent that join in one sync do not lift each other (as arrivals in one instant).
 
 What it uses of the script around it: `p`, `F`, `CS`, `V`, `fmt`, `lifts`, `bump`, `split`, `known` and `known_c`
-(the values and counters this sync read or wrote), and `call`, `find`, `match`, `format` (as locals);
-what it gives it: `backlog(replica, nodes)`, `unbacklog(replica, node)`, `unbacklog_all(replica, nodes)`
-(gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node is
-backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
+(the values and counters this sync read or wrote); what it gives it: `backlog(replica, node)`, `unbacklog(replica,
+node)` (gathered), `write_floor()` (written, before anything reads a floor), `members` (the replicas a charged node
+is backlogged on, as read by the charges), `dcs` (what this batch charged each node), `hold` (set by the script: no
 lift while Redis's data is being restored), `parent(node)`, `floor_key(node)`, `by_floor(nodes)`."""
 
 BACKLOG_LUA = """
 -- a node's parent in the tenant tree ('' at the top), and the key of the floor among its siblings (`P:f:PARENT`)
 local function parent(node)
-  if not find(node, '/', 1, true) then return nil end  -- NOTE: a plain search first: most are at the top
-  return match(node, '^(.*)/')
+  if not string.find(node, '/', 1, true) then return nil end  -- NOTE: a plain search first: most are at the top
+  return string.match(node, '^(.*)/')
 end
 local function floor_key(node)
   local up = parent(node)
@@ -44,30 +43,23 @@ end
 -- (only the lift below the top asks, one call per parent). A node no longer backlogged here leaves the floor when
 -- no replica backlogs it: known without asking for a node whose replicas this sync read (`members`, its charge)
 local fadd, fdel, dcs, members = {}, {}, {}, {}
-local function backlog(r, list)  -- NOTE: one SADD for the replica's set (in chunks, as unpack() has a limit)
-  local key = p .. ':bk:' .. r
-  for a = 1, #list, 1000 do call('SADD', key, unpack(list, a, math.min(a + 999, #list))) end
-  for _, tenant in ipairs(list) do
-    if call('SADD', p .. ':bt:' .. tenant, r) == 1 then fadd[#fadd + 1] = tenant end
+local function backlog(r, tenant)
+  if redis.call('SADD', p .. ':bk:' .. r, tenant) == 1 and redis.call('SADD', p .. ':bt:' .. tenant, r) == 1 then
+    fadd[#fadd + 1] = tenant
   end
 end
 local function unbacklog(r, tenant)
-  if call('SREM', p .. ':bt:' .. tenant, r) == 1 then
+  if redis.call('SREM', p .. ':bt:' .. tenant, r) == 1 then
     local m, empty = members[tenant], true
     if m then
       for _, other in ipairs(m) do
         if other ~= r then empty = false; break end
       end
     else
-      empty = call('EXISTS', p .. ':bt:' .. tenant) == 0
+      empty = redis.call('EXISTS', p .. ':bt:' .. tenant) == 0
     end
     if empty then fdel[#fdel + 1] = tenant end
   end
-end
-local function unbacklog_all(r, list)  -- no longer backlogged on replica `r` (its set: one SREM, in chunks)
-  local key = p .. ':bk:' .. r
-  for a = 1, #list, 1000 do call('SREM', key, unpack(list, a, math.min(a + 999, #list))) end
-  for _, tenant in ipairs(list) do unbacklog(r, tenant) end
 end
 -- the lift below the top (see above): not while Redis's data is restored (`hold`), nor for a policy without it
 local hold = false
@@ -75,7 +67,7 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
   if #fadd > 0 then
     local lifted = {}
     for key, idx in pairs(by_floor(fadd)) do
-      local low = (lifts and not hold and key ~= F) and call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
+      local low = (lifts and not hold and key ~= F) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
       local floor = low[2] and tonumber(low[2])
       for a = 1, #idx, 1000 do
         local b, names, unknown = math.min(a + 999, #idx), {}, {}
@@ -85,31 +77,31 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
           if not known_c[node] then unknown[#unknown + 1] = node end
         end
         if #unknown > 0 then
-          for q, v in ipairs(call('HMGET', CS, unpack(unknown))) do
+          for q, v in ipairs(redis.call('HMGET', CS, unpack(unknown))) do
             known[unknown[q]], known_c[unknown[q]] = v, v and split(v)
           end
         end
-        local there = floor and call('ZMSCORE', key, unpack(names)) or {}  -- on the floor: backlogged elsewhere
+        local there = floor and redis.call('ZMSCORE', key, unpack(names)) or {}  -- on the floor: backlogged elsewhere
         local set = {}
         for q, node in ipairs(names) do
           local c = known_c[node] or '0'
           local dc = dcs[node] or 0
           if floor and not there[q] and tonumber(c) - dc < floor then
-            c = format(fmt, floor + dc)
+            c = string.format(fmt, floor + dc)
             local _, service = split(known[node] or '0 0')
             known_c[node], known[node] = c, c .. ' ' .. service
             lifted[#lifted + 1] = node; lifted[#lifted + 1] = known[node]
           end
           set[#set + 1] = c; set[#set + 1] = node
         end
-        call('ZADD', key, unpack(set))
+        redis.call('ZADD', key, unpack(set))
       end
     end
     if #lifted > 0 then
-      call('HSET', CS, unpack(lifted))
+      redis.call('HSET', CS, unpack(lifted))
       local k, log = bump(#lifted / 2), {}
       for j = 1, #lifted, 2 do k = k + 1; log[j], log[j + 1] = k, lifted[j] end
-      call('ZADD', V, unpack(log))
+      redis.call('ZADD', V, unpack(log))
     end
   end
   if #fdel > 0 then
@@ -117,7 +109,7 @@ local function write_floor()  -- NOTE: before anything reads `P:f:`; in chunks, 
       for a = 1, #idx, 1000 do
         local names = {}
         for j = a, math.min(a + 999, #idx) do names[#names + 1] = fdel[idx[j]] end
-        call('ZREM', key, unpack(names))
+        redis.call('ZREM', key, unpack(names))
       end
     end
   end

@@ -19,8 +19,8 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - the data's epoch `P:e` (set when the first sync finds none) and change numbers (`P:seq`; sorted set `P:v`, each
   tenant scored by the number of its last change; `P:wseq`, `P:wv` the same for weights set by an admin), and the
   generation of counter resets `P:rg`;
-- `P:sq`, the number of the last batch applied for each replica's token, as its score (`P:seen`: when each was
-  last seen, so that the numbers of replicas gone for an hour are forgotten);
+- `P:sn`, the number of the last batch applied for each replica's token (`P:seen`: when each was last seen, so that
+  the numbers of replicas gone for an hour are forgotten);
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
   grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
@@ -45,7 +45,7 @@ from .redis_backlog import BACKLOG_LUA
 #    replica has in flight, so that every replica can report its requests in flight before capacity is handed out
 #    again)
 #   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
-#    N is above the number last applied for TOKEN (`P:sq`): a sync whose answer was lost is sent again with the same
+#    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
 #    batch, and Redis, which may have run it, never charges twice)
 #   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
 #   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
@@ -71,34 +71,27 @@ from .redis_backlog import BACKLOG_LUA
 
 SYNC_LUA = (
     """
--- NOTE: the library functions as locals (a global's lookup costs more than a local's, and a sync makes hundreds)
-local call, find, sub, format, match = redis.call, string.find, string.sub, string.format, string.match
-local ARGV = ARGV
 local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 local batch, reset, mode, lifts = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
-local t = call('TIME')
+local t = redis.call('TIME')
 local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local i = 13
 local function nxt() i = i + 1; return ARGV[i] end
 local CS, W, V, WV, SEQ = p .. ':cs', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
-local fmt, fmt2 = '%.17g', '%.17g %.17g'
+local fmt = '%.17g'
 -- NOTE: the change numbers as of now (read once, then counted here: the script is atomic), so none is read again
 local seq, wseq = 0, 0
-local function bump(n) seq = call('INCRBY', SEQ, n); return seq - n end
-local function wbump() wseq = call('INCR', p .. ':wseq'); return wseq end
-local function touch(tenant) call('ZADD', V, bump(1) + 1, tenant) end
+local function bump(n) seq = redis.call('INCRBY', SEQ, n); return seq - n end
+local function wbump() wseq = redis.call('INCR', p .. ':wseq'); return wseq end
+local function touch(tenant) redis.call('ZADD', V, bump(1) + 1, tenant) end
 -- the values this script wrote (or read) for a node: `known`, its "COUNTER SERVICE" field (false: none), and
--- `known_c` its counter (a string or a number): the answer needs no HMGET for them
+-- `known_c` its counter: the answer needs no HMGET for them
 local known, known_c = {}, {}
 local function split(v)  -- "COUNTER SERVICE": the two strings
-  local sp = find(v, ' ', 1, true)
-  return sub(v, 1, sp - 1), sub(v, sp + 1)
-end
-local function numbers(v)  -- "COUNTER SERVICE": the two numbers
-  local sp = find(v, ' ', 1, true)
-  return tonumber(sub(v, 1, sp - 1)), tonumber(sub(v, sp + 1))
+  local sp = string.find(v, ' ', 1, true)
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
 end
 local rows, listed = {}, {}
 local function row(tenant)
@@ -110,78 +103,78 @@ end
 -- a replica gone (expired, or left): its lease and unmet demand on each backend (`P:lK:URL`, K = r requests, t
 -- tokens: fields g:REPLICA, u:REPLICA) leave their sums (fields g, u), its backlog and its wait stop counting
 local function drop(r)
-  for _, url in ipairs(call('SMEMBERS', p .. ':urls')) do
+  for _, url in ipairs(redis.call('SMEMBERS', p .. ':urls')) do
     for _, k in ipairs({'r', 't'}) do
       local key = p .. ':l' .. k .. ':' .. url
-      local v = call('HMGET', key, 'g', 'u', 'g:' .. r, 'u:' .. r)
+      local v = redis.call('HMGET', key, 'g', 'u', 'g:' .. r, 'u:' .. r)
       if v[3] then
-        call('HSET', key, 'g', tonumber(v[1]) - tonumber(v[3]), 'u', tonumber(v[2]) - tonumber(v[4]))
-        call('HDEL', key, 'g:' .. r, 'u:' .. r)
+        redis.call('HSET', key, 'g', tonumber(v[1]) - tonumber(v[3]), 'u', tonumber(v[2]) - tonumber(v[4]))
+        redis.call('HDEL', key, 'g:' .. r, 'u:' .. r)
       end
     end
   end
   local key = p .. ':bk:' .. r
-  for _, tenant in ipairs(call('SMEMBERS', key)) do unbacklog(r, tenant) end
-  call('DEL', key, p .. ':d:' .. r)
-  call('HDEL', ST, r)
-  call('ZREM', R, r)
+  for _, tenant in ipairs(redis.call('SMEMBERS', key)) do unbacklog(r, tenant) end
+  redis.call('DEL', key, p .. ':d:' .. r)
+  redis.call('HDEL', ST, r)
+  redis.call('ZREM', R, r)
 end
 if mode == 'leave' then  -- leaving: at once, and the batch numbers are forgotten (`batch` is the token)
   drop(rid)
   write_floor()
-  local st = call('HGETALL', ST)
-  for j = 1, #st, 2 do call('PUBLISH', p .. ':wake:' .. st[j], '1') end
-  call('ZREM', p .. ':sq', batch)
-  call('ZREM', p .. ':seen', batch)
+  local st = redis.call('HGETALL', ST)
+  for j = 1, #st, 2 do redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
+  redis.call('HDEL', p .. ':sn', batch)
+  redis.call('ZREM', p .. ':seen', batch)
   return 1
 end
 -- NOTE: the few single values a sync reads, in one call (a script's time is mostly its calls)
-local single = call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
+local single = redis.call('MGET', p .. ':e', p .. ':hold', p .. ':rg', SEQ, p .. ':wseq')
 local current, hold_until, generation = single[1], tonumber(single[2] or '-1'), single[3] or '0'
 seq, wseq = tonumber(single[4] or '0'), tonumber(single[5] or '0')
 local seq0 = seq  -- NOTE: the changes after it are this sync's own, all in its answer already
 if not current then
   current = t[1] .. '.' .. t[2]
-  call('SET', p .. ':e', current)
+  redis.call('SET', p .. ':e', current)
   if epoch ~= '' then
     hold_until = now + hold_ms
-    call('SET', p .. ':hold', hold_until)
+    redis.call('SET', p .. ':hold', hold_until)
   end
 end
 -- replicas (sorted set `P:r`, scored by expiry): only the expired ones are read
-for _, r in ipairs(call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', R, '-inf', now)) do drop(r) end
 write_floor()
-local known_replica = call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added: Redis did not know it
-local replicas = call('ZCARD', R)
+local known_replica = redis.call('ZADD', R, now + ttl, rid) == 0 and 1 or 0  -- 0: added: Redis did not know it
+local replicas = redis.call('ZCARD', R)
 hold = hold_until > now
 -- the batch: applied once (a retried sync carries the same one)
-local colon = find(batch, ':', 1, true)
-local token, number = sub(batch, 1, colon - 1), tonumber(sub(batch, colon + 1))
--- NOTE: one call: GT changes the score only upward, CH counts it (a new token is added, and counts too)
-local fresh = call('ZADD', p .. ':sq', 'GT', 'CH', number, token) == 1
+local colon = string.find(batch, ':', 1, true)
+local token, number = string.sub(batch, 1, colon - 1), tonumber(string.sub(batch, colon + 1))
+local fresh = number > tonumber(redis.call('HGET', p .. ':sn', token) or '-1')
+if fresh then redis.call('HSET', p .. ':sn', token, number) end
 if number % 256 == 1 then  -- NOTE: now and then: forget the numbers of replicas gone for an hour
-  call('ZADD', p .. ':seen', now, token)
-  for _, old in ipairs(call('ZRANGEBYSCORE', p .. ':seen', '-inf', now - 3600000)) do
-    call('ZREM', p .. ':sq', old)
-    call('ZREM', p .. ':seen', old)
+  redis.call('ZADD', p .. ':seen', now, token)
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', p .. ':seen', '-inf', now - 3600000)) do
+    redis.call('HDEL', p .. ':sn', old)
+    redis.call('ZREM', p .. ':seen', old)
   end
 end
 if fresh and reset == '1' then
-  generation = call('INCR', p .. ':rg')
-  local all, values = {}, call('HGETALL', CS)
+  generation = redis.call('INCR', p .. ':rg')
+  local all, values = {}, redis.call('HGETALL', CS)
   for j = 1, #values, 2 do
     all[#all + 1] = values[j]
     local _, service = split(values[j + 1])
     values[j + 1] = '0 ' .. service
   end
   for a = 1, #values, 2000 do
-    call('HSET', CS, unpack(values, a, math.min(a + 1999, #values)))
+    redis.call('HSET', CS, unpack(values, a, math.min(a + 1999, #values)))
   end
   for key, idx in pairs(by_floor(all)) do  -- NOTE: each backlogged node's floor score too (XX: only those there)
     for a = 1, #idx, 1000 do
       local set = {}
       for j = a, math.min(a + 999, #idx) do set[#set + 1] = '0'; set[#set + 1] = all[idx[j]] end
-      call('ZADD', key, 'XX', unpack(set))
+      redis.call('ZADD', key, 'XX', unpack(set))
     end
   end
 end
@@ -192,7 +185,7 @@ for j = 1, tonumber(nxt()) do
   local tenant = nxt()
   names[j], at[j] = tenant, i
   i = i + 5
-  if not tree and find(tenant, '/', 1, true) then tree = true end
+  if not tree and string.find(tenant, '/', 1, true) then tree = true end
   row(tenant)
 end
 if fresh and #names > 0 then
@@ -200,14 +193,14 @@ if fresh and #names > 0 then
   for a = 1, #names, 1000 do
     local b = math.min(a + 999, #names)
     local chunk = (a == 1 and b == #names) and names or {unpack(names, a, b)}
-    local old = call('HMGET', CS, unpack(chunk))
+    local old = redis.call('HMGET', CS, unpack(chunk))
     -- each node's score on its siblings' floor: one call per parent (one for all when nobody is below the top)
-    local backlogged, floors = tree and {} or call('ZMSCORE', F, unpack(chunk)), {}
+    local backlogged, floors = tree and {} or redis.call('ZMSCORE', F, unpack(chunk)), {}
     if tree then
       for key, idx in pairs(by_floor(chunk)) do
         local some = {}
         for q, j in ipairs(idx) do some[q] = chunk[j] end
-        local scores = call('ZMSCORE', key, unpack(some))
+        local scores = redis.call('ZMSCORE', key, unpack(some))
         for q, j in ipairs(idx) do backlogged[j] = scores[q] end
       end
     end
@@ -217,15 +210,15 @@ if fresh and #names > 0 then
       local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
       local c, s
       if old[q] then
-        c, s = numbers(old[q])
+        c, s = split(old[q])
+        c, s = tonumber(c), tonumber(s)
       else
         c, s = tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5])
       end
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
-      c = c + dc
-      -- NOTE: one string per row; the counter stays a number (redis.call writes a number as %.17g itself)
-      local v = format(fmt2, c, s + ds)
-      dcs[tenant], known_c[tenant], known[tenant] = dc, c, v
+      local cs = string.format(fmt, c + dc)
+      local v = cs .. ' ' .. string.format(fmt, s + ds)
+      dcs[tenant], known_c[tenant], known[tenant] = dc, cs, v
       k = k + 1
       set[2 * q - 1], set[2 * q] = tenant, v
       log[2 * q - 1], log[2 * q] = k, tenant
@@ -233,55 +226,65 @@ if fresh and #names > 0 then
         local key = tree and floor_key(tenant) or F
         local floor = floors[key]
         if not floor then floor = {}; floors[key] = floor end
-        floor[#floor + 1], floor[#floor + 2] = c, tenant
-        members[tenant] = call('SMEMBERS', p .. ':bt:' .. tenant)
+        floor[#floor + 1], floor[#floor + 2] = cs, tenant
+        members[tenant] = redis.call('SMEMBERS', p .. ':bt:' .. tenant)
         for _, r in ipairs(members[tenant]) do
-          if r ~= rid then call('SADD', p .. ':d:' .. r, tenant) end
+          if r ~= rid then redis.call('SADD', p .. ':d:' .. r, tenant) end
         end
       end
     end
-    call('HSET', CS, unpack(set))
-    for key, floor in pairs(floors) do call('ZADD', key, unpack(floor)) end
-    call('ZADD', V, unpack(log))
+    redis.call('HSET', CS, unpack(set))
+    for key, floor in pairs(floors) do redis.call('ZADD', key, unpack(floor)) end
+    redis.call('ZADD', V, unpack(log))
   end
 end
 for _ = 1, tonumber(nxt()) do
   local tenant, w = nxt(), nxt()
   if fresh then
-    call('HSET', W, tenant, w)
+    redis.call('HSET', W, tenant, w)
     touch(tenant)
-    call('ZADD', WV, wbump(), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
   row(tenant)
 end
 for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
-  if call('HSETNX', W, tenant, nxt()) == 1 then
+  if redis.call('HSETNX', W, tenant, nxt()) == 1 then
     touch(tenant)
-    call('ZADD', WV, wbump(), tenant)
+    redis.call('ZADD', WV, wbump(), tenant)
   end
 end
-local added, gone = {}, {}
-for j = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  added[j] = tenant
-  row(tenant)
-end
-if mode == '=' then  -- NOTE: all of them: those here before and not now are no longer backlogged here
+local bk = p .. ':bk:' .. rid
+if mode == '=' then
   local want = {}
-  for _, tenant in ipairs(added) do want[tenant] = true end
-  for _, tenant in ipairs(call('SMEMBERS', p .. ':bk:' .. rid)) do
-    if not want[tenant] then gone[#gone + 1] = tenant end
+  for _ = 1, tonumber(nxt()) do
+    local tenant = nxt()
+    want[tenant] = true
+    backlog(rid, tenant)
+    row(tenant)
+  end
+  for _, tenant in ipairs(redis.call('SMEMBERS', bk)) do
+    if not want[tenant] then
+      redis.call('SREM', bk, tenant)
+      unbacklog(rid, tenant)
+    end
+  end
+else
+  for _ = 1, tonumber(nxt()) do
+    local tenant = nxt()
+    backlog(rid, tenant)
+    row(tenant)
   end
 end
-backlog(rid, added)
-for _ = 1, tonumber(nxt()) do gone[#gone + 1] = nxt() end
-unbacklog_all(rid, gone)
+for _ = 1, tonumber(nxt()) do
+  local tenant = nxt()
+  if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
+end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
 local starved, mine = nxt(), nil
 local waiting, heads, pools = {}, {}, {}
-local st = call('HGETALL', ST)
+local st = redis.call('HGETALL', ST)
 for j = 1, #st, 2 do
   if st[j] ~= rid then
     local got = cjson.decode(st[j + 1])
@@ -291,12 +294,12 @@ for j = 1, #st, 2 do
   end
 end
 if starved ~= '' then
-  if mine ~= starved then call('HSET', ST, rid, starved) end
+  if mine ~= starved then redis.call('HSET', ST, rid, starved) end
 elseif mine then
-  call('HDEL', ST, rid)
+  redis.call('HDEL', ST, rid)
 end
 if #heads > 0 then
-  local values = call('HMGET', CS, unpack(heads))
+  local values = redis.call('HMGET', CS, unpack(heads))
   for j, tenant in ipairs(heads) do
     waiting[3 * j - 2], waiting[3 * j - 1], waiting[3 * j] = tenant, values[j] and split(values[j]) or '0', pools[j]
     local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
@@ -309,8 +312,8 @@ local function lease(k, url, limit, used, need, spare, keep)
   -- lease it already had); the demand as far as the others' leases leave room; the spare only from what nobody
   -- else is waiting for. The others' leases and unmet demand are the sums less this replica's part.
   local key, gf, uf = p .. ':l' .. k .. ':' .. url, 'g:' .. rid, 'u:' .. rid
-  local v = call('HMGET', key, 'g', 'u', gf, uf)
-  if not v[3] then call('SADD', p .. ':urls', url) end
+  local v = redis.call('HMGET', key, 'g', 'u', gf, uf)
+  if not v[3] then redis.call('SADD', p .. ':urls', url) end
   local old, old_u = tonumber(v[3] or '0'), tonumber(v[4] or '0')
   local held, unmet = tonumber(v[1] or '0') - old, tonumber(v[2] or '0') - old_u
   local g = used
@@ -321,7 +324,7 @@ local function lease(k, url, limit, used, need, spare, keep)
   g = math.max(g, math.min(keep, old))
   local u = math.max(0, need - g)
   if g ~= old or u ~= old_u or not v[3] then
-    call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
+    redis.call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
   end
   if g < old and unmet > 0 then released = true end
   leases[#leases + 1] = g
@@ -337,30 +340,30 @@ end
 -- room given back while others wait: the waiting replicas sync now rather than at their next interval
 if released then
   for j = 1, #st, 2 do
-    if st[j] ~= rid then call('PUBLISH', p .. ':wake:' .. st[j], '1') end
+    if st[j] ~= rid then redis.call('PUBLISH', p .. ':wake:' .. st[j], '1') end
   end
 end
 -- what changed elsewhere: the oldest changes first, at most `pull` (all tenants for a replica new to this data)
-local d = call('SMEMBERS', p .. ':d:' .. rid)
+local d = redis.call('SMEMBERS', p .. ':d:' .. rid)
 if #d > 0 then
   for _, tenant in ipairs(d) do row(tenant) end
-  call('DEL', p .. ':d:' .. rid)
+  redis.call('DEL', p .. ':d:' .. rid)
 end
 -- weights: only those set (by an admin, or seeded) since `weights since` (every tenant's for a replica new to this
 -- data), as the other changes do not move them
 local nsince, nwsince, wrows
 if current ~= epoch then
-  for _, tenant in ipairs(call('ZRANGE', V, 0, -1)) do row(tenant) end
-  nsince, nwsince, wrows = format('%d', seq), format('%d', wseq), rows
+  for _, tenant in ipairs(redis.call('ZRANGE', V, 0, -1)) do row(tenant) end
+  nsince, nwsince, wrows = string.format('%d', seq), string.format('%d', wseq), rows
 else
   -- NOTE: up to the changes this sync made (its own: in the answer's rows already), so that they are not pulled
   -- back later: once the others' changes are all read, `since` moves past this sync's own
-  local got = call('ZRANGEBYSCORE', V, '(' .. since, seq0, 'WITHSCORES', 'LIMIT', 0, pull)
+  local got = redis.call('ZRANGEBYSCORE', V, '(' .. since, seq0, 'WITHSCORES', 'LIMIT', 0, pull)
   for j = 1, #got, 2 do row(got[j]) end
-  nsince = #got > 0 and #got == 2 * pull and got[#got] or format('%d', seq)
+  nsince = #got > 0 and #got == 2 * pull and got[#got] or string.format('%d', seq)
   wrows, nwsince = {}, wsince
   if wseq > (tonumber(wsince) or 0) then  -- NOTE: no weight set since: nothing to ask
-    local wgot = call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
+    local wgot = redis.call('ZRANGEBYSCORE', WV, '(' .. wsince, '+inf', 'WITHSCORES')
     for j = 1, #wgot, 2 do wrows[#wrows + 1] = wgot[j] end
     nwsince = #wgot > 0 and wgot[#wgot] or wsince
   end
@@ -372,12 +375,12 @@ local function values(key, list, known)  -- HMGET (in chunks, as unpack() has a 
   end
   for a = 1, #ask, 1000 do
     local b = math.min(a + 999, #ask)
-    for q, v in ipairs(call('HMGET', key, unpack(ask, a, b))) do known[ask[a + q - 1]] = v end
+    for q, v in ipairs(redis.call('HMGET', key, unpack(ask, a, b))) do known[ask[a + q - 1]] = v end
   end
   for j, node in ipairs(list) do out[j] = known[node] end
   return out
 end
-local floor = call('ZRANGE', F, 0, 1, 'WITHSCORES')
+local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
 return {rows, values(CS, rows, known), wrows, values(W, wrows, {}), floor, waiting, leases, replicas, current, nsince,
   nwsince, generation, known_replica}
 """

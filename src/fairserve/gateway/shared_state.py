@@ -30,7 +30,7 @@ waiting counter, and two replicas that each see the other first do not both stan
 it starts waiting, and when it holds lease room it cannot use while others wait (`waiting`); that sync wakes the
 waiting replicas (pub/sub, `Link._listen`), which sync at once.
 
-A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sq`: the last number applied,
+A sync's additive part (charges, lifts, weights set, a reset) is a numbered batch (`P:sn`: the last number applied,
 per replica): a sync whose answer was lost is sent again with the same batch, which Redis applies only if it did
 not already, so a timed-out sync that Redis ran late never charges twice.
 
@@ -127,7 +127,7 @@ class SharedState(HeadOrder, Link):
         self._sent_starved: frozenset[str] = frozenset()  # the pools the last sync reported this replica starved in
         self._gained = False  # the last answer grew a lease: a replica starved again may sync early again
         # the batch of additive changes (charges, weights, a reset) sent but not answered: sent again, unchanged,
-        # until answered; Redis applies a batch once (`P:sq`), so a lost answer never charges twice
+        # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
         self._token = uuid.uuid4().hex[:12]
         self._number = 0
         self._unanswered: tuple[int, list[Any], list[Any], dict[Account, tuple[float, float]], bool] | None = None
