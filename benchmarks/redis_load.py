@@ -5,14 +5,15 @@ arguments laid out by `sync_args` as a replica lays them out) every `--interval`
 against `--tenants` tenants already in Redis. The load processes are lean, so that the load measured is Redis's and
 the latency measured is not the generator's own wait for a CPU: each replica's EVALSHA is joined from parts encoded
 once (its id, the tenants' rows, the backends) and the parts that change per sync (what it last read, its batch
-number, the charged tenants, its backlog's changes); at each replica's first measured sync the bytes are checked
-equal to `sync_args`' plain encoding. Replies are read by hiredis where it is installed (redis-py's own C parser),
-by a small Python parser otherwise; every connection of a process is served by one selector loop. `--pin auto`
-runs Redis on one CPU and the load processes on the others (for a machine of its own: on one shared with other
-jobs a pinned Redis cannot move off a busy core). Measured over `--duration` seconds after every replica's first
-sync: Redis's CPU (INFO cpu, the server's own user + system time) as a fraction of one core and per sync, the
-script's own time per sync (INFO commandstats), the syncs per second served, the latency of one sync as the replica
-sees it (p50, p99), the load processes' CPU, and the machine's load average (1 min) as the run starts and ends.
+number, the charged tenants, its backlog's changes); at each replica's second sync, before the measurement, the
+bytes are checked equal to `sync_args`' plain encoding. Replies are read by hiredis where it is installed
+(redis-py's own C parser), by a small Python parser otherwise; every connection of a process is served by one
+selector loop. `--pin auto` runs Redis on one CPU and the load processes on the others (for a machine of its own:
+on one shared with other jobs a pinned Redis cannot move off a busy core). Measured over `--duration` seconds after
+every replica's first sync: Redis's CPU (INFO cpu, the server's own user + system time) as a fraction of one core
+and per sync, the script's own time per sync (INFO commandstats: wall time inside Redis), the syncs per second
+served, the latency of one sync as the replica sees it (p50, p99), the load processes' CPU, and the machine's load
+average (1 min) as the run starts and ends.
 Goals (50 replicas, 2,500 syncs/s, 10,000 tenants, 10 changed per sync, 30 s): Redis CPU below 50% of one core,
 p99 <= 5 ms.
 
@@ -111,7 +112,7 @@ def _bulk(a: object) -> bytes:
 
 class Encoder:
     """The EVALSHA of one simulated replica's syncs in RESP, from parts encoded once: the bytes `_command("EVALSHA",
-    sha, 0, *sim.args(step))` gives (checked at the first sync), at a fraction of the cost."""
+    sha, 0, *sim.args(step))` gives (checked before the measurement), at a fraction of the cost."""
 
     def __init__(self, sha: str, sim: SimReplica, names: list[bytes], charges: list[bytes]) -> None:
         self.sim, self.names, self.charges = sim, names, charges
@@ -385,7 +386,7 @@ def main() -> int:
     pinned = "off" if a.pin is None else f"Redis on CPU {sorted(a.pin[0])}, load on {sorted(a.pin[1])}"
     print(
         "| replicas | processes | tenants | changed per sync | syncs/s | Redis CPU (of one core) "
-        "| Redis CPU per sync | of it in the script | sync p50 | sync p99 | load generators' CPU "
+        "| Redis CPU per sync | script time per sync | sync p50 | sync p99 | load generators' CPU "
         "| machine load average (1 min: start, end) |\n"
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         f"| {started} | {a.processes} | {a.tenants:,} | {a.changed} | {len(lat) / a.duration:,.0f} | {cpu:.0%} | "
