@@ -189,10 +189,12 @@ class Ledger:
     def peek(self) -> Request | None:
         return self.policy.peek()
 
-    def pop(self) -> Request:
+    def pop(self, head: Request | None = None) -> Request:
         """Admit the request `peek()` returned: it starts running and is charged its admission cost (its prompt, plus
-        the predicted output for a policy with a predictor); a re-admitted preempted request is not charged again."""
-        req = self.policy.peek()
+        the predicted output for a policy with a predictor); a re-admitted preempted request is not charged again.
+        `head`: what `peek()` has just returned, if the caller holds it (nothing changed since), so that the policy is
+        not asked again."""
+        req = head if head is not None else self.policy.peek()
         if req is None:
             raise PolicyError("pop() with nothing queued")
         self.policy.dequeue(req)
@@ -219,7 +221,7 @@ class Ledger:
             req = peek()
             if req is None or not fits(req):
                 break
-            out.append(self.pop())
+            out.append(self.pop(req))
         return out
 
     # ---- charging -------------------------------------------------------------------------------------------------
