@@ -152,7 +152,10 @@ class Ledger:
                 node = node.parent
         self.policy.enqueue(req, front=False)
         req.state = QUEUED
-        _count(acct, 1, 0)
+        if acct.parent is None:  # NOTE: _count() inline for a tenant at the top (every request passes here)
+            acct.queued += 1
+        else:
+            _count(acct, 1, 0)
         self.num_queued += 1
         self._requests[req.id] = req
         return True
@@ -200,7 +203,11 @@ class Ledger:
         self.policy.dequeue(req)
         self.num_queued -= 1
         acct = req.account
-        _count(acct, -1, 1)
+        if acct.parent is None:  # NOTE: _count() inline, as in add()
+            acct.queued -= 1
+            acct.running += 1
+        else:
+            _count(acct, -1, 1)
         req.state = RUNNING
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
@@ -361,6 +368,8 @@ class Ledger:
             self.policy.remove(req)
             self.num_queued -= 1
             _count(req.account, -1, 0)
+        elif req.account.parent is None:  # NOTE: _count() inline, as in add()
+            req.account.running -= 1
         else:
             _count(req.account, 0, -1)
         if req.admitted:

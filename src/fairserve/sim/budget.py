@@ -79,28 +79,24 @@ class ReserveIndex:
         cum, prefix, behind, suffix = self._cum, self._prefix, self._behind, self._suffix
         del cum[j:], prefix[j:], behind[j:], suffix[j:]
         c, p = cum[-1], prefix[-1]
-        add_cum, add_prefix, add_behind = cum.append, prefix.append, behind.append
         i = j - 1
         for e, t in ends[j - 1 :]:
             i += 1
             c += t - e
-            add_cum(c)
-            e -= 1
-            term = e * i + c
+            cum.append(c)
+            term = (e - 1) * i + c
             if term > p:
                 p = term
-            add_prefix(p)
-            add_behind(term + e)
+            prefix.append(p)
+            behind.append(term + e - 1)
+        suffix.extend(behind[j:])
+        suffix.append(NONE)
         s = NONE
-        tail = []  # NOTE: the suffix maxima from n down to j, then put in place in one slice
-        add = tail.append
-        for b in reversed(behind[j:]):
+        for i in range(n, j - 1, -1):
+            b = suffix[i]
             if b > s:
                 s = b
-            add(s)
-        tail.reverse()
-        suffix += tail
-        suffix.append(NONE)
+            suffix[i] = s
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
             b = behind[i]
             if b > s:
