@@ -349,8 +349,8 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             self.observer(self)
 
     def _decode(self, until: float) -> None:
-        """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary,
-        and the steps go on if they change nothing that is due."""
+        """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary
+        (or at the run's end: `_cut`), and the steps go on if they change nothing that is due."""
         n = len(self.running)
         if self.cache is not None:
             self._grow_blocks()
