@@ -166,3 +166,27 @@ def test_decode_steps_between_events_are_one_move():
     res = engine.run([Arrival(0.0, c, 100, 5000) for c in "abc"])
     assert res.decode_steps == 4999 and all(r.status == "finished" for r in res.records)
     assert Counting.calls < 100
+
+
+def test_a_run_pauses_the_collector_and_gives_it_back_as_it_was():
+    import gc
+
+    seen = []
+    arrivals = [Arrival(0.0, "a", 10, 3)]
+
+    def observe(engine):
+        seen.append(gc.isenabled())
+
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            SimEngine(Ledger(make_policy("fcfs")), LAT, EngineConfig(), observer=observe).run(arrivals)
+            assert gc.isenabled() is enabled and seen and not any(seen)
+            seen.clear()
+        gc.enable()
+        with pytest.raises(AttributeError):  # an error in the run (no arrival) leaves it on too
+            SimEngine(Ledger(make_policy("fcfs")), LAT, EngineConfig()).run([object()])
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -52,6 +52,30 @@ def test_counts_follow_the_life_cycle_and_settle_is_once():
         led.arrive(3, "a", 1) and led.arrive(3, "a", 1)
 
 
+def test_pop_of_the_head_the_driver_holds_is_pop():
+    views = []
+    for hand_over in (False, True):
+        led = Ledger(make_policy("vtc"), ("a", "g/b"))
+        reqs = [led.arrive(1, "a", 10), led.arrive(2, "g/b", 20), led.arrive(3, "g/b", 5)]
+        popped = []
+        while (head := led.peek()) is not None:
+            popped.append(led.pop(head if hand_over else None))
+            if len(popped) == 2:
+                view = led.view()
+                assert (view.groups["g"].queued, view.groups["g"].running) == (1, 1)
+                assert (view.tenants["a"].queued, view.tenants["a"].running) == (0, 1)
+        assert popped == [reqs[0], reqs[1], reqs[2]] and all(r.state is RequestState.RUNNING for r in reqs)
+        for r in reqs:
+            led.settle(r)
+        views.append(led.view())
+    assert views[0] == views[1] and views[1].tenants["g/b"].service == 25
+    assert all(
+        (v.queued, v.running) == (0, 0) for v in [*views[1].tenants.values(), *views[1].groups.values()]
+    )  # NOTE: settled, also through the group
+    with pytest.raises(PolicyError):
+        led.pop()
+
+
 def test_settle_reconciles_usage_and_refunds():
     led = ledger()
     r = led.arrive(1, "a", 10)

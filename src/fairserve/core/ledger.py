@@ -152,7 +152,10 @@ class Ledger:
                 node = node.parent
         self.policy.enqueue(req, front=False)
         req.state = QUEUED
-        _count(acct, 1, 0)
+        if acct.parent is None:  # NOTE: _count() inline for a tenant at the top (every request passes here)
+            acct.queued += 1
+        else:
+            _count(acct, 1, 0)
         self.num_queued += 1
         self._requests[req.id] = req
         return True
@@ -189,16 +192,22 @@ class Ledger:
     def peek(self) -> Request | None:
         return self.policy.peek()
 
-    def pop(self) -> Request:
+    def pop(self, head: Request | None = None) -> Request:
         """Admit the request `peek()` returned: it starts running and is charged its admission cost (its prompt, plus
-        the predicted output for a policy with a predictor); a re-admitted preempted request is not charged again."""
-        req = self.policy.peek()
+        the predicted output for a policy with a predictor); a re-admitted preempted request is not charged again.
+        `head`: what `peek()` has just returned, if the caller holds it (nothing changed since), so that the policy is
+        not asked again."""
+        req = head if head is not None else self.policy.peek()
         if req is None:
             raise PolicyError("pop() with nothing queued")
         self.policy.dequeue(req)
         self.num_queued -= 1
         acct = req.account
-        _count(acct, -1, 1)
+        if acct.parent is None:  # NOTE: _count() inline, as in add()
+            acct.queued -= 1
+            acct.running += 1
+        else:
+            _count(acct, -1, 1)
         req.state = RUNNING
         req.admission = 0.0
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
@@ -219,7 +228,7 @@ class Ledger:
             req = peek()
             if req is None or not fits(req):
                 break
-            out.append(self.pop())
+            out.append(self.pop(req))
         return out
 
     # ---- charging -------------------------------------------------------------------------------------------------
@@ -359,6 +368,8 @@ class Ledger:
             self.policy.remove(req)
             self.num_queued -= 1
             _count(req.account, -1, 0)
+        elif req.account.parent is None:  # NOTE: _count() inline, as in add()
+            req.account.running -= 1
         else:
             _count(req.account, 0, -1)
         if req.admitted:
