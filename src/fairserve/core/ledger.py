@@ -1,8 +1,9 @@
 """The ledger: per-tenant state, owned once, and the one way into the core for every driver.
 
 Two tables live here and nowhere else:
-- `Account`s, one per tenant: weight, service received, the policy's virtual counter, queued and running requests.
-  Only the ledger's life-cycle methods write the counts, so they cannot drift from the queues they count.
+- `Account`s, one per tenant and per group above it: weight, service received, the policy's virtual counter, queued
+  and running requests. The ledger is a `TenantTree` (`core/tree.py`: the accounts, opened on first sight); only the
+  ledger's life-cycle methods write the counts, so they cannot drift from the queues they count.
 - the requests not yet settled, by id, each carrying the driver's own object (`Request.item`): a gateway ticket, an
   engine's request state, or the simulator's request itself.
 
@@ -15,14 +16,14 @@ with `Peers` for a floor from other processes); the policy only orders. Admin ch
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import charges
-from .account import SEP, Account, LedgerView, TenantView, Unsupported, check_weight
+from .account import Account, Unsupported, check_weight
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
+from .tree import TenantTree
 
 QUEUED, RUNNING = RequestState.QUEUED, RequestState.RUNNING
 
@@ -40,7 +41,7 @@ class Peers(Protocol):
         ...
 
 
-class Ledger:
+class Ledger(TenantTree):
     """Requests by id and the accounts they are charged to, over one policy. Not thread-safe by itself: engines
     that call it from a scheduling thread wrap it in a lock (`engines.queue.EngineQueue`)."""
 
@@ -53,14 +54,10 @@ class Ledger:
         priorities: Mapping[str, int] | None = None,
         allowed: Mapping[str, Iterable[int]] | None = None,
     ) -> None:
-        self.policy = policy
+        super().__init__(policy, tenants, weights, priorities, allowed)
         self.cost = policy.cost
         self.predictor = policy.predictor
         caps = policy.capabilities
-        self.accounts: dict[str, Account] = {}  # the tenants: the leaves of the tree
-        self.groups: dict[str, Account] = {}  # every prefix of a tenant's path
-        self._ranks = itertools.count()  # first-seen (or configured) order: the deterministic tie-break
-        self._levels: dict[str, int] = {}  # each tenant's own priority, once looked up (priorities are configured once)
         self.num_queued = 0  # requests waiting for admission, over all tenants
         self.peers = peers
         self._requests: dict[Any, Request] = {}
@@ -69,52 +66,8 @@ class Ledger:
         self._on_charge = policy.on_charge if caps.orders_by_counter else None
         # NOTE: the linear cost's per-token price, so the hottest call skips a method call
         self._w_q = charges.linear_w_q(self.cost)
-        for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
-            self.account(t)
-        for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
-            self.node(t).weight = check_weight(t, w)
-        for t, level in (priorities or {}).items():
-            self.node(t).priority = _level(t, level)
-        for t, levels in (allowed or {}).items():
-            self.account(t).allowed = frozenset(_level(t, v) for v in levels)
         if peers is not None:
             peers.attach(self)
-
-    def account(self, tenant: str) -> Account:
-        """`tenant`'s account, opened on first sight with the groups above it (`pro/acme/search` is under `pro/acme`,
-        under `pro`). ValueError for a path that names a group, or runs through a tenant."""
-        acct = self.accounts.get(tenant)
-        if acct is None:
-            if tenant in self.groups:
-                raise ValueError(f"{tenant!r} is a group of tenants, not a tenant")
-            acct = self.accounts[tenant] = self._open(tenant)
-            self.policy.open(acct)
-        return acct
-
-    def _group(self, path: str) -> Account:
-        group = self.groups.get(path)
-        if group is None:
-            tenant = self.accounts.get(path)
-            if tenant is None:
-                group = self._open(path)
-            elif tenant.service or tenant.queued or tenant.running:
-                raise ValueError(f"{path!r} is a tenant, so it cannot be a group of tenants")
-            else:  # NOTE: configured (a weight, say) before anything below it was seen: it was a group all along
-                group = self.accounts.pop(path)
-                self.policy.close(group)
-            self.groups[path] = group
-        return group
-
-    def _open(self, path: str) -> Account:
-        """A new node under its groups."""
-        parent = self._group(path.rpartition(SEP)[0]) if SEP in path else None
-        return Account(path, rank=next(self._ranks), parent=parent)
-
-    def node(self, path: str) -> Account:
-        """The group `path`, else the tenant `path` (opened on first sight: a tenant that has had no request yet
-        becomes a group when a tenant below it appears)."""
-        group = self.groups.get(path)
-        return group if group is not None else self.account(path)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     def arrive(
@@ -169,24 +122,6 @@ class Ledger:
             floor = self.peers.lift_floor(node, floor)
         if floor is not None and floor > node.counter:
             node.counter = floor
-
-    def priority_of(self, acct: Account, named: int | None = None) -> int:
-        """The priority a request of `acct` runs at: the one it names if the tenant allows it, else the nearest
-        node's (the tenant's, then its groups'), else 0."""
-        level = self._levels.get(acct.tenant)
-        if level is None:
-            own, node = acct.priority, acct.parent
-            while node is not None and own is None:
-                own, node = node.priority, node.parent
-            level = self._levels[acct.tenant] = own if own is not None else 0
-        if named is not None and named != level and acct.allowed is not None and named in acct.allowed:
-            return named
-        return level
-
-    def allowed_priorities(self, tenant: str) -> frozenset[int]:
-        """The priorities requests of `tenant` may name (its own, unless its configuration allows more)."""
-        acct = self.account(tenant)
-        return acct.allowed if acct.allowed is not None else frozenset({self.priority_of(acct)})
 
     # ---- admission ------------------------------------------------------------------------------------------------
     def peek(self) -> Request | None:
@@ -468,24 +403,6 @@ class Ledger:
             raise Unsupported(f"policy {self.policy.name!r} keeps no counters: there is nothing to reset")
         self.policy.reset_counters([*self.accounts.values(), *self.groups.values()])
 
-    def view(self) -> LedgerView:
-        """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
-        counter_of = self.policy.counter_of
-
-        def level(a: Account) -> int:
-            node: Account | None = a
-            while node is not None and node.priority is None:
-                node = node.parent
-            return node.priority if node is not None and node.priority is not None else 0
-
-        def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
-            return {
-                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, level(a))
-                for a in accounts
-            }
-
-        return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
-
 
 def _count(acct: Account, queued: int, running: int) -> None:
     """Change a tenant's queued and running counts, and its groups' (each a sum over its subtree)."""
@@ -496,9 +413,3 @@ def _count(acct: Account, queued: int, running: int) -> None:
         node.queued += queued
         node.running += running
         node = node.parent
-
-
-def _level(path: str, level: object) -> int:
-    if not isinstance(level, int) or isinstance(level, bool):
-        raise ValueError(f"priority of {path!r} must be an integer (lower is served first), got {level!r}")
-    return level

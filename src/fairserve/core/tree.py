@@ -1,0 +1,120 @@
+"""The tenant tree: every tenant's `Account` and the groups above it, owned once (by the ledger, which is a
+`TenantTree`).
+
+A tenant's path names its groups (`pro/acme/search` is under `pro/acme`, under `pro`); each group's account holds the
+sums over its subtree. Nodes open on first sight, in a first-seen order that breaks ties everywhere (`rank`). A
+tenant that has had no request yet becomes a group when a tenant below it appears. Priorities are configured per
+node and looked up once per tenant; `view()` is the read-only snapshot of every node.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+
+from .account import SEP, Account, LedgerView, TenantView, check_weight
+from .policy import Policy
+
+
+class TenantTree:
+    """The tenants (the leaves) and their groups, over one policy, which hears of each tenant opened or closed."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        tenants: Iterable[str] = (),
+        weights: Mapping[str, float] | None = None,
+        priorities: Mapping[str, int] | None = None,
+        allowed: Mapping[str, Iterable[int]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.accounts: dict[str, Account] = {}  # the tenants: the leaves of the tree
+        self.groups: dict[str, Account] = {}  # every prefix of a tenant's path
+        self._ranks = itertools.count()  # first-seen (or configured) order: the deterministic tie-break
+        self._levels: dict[str, int] = {}  # each tenant's own priority, once looked up (priorities are configured once)
+        for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
+            self.account(t)
+        for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
+            self.node(t).weight = check_weight(t, w)
+        for t, level in (priorities or {}).items():
+            self.node(t).priority = _level(t, level)
+        for t, levels in (allowed or {}).items():
+            self.account(t).allowed = frozenset(_level(t, v) for v in levels)
+
+    def account(self, tenant: str) -> Account:
+        """`tenant`'s account, opened on first sight with the groups above it (`pro/acme/search` is under `pro/acme`,
+        under `pro`). ValueError for a path that names a group, or runs through a tenant."""
+        acct = self.accounts.get(tenant)
+        if acct is None:
+            if tenant in self.groups:
+                raise ValueError(f"{tenant!r} is a group of tenants, not a tenant")
+            acct = self.accounts[tenant] = self._open(tenant)
+            self.policy.open(acct)
+        return acct
+
+    def _group(self, path: str) -> Account:
+        group = self.groups.get(path)
+        if group is None:
+            tenant = self.accounts.get(path)
+            if tenant is None:
+                group = self._open(path)
+            elif tenant.service or tenant.queued or tenant.running:
+                raise ValueError(f"{path!r} is a tenant, so it cannot be a group of tenants")
+            else:  # NOTE: configured (a weight, say) before anything below it was seen: it was a group all along
+                group = self.accounts.pop(path)
+                self.policy.close(group)
+            self.groups[path] = group
+        return group
+
+    def _open(self, path: str) -> Account:
+        """A new node under its groups."""
+        parent = self._group(path.rpartition(SEP)[0]) if SEP in path else None
+        return Account(path, rank=next(self._ranks), parent=parent)
+
+    def node(self, path: str) -> Account:
+        """The group `path`, else the tenant `path` (opened on first sight: a tenant that has had no request yet
+        becomes a group when a tenant below it appears)."""
+        group = self.groups.get(path)
+        return group if group is not None else self.account(path)
+
+    def priority_of(self, acct: Account, named: int | None = None) -> int:
+        """The priority a request of `acct` runs at: the one it names if the tenant allows it, else the nearest
+        node's (the tenant's, then its groups'), else 0."""
+        level = self._levels.get(acct.tenant)
+        if level is None:
+            own, node = acct.priority, acct.parent
+            while node is not None and own is None:
+                own, node = node.priority, node.parent
+            level = self._levels[acct.tenant] = own if own is not None else 0
+        if named is not None and named != level and acct.allowed is not None and named in acct.allowed:
+            return named
+        return level
+
+    def allowed_priorities(self, tenant: str) -> frozenset[int]:
+        """The priorities requests of `tenant` may name (its own, unless its configuration allows more)."""
+        acct = self.account(tenant)
+        return acct.allowed if acct.allowed is not None else frozenset({self.priority_of(acct)})
+
+    def view(self) -> LedgerView:
+        """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
+        counter_of = self.policy.counter_of
+
+        def level(a: Account) -> int:
+            node: Account | None = a
+            while node is not None and node.priority is None:
+                node = node.parent
+            return node.priority if node is not None and node.priority is not None else 0
+
+        def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
+            return {
+                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, level(a))
+                for a in accounts
+            }
+
+        return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
+
+
+def _level(path: str, level: object) -> int:
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ValueError(f"priority of {path!r} must be an integer (lower is served first), got {level!r}")
+    return level
