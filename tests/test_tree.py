@@ -129,6 +129,14 @@ def test_names_cannot_be_a_tenant_and_a_group():
         led.account("org")
 
 
+@pytest.mark.parametrize(
+    "kw", [{"priorities": {"pro/acme": "1"}}, {"priorities": {"pro/acme": True}}, {"allowed": {"pro/acme": [0, 1.5]}}]
+)
+def test_a_priority_that_is_not_an_integer_is_refused_naming_its_node(kw):
+    with pytest.raises(ValueError, match=r"priority of 'pro/acme' must be an integer"):
+        tree(**kw)
+
+
 def test_groups_show_in_the_view():
     led = tree(weights={"org": 2})
     led.arrive(1, "org/a", 10)
