@@ -74,6 +74,8 @@ def test_pop_of_the_head_the_driver_holds_is_pop():
     )  # NOTE: settled, also through the group
     with pytest.raises(PolicyError):
         led.pop()
+    with pytest.raises(PolicyError, match="not queued"):
+        led.pop(reqs[0])  # settled: a head kept too long
 
 
 def test_settle_reconciles_usage_and_refunds():

@@ -135,6 +135,8 @@ class Ledger(TenantTree):
         req = head if head is not None else self.policy.peek()
         if req is None:
             raise PolicyError("pop() with nothing queued")
+        if req.state is not QUEUED:  # NOTE: a `head` the driver kept past its admission
+            raise PolicyError(f"pop() of request {req.id!r}, which is not queued")
         self.policy.dequeue(req)
         self.num_queued -= 1
         acct = req.account
