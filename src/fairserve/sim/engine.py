@@ -19,27 +19,23 @@ import gc
 import heapq
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
 from ..core.account import SEP
 from ..core.ledger import Ledger
 from ..core.policy import Policy
 from ..core.request import Request, RequestState
 from .budget import PagedBudget, ReserveBudget, ReserveIndex
 from .cached import PrefixCaching
+from .clock import DecodeClock
 from .forecast import NEVER, Charging, Forecast, QueuedSizes, exact_charges
-from .latency import LatencyModel, LinearLatency, decode_steps_s, prefill_cached_s
+from .latency import LatencyModel, prefill_cached_s
 from .preempt import Capped, Preemption
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 LOOKAHEAD = 16  # a decode run goes past at most this many arrivals that need no step of their own (`_cut`)
-SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
-LONG_RUN = 1024  # a run toward a time (an arrival) is computed this far at least (what is left is kept for later)
-NO_RUN = (np.zeros(0), np.zeros(0), 0)
 
 
-class SimEngine(Forecast, Preemption, PrefixCaching):
+class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
     """Drives a ledger (and so its policy) with the arrivals of a workload. One instance runs one simulation.
 
     Offline, `run(arrivals)`. Online (the emulator): `submit(req)` at the engine's clock, `advance_to(t)` (every
@@ -55,7 +51,6 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
     ) -> None:
         self.ledger = ledger
         self.latency = latency
-        self._linear = latency if type(latency) is LinearLatency else None  # its steps can be written out (_run_steps)
         self.config = cfg = config or EngineConfig()
         self.observer = observer  # called after every prefill and decode step (the engine then moves step by step)
         self.now = 0.0
@@ -96,8 +91,7 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
         self._pending: list[SimRequest] = []  # run(): the arrivals, in order, of which `_arrived` are submitted
         self._arrived = 0
         self._horizon = float("inf")
-        self._run: tuple[np.ndarray, np.ndarray, int] = NO_RUN  # the last decode run: clock, busy time, first step
-        self._run_at = (0, 0)  # ... and its batch size and context at its first step (the durations depend on these)
+        self._open_clock()
 
     @property
     def kv_free(self) -> int:
@@ -430,78 +424,6 @@ class SimEngine(Forecast, Preemption, PrefixCaching):
             if wait < steps:
                 steps = wait
         return steps
-
-    def _run_steps(self, n: int, steps: int, until: float) -> int:
-        """Decode `steps` steps of the batch (stopping after the first that ends at or after `until`); returns how
-        many. Durations are added one at a time, in order, exactly as a loop over the steps adds them."""
-        now, busy, kv, one = self.now, self.busy_s, self.kv_used, self.latency.decode_step_s
-        dt = one(n, kv)
-        if dt > 0 and until - now < (SHORT_RUN - 1) * dt:
-            steps = min(steps, SHORT_RUN)  # NOTE: steps only grow longer with the context: `until` comes first
-        done = 0
-        if steps <= SHORT_RUN and self._linear is not None:
-            a, b, c = self._linear.decode_step_terms(n)
-            while True:  # NOTE: the loop below, each step's duration written out (LinearLatency.decode_step_s)
-                now += dt
-                busy += dt
-                kv += n
-                done += 1
-                if done == steps or now >= until:
-                    break
-                dt = a + b * kv + c
-        elif steps <= SHORT_RUN:
-            while True:
-                now += dt
-                busy += dt
-                kv += n
-                done += 1
-                if done == steps or now >= until:
-                    break
-                dt = one(n, kv)
-        else:
-            bounded = until != float("inf")
-            while done < steps and now < until:
-                at = self.step + done
-                nows, busys, k = self._run
-                k = at - k
-                if not (
-                    0 < k < len(nows)
-                    and (n, kv - n * k) == self._run_at
-                    and nows[k - 1] == now
-                    and busys[k - 1] == busy
-                ):
-                    take = steps - done
-                    if dt > 0 and bounded and take > LONG_RUN:
-                        take = max(LONG_RUN, int((until - now) / dt) + 2)
-                    nows, busys = self._decode_run(n, kv, take, now, busy)
-                    self._run, self._run_at, k = (nows, busys, at), (n, kv), 0
-                run = nows[k : k + steps - done]
-                take = len(run)
-                if bounded:
-                    take = min(take, int(run.searchsorted(until)) + 1)
-                now, busy = float(run[take - 1]), float(busys[k + take - 1])
-                kv += n * take
-                done += take
-                if done < steps and now < until:
-                    dt = one(n, kv)
-        self.now, self.busy_s = now, busy
-        return done
-
-    def _decode_run(self, n: int, kv: int, steps: int, now: float, busy: float) -> tuple[np.ndarray, np.ndarray]:
-        """The clock and the busy time after each of `steps` decode steps of a batch of `n` from `now`, `busy`: each
-        step's duration added in order, as a loop adds them. Kept (`_run`) while the batch stays the same: arrivals
-        cut a run into pieces, and a sum continued from where it was cut is the same sum."""
-        dts = (
-            self._linear.decode_steps_s(n, kv, steps)
-            if self._linear is not None
-            else decode_steps_s(self.latency, n, kv, steps)
-        )
-        first = float(dts[0])
-        dts[0] = first + now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-        nows = np.add.accumulate(dts)
-        dts[0] = first + busy
-        np.add.accumulate(dts, out=dts)
-        return nows, dts
 
     # ---- requests starting and stopping ------------------------------------------------------------------------
     def _start(self, r: SimRequest) -> None:
