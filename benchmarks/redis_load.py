@@ -37,12 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-try:  # NOTE: optional: redis-py's own C parser where installed; the Python one below otherwise
-    import hiredis
-except ImportError:  # pragma: no cover
-    hiredis = None
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import resp  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
@@ -96,29 +92,15 @@ class SimReplica:
         self.read = (epoch, seq, wseq)
 
 
-def _command(*args: object) -> bytes:
-    """One Redis command in RESP."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a if isinstance(a, bytes) else str(a).encode()
-        parts += (b"$%d\r\n" % len(b), b, b"\r\n")
-    return b"".join(parts)
-
-
-def _bulk(a: object) -> bytes:
-    b = str(a).encode()
-    return b"$%d\r\n%s\r\n" % (len(b), b)
-
-
 class Encoder:
-    """The EVALSHA of one simulated replica's syncs in RESP, from parts encoded once: the bytes `_command("EVALSHA",
+    """The EVALSHA of one simulated replica's syncs in RESP, from parts encoded once: the bytes `resp.command("EVALSHA",
     sha, 0, *sim.args(step))` gives (checked before the measurement), at a fraction of the cost."""
 
     def __init__(self, sha: str, sim: SimReplica, names: list[bytes], charges: list[bytes]) -> None:
         self.sim, self.names, self.charges = sim, names, charges
-        self.head = b"".join(_bulk(x) for x in ("EVALSHA", sha, 0, sim.prefix, sim.rid, 3000, 500, ""))
-        self.tail = b"".join(_bulk(x) for x in ("", len(BACKEND_ROWS), *(x for b in BACKEND_ROWS for x in b)))
-        self.fixed = b"".join(_bulk(x) for x in ("0", "+", "1", sim.changed))  # reset, mode, lifts, charges
+        self.head = b"".join(resp.bulk(x) for x in ("EVALSHA", sha, 0, sim.prefix, sim.rid, 3000, 500, ""))
+        self.tail = b"".join(resp.bulk(x) for x in ("", len(BACKEND_ROWS), *(x for b in BACKEND_ROWS for x in b)))
+        self.fixed = b"".join(resp.bulk(x) for x in ("0", "+", "1", sim.changed))  # reset, mode, lifts, charges
         self.count = 23 + 6 * sim.changed + 11 * len(BACKEND_ROWS)  # all but the backlog's tenants
 
     def encode(self, step: tuple[list[int], list[int], list[int], str]) -> bytes:
@@ -127,70 +109,11 @@ class Encoder:
         fixed = self.fixed if mode == "+" else self.fixed.replace(b"$1\r\n+\r\n", b"$1\r\n=\r\n", 1)
         return b"".join((
             b"*%d\r\n" % (self.count + len(added) + len(gone)), self.head,
-            *(_bulk(x) for x in (*sim.read, PULL, f"{sim.rid}:{sim.number}")), fixed,
+            *(resp.bulk(x) for x in (*sim.read, PULL, f"{sim.rid}:{sim.number}")), fixed,
             *(self.charges[t] for t in picks), b"$1\r\n0\r\n$1\r\n0\r\n",
-            _bulk(len(added)), *(names[t] for t in added), _bulk(len(gone)), *(names[t] for t in gone), self.tail,
+            resp.bulk(len(added)), *(names[t] for t in added),
+            resp.bulk(len(gone)), *(names[t] for t in gone), self.tail,
         ))  # fmt: skip
-
-
-class _HiredisReplies:
-    """RESP replies read by hiredis (the C parser redis-py uses where it is installed)."""
-
-    def __init__(self) -> None:
-        self.reader = hiredis.Reader()  # type: ignore[union-attr]
-
-    def feed(self, data: bytes) -> None:
-        self.reader.feed(data)
-
-    def get(self) -> object | None:
-        reply = self.reader.gets()
-        return None if reply is False else reply
-
-
-def _reader() -> _HiredisReplies | _Replies:
-    return _HiredisReplies() if hiredis is not None else _Replies()
-
-
-class _Replies:
-    """RESP2 replies read off one connection (what the sync script answers: arrays, bulk strings, integers, nil)."""
-
-    def __init__(self) -> None:
-        self.buf = b""
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-
-    def get(self) -> object | None:
-        """The next whole reply (removed from the buffer), or None while incomplete."""
-        try:
-            reply, at = self._parse(0)
-        except (IndexError, ValueError):  # NOTE: ran past the end of what has arrived
-            return None
-        self.buf = self.buf[at:]
-        return reply
-
-    def _parse(self, at: int) -> tuple[object, int]:
-        end = self.buf.index(b"\r\n", at)
-        kind, line = self.buf[at : at + 1], self.buf[at + 1 : end]
-        at = end + 2
-        if kind == b"*":
-            items = []
-            for _ in range(int(line)):
-                item, at = self._parse(at)
-                items.append(item)
-            return items, at
-        if kind == b"$":
-            n = int(line)
-            if n < 0:
-                return None, at
-            if len(self.buf) < at + n + 2:
-                raise IndexError
-            return self.buf[at : at + n], at + n + 2
-        if kind == b":":
-            return int(line), at
-        if kind == b"-":
-            raise RuntimeError(line.decode())
-        return line, at
 
 
 def _pin(pid: int, cpus: set[int]) -> None:
@@ -208,11 +131,11 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
     host, port = url.split("//")[1].split("/")[0].split(":")
     tenants = [f"t{i}" for i in range(a.tenants)]
     sims = [SimReplica(rid, tenants, a.changed, hash(rid)) for rid in rids]
-    names = [_bulk(t) for t in tenants]
-    charges = [names[k] + b"".join(_bulk(x) for x in CHARGE) for k in range(len(tenants))]
+    names = [resp.bulk(t) for t in tenants]
+    charges = [names[k] + b"".join(resp.bulk(x) for x in CHARGE) for k in range(len(tenants))]
     encoders = [Encoder(sha, sim, names, charges) for sim in sims]
     socks = [socket.create_connection((host, int(port))) for _ in sims]
-    readers = [_reader() for _ in sims]
+    readers = [resp.reader() for _ in sims]
     sel = selectors.DefaultSelector()
     for k, sock in enumerate(socks):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -226,7 +149,7 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
         sim.answered(script(args=sim.args()))
         step = sim.step()  # NOTE: the lean encoding is checked against the plain one, then sent
         command = encoders[k].encode(step)
-        if command != _command("EVALSHA", sha, 0, *sim.args(step)):
+        if command != resp.command("EVALSHA", sha, 0, *sim.args(step)):
             raise AssertionError("redis_load.py: the lean encoding differs from sync_args'")
         socks[k].sendall(command)
         while (reply := readers[k].get()) is None:
