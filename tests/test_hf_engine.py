@@ -295,3 +295,31 @@ def test_a_counter_reset_from_another_thread_cannot_reorder_an_admission(tiny):
         engine.stop()
     assert fired and produced == [30] * 6 and len(popped) == 6
     assert all(admitted is scheduled for scheduled, admitted in popped)  # the pop took the request peeked
+
+
+def test_a_cancel_that_lands_as_an_output_arrives_is_not_lost():
+    """The server's drain cancels a stream's task while the generation thread keeps delivering outputs: the wait for
+    the next output must raise the cancel (a lost one keeps a cancelled request generating, and the shutdown waits)."""
+    from fairserve.engines.hf_engine import _Latest
+
+    async def trial(turns: int) -> str:
+        latest = _Latest()
+        task = asyncio.create_task(latest.get(10.0))
+        await asyncio.sleep(0)
+        latest.put(object())  # type: ignore[arg-type]
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if task.done():
+            return "delivered"
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "lost"
+
+    async def trials() -> list[str]:
+        return [await trial(k) for k in range(4)]
+
+    outcomes = asyncio.run(trials())
+    assert "lost" not in outcomes and "cancelled" in outcomes, outcomes

@@ -141,15 +141,15 @@ def middle(got) -> tuple[float, float]:
 HEAVY, LIGHT = 8, 4  # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
 
 
-def run_three(urls, state, spreads: list[tuple[float, float]] | None = None) -> dict:
-    """Three replicas, heavy alice on the first, light bob on the other two. With `spreads`, the difference of the
-    two tenants' virtual counters as a replica reads them (the shared ones) is sampled every 20 ms."""
+def run_three(urls, state, spreads: list[tuple[float, float]] | None = None, seconds: float = 3.0) -> dict:
+    """Three replicas, heavy alice on the first, light bob on the other two, for `seconds`. With `spreads`, the
+    difference of the two tenants' virtual counters as a replica reads them (the shared ones) is sampled every 20 ms."""
     with contextlib.ExitStack() as stack:
         gws = [stack.enter_context(running_server(create_app(replica_config(urls, state)))) for _ in range(3)]
 
         async def sample() -> None:
             async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
-                end = time.monotonic() + 3.0
+                end = time.monotonic() + seconds
                 while time.monotonic() < end:
                     rows = (await c.get(gws[1] + "/admin/tenants")).json()["tenants"]
                     counters = {r["name"]: r["counter"] for r in rows}
@@ -157,7 +157,7 @@ def run_three(urls, state, spreads: list[tuple[float, float]] | None = None) -> 
                     await asyncio.sleep(0.02)
 
         placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
-        got = asyncio.run(drive(placement, 3.0, during=sample if spreads is not None else None))
+        got = asyncio.run(drive(placement, seconds, during=sample if spreads is not None else None))
     return got
 
 
@@ -169,7 +169,9 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         assert a.peak <= LIMIT
         a.peak = 0
     spreads: list[tuple[float, float]] = []
-    shared = run_three(urls, redis.url, spreads)
+    # NOTE: twice as long as the others: a replica stalled by a loaded machine is made up for by the shared counters
+    # within the bound, so the share's error shrinks with the length of the window
+    shared = run_three(urls, redis.url, spreads, seconds=6.0)
     peaks_shared = [a.peak for a in apps]
     for a in apps:
         a.peak = 0
@@ -180,12 +182,6 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; "
         f"peaks {peaks_shared} {peaks_independent}"
     )
-    assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
-    # NOTE: each share against the goal, not against each other: two 3 s measurements differ by up to twice their noise
-    assert abs(s3 - 0.5) < 0.05, (s3, s1)  # shared state: as fair as one gateway
-    assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
-    assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
-    assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
     # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + (N + ⌈Δ·F⌉)·U, U the
     # largest cost of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both
     # backends, F the requests ending per second
@@ -195,7 +191,13 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     ending = served / TOKENS / (t1 - t0)
     bound = 2 * u + 2 * 0.01 * rate + (3 + math.ceil(0.01 * ending)) * u
     gaps = [gap for at, gap in spreads if t0 <= at < t1]
-    print(f"largest counter gap while both backlogged: {max(gaps):.0f} (bound {bound:.0f})")
+    print(f"largest counter gap while both backlogged: {max(gaps, default=0):.0f} (bound {bound:.0f})")
+    assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
+    # NOTE: each share against the goal, not against each other: two measurements differ by up to twice their noise
+    assert abs(s3 - 0.5) < 0.05, (s3, s1)  # shared state: as fair as one gateway
+    assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
+    assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
+    assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
     assert gaps and max(gaps) <= bound, (max(gaps), bound)
 
 

@@ -216,7 +216,8 @@ async def wait_tokens(job: Job, request: Request, target: int) -> bool:
     while job.delivered < target and not job.engine_done:
         job.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.changed.wait(), POLL_S)
+            async with asyncio.timeout(POLL_S):  # NOTE: asyncio.wait_for on 3.11 can drop a cancel
+                await job.changed.wait()
         if time.monotonic() >= next_check:
             if await request.is_disconnected():
                 return False

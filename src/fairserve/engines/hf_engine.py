@@ -76,7 +76,9 @@ class _Latest:
 
     async def get(self, timeout_s: float) -> GenerationOutput | None:
         try:
-            await asyncio.wait_for(self.ready.wait(), timeout_s)
+            # NOTE: not asyncio.wait_for, which on Python 3.11 drops a cancel that lands as the output arrives
+            async with asyncio.timeout(timeout_s):
+                await self.ready.wait()
         except TimeoutError:
             return None
         self.ready.clear()

@@ -171,7 +171,9 @@ class Link:
         while not self._stopping:
             try:
                 interval = self.settings.interval_s
-                await asyncio.wait_for(self._wake.wait(), interval if self.up else max(interval, RETRY_S))
+                # NOTE: not asyncio.wait_for, which on Python 3.11 drops a cancel that lands as the wake-up does
+                async with asyncio.timeout(interval if self.up else max(interval, RETRY_S)):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()
