@@ -67,6 +67,51 @@ def test_five_policies_wrap_into_rows(tmp_path):
     assert height > 0.6 * round(figures.WIDTH_IN * figures.DPI)
 
 
+def drawn(fig):
+    """Draw `fig`; return its renderer."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: figures._per_policy_lines(T * 1000, per_policy(list("abcdefg"), tuple("pqrst")), "a\nb", "y", "x"),
+        lambda: figures._per_policy_lines(T, {"vtc": {"a": T * 1e5}}, "one line", "y", "x"),
+        lambda: figures._accumulated_figure(T, {"vtc": T * 3000}, "a\nb", 900_000.0, "y"),
+        lambda: figures._tradeoff_figure(
+            {"left": {"x": [("p", 0.5, 14000.0), ("q", 1.0, 300.0)]}, "right": {"x": [("r", 0.9, 9.0)]}},
+            "a\nb",
+            "x",
+            "y",
+            [(5000.0, "reference")],
+            {},
+        ),
+    ],
+)
+def test_fixed_margins_hold_every_text_apart_and_inside(make):
+    """The line figures are laid out in fixed margins (not measured): every text lies inside the figure, and no
+    text of one kind crosses a plot or a title, label or legend of another."""
+    fig = make()
+    r = drawn(fig)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    titles = [ax.title.get_window_extent(r) for ax in shown]
+    labels = [ax.xaxis.label.get_window_extent(r) for ax in shown]
+    plots = [ax.get_window_extent(r) for ax in shown]
+    legends = [lg.get_window_extent(r) for lg in fig.legends]
+    suptitles = [t.get_window_extent(r) for t in fig.texts if t.get_text()]
+    for b in [ax.get_tightbbox(r) for ax in shown] + legends + suptitles:  # each plot with its texts, drawn
+        assert b.x0 >= 0 and b.y0 >= 0 and b.x1 <= fig.bbox.width and b.y1 <= fig.bbox.height, b
+    for a in titles + suptitles:
+        for b in labels + legends + plots:
+            assert not a.overlaps(b), (a, b)
+    for a in labels:
+        for b in legends + titles + plots:
+            assert not a.overlaps(b), (a, b)
+
+
 def test_response_time_with_nan_gaps(tmp_path):
     data = per_policy(["a", "b", "c"])
     data["vtc"]["a"][3:9] = np.nan
