@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -49,7 +49,9 @@ LEGEND_COLUMNS = 5
 def _legend_below(fig: Figure, handles: list, labels: list[str]) -> None:
     if handles:
         # NOTE: "outside" is constrained layout's; a figure laid out by `_margins` has kept room at its foot
-        where = "outside lower center" if fig.get_layout_engine() is not None else "lower center"
+        where: Literal["outside lower center", "lower center"] = (
+            "outside lower center" if fig.get_layout_engine() is not None else "lower center"
+        )
         fig.legend(handles, labels, loc=where, ncols=min(len(labels), LEGEND_COLUMNS), fontsize="small", frameon=False)
 
 
