@@ -6,7 +6,8 @@ step (400 requests from 20 tenants, `advance()` until idle). The table gives med
 after/before. Make the "before" tree with `git worktree add /tmp/before REV`.
 
 `--reproduce` instead times `fairserve reproduce` (full, or `--quick` with `--quick`; 1 worker process), each tree's
-in turn: CPU seconds (user + system of the process and its children) and wall seconds, with the load average.
+in turn, on the experiments both trees have: CPU seconds (user + system of the process and its children) and wall
+seconds, with the load average.
 
 Run: .venv/bin/python benchmarks/compare_trees.py /tmp/before . [--repeats 10] [--workloads real,overload]
      .venv/bin/python benchmarks/compare_trees.py /tmp/before . --reproduce [--quick] [--repeats 3]
@@ -50,12 +51,21 @@ print("emulator-step-us", sys.argv[1], (time.perf_counter() - t0) / steps * 1e6)
 """
 
 
-def time_reproduce(tree: Path, quick: bool) -> tuple[float, float]:
-    """One `fairserve reproduce` of `tree` in a child process (1 worker): (CPU seconds, wall seconds)."""
+def experiments(tree: Path) -> list[str]:
+    """The names of `tree`'s reproduce experiments, in its order."""
+    code = "from fairserve.reproduce.runner import ALL_EXPERIMENTS; print(','.join(e.name for e in ALL_EXPERIMENTS))"
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip().split(",")
+
+
+def time_reproduce(tree: Path, quick: bool, only: list[str]) -> tuple[float, float]:
+    """One `fairserve reproduce --only ONLY` of `tree` in a child process (1 worker): (CPU seconds, wall seconds)."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "fairserve", "reproduce", "--out", out, "--jobs", "1", "--no-progress"]
+        cmd += ["--only", ",".join(only)]
         start = time.perf_counter()
         subprocess.run(cmd + (["--quick"] if quick else []), env=env, check=True, capture_output=True)
         wall = time.perf_counter() - start
@@ -66,15 +76,20 @@ def time_reproduce(tree: Path, quick: bool) -> tuple[float, float]:
 def compare_reproduce(trees: dict[str, Path], repeats: int, quick: bool) -> int:
     cpu: dict[str, list[float]] = {"before": [], "after": []}
     wall: dict[str, list[float]] = {"before": [], "after": []}
+    # NOTE: the experiments both trees have, so that both run the same suite
+    names = {name: experiments(tree) for name, tree in trees.items()}
+    only = [e for e in names["before"] if e in names["after"]]
+    left = sorted(set(names["before"]) ^ set(names["after"]))
     loads = [os.getloadavg()[0]]
     for i in range(repeats):
         for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
-            c, w = time_reproduce(trees[name], quick)
+            c, w = time_reproduce(trees[name], quick, only)
             cpu[name].append(c)
             wall[name].append(w)
             loads.append(os.getloadavg()[0])
     mode = "--quick" if quick else "full"
     print(f"`fairserve reproduce` ({mode}, 1 worker), {repeats} interleaved repeats, medians (min-max)")
+    print(f"{len(only)} experiments, those both trees have" + (f" (left out: {', '.join(left)})" if left else ""))
     print(f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores\n")
     print("| tree | CPU s | wall s |")
     print("|---|---:|---:|")

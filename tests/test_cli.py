@@ -119,6 +119,25 @@ def test_module_entry_point_and_argparse_errors():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--kv-tokens" in bad.stderr
 
 
+def test_a_command_imports_only_its_own_package():
+    """`fairserve simulate` and `reproduce` start without the servers' web framework or HTTP client; `--help` and
+    an unknown command still list every command."""
+    code = (
+        "import sys; from fairserve.cli import main; main(sys.argv[1:]); "
+        "print(sorted(m for m in ('fastapi', 'httpx', 'uvicorn') if m in sys.modules))"
+    )
+    for argv in (
+        ["simulate", "--workload", "overload", "--duration", "5", "--policy", "fcfs"],
+        ["reproduce", "--only", "x"],
+    ):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+        assert out.stdout.strip().splitlines()[-1] == "[]", (out.stdout, out.stderr)
+    shown = subprocess.run([sys.executable, "-m", "fairserve", "--help"], capture_output=True, text=True).stdout
+    wrong = subprocess.run([sys.executable, "-m", "fairserve", "nonsense"], capture_output=True, text=True).stderr
+    for command in ("simulate", "reproduce", "emulate", "gateway", "serve", "bench", "sweep", "top"):
+        assert command in shown and command in wrong, (command, shown, wrong)
+
+
 def test_simulate_tree_flags(capsys):
     assert main(["simulate", "--workload", "two-orgs", "--duration", "60", "--weights", "org-a=3"]) == 0
     out = capsys.readouterr().out

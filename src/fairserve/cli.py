@@ -25,7 +25,10 @@ class CliError(Exception):
 SERVICES = ("emulate", "gateway", "serve", "bench", "sweep")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command` naming a subcommand, the parsers of the packages in SERVICES (and
+    `top`) other than that one are left out: importing them (their web frameworks and HTTP clients) is most of a
+    command's start-up, and only `--help` and an unknown command list them all."""
     p = argparse.ArgumentParser(
         prog="fairserve",
         description="Fair sharing of an LLM server among many clients.",
@@ -119,9 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    known = command in (*SERVICES, "top", *sub.choices)
     for name in SERVICES:
-        importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
-    importlib.import_module("fairserve.top").add_parser(sub)
+        if not known or command == name:
+            importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
+    if not known or command == "top":
+        importlib.import_module("fairserve.top").add_parser(sub)
     return p
 
 
@@ -137,8 +143,8 @@ def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(next((t for t in argv if not t.startswith("-")), None))
     if unknown := unknown_options(parser, argv):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args = parser.parse_args(argv)

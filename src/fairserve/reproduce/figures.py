@@ -37,7 +37,8 @@ def _save(fig: Figure, path: PathLike) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        FigureCanvasAgg(fig).print_png(out)
+        # NOTE: zlib's fastest level: a third of the encoding's CPU for files about a tenth larger
+        FigureCanvasAgg(fig).print_png(out, pil_kwargs={"compress_level": 1})
     finally:
         fig.clear()  # no pyplot manager holds it; dropping the references frees it
     return out
