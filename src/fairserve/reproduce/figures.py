@@ -64,7 +64,7 @@ def _text_in(size: str, lines: int = 1) -> float:
 def _margins(fig: Figure, rows: int, cols: int, title_lines: int, suptitle_lines: int, legend_entries: int) -> None:
     """Lay out a grid of line plots (tick labels at most about 7 characters wide, an x label under each plot, a y
     label on the left) in fixed margins from the number of lines of its texts, instead of constrained layout,
-    which measures every text and is about a third of these figures' drawing time."""
+    which measures every text and was about a quarter of the reproduce figures' drawing time."""
     width, height = fig.get_size_inches()
     ticks_in, label_in = _text_in("medium") + 0.1, _text_in("medium") + 0.05  # tick labels, with ticks and pads
     title_in = _text_in("large", title_lines) + 0.1
