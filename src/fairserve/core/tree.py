@@ -82,10 +82,7 @@ class TenantTree:
         node's (the tenant's, then its groups'), else 0."""
         level = self._levels.get(acct.tenant)
         if level is None:
-            own, node = acct.priority, acct.parent
-            while node is not None and own is None:
-                own, node = node.priority, node.parent
-            level = self._levels[acct.tenant] = own if own is not None else 0
+            level = self._levels[acct.tenant] = _inherited(acct)
         if named is not None and named != level and acct.allowed is not None and named in acct.allowed:
             return named
         return level
@@ -99,19 +96,21 @@ class TenantTree:
         """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
         counter_of = self.policy.counter_of
 
-        def level(a: Account) -> int:
-            node: Account | None = a
-            while node is not None and node.priority is None:
-                node = node.parent
-            return node.priority if node is not None and node.priority is not None else 0
-
         def rows(accounts: Iterable[Account]) -> dict[str, TenantView]:
             return {
-                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, level(a))
+                a.tenant: TenantView(a.tenant, a.weight, counter_of(a), a.service, a.queued, a.running, _inherited(a))
                 for a in accounts
             }
 
         return LedgerView(self.policy.name, rows(self.accounts.values()), rows(self.groups.values()))
+
+
+def _inherited(node: Account) -> int:
+    """The priority of the nearest node from `node` up that has one configured, else 0."""
+    at: Account | None = node
+    while at is not None and at.priority is None:
+        at = at.parent
+    return at.priority if at is not None and at.priority is not None else 0
 
 
 def _level(path: str, level: object) -> int:

@@ -45,17 +45,9 @@ class DecodeClock:
         if dt > 0 and until - now < (SHORT_RUN - 1) * dt:
             steps = min(steps, SHORT_RUN)  # NOTE: steps only grow longer with the context: `until` comes first
         done = 0
-        if steps <= SHORT_RUN and self._linear is not None:
-            a, b, c = self._linear.decode_step_terms(n)
-            while True:  # NOTE: the loop below, each step's duration written out (LinearLatency.decode_step_s)
-                now += dt
-                busy += dt
-                kv += n
-                done += 1
-                if done == steps or now >= until:
-                    break
-                dt = a + b * kv + c
-        elif steps <= SHORT_RUN:
+        if steps <= SHORT_RUN:
+            linear = self._linear
+            a, b, c = linear.decode_step_terms(n) if linear is not None else (0.0, 0.0, 0.0)
             while True:
                 now += dt
                 busy += dt
@@ -63,7 +55,8 @@ class DecodeClock:
                 done += 1
                 if done == steps or now >= until:
                     break
-                dt = one(n, kv)
+                # NOTE: a linear model's step written out (LinearLatency.decode_step_s), saving a call per step
+                dt = a + b * kv + c if linear is not None else one(n, kv)
         else:
             bounded = until != float("inf")
             while done < steps and now < until:
