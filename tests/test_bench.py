@@ -363,3 +363,19 @@ def test_an_unreachable_target_or_a_refused_key_is_one_error_before_the_run(fake
     f, _ = fake
     assert main(["bench", "--target", url, "--keys", "*=fast", *common]) == 0
     assert f.seen[-1]["body"]["model"] == "m"  # no --model: the one the target lists
+
+
+def test_bench_places_requests_on_several_targets():
+    from fairserve.bench.runner import place
+    from fairserve.workloads import Arrival
+
+    arrivals = [
+        Arrival(arrival_s=t, client=c, prompt_tokens=5, output_tokens=5)
+        for c, t in [("b", 0.3), ("a", 0.0), ("a", 0.1), ("b", 0.2)]
+    ]
+    targets = "http://r1:1,http://r2:2/v1"
+    assert place(targets, arrivals, "completions") == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 2, 1)]
+    pinned = place(targets, arrivals, "completions", "by-client")
+    assert pinned == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 1, 2)]  # a on r1, b on r2
+    with pytest.raises(ValueError, match="placement"):
+        place(targets, arrivals, "completions", "random")

@@ -399,22 +399,6 @@ def test_redis_stopped_and_restarted_mid_run(redis, backends):
         assert "fairserve_gateway_shared_state_up 1.0" in httpx.get(gws[0] + "/metrics").text
 
 
-def test_bench_places_requests_on_several_targets():
-    from fairserve.bench.runner import place
-    from fairserve.workloads import Arrival
-
-    arrivals = [
-        Arrival(arrival_s=t, client=c, prompt_tokens=5, output_tokens=5)
-        for c, t in [("b", 0.3), ("a", 0.0), ("a", 0.1), ("b", 0.2)]
-    ]
-    targets = "http://r1:1,http://r2:2/v1"
-    assert place(targets, arrivals, "completions") == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 2, 1)]
-    pinned = place(targets, arrivals, "completions", "by-client")
-    assert pinned == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 1, 2)]  # a on r1, b on r2
-    with pytest.raises(ValueError, match="placement"):
-        place(targets, arrivals, "completions", "random")
-
-
 DYNAMO = {"class-a/u0": "k-a0", "class-a/u1": "k-a1", "class-b/u0": "k-b0", "class-b/u1": "k-b1"}
 
 
