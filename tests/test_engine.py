@@ -151,8 +151,8 @@ def test_server_prompt_is_longer_than_the_clients():
 
 
 def test_decode_steps_between_events_are_one_move():
-    """Cost grows with events, not tokens: three long requests take thousands of decode steps, which the engine
-    evaluates a run at a time (the model's vectorised `decode_steps_s`), not one `decode_step_s` call per step."""
+    """Cost grows with events, not tokens: three long requests take thousands of decode steps, which the engine adds
+    a run at a time (the model's decode lines in closed form), not one `decode_step_s` call per step."""
 
     class Counting(ConstantLatency):
         calls = 0

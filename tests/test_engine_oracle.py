@@ -13,7 +13,8 @@ from support.oracle import StepEngine
 from fairserve.core import Ledger, make_policy
 from fairserve.sim import EngineConfig, SimEngine, SimRequest
 from fairserve.sim.forecast import Charging
-from fairserve.sim.latency import ConstantLatency, get_latency_model
+from fairserve.sim.latency import ConstantLatency, decode_lines, get_latency_model
+from fairserve.sim.ticks import FOREVER, run_ticks, ticks
 from fairserve.workloads import Arrival
 
 CLIENTS = ["a", "b", "c", "d", "e"]
@@ -23,6 +24,21 @@ LATENCIES = [
     get_latency_model("llama-2-7b@a10g"),
     ConstantLatency(prefill_s_per_token=1e-4, prefill_s_fixed=0.02, decode_s=0.01),
 ]
+
+
+class StepsOnly:
+    """A model with no decode lines: the engine adds its steps one by one."""
+
+    name = "steps-only"
+
+    def prefill_s(self, lens):
+        return 0.02 + 1e-4 * sum(lens) if lens else 0.0
+
+    def decode_step_s(self, batch_size, context_tokens):
+        return 0.01 + 3e-5 * batch_size + 1e-7 * context_tokens
+
+
+MODELS = [*LATENCIES, StepsOnly()]
 
 arrival = st.builds(
     Arrival, st.floats(0, 10, allow_nan=False), st.sampled_from(CLIENTS), st.integers(1, 400), st.integers(1, 300)
@@ -37,7 +53,7 @@ setup = st.fixed_dictionaries(
             st.none(), st.none(), st.dictionaries(st.sampled_from(["a", "b", "g"]), st.integers(0, 2), max_size=2)
         ),
         "cost": st.sampled_from([None, None, "profiled"]),
-        "latency": st.sampled_from(range(len(LATENCIES))),
+        "latency": st.sampled_from(range(len(MODELS))),
         "config": st.builds(
             EngineConfig,
             kv_tokens=st.integers(300, 4000),
@@ -62,7 +78,7 @@ def engines(s, observer=None):
     def make(kind):
         policy = make_policy(s["policy"], cost=s["cost"], seed=3)
         ledger = Ledger(policy, weights=s["weights"], priorities=s["priorities"])
-        return kind(ledger, LATENCIES[s["latency"]], s["config"], observer=observer)
+        return kind(ledger, MODELS[s["latency"]], s["config"], observer=observer)
 
     return make(StepEngine), make(SimEngine)
 
@@ -197,25 +213,22 @@ def test_a_cancel_in_the_middle_of_a_run_of_steps_is_charged_what_was_produced(m
 
 
 @pytest.mark.parametrize("latency", range(len(LATENCIES)))
-def test_a_run_of_steps_cut_by_an_arrival_continues_the_same_sums(monkeypatch, latency):
-    """A run of decode steps cut by a time (an arrival) and then continued ends at the clock and busy time of the
-    same run uncut, bit for bit, and the continuation reuses what the first piece computed (SimEngine._run)."""
-    computed = []
-    decode_run = SimEngine._decode_run
-    monkeypatch.setattr(SimEngine, "_decode_run", lambda self, *a: computed.append(a) or decode_run(self, *a))
+def test_a_run_of_steps_cut_by_an_arrival_ends_where_the_uncut_run_does(latency):
+    """A run of decode steps toward a time (an arrival) stops after the first step that ends at or after it, and,
+    continued from there, ends at the clock and busy time of the same run uncut, to the tick."""
     ends = []
     for cut in (False, True):
         engine = SimEngine(Ledger(make_policy("vtc")), LATENCIES[latency])
         for i in range(3):
             engine.submit(SimRequest(id=i, tenant=CLIENTS[i], prompt_tokens=50, max_tokens=900, output_tokens=900))
         engine.advance()  # the prefill
-        start, n, computed[:] = engine.now, len(engine.running), []
-        until = start + 0.4 * (engine.latency.decode_step_s(n, engine.kv_used) * 600) if cut else float("inf")
+        n, start, kv = len(engine.running), engine._t, engine.kv_used
+        until = start + ticks(0.4 * engine.latency.decode_step_s(n, kv) * 600) if cut else FOREVER
         done = engine._run_steps(n, 600, until)
-        engine.step, engine.kv_used = engine.step + done, engine.kv_used + n * done
         if cut:
-            assert 100 < done < 600 and engine.now >= until
-            done += engine._run_steps(n, 600 - done, float("inf"))
-            assert len(computed) == 1  # NOTE: the second piece decoded from the first piece's sums
-        ends.append((done, engine.now, engine.busy_s))
+            lines = decode_lines(engine.latency, n)
+            assert 100 < done < 600 and engine._t >= until > start + run_ticks(lines, n, kv, done - 1)
+            engine.step, engine.kv_used = engine.step + done, kv + n * done
+            done += engine._run_steps(n, 600 - done, FOREVER)
+        ends.append((done, engine._t, engine._busy))
     assert ends[1] == ends[0]

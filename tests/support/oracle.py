@@ -1,7 +1,8 @@
 """The step-by-step engine: the simulator's loop as it was, one decode step per iteration, kept as the oracle that
 `fairserve.sim.SimEngine` (event-driven) must equal bit for bit: every record, every charge. It re-tries admission
 every step after the wait, charges every running request before each decision and rebuilds the reserve index after
-every change; nothing here is fast, everything is plain.
+every change; its clock adds each step's ticks in turn (sim/ticks.py: a step's duration rounded to whole ticks of
+2^-64 s); nothing here is fast, everything is plain.
 
 Online use (as the emulator drives the engine): `submit` at the engine's clock, `advance_to(t)` runs whole
 iterations until the clock reaches t (it may end past t, by at most one step), `cancel` charges what was produced by
@@ -16,9 +17,10 @@ from collections.abc import Callable, Iterable
 
 from fairserve.core.ledger import Ledger
 from fairserve.core.request import RequestState
-from fairserve.sim.latency import LatencyModel, prefill_cached_s
+from fairserve.sim.latency import LatencyModel, decode_lines, prefill_cached_s
 from fairserve.sim.prefix_cache import Held, prompt_keys
 from fairserve.sim.requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
+from fairserve.sim.ticks import FOREVER, at_or_after, seconds, step_ticks, ticks
 
 RUNNING = RequestState.RUNNING
 
@@ -225,7 +227,7 @@ class StepEngine:
         observer: Callable[[StepEngine], None] | None = None,
     ) -> None:
         self.ledger, self.latency, self.config, self.observer = ledger, latency, config or EngineConfig(), observer
-        self.now, self.step, self.kv_used, self.busy_s = 0.0, 0, 0, 0.0
+        self.t, self.step, self.kv_used, self.busy = 0, 0, 0, 0  # the clock and the busy time in ticks
         self.extra = self.config.prompt_extra_tokens
         self.running: dict[SimRequest, None] = {}
         self.ends: list[tuple[int, int, SimRequest]] = []
@@ -238,6 +240,14 @@ class StepEngine:
         if ledger.policy.capabilities.uses_prefix_cache:
             assert self.cache is not None
             ledger.policy.cached = self.cached
+
+    @property
+    def now(self) -> float:
+        return seconds(self.t)
+
+    @property
+    def busy_s(self) -> float:
+        return seconds(self.busy)
 
     def keys(self, r: SimRequest, tokens: int | None = None) -> list:
         """The keys of the full blocks of its first `tokens` tokens (default: what its prefill fills)."""
@@ -259,17 +269,19 @@ class StepEngine:
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         reqs = sim_requests(arrivals)
         n, i = len(reqs), 0
-        horizon = float("inf") if until_s is None else until_s
+        horizon = None if until_s is None else at_or_after(until_s)
         while True:
-            while i < n and reqs[i].arrival_s <= self.now:
+            while i < n and at_or_after(reqs[i].arrival_s) <= self.t:
                 self.submit(reqs[i])
                 i += 1
-            if self.now >= horizon:
+            if horizon is not None and self.t >= horizon:
                 break
             if not self.advance():
                 if i == n:
                     break
-                self.now = min(max(self.now, reqs[i].arrival_s), horizon)
+                self.t = max(self.t, at_or_after(reqs[i].arrival_s))
+                if horizon is not None:
+                    self.t = min(self.t, horizon)
         self._sync()
         records = [record_of(r, self.step, self.now) for r in reqs]
         return SimResult(
@@ -288,11 +300,13 @@ class StepEngine:
     # ---- online ---------------------------------------------------------------------------------------------------
     def advance_to(self, t: float) -> None:
         finished: list[SimRequest] = []
-        while self.now < t:
+        until = at_or_after(t)
+        while self.t < until:
             busy = self.advance()
             finished += self.just_finished
             if not busy:
-                self.now = t
+                if until != FOREVER:
+                    self.t = until
                 break
         self.just_finished = finished
 
@@ -394,12 +408,12 @@ class StepEngine:
         start = self.now
         lens = [r.prompt_tokens + self.extra + r.generated for r in batch]
         if self.cache is None:
-            dt = self.latency.prefill_s(lens)
+            dt = ticks(self.latency.prefill_s(lens))
         else:
             cached = [r.held.cached_tokens for r in batch]
-            dt = prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached)
-        self.now += dt
-        self.busy_s += dt
+            dt = ticks(prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached))
+        self.t += dt
+        self.busy += dt
         self.prefills += 1
         for r in batch:
             if r.admit_s is None:
@@ -437,9 +451,12 @@ class StepEngine:
             if not self.running:
                 return
         n = len(self.running)
-        dt = self.latency.decode_step_s(n, self.kv_used)
-        self.now += dt
-        self.busy_s += dt
+        lines = decode_lines(self.latency, n)
+        dt = (
+            step_ticks(lines, self.kv_used) if lines is not None else ticks(self.latency.decode_step_s(n, self.kv_used))
+        )
+        self.t += dt
+        self.busy += dt
         self.step += 1
         self.kv_used += n
         while self.ends and self.ends[0][0] <= self.step:

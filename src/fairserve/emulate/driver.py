@@ -118,7 +118,7 @@ class Emulator:
         self.check_fits(prompt_tokens, max_tokens)
         eng = self.engine
         if not eng.running and not eng.ledger.num_queued:
-            eng.now = max(eng.now, self.sim_now())  # NOTE: an idle engine's clock follows the wall clock
+            eng.idle_until(self.sim_now())  # NOTE: an idle engine's clock follows the wall clock
         req = SimRequest(
             id=id,
             tenant=client,

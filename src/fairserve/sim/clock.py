@@ -1,103 +1,76 @@
-"""How the event engine (sim/engine.py) moves its clock over a run of decode steps, as a mixin of `SimEngine`.
+"""The event engine's clock (sim/engine.py), as a mixin of `SimEngine`: whole ticks (`sim/ticks.py`), and a run of
+decode steps as one move.
 
-Every step's duration comes from the latency model and is added to the clock (and to the busy time) in order, one at
-a time, exactly as the step-by-step loop adds them, so that every time is the same float. Short runs are added up in
-Python (a linear model's steps written out); long ones are one vectorised call of the model (`decode_steps_s`) and a
-sequential cumulative sum, kept while the batch stays the same: an arrival cuts a run, and the sum continued from
-where it was cut is the same sum.
+The engine's time is `_t` ticks (`now` is it in seconds) and `_busy` the ticks spent prefilling and decoding. A run of
+decode steps of an unchanged batch adds the steps' ticks in closed form (`ticks.run_ticks`), or, toward a time, finds
+the first step that ends at or after it (`ticks.run_until`): O(1) whatever the run's length, and to the tick the sum
+the step-by-step loop adds. A model without `decode_lines` has its steps added one by one.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from .latency import LinearLatency, decode_steps_s
+from .latency import decode_lines
+from .ticks import FOREVER, TICKS_PER_S, Lines, at_or_after, run_ticks, run_until, seconds, ticks
 
 if TYPE_CHECKING:
     from .latency import LatencyModel
 
-SHORT_RUN = 32  # decode runs up to this many steps are added up in Python (numpy's calls cost more)
-LONG_RUN = 1024  # a run toward a time (an arrival) is computed this far at least (what is left is kept for later)
-NO_RUN = (np.zeros(0), np.zeros(0), 0)
+_S_PER_TICK = 1.0 / TICKS_PER_S
 
 
 class DecodeClock:
-    """The engine's clock over decode steps: `_run_steps` (what the engine calls) and the runs it keeps."""
+    """The engine's clock: `_t`, `_busy`, and `_run_steps` (what the engine calls for a run of decode steps)."""
 
     latency: LatencyModel
-    now: float
-    busy_s: float
     kv_used: int
-    step: int
 
     def _open_clock(self) -> None:
-        self._linear = self.latency if type(self.latency) is LinearLatency else None  # its steps can be written out
-        self._run: tuple[np.ndarray, np.ndarray, int] = NO_RUN  # the last decode run: clock, busy time, first step
-        self._run_at = (0, 0)  # ... and its batch size and context at its first step (the durations depend on these)
+        self._t = 0  # the engine's clock, in ticks
+        self._busy = 0  # ticks spent prefilling or decoding
+        self._lines: dict[int, Lines] = {}  # the model's decode lines by batch size (none: added one by one)
 
-    def _run_steps(self, n: int, steps: int, until: float) -> int:
-        """Decode `steps` steps of the batch (stopping after the first that ends at or after `until`); returns how
-        many. Durations are added one at a time, in order, exactly as a loop over the steps adds them."""
-        now, busy, kv, one = self.now, self.busy_s, self.kv_used, self.latency.decode_step_s
-        dt = one(n, kv)
-        if dt > 0 and until - now < (SHORT_RUN - 1) * dt:
-            steps = min(steps, SHORT_RUN)  # NOTE: steps only grow longer with the context: `until` comes first
-        done = 0
-        if steps <= SHORT_RUN:
-            linear = self._linear
-            a, b, c = linear.decode_step_terms(n) if linear is not None else (0.0, 0.0, 0.0)
-            while True:
-                now += dt
-                busy += dt
-                kv += n
-                done += 1
-                if done == steps or now >= until:
-                    break
-                # NOTE: a linear model's step written out (LinearLatency.decode_step_s), saving a call per step
-                dt = a + b * kv + c if linear is not None else one(n, kv)
+    @property
+    def now(self) -> float:
+        """The engine's clock, in seconds."""
+        return self._t * _S_PER_TICK  # NOTE: ticks.seconds(), inline
+
+    @property
+    def busy_s(self) -> float:
+        """The time spent prefilling or decoding (the rest the engine was idle), in seconds."""
+        return seconds(self._busy)
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to do until `t` seconds: the clock moves there (never back; nowhere for an infinite time)."""
+        until = at_or_after(t)
+        if self._t < until < FOREVER:
+            self._t = until
+
+    def _run_steps(self, n: int, steps: int, until: int) -> int:
+        """Decode `steps` steps of the batch of `n`, stopping after the first that ends at or after tick `until`
+        (`FOREVER`: none); returns how many (at least one)."""
+        lines = self._lines.get(n)
+        if lines is None:
+            lines = self._lines[n] = decode_lines(self.latency, n) or ()
+        if not lines:
+            return self._one_by_one(n, steps, until)
+        if until == FOREVER:
+            done, spent = steps, run_ticks(lines, n, self.kv_used, steps)
         else:
-            bounded = until != float("inf")
-            while done < steps and now < until:
-                at = self.step + done
-                nows, busys, k = self._run
-                k = at - k
-                if not (
-                    0 < k < len(nows)
-                    and (n, kv - n * k) == self._run_at
-                    and nows[k - 1] == now
-                    and busys[k - 1] == busy
-                ):
-                    take = steps - done
-                    if dt > 0 and bounded and take > LONG_RUN:
-                        take = max(LONG_RUN, int((until - now) / dt) + 2)
-                    nows, busys = self._decode_run(n, kv, take, now, busy)
-                    self._run, self._run_at, k = (nows, busys, at), (n, kv), 0
-                run = nows[k : k + steps - done]
-                take = len(run)
-                if bounded:
-                    take = min(take, int(run.searchsorted(until)) + 1)
-                now, busy = float(run[take - 1]), float(busys[k + take - 1])
-                kv += n * take
-                done += take
-                if done < steps and now < until:
-                    dt = one(n, kv)
-        self.now, self.busy_s = now, busy
+            done, spent = run_until(lines, n, self.kv_used, steps, until - self._t)
+        self._t += spent
+        self._busy += spent
         return done
 
-    def _decode_run(self, n: int, kv: int, steps: int, now: float, busy: float) -> tuple[np.ndarray, np.ndarray]:
-        """The clock and the busy time after each of `steps` decode steps of a batch of `n` from `now`, `busy`: each
-        step's duration added in order, as a loop adds them. Kept (`_run`) while the batch stays the same: arrivals
-        cut a run into pieces, and a sum continued from where it was cut is the same sum."""
-        dts = (
-            self._linear.decode_steps_s(n, kv, steps)
-            if self._linear is not None
-            else decode_steps_s(self.latency, n, kv, steps)
-        )
-        first = float(dts[0])
-        dts[0] = first + now  # NOTE: the first sum, then a sequential cumsum: the same sums as the loop's
-        nows = np.add.accumulate(dts)
-        dts[0] = first + busy
-        np.add.accumulate(dts, out=dts)
-        return nows, dts
+    def _one_by_one(self, n: int, steps: int, until: int) -> int:
+        """A model without decode lines: each step rounded to ticks, added in turn."""
+        one, kv, t, done = self.latency.decode_step_s, self.kv_used, self._t, 0
+        while True:
+            t += ticks(one(n, kv + n * done))
+            done += 1
+            if done == steps or t >= until:
+                break
+        self._busy += t - self._t
+        self._t = t
+        return done

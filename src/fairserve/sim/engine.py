@@ -6,11 +6,11 @@ Time advances by the latency model's prefill and decode-step durations; arrivals
 (with their true arrival time).
 
 The engine moves from event to event: arrivals, admissions, finishes, preemptions. Between two events the batch does
-not change, so a run of decode steps is one move: their durations come from the latency model in one vectorised
-call and are added in order, as the step-by-step loop adds them (so every time is the same float); the next finish is
-the top of a heap; the next step at which an admission could succeed is computed instead of tried step by step
-(`_next_try`); charges are made when a decision reads the counters, not at every step. The records are the
-step-by-step loop's, bit for bit (tests/support/oracle.py keeps that loop as the oracle).
+not change, so a run of decode steps is one move: time is whole ticks (sim/ticks.py), and the run's ticks have a
+closed form that is the sum the step-by-step loop adds (sim/clock.py); the next finish is the top of a heap; the next
+step at which an admission could succeed is computed instead of tried step by step (`_next_try`); charges are made
+when a decision reads the counters, not at every step. The records are the step-by-step loop's, bit for bit
+(tests/support/oracle.py keeps that loop as the oracle).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .forecast import NEVER, Charging, Forecast, QueuedSizes, exact_charges
 from .latency import LatencyModel, prefill_cached_s
 from .preempt import Capped, Preemption
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
+from .ticks import FOREVER, at_or_after, ticks
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 LOOKAHEAD = 16  # a decode run goes past at most this many arrivals that need no step of their own (`_cut`)
@@ -53,7 +54,7 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         self.latency = latency
         self.config = cfg = config or EngineConfig()
         self.observer = observer  # called after every prefill and decode step (the engine then moves step by step)
-        self.now = 0.0
+        self._open_clock()
         self.step = 0  # decode steps so far
         self.kv_used = 0  # = sum over running requests of server prompt + generated tokens
         self._extra = cfg.prompt_extra_tokens
@@ -65,7 +66,6 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         self._ends: list[tuple[int, int, SimRequest]] = []  # (step at which it has all its tokens, seq, req)
         self._index = ReserveIndex() if cfg.mode == "reserve" else None  # the running set (reserve mode)
         self.prefills = self.preemptions = self.fair_preemptions = 0
-        self.busy_s = 0.0
         self._delta, self._cap = cfg.preempt_delta, cfg.running_cap
         self._open_cache()
         self._fit_tokens = cfg.pool_tokens - self._per_client  # a request must need fewer (prompt + output)
@@ -89,9 +89,9 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         self._refused: Request | None = None  # the policy's next request, which did not fit at the last try
         self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()` / `advance_to()`
         self._pending: list[SimRequest] = []  # run(): the arrivals, in order, of which `_arrived` are submitted
+        self._due: list[int] = []  # ... and the tick at which each is due
         self._arrived = 0
-        self._horizon = float("inf")
-        self._open_clock()
+        self._horizon = FOREVER  # run(): the tick it stops at
 
     @property
     def kv_free(self) -> int:
@@ -106,19 +106,21 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         gc.disable()
         try:
             reqs = sim_requests(arrivals)
-            self._pending, self._horizon = reqs, float("inf") if until_s is None else until_s
+            self._pending, self._due = reqs, [at_or_after(r.arrival_s) for r in reqs]
+            self._horizon = FOREVER if until_s is None else at_or_after(until_s)
             while True:
                 upcoming = self._arrive()
-                if self.now >= self._horizon:
+                if self._t >= self._horizon:
                     break
                 self.just_finished.clear()
                 if not self._advance(min(upcoming, self._horizon)):
-                    if upcoming == float("inf"):
+                    if upcoming == FOREVER:
                         break
-                    self.now = min(max(self.now, upcoming), self._horizon)  # idle until the next arrival
-            self._pending = []
+                    self._t = min(max(self._t, upcoming), self._horizon)  # idle until the next arrival
+            self._pending, self._due = [], []
             self._sync()
-            records = [record_of(r, self.step, self.now) for r in reqs]
+            now = self.now
+            records = [record_of(r, self.step, now) for r in reqs]
         finally:
             if collecting:
                 gc.enable()
@@ -135,29 +137,31 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
             [r.cached_tokens for r in reqs] if self.cache is not None else None,
         )
 
-    def _arrive(self) -> float:
-        """Submit the pending arrivals due by now (offline); returns when the next one is due."""
-        pending, i, now = self._pending, self._arrived, self.now
-        while i < len(pending) and pending[i].arrival_s <= now:
+    def _arrive(self) -> int:
+        """Submit the pending arrivals due by now (offline); returns the tick at which the next one is due."""
+        pending, due, i, t = self._pending, self._due, self._arrived, self._t
+        while i < len(pending) and due[i] <= t:
             self.submit(pending[i])
             i += 1
         self._arrived = i
-        return pending[i].arrival_s if i < len(pending) else float("inf")
+        return due[i] if i < len(pending) else FOREVER
 
     # ---- online ------------------------------------------------------------------------------------------------
     def advance(self) -> bool:
         """One iteration of the router loop: admit and prefill a (mini-)batch, or one decode step. Returns False when
         there is nothing to do (nothing running, nothing queued); `now` moves by the work's duration."""
         self.just_finished.clear()
-        return self._advance(-float("inf"))
+        return self._advance(0)
 
     def advance_to(self, t: float) -> None:
-        """Every iteration of the router loop that starts before `t`: afterwards `now` >= t (past it by less than
-        the last step), or the engine is idle and `now` = t. `just_finished` holds the requests that finished."""
+        """Every iteration of the router loop that starts before `t` seconds: afterwards `now` >= t (past it by less
+        than the last step), or the engine is idle and `now` = t (where it is, for an infinite t). `just_finished`
+        holds the requests that finished."""
         self.just_finished.clear()
-        while self.now < t:
-            if not self._advance(t):
-                self.now = t
+        until = at_or_after(t)
+        while self._t < until:
+            if not self._advance(until):
+                self.idle_until(t)
                 break
 
     def submit(self, req: SimRequest) -> None:
@@ -207,8 +211,8 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         return too_large(self.config, prompt_tokens, output_tokens)
 
     # ---- the router loop ---------------------------------------------------------------------------------------
-    def _advance(self, until: float) -> bool:
-        """Iterations of the router loop until the clock reaches `until` (an arrival, the horizon, advance_to's
+    def _advance(self, until: int) -> bool:
+        """Iterations of the router loop until the clock reaches tick `until` (an arrival, the horizon, advance_to's
         target; at least one): each admits and prefills a (mini-)batch, or decodes every step up to the next event
         or the first step that ends at or after `until`. False when there is nothing to do (nothing running,
         nothing queued)."""
@@ -223,10 +227,10 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
                 self._try(until)
             else:
                 self._decode(until)
-            if self.now >= until or self.observer:
+            if self._t >= until or self.observer:
                 return True
 
-    def _try(self, until: float) -> None:
+    def _try(self, until: int) -> None:
         """An admission try is due: admit, or, if nothing fits, decode up to when something could."""
         head = None
         if self._charging is not Charging.EVERY_STEP and not self._every_try:  # NOTE: a failing try is not needed
@@ -315,19 +319,20 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         start = self.now
         lens = [r.prompt_tokens + self._extra + r.generated for r in batch]
         if self.cache is None:
-            dt = self.latency.prefill_s(lens)
+            dt = ticks(self.latency.prefill_s(lens))
         else:
             cached = [r.held.cached_tokens for r in batch]  # type: ignore[union-attr]  # NOTE: held once admitted
-            dt = prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached)
-        self.now += dt
-        self.busy_s += dt
+            dt = ticks(prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached))
+        self._t += dt
+        self._busy += dt
+        now = self.now
         self.prefills += 1
         step = self.step
         for r in batch:
             if r.admit_s is None:
                 r.admit_s = start
             if r.first_token_s is None:
-                r.first_token_s = self.now
+                r.first_token_s = now
             r.generated += 1  # the prefill produces one token
             r.step_base = step
             self.kv_used += r.prompt_tokens + self._extra + r.generated
@@ -342,7 +347,7 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         if self.observer:
             self.observer(self)
 
-    def _decode(self, until: float) -> None:
+    def _decode(self, until: int) -> None:
         """Decode steps up to the next event; arrivals on the way (offline) are submitted at their step boundary
         (or at the run's end: `_cut`), and the steps go on if they change nothing that is due."""
         n = len(self.running)
@@ -375,9 +380,9 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
                         r.generated = r.generated_at(step)
                         self._finish(r)
                 break
-            if self.observer or self.now >= self._horizon or self.cache is not None:
+            if self.observer or self._t >= self._horizon or self.cache is not None:
                 break  # NOTE: with the prefix cache, the next step may need blocks (_grow_blocks)
-            if not (self._arrived < len(self._pending) and self._pending[self._arrived].arrival_s <= self.now):
+            if not (self._arrived < len(self._pending) and self._due[self._arrived] <= self._t):
                 break  # the steps planned are done, or the clock reached `until`
             until = min(self._arrive(), self._horizon)
             if self._defer and self._charging is Charging.LAZY:
@@ -388,8 +393,8 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         if self.observer:
             self.observer(self)
 
-    def _cut(self, until: float) -> float:
-        """Offline, charging lazily: when the decode run must stop for an arrival (`until`: the next arrival's time).
+    def _cut(self, until: int) -> int:
+        """Offline, charging lazily: when the decode run must stop for an arrival (`until`: the next arrival's tick).
         An arrival of a tenant with requests queued gets no lift, does not reorder the queue ahead of it and moves no
         forecast (`submit`), and nothing before the next decision reads it: the run goes past it (up to `LOOKAHEAD`
         of them), and it is submitted at the run's end, in arrival order, with the same effect."""
@@ -398,12 +403,11 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
             return until  # NOTE: online (advance_to's target), or no arrival left
         accounts, end = self.ledger.accounts, min(i + LOOKAHEAD, len(pending))
         while i < end:
-            r = pending[i]
-            acct = accounts.get(r.tenant)
+            acct = accounts.get(pending[i].tenant)
             if acct is None or not acct.queued:
-                return min(r.arrival_s, self._horizon)
+                return min(self._due[i], self._horizon)
             i += 1
-        return min(pending[i].arrival_s if i < len(pending) else float("inf"), self._horizon)
+        return min(self._due[i] if i < len(pending) else FOREVER, self._horizon)
 
     def _quiet_steps(self, n: int) -> int:
         """The decode steps from now to the next event: a finish, an admission that may succeed, the pool running

@@ -3,11 +3,11 @@
 The simulator asks a `LatencyModel` for (a) `prefill_s(prompt_lens)`: one prefill pass over a mini-batch of new
 requests, which also yields each request's first output token, (b) `decode_step_s(batch_size, context_tokens)`:
 one decode step of the running batch, where context_tokens = sum over running requests of (prompt tokens + tokens
-generated so far), and (c) `decode_steps_s(batch_size, context_tokens, steps)`: the durations of that many
-consecutive decode steps of an unchanged batch (the context grows by batch_size a step), as one numpy array whose
-values are bit for bit those (b) gives one by one: the engine adds them in order, as a step-by-step loop would, so a
-run of many steps costs one vectorised evaluation. (b) is a few float operations on precomputed constants. An empty
-prefill costs 0; decode expects batch_size >= 1.
+generated so far), and (c) `decode_lines(batch_size)`: (b) in the simulator's ticks (`sim/ticks.py`, 2^-64 s), as
+the lines (a, b) whose largest a + b·context_tokens is a step's duration: a run of steps of an unchanged batch (the
+context grows by batch_size a step) then sums in closed form, to the tick what a step-by-step loop adds. (b) is a
+few float operations on precomputed constants. An empty prefill costs 0; decode expects batch_size >= 1. A model
+without (c) still runs (`decode_lines` then gives None, and the engine adds its steps one by one).
 
 Every model adds a `StepOverhead` to each pass: the server's work outside the model forward (sampling, device -> host
 syncs, Python bookkeeping, handing tokens to the detokenizer), which a forward-only profile or a roofline does not see.
@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
 from ..workloads.base import DEFAULT_KV_TOKENS, DEFAULT_LATENCY_PROFILE
 from .hardware import GPUS, MODELS, GpuSpec, ModelSpec
+from .ticks import Lines, ticks
 
 __all__ = [
     "LatencyModel",
@@ -49,7 +48,7 @@ __all__ = [
     "LATENCY_MODELS",
     "get_latency_model",
     "default_kv_tokens",
-    "decode_steps_s",
+    "decode_lines",
     "prefill_cached_s",
 ]
 
@@ -63,16 +62,14 @@ class LatencyModel(Protocol):
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float: ...
 
-    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray: ...
+    def decode_lines(self, batch_size: int) -> Lines: ...
 
 
-def decode_steps_s(model: Any, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-    """`model.decode_steps_s(...)`; for a model that only has `decode_step_s`, its values one by one."""
-    many = getattr(model, "decode_steps_s", None)
-    if many is not None:
-        return np.asarray(many(batch_size, context_tokens, steps), dtype=float)
-    one = model.decode_step_s
-    return np.array([one(batch_size, context_tokens + batch_size * k) for k in range(steps)], dtype=float)
+def decode_lines(model: Any, batch_size: int) -> Lines | None:
+    """`model.decode_lines(batch_size)`; None for a model that only has `decode_step_s` (its steps are then rounded
+    to ticks one by one)."""
+    lines = getattr(model, "decode_lines", None)
+    return lines(batch_size) if lines is not None else None
 
 
 def prefill_cached_s(model: Any, uncached: Sequence[int], cached: Sequence[int]) -> float:
@@ -83,12 +80,6 @@ def prefill_cached_s(model: Any, uncached: Sequence[int], cached: Sequence[int])
     if fn is not None:
         return float(fn(uncached, cached))
     return float(model.prefill_s(uncached))
-
-
-def _contexts(batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-    """The context of each of `steps` decode steps (it grows by one token per request per step), as floats: whole
-    numbers, exact (as Python turns an int into a float before multiplying)."""
-    return np.arange(context_tokens, context_tokens + batch_size * steps, batch_size, dtype=np.float64)
 
 
 def _check_non_negative(obj: Any, names: Sequence[str]) -> None:
@@ -164,8 +155,8 @@ class ConstantLatency:
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.decode_s
 
-    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-        return np.full(steps, self.decode_s)
+    def decode_lines(self, batch_size: int) -> Lines:
+        return ((ticks(self.decode_s), 0),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,20 +210,11 @@ class LinearLatency:
         t = self._dec0 + self.decode_per_seq_s * batch_size + self.decode_per_context_token_s * context_tokens
         return t + self.large_batch_s if batch_size > self.large_batch_from else t
 
-    def decode_step_terms(self, batch_size: int) -> tuple[float, float, float]:
-        """(a, b, c) with decode_step_s(batch_size, x) == a + b * x + c for every context x, the same float (c is 0.0
-        or the large-batch term, added last as there): a loop over steps evaluates them without a call each."""
-        large = self.large_batch_s if batch_size > self.large_batch_from else 0.0
-        return self._dec0 + self.decode_per_seq_s * batch_size, self.decode_per_context_token_s, large
-
-    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-        # NOTE: the same operations in the same order as decode_step_s, so every value is the same float
-        t = _contexts(batch_size, context_tokens, steps)
-        np.multiply(t, self.decode_per_context_token_s, out=t)
-        np.add(t, self._dec0 + self.decode_per_seq_s * batch_size, out=t)
+    def decode_lines(self, batch_size: int) -> Lines:
+        fixed = self._dec0 + self.decode_per_seq_s * batch_size
         if batch_size > self.large_batch_from:
-            np.add(t, self.large_batch_s, out=t)
-        return t
+            fixed += self.large_batch_s
+        return ((ticks(fixed), ticks(self.decode_per_context_token_s)),)
 
     def forward_only(self) -> LinearLatency:
         """The same model without the server overhead: what a forward-only profile measures."""
@@ -295,11 +277,10 @@ class RooflineLatency:
         memory = self._w_mem + self._kv_mem * context_tokens
         return (compute if compute > memory else memory) + self.overhead.decode_s
 
-    def decode_steps_s(self, batch_size: int, context_tokens: int, steps: int) -> np.ndarray:
-        ctx = _contexts(batch_size, context_tokens, steps)
-        compute = self._tok_flop * batch_size + self._attn_flop * ctx
-        memory = self._w_mem + self._kv_mem * ctx
-        return np.where(compute > memory, compute, memory) + self.overhead.decode_s
+    def decode_lines(self, batch_size: int) -> Lines:
+        over = self.overhead.decode_s
+        compute = (ticks(self._tok_flop * batch_size + over), ticks(self._attn_flop))
+        return (compute, (ticks(self._w_mem + over), ticks(self._kv_mem)))
 
     @property
     def decode_overhead_s(self) -> float:
