@@ -35,7 +35,7 @@ XARGS_CLIENT_KEY = "fairserve_client"  # what fairserve.engines.vllm_scheduler r
 _MAX_CONNECTIONS = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BenchRecord(RequestRecord):
     """A RequestRecord plus what only a benchmark sees; `to_dict()` includes both extra fields."""
 

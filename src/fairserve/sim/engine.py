@@ -92,6 +92,7 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         self._due: list[int] = []  # ... and the tick at which each is due
         self._arrived = 0
         self._horizon = FOREVER  # run(): the tick it stops at
+        self._looked = (-1, 0, False)  # `_cut`'s last look: (prefills by then, the arrival it got to, it needs a stop)
 
     @property
     def kv_free(self) -> int:
@@ -401,13 +402,21 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
         pending, i = self._pending, self._arrived
         if i >= len(pending):
             return until  # NOTE: online (advance_to's target), or no arrival left
+        # NOTE: what the last look found stands until a request is admitted (only that empties a tenant's queue)
+        admitted, j, stop = self._looked
+        if admitted != self.prefills or j < i:
+            j, stop = i, False
+        elif stop:
+            return min(self._due[j], self._horizon)
         accounts, end = self.ledger.accounts, min(i + LOOKAHEAD, len(pending))
-        while i < end:
-            acct = accounts.get(pending[i].tenant)
+        while j < end:
+            acct = accounts.get(pending[j].tenant)
             if acct is None or not acct.queued:
-                return min(self._due[i], self._horizon)
-            i += 1
-        return min(self._due[i] if i < len(pending) else FOREVER, self._horizon)
+                self._looked = (self.prefills, j, True)
+                return min(self._due[j], self._horizon)
+            j += 1
+        self._looked = (self.prefills, j, False)
+        return min(self._due[j] if j < len(pending) else FOREVER, self._horizon)
 
     def _quiet_steps(self, n: int) -> int:
         """The decode steps from now to the next event: a finish, an admission that may succeed, the pool running
