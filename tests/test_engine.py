@@ -190,3 +190,23 @@ def test_a_run_pauses_the_collector_and_gives_it_back_as_it_was():
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_run_s_objects_leave_the_young_generation_without_a_collection_and_frozen_ones_stay_frozen():
+    """The objects of a run go to the oldest generation as it ends (a young collection would visit every one of
+    them); objects the caller froze stay frozen."""
+    import gc
+
+    arrivals = [Arrival(0.1 * i, "ab"[i % 2], 10, 3) for i in range(200)]
+    run = lambda: SimEngine(Ledger(make_policy("vtc")), LAT, EngineConfig()).run(arrivals)  # noqa: E731
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    result = run()
+    assert gc.get_freeze_count() == 0 and any(o is result.records for o in gc.get_objects(generation=2))
+    keep = [[] for _ in range(10)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        run()
+        assert gc.get_freeze_count() == frozen and keep
+    finally:
+        gc.unfreeze()

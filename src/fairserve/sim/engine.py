@@ -124,6 +124,12 @@ class SimEngine(Forecast, DecodeClock, Preemption, PrefixCaching):
             records = [record_of(r, self.step, now) for r in reqs]
         finally:
             if collecting:
+                if not gc.get_freeze_count():
+                    # NOTE: the run's objects straight to the oldest generation: the young collection that follows
+                    # would otherwise visit every one of them (a few % of a run); frozen objects of the caller's
+                    # would be unfrozen, so not then
+                    gc.freeze()
+                    gc.unfreeze()
                 gc.enable()
         return SimResult(
             records,
