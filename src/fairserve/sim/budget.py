@@ -79,24 +79,26 @@ class ReserveIndex:
         cum, prefix, behind, suffix = self._cum, self._prefix, self._behind, self._suffix
         del cum[j:], prefix[j:], behind[j:], suffix[j:]
         c, p = cum[-1], prefix[-1]
+        add_cum, add_prefix, add_behind = cum.append, prefix.append, behind.append
         i = j - 1
         for e, t in ends[j - 1 :]:
             i += 1
             c += t - e
-            cum.append(c)
+            add_cum(c)
             term = (e - 1) * i + c
             if term > p:
                 p = term
-            prefix.append(p)
-            behind.append(term + e - 1)
-        suffix.extend(behind[j:])
-        suffix.append(NONE)
+            add_prefix(p)
+            add_behind(term + e - 1)
         s = NONE
-        for i in range(n, j - 1, -1):
-            b = suffix[i]
+        tail = behind[j:]
+        for k in range(len(tail) - 1, -1, -1):  # NOTE: the suffix maxima of the new terms, in one backward pass
+            b = tail[k]
             if b > s:
                 s = b
-            suffix[i] = s
+            tail[k] = s
+        suffix.extend(tail)
+        suffix.append(NONE)
         for i in range(j - 1, 0, -1):  # the unchanged terms before j: their maxima change only up to the first same
             b = behind[i]
             if b > s:
