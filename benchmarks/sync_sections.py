@@ -1,0 +1,116 @@
+"""Where one sync's time goes inside Redis: the sync script (`SYNC_LUA`) cut after each of its sections, every cut a
+script of its own that returns there, run in one Redis (a local redis-server this script starts and stops) against
+the same keyspace and interleaved block by block, so that each section's time is the difference between two cuts.
+
+Each cut has its own simulated replicas (the load benchmark's: 10 tenants charged per sync, a backlog that moves, two
+backends), so that one cut's batch numbers never make another's charges look applied; the whole script keeps the
+state moving. A block is one sync of each of a cut's replicas; Redis's time per sync is `INFO commandstats`'s
+(wall time inside Redis: the script and its answer); medians over blocks, the cuts in a new random order each round.
+The commands the whole script calls, per sync, come from the same statistics.
+
+Run: .venv/bin/python benchmarks/sync_sections.py [--tenants 10000] [--replicas 10] [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis_load import SimReplica, seed  # noqa: E402
+from support.redis_server import RedisServer  # noqa: E402
+
+from fairserve.api.server import free_port  # noqa: E402
+from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
+
+# (section, the line it ends before): each cut returns at the start of that line
+CUTS = (
+    ("reading ARGV", "local t = redis.call('TIME')"),
+    ("the clock, the change numbers, the replicas alive, the batch number", "-- the charges, a few commands"),
+    ("the charges", "for _ = 1, tonumber(nxt()) do\n  local tenant, w = nxt(), nxt()"),
+    ("weights, the backlog's changes, the floor written", "-- the replicas waiting for capacity"),
+    ("the replicas waiting for capacity", "local leases, released = {}, false"),
+    ("the leases (two backends)", "-- room given back while others wait"),
+)
+
+
+def cut(marker: str) -> str:
+    at = SYNC_LUA.index(marker)
+    return SYNC_LUA[:at] + "do return 1 end\n" + SYNC_LUA[at:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tenants", type=int, default=10_000)
+    ap.add_argument("--replicas", type=int, default=10, help="simulated replicas per cut (a block's syncs)")
+    ap.add_argument("--rounds", type=int, default=200)
+    a = ap.parse_args()
+    if min(a.tenants, a.replicas, a.rounds) < 1 or a.tenants < 10:
+        ap.error("--tenants must be >= 10, --replicas and --rounds >= 1")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("sync_sections.py: redis-server is not installed (scripts/setup-redis.sh installs it)", file=sys.stderr)
+        return 1
+    import redis
+
+    scripts = {name: cut(marker) for name, marker in CUTS}
+    scripts["the pull of changes elsewhere, the answer"] = SYNC_LUA
+    names = list(scripts)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(binary, free_port(), tmp)
+        server.start()
+        try:
+            seed(server.url, a.tenants)
+            client = redis.Redis.from_url(server.url)
+            shas = {name: client.script_load(src) for name, src in scripts.items()}
+            tenants = [f"t{i}" for i in range(a.tenants)]
+            sims = {
+                name: [SimReplica(f"c{k}-{j}", tenants, 10, hash((k, j))) for j in range(a.replicas)]
+                for k, name in enumerate(names)
+            }
+            for group in sims.values():  # NOTE: a replica's first sync reads every tenant: not what is measured
+                for sim in group:
+                    sim.answered(client.evalsha(shas[names[-1]], 0, *sim.args()))
+            per_sync: dict[str, list[float]] = {name: [] for name in names}
+            commands: dict[str, list[int]] = {}
+            for _ in range(a.rounds):
+                for name in random.sample(names, len(names)):
+                    syncs = [sim.args() for sim in sims[name]]
+                    client.config_resetstat()
+                    for sim, args in zip(sims[name], syncs, strict=True):
+                        reply = client.evalsha(shas[name], 0, *args)
+                        if name == names[-1]:
+                            sim.answered(reply)
+                    stats = client.info("commandstats")
+                    per_sync[name].append(stats["cmdstat_evalsha"]["usec"] / stats["cmdstat_evalsha"]["calls"])
+                    if name == names[-1]:
+                        for cmd, s in stats.items():
+                            if cmd != "cmdstat_evalsha" and not cmd.startswith("cmdstat_config"):
+                                commands.setdefault(cmd[8:].upper(), []).append(s["calls"])
+            client.close()
+        finally:
+            server.stop()
+    print(
+        f"One sync inside Redis, cut after each section ({a.tenants:,} tenants, 10 charged per sync, medians of "
+        f"{a.rounds} blocks of {a.replicas} syncs, INFO commandstats)\n"
+    )
+    print("| up to the end of | µs per sync | the section |\n|---|---:|---:|")
+    before = 0.0
+    for name in names:
+        at = statistics.median(per_sync[name])
+        print(f"| {name} | {at:.1f} | {at - before:+.1f} |")
+        before = at
+    calls = {cmd: statistics.mean(n) / a.replicas for cmd, n in commands.items()}
+    shown = ", ".join(f"{cmd} {n:.2f}" for cmd, n in sorted(calls.items(), key=lambda c: -c[1]))
+    print(f"\nthe whole script's commands per sync: {sum(calls.values()):.1f} ({shown})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
