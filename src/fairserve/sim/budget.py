@@ -75,7 +75,7 @@ class ReserveIndex:
         return i
 
     def _repair(self) -> None:
-        ends, j, n = self.ends, self._from, len(self.ends)
+        ends, j = self.ends, self._from
         cum, prefix, behind, suffix = self._cum, self._prefix, self._behind, self._suffix
         del cum[j:], prefix[j:], behind[j:], suffix[j:]
         c, p = cum[-1], prefix[-1]
