@@ -202,11 +202,10 @@ def test_a_run_s_objects_leave_the_young_generation_without_a_collection_and_fro
     assert gc.isenabled() and gc.get_freeze_count() == 0
     result = run()
     assert gc.get_freeze_count() == 0 and any(o is result.records for o in gc.get_objects(generation=2))
-    keep = [[] for _ in range(10)]
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
         run()
-        assert gc.get_freeze_count() == frozen and keep
+        assert gc.get_freeze_count() == frozen > 0
     finally:
         gc.unfreeze()

@@ -135,22 +135,20 @@ class Forecast:
             return NEVER
         if hi is None:
             hi = self._quiet_steps_cap()
+        smallest = None  # (first, last) step at which the smallest queued sizes fit, once looked up
         if first is None:
             if self._charging is Charging.LAZY:
                 # NOTE: the smallest queued sizes fit no later than any queued request: where they never do (a full
                 # pool), the next request's own search is not needed either
-                some, last = self._first_fit_smallest(lo, hi)
-                if some == NEVER:
+                smallest = self._first_fit_smallest(lo, hi)
+                if smallest[0] == NEVER:
                     return NEVER
-                first = self._first_fit(head, some, hi)
+                first = self._first_fit(head, smallest[0], hi)
             else:
                 first = self._first_fit(head, lo, hi)
-        else:
-            some = -1
         if self._charging is Charging.AT_END or head.tenant not in self._tenants:
             return first  # the order cannot change without an event
-        if some < 0:
-            some, last = self._first_fit_smallest(lo, min(first, hi))
+        some, last = smallest or self._first_fit_smallest(lo, min(first, hi))
         if some >= first:
             return first
         until = min(first, hi, last + 1) - 1  # someone else could fit at some step in [some, until]
