@@ -56,7 +56,7 @@ def bench_replica(url: str, prefix: str, names: list[str]) -> SharedState:
     """A replica without HTTP: a ledger of `names` and one backend, syncing only when told to."""
     backends = [Backend(BackendConfig(url="http://b", max_inflight_requests=32))]
     state = SharedState(StateSettings(url, interval_s=600, prefix=prefix), backends, tokens_of=lambda r: 1)
-    Ledger(state.track(make_policy("vtc")), names, peers=state)
+    Ledger(make_policy("vtc"), names, peers=state)
     return state
 
 

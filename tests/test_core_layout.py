@@ -1,14 +1,17 @@
 """The core's shape, checked on its source: no import circle in `core/`, no driver that tests a policy's class
-(capabilities say what a policy supports), and one name for the party whose service is counted: tenant."""
+(capabilities say what a policy supports), one name for the party whose service is counted (tenant), and the ledger
+the only writer: no module outside `core/` sets a field of an `Account` or patches a policy."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
 import fairserve
 import fairserve.core
+from fairserve.core import Account, Policy
 
 SRC = Path(fairserve.__file__).parent
 CORE = SRC / "core"
@@ -86,3 +89,65 @@ def test_the_checks_would_catch_what_they_look_for(tmp_path):
     call = next(n for n in ast.walk(snippet) if isinstance(n, ast.Call))
     assert {n.id for n in ast.walk(call.args[1]) if isinstance(n, ast.Name)} & POLICY_CLASSES
     assert re.search(r"client", "Request.client", re.IGNORECASE)
+
+
+ACCOUNT_FIELDS = {f.name for f in dataclasses.fields(Account)}
+# NOTE: other classes with a field of the same name, by the expression that writes it (the dispatch pool's and the
+# metrics' queue counts, vLLM's own request, the simulator's budget): none of them is an `Account`
+NOT_ACCOUNTS = {
+    ("queued", "pool"),
+    ("queued", "t.pool"),
+    ("queued", "self.level(req.priority or 0)"),
+    ("priority", "request"),
+    ("running", "self"),
+}
+POLICY_METHODS = {n for n, v in vars(Policy).items() if callable(v) and not n.startswith("__")}
+
+
+def _stores(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(attribute, the expression it is set on, line) of every attribute assignment in `tree`."""
+    out = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        out += [(e.attr, ast.unparse(e.value), e.lineno) for e in flat if isinstance(e, ast.Attribute)]
+    return out
+
+
+def _setattrs(tree: ast.AST) -> list[int]:
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("setattr", "delattr")
+    ]
+
+
+def test_no_module_outside_the_core_writes_an_account_or_patches_a_policy():
+    accounts, patches = [], []
+    for path in SRC.rglob("*.py"):
+        if CORE in path.parents:
+            continue
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(SRC)
+        for attr, on, line in _stores(tree):
+            if attr in ACCOUNT_FIELDS and (attr, on) not in NOT_ACCOUNTS:
+                accounts.append(f"{where}:{line}: {on}.{attr}")
+            if attr in POLICY_METHODS:
+                patches.append(f"{where}:{line}: {on}.{attr}")
+        patches += [f"{where}:{line}: setattr" for line in _setattrs(tree)]
+    assert not accounts, f"change a node through the ledger (Ledger.set_node) or keep a side table: {accounts}"
+    assert not patches, f"observe the ledger through Ledger.listen, do not patch a policy: {patches}"
+
+
+def test_the_account_and_policy_scans_find_what_they_look_for():
+    snippet = ast.parse("acct.lift = None\nnode.priority, x = 1, 2\ng.service += 1\nsetattr(policy, 'enqueue', f)\n")
+    assert {(a, on) for a, on, _ in _stores(snippet)} >= {("priority", "node"), ("service", "g"), ("lift", "acct")}
+    assert _setattrs(snippet) == [4]
+    assert {"enqueue", "on_charge", "dequeue", "remove"} <= POLICY_METHODS
+    assert {"service", "counter", "weight", "priority", "allowed", "queued"} <= ACCOUNT_FIELDS
+    # the core's data only: the replicas' sync state and DRR's round live in side tables
+    assert not {"synced", "lift", "round"} & ACCOUNT_FIELDS

@@ -138,7 +138,17 @@ def test_a_replica_that_redis_forgot_sends_its_whole_backlog_again(redis):
     run(main())
 
 
-def test_a_ledger_not_built_over_track_is_refused(redis):
+def test_the_shared_state_hears_the_ledger_through_its_listener_and_leaves_the_policy_alone(redis):
     r = Replica(redis.url, prefix())
-    with pytest.raises(ValueError, match="SharedState.track"):
-        Ledger(make_policy("vtc"), ["a"], peers=r.state)
+    policy = make_policy("vtc")
+    ledger = Ledger(policy, ["a", "org/b"], peers=r.state)  # NOTE: no wrapping: any policy object, as built
+    assert vars(policy).keys().isdisjoint({"on_charge", "enqueue", "dequeue", "remove"})  # nothing patched on it
+    changes = r.state.changes
+    changes.take()
+    ledger.arrive(1, "org/b", 10)
+    req = ledger.pop()
+    assert set(changes.dirty) == {ledger.accounts["org/b"], ledger.groups["org"]}
+    assert changes.dirty[ledger.accounts["org/b"]] == (0.0, 0.0)  # the values before the first change
+    assert changes.pool_tokens == {changes.pool_of(req): 0}  # queued, then admitted: its tokens left the pool
+    with pytest.raises(ValueError, match="shares its counters"):
+        Ledger(make_policy("fcfs"), ["a"], peers=Replica(redis.url, prefix()).state)

@@ -60,7 +60,7 @@ class Replica:
             on_change=self.admit,
             clock=clock,
         )
-        self.ledger = Ledger(self.state.track(make_policy(policy)), tenants, peers=self.state)
+        self.ledger = Ledger(make_policy(policy), tenants, peers=self.state)
         self.ids = itertools.count()
         self.running = []
 

@@ -26,6 +26,7 @@ from .account import (
 from .cost import CostFunction, LinearCost, make_cost, profiled_a10g_llama2_7b
 from .fairness import jain_index, theorem_bound
 from .ledger import Ledger, Peers
+from .listener import Listener, Listeners
 from .policy import Capabilities, Policy, PolicyError
 from .predictor import MovingAveragePredictor, NoisyOraclePredictor, OraclePredictor, Predictor, make_predictor
 from .registry import PolicyEntry, check_policy, describe, make_policy, policy_names, register
@@ -58,6 +59,8 @@ __all__ = [
     "theorem_bound",
     "Ledger",
     "Peers",
+    "Listener",
+    "Listeners",
     "Capabilities",
     "Policy",
     "PolicyError",

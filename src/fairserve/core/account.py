@@ -95,9 +95,11 @@ class Unsupported(Exception):
 
 @dataclass(slots=True, eq=False)
 class Account:
-    """One tenant's state, owned by the ledger (`core.ledger.Ledger.accounts`). `counter` is the policy's virtual
-    counter where it keeps one (VTC: service / weight, lifted; DRR: service / weight minus the quanta received up to
-    ring round `round`); a policy without one derives what it shows (`Policy.counter_of`)."""
+    """One tenant's (or group's) state, the core's data only, written by the ledger only
+    (`core.ledger.Ledger.accounts`; configuration through `Ledger.set_node`). `counter` is the policy's virtual
+    counter where it keeps one (VTC: service / weight, lifted; DRR: its deficit, negated, as of the ring round it
+    keeps privately); a policy without one derives what it shows (`Policy.counter_of`). What a driver or an observer
+    keeps per account (the replicas' sync state, say) lives in its own table, keyed by the account."""
 
     tenant: str
     rank: int  # first-seen order: the deterministic tie-break
@@ -106,16 +108,11 @@ class Account:
     counter: float = 0.0
     queued: int = 0  # requests waiting for admission: > 0 is the paper's "backlogged"
     running: int = 0  # admitted and not yet ended
-    round: int = 0  # DRR: the last ring round whose quantum `counter` counts
     # the tenant tree: a tenant `pro/acme/search` is a leaf under the groups `pro/acme` and `pro` (whose accounts sum
     # their subtree's service, queued and running); None for a tenant at the top
     parent: Account | None = None
     priority: int | None = None  # this node's priority (lower is served first); None: its parent's
     allowed: frozenset[int] | None = None  # a tenant's priorities its requests may name (None: only its own)
-    # shared state across replicas (gateway/shared_state.py): the global service at the last sync (None: never
-    # synced), and the highest lift not yet sent (net of the charges since that sync)
-    synced: float | None = None
-    lift: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

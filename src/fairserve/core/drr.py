@@ -26,10 +26,10 @@ class DRR(Policy):
     """O(log n) selection without walking the ring.
 
     Ring order is the order tenants joined (`_ring_pos`); the pointer is at (round, position). A tenant's deficit
-    lives in its account, lazily: `-counter` plus one quantum per visit since `round` (the last round whose visit
-    `counter` counts). The visit at which a tenant first has credit, (round, position), does not change while the
-    pointer passes it (each pass adds the quantum it was waiting for), only when it is charged: so a heap of those
-    visits yields the next tenant to serve."""
+    lives in its account, lazily: `-counter` plus one quantum per visit since its round (`_rounds`, kept here: the
+    last round whose visit `counter` counts). The visit at which a tenant first has credit, (round, position), does
+    not change while the pointer passes it (each pass adds the quantum it was waiting for), only when it is charged:
+    so a heap of those visits yields the next tenant to serve."""
 
     name = "drr"
     capabilities = Capabilities(orders_by_counter=True, uses_weights=True, keeps_counters=True)
@@ -44,6 +44,7 @@ class DRR(Policy):
         self._at_acct: Account | None = None  # the tenant the pointer stopped at
         self._heap: list[tuple[int, int, int, Account]] = []  # (round, position, version, account): first credit
         self._version: dict[str, int] = {}  # a tenant's one live heap entry
+        self._rounds: dict[str, int] = {}  # by tenant: the last ring round whose quantum its `counter` counts (0)
         self.name = f"drr{quantum:g}"
 
     # ---- lazy deficits --------------------------------------------------------------------------------------------
@@ -51,16 +52,16 @@ class DRR(Policy):
         """Rounds whose visit of the tenant the pointer has made (a tenant outside the ring is never visited)."""
         pos = self._ring_pos.get(acct.tenant)
         if pos is None:
-            return acct.round
+            return self._rounds.get(acct.tenant, 0)
         return self._round if pos <= self._at else self._round - 1
 
     def _deficit(self, acct: Account) -> float:
-        return -acct.counter + self.quantum * (self._visited(acct) - acct.round)
+        return -acct.counter + self.quantum * (self._visited(acct) - self._rounds.get(acct.tenant, 0))
 
     def _fold(self, acct: Account) -> float:
         """Count the quanta of the visits made into `counter`; returns the deficit."""
         d = self._deficit(acct)
-        acct.counter, acct.round = -d, self._visited(acct)
+        acct.counter, self._rounds[acct.tenant] = -d, self._visited(acct)
         return d
 
     def _push(self, acct: Account) -> None:
@@ -94,7 +95,7 @@ class DRR(Policy):
             d = min(self._fold(acct), 0.0)
             self._next_pos += 1
             self._ring_pos[acct.tenant] = self._next_pos
-            acct.counter, acct.round = -d, self._visited(acct)
+            acct.counter, self._rounds[acct.tenant] = -d, self._visited(acct)
             self._push(acct)
         (q.appendleft if front else q.append)(req)
 
@@ -148,7 +149,7 @@ class DRR(Policy):
     def reset_counters(self, accounts: Iterable[Account]) -> None:
         """Every deficit back to 0: debts and credits are forgotten."""
         for acct in accounts:
-            acct.counter, acct.round = 0.0, self._visited(acct)
+            acct.counter, self._rounds[acct.tenant] = 0.0, self._visited(acct)
             if acct.tenant in self._ring_pos:
                 self._push(acct)
 

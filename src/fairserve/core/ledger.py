@@ -9,9 +9,11 @@ Two tables live here and nowhere else:
 
 A driver calls `arrive`/`add` → `admit`/`pop` → `output`/`prompt` (→ `requeue`/`unpop`) → `settle`, the one way a
 request ends (exactly once; a refund is `settle(..., prompt=0, output=0, cancelled=True)`). The ledger charges
-(prompt at admission, output as decoded, through the policy's cost function) and lifts counters (the paper's lift,
-with `Peers` for a floor from other processes); the policy only orders. Admin changes (`set_weight`, `reset`,
-`apply_remote`) mean the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot.
+(prompt at admission, output as decoded, through the policy's cost function; every charge through `_charge`, which
+walks the groups) and lifts counters (the paper's lift, with `Peers` for a floor from other processes); the policy
+only orders. Observers hear of each change through the one seam, `listen` (core/listener.py). Configuration
+(`set_node`: weight, priority, allowed priorities) and admin changes (`set_weight`, `reset`, `apply_remote`) mean
+the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 
 from . import charges
 from .account import Account, Unsupported, check_weight
+from .listener import Listener, Listeners
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
 from .tree import TenantTree
@@ -64,10 +67,21 @@ class Ledger(TenantTree):
         self._seq = 0
         self._lifts = caps.lifts
         self._on_charge = policy.on_charge if caps.orders_by_counter else None
+        self._listener: Listener | None = None  # the observers (`listen`); None: no call on the hot path
         # NOTE: the linear cost's per-token price, so the hottest call skips a method call
         self._w_q = charges.linear_w_q(self.cost)
         if peers is not None:
             peers.attach(self)
+
+    def listen(self, listener: Listener) -> None:
+        """`listener` is told of every change from now on (core/listener.py: what is called when, what it may
+        read); several may listen, told in the order they registered."""
+        if self._listener is None:
+            self._listener = listener
+        elif isinstance(self._listener, Listeners):
+            self._listener.listeners.append(listener)
+        else:
+            self._listener = Listeners(self._listener, listener)
 
     # ---- arrivals -------------------------------------------------------------------------------------------------
     def arrive(
@@ -111,12 +125,16 @@ class Ledger(TenantTree):
             _count(acct, 1, 0)
         self.num_queued += 1
         self._requests[req.id] = req
+        if self._listener is not None:
+            self._listener.queued(req)
         return True
 
     def _lift(self, node: Account) -> None:
         """The counter lift: a node (a tenant, a group) whose subtree had nothing queued gets something queued, so its
         counter becomes at least the smallest counter among its siblings with something queued (no credit hoarded
         while idle). Shared state's `Peers` give the floor over every replica."""
+        if self._listener is not None:
+            self._listener.changing(node)
         floor = self.policy.min_counter(node.parent)
         if self.peers is not None:
             floor = self.peers.lift_floor(node, floor)
@@ -147,13 +165,16 @@ class Ledger(TenantTree):
             _count(acct, -1, 1)
         req.state = RUNNING
         req.admission = 0.0
+        if self._listener is not None:
+            self._listener.left(req)
         if not req.admitted:  # NOTE: a preempted request re-prefills, but it was charged already
             req.admitted = True
             if self.predictor is not None:
                 req.predicted = self.predictor.predict(req)
             amount = charges.admission(req.cost or self.cost, req, self.predictor is not None)
             req.admission = amount
-            self._charge(req, amount)
+            req.charged += amount
+            self._charge(acct, amount)
         return req
 
     def admit(self, fits: Callable[[Request], bool], limit: int | None = None) -> list[Request]:
@@ -171,36 +192,27 @@ class Ledger(TenantTree):
     # ---- charging -------------------------------------------------------------------------------------------------
     def output(self, req: Request, tokens: int = 1) -> None:
         """`tokens` more output tokens were decoded for a running `req`. Only tokens beyond a prediction are charged."""
-        # NOTE: the simulator's hottest call: `_charge` inlined, the common case (no prediction, linear cost) first
+        # NOTE: the simulator's hottest call: the common case (no prediction, linear cost) priced inline
         if req.state is not RUNNING:
             return
         y0 = req.output_done
         y1 = req.output_done = y0 + tokens
-        p = req.predicted
         w_q = self._w_q if req.cost is None else charges.linear_w_q(req.cost)
-        if p == 0 and w_q is not None:
+        if req.predicted == 0 and w_q is not None:
             amount = w_q * tokens
-        elif y1 > p:
-            start = y0 if y0 > p else p
-            cost = req.cost or self.cost
-            amount = w_q * (y1 - start) if w_q is not None else cost.output(req.prompt_tokens, start, y1)
+        elif y1 > req.predicted:
+            amount = charges.beyond_prediction(req.cost or self.cost, w_q, req, y0, y1)
         else:
             return
         req.charged += amount
-        acct = req.account
-        acct.service += amount
-        if acct.parent is not None:
-            self._charge_groups(acct.parent, amount)
-        on_charge = self._on_charge
-        if on_charge is not None:
-            on_charge(acct, amount)
+        self._charge(req.account, amount)
 
     def outputs(self, reqs: Iterable[Request], tokens: int) -> None:
         """`tokens` more output tokens for each of `reqs`, running requests of one tenant, charged to the tenant in
         one charge (a negative `tokens` takes them back). The same as `output(req, tokens)` for each, except that the
-        tenant's service and counter take one sum instead of many: equal when every charge is exact in floating
-        point (a linear cost with integral prices, weights that are powers of two), else possibly not in the last
-        bit."""
+        tenant's service and counter (and its groups') take one sum instead of many: equal when every charge is exact
+        in floating point (a linear cost with integral prices, weights that are powers of two), else possibly not in
+        the last bit."""
         group: list[Request] = []
         acct: Account | None = None
         for req in reqs:
@@ -217,21 +229,15 @@ class Ledger(TenantTree):
         w_q, total = self._w_q, 0.0
         each = w_q * tokens if w_q is not None else None  # NOTE: the charge of a request without a prediction
         for req in group:
-            p = req.predicted
-            if p == 0 and each is not None:
-                req.output_done += tokens
-                req.charged += each
-                total += each
-                continue
             y0 = req.output_done
-            y1 = req.output_done = y0 + tokens
-            amount = charges.beyond_prediction(self.cost, w_q, req, y0, y1)
+            req.output_done = y0 + tokens
+            amount = each if req.predicted == 0 and each is not None else None
+            if amount is None:
+                amount = charges.beyond_prediction(self.cost, w_q, req, y0, y0 + tokens)
             req.charged += amount
             total += amount
         if total:
-            acct.service += total
-            if self._on_charge is not None:
-                self._on_charge(acct, total)
+            self._charge(acct, total)
 
     def prompt(self, req: Request, prompt_tokens: int) -> None:
         """The true prompt size is now known (a backend's `usage`, a session's next turn): the difference is charged,
@@ -244,23 +250,24 @@ class Ledger(TenantTree):
         cost = req.cost or self.cost
         old = charges.expected(cost, req)
         req.prompt_tokens = prompt_tokens
-        self._charge(req, charges.expected(cost, req) - old)
-
-    def _charge(self, req: Request, amount: float) -> None:
+        amount = charges.expected(cost, req) - old
         req.charged += amount
-        acct = req.account
-        acct.service += amount
-        if acct.parent is not None:
-            self._charge_groups(acct.parent, amount)
-        if self._on_charge is not None:
-            self._on_charge(acct, amount)
+        self._charge(req.account, amount)
 
-    @staticmethod
-    def _charge_groups(group: Account | None, amount: float) -> None:
-        """A charge reaches every group above the tenant (the policy's `on_charge` moves their counters)."""
+    def _charge(self, acct: Account, amount: float) -> None:
+        """The one charge (every other method charges through it): `amount` of service (negative: a refund) to the
+        tenant `acct` and every group above it (a group's service is its subtree's), then the policy's `on_charge`
+        moves their counters. Observers hear of it first (`changing`), to read the values before it. The caller adds
+        the amount to the request's own `charged`."""
+        if self._listener is not None:
+            self._listener.changing(acct)
+        acct.service += amount
+        group = acct.parent
         while group is not None:
             group.service += amount
             group = group.parent
+        if self._on_charge is not None:
+            self._on_charge(acct, amount)
 
     # ---- going back to the queue ----------------------------------------------------------------------------------
     def requeue(self, req: Request, item: Any = None) -> bool:
@@ -275,6 +282,8 @@ class Ledger(TenantTree):
         self.num_queued += 1
         if item is not None:  # NOTE: engines may hand back a new object for the same request
             req.item = item
+        if self._listener is not None:
+            self._listener.queued(req)
         return True
 
     def unpop(self, req: Request, item: Any = None) -> bool:
@@ -284,7 +293,8 @@ class Ledger(TenantTree):
         if req.state is not RUNNING:
             return False
         if req.admission:
-            self._charge(req, -req.admission)
+            req.charged -= req.admission
+            self._charge(req.account, -req.admission)
             req.admission, req.admitted, req.predicted = 0.0, False, 0
         return self.requeue(req, item)
 
@@ -301,10 +311,13 @@ class Ledger(TenantTree):
         reported). A refund of everything is `prompt=0, output=0, cancelled=True`."""
         if self._requests.pop(req.id, None) is not req:
             return False
+        listener = self._listener
         if req.state is QUEUED:
             self.policy.remove(req)
             self.num_queued -= 1
             _count(req.account, -1, 0)
+            if listener is not None:
+                listener.left(req)
         elif req.account.parent is None:  # NOTE: _count() inline, as in add()
             req.account.running -= 1
         else:
@@ -316,13 +329,16 @@ class Ledger(TenantTree):
                 req.prompt_tokens = prompt
             delta = charges.final(req.cost or self.cost, req) - req.charged
             if delta:
-                self._charge(req, delta)
+                req.charged += delta
+                self._charge(req.account, delta)
         if req.state is RUNNING and not cancelled:
             req.state = RequestState.FINISHED
             if self.predictor is not None:
                 self.predictor.observe(req, req.output_done)
         else:
             req.state = RequestState.ABORTED
+        if listener is not None:
+            listener.settled(req)
         return True
 
     def settle_all(self) -> int:
@@ -372,7 +388,7 @@ class Ledger(TenantTree):
         weight = check_weight(path, weight)
         if not self.policy.capabilities.uses_weights:
             raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
-        self.node(path).weight = weight
+        self.set_node(path, weight=weight)
 
     def apply_remote(
         self, tenant: str, counter: float, service: float, weight: float | None = None, groups: bool = True

@@ -4,16 +4,28 @@
 A tenant's path names its groups (`pro/acme/search` is under `pro/acme`, under `pro`); each group's account holds the
 sums over its subtree. Nodes open on first sight, in a first-seen order that breaks ties everywhere (`rank`). A
 tenant that has had no request yet becomes a group when a tenant below it appears. Priorities are configured per
-node and looked up once per tenant; `view()` is the read-only snapshot of every node.
+node and looked up once per tenant (`set_node`, the one way to change a node's configuration, forgets what it
+looked up); `view()` is the read-only snapshot of every node.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Iterable, Mapping
+from typing import Literal
 
 from .account import SEP, Account, LedgerView, TenantView, check_weight
 from .policy import Policy
+
+
+class Keep(enum.Enum):
+    """`set_node`'s default: leave this setting as it is (None means something: inherit, or only its own)."""
+
+    KEEP = enum.auto()
+
+
+KEEP = Keep.KEEP
 
 
 class TenantTree:
@@ -31,15 +43,41 @@ class TenantTree:
         self.accounts: dict[str, Account] = {}  # the tenants: the leaves of the tree
         self.groups: dict[str, Account] = {}  # every prefix of a tenant's path
         self._ranks = itertools.count()  # first-seen (or configured) order: the deterministic tie-break
-        self._levels: dict[str, int] = {}  # each tenant's own priority, once looked up (priorities are configured once)
+        self._levels: dict[str, int] = {}  # each tenant's inherited priority, once looked up (`set_node` forgets it)
         for t in tenants:  # configured tenants show up from the start (admin API, /metrics)
             self.account(t)
         for t, w in (weights or {}).items():  # NOTE: shown even by policies that ignore them
-            self.node(t).weight = check_weight(t, w)
+            self.set_node(t, weight=w)
         for t, level in (priorities or {}).items():
-            self.node(t).priority = _level(t, level)
+            self.set_node(t, priority=level)
         for t, levels in (allowed or {}).items():
-            self.account(t).allowed = frozenset(_level(t, v) for v in levels)
+            self.set_node(t, allowed=levels)
+
+    def set_node(
+        self,
+        path: str,
+        *,
+        weight: float | Literal[Keep.KEEP] = KEEP,
+        priority: int | None | Literal[Keep.KEEP] = KEEP,
+        allowed: Iterable[int] | None | Literal[Keep.KEEP] = KEEP,
+    ) -> Account:
+        """The one way to configure a node (the group `path`, else the tenant `path`, opened on first sight): its
+        `weight` (future charges count 1/weight on its counters), its `priority` (None: its parent's) and, for a
+        tenant, the priorities its requests may name (`allowed`; None: only its own). What the tree looked up from
+        the old values is forgotten, so the next request runs at the new level. Requests already queued keep the
+        level they were queued at. ValueError (one line) for a value out of range, or `allowed` on a group; nothing
+        is changed then."""
+        node = self.node(path) if allowed is KEEP else self.account(path)
+        w = check_weight(path, weight) if weight is not KEEP else node.weight
+        level = _level(path, priority) if priority is not KEEP and priority is not None else priority
+        levels = frozenset(_level(path, v) for v in allowed) if allowed is not KEEP and allowed is not None else allowed
+        node.weight = w
+        if level is not KEEP:
+            node.priority = level
+            self._levels.clear()  # NOTE: every tenant below `path` inherits it: looked up again on its next request
+        if levels is not KEEP:
+            node.allowed = levels
+        return node
 
     def account(self, tenant: str) -> Account:
         """`tenant`'s account, opened on first sight with the groups above it (`pro/acme/search` is under `pro/acme`,
@@ -79,7 +117,7 @@ class TenantTree:
 
     def priority_of(self, acct: Account, named: int | None = None) -> int:
         """The priority a request of `acct` runs at: the one it names if the tenant allows it, else the nearest
-        node's (the tenant's, then its groups'), else 0."""
+        node's (the tenant's, then its groups'), else 0, as configured now."""
         level = self._levels.get(acct.tenant)
         if level is None:
             level = self._levels[acct.tenant] = _inherited(acct)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.utils import floatToGoString
 
-from ..core import Account, LedgerView, TenantView
+from ..core import Account, LedgerView, Listener, Request, TenantView
 from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
@@ -93,11 +93,26 @@ class LevelStats:
     wait_sum: float = 0.0
 
 
+class LevelQueues(Listener):
+    """Each ledger's listener (core/listener.py) for the requests queued per priority level: the queue gauge follows
+    the ledger's own queue (arrivals, requeues, admissions, cancellations), never a count kept beside it."""
+
+    def __init__(self, level: Callable[[int], LevelStats]) -> None:
+        self.level = level
+
+    def queued(self, req: Request) -> None:
+        self.level(req.priority or 0).queued += 1
+
+    def left(self, req: Request) -> None:
+        self.level(req.priority or 0).queued -= 1
+
+
 class GatewayMetrics:
     def __init__(self, window_s: float = METRICS_WINDOW_S) -> None:
         self.activity = TenantActivity(window_s)
         self.tenants: dict[str, TenantStats] = {}
         self.levels: dict[int, LevelStats] = {}  # by priority level, as requests reach them
+        self.queues = LevelQueues(self._level)  # listens to every ledger of the scheduler
         self.scheduler: Scheduler | None = None
         self._active: list[str] | None = None  # the tenants of the last scrape, and their part of it
         self._tenant_part = b""
@@ -141,13 +156,8 @@ class GatewayMetrics:
         s.waits[bucket] += 1
         s.wait_sum += seconds
         lv = self._level(level)
-        lv.queued -= 1
         lv.waits[bucket] += 1
         lv.wait_sum += seconds
-
-    def enqueued(self, level: int, n: int = 1) -> None:
-        """`n` requests joined the queue at priority `level` (-1: one left it without being dispatched)."""
-        self._level(level).queued += n
 
     def _level(self, level: int) -> LevelStats:
         lv = self.levels.get(level)

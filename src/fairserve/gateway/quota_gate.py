@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 
+from ..core import Listener, Request
 from ..core.account import parents
 from ..tenancy import QuotaConfig
 from .prometheus import num
@@ -40,7 +41,10 @@ def insufficient_quota(out: Exhausted, request_id: str) -> Response:
     )
 
 
-class QuotaGate:
+class QuotaGate(Listener):
+    """The quotas of one gateway, and a listener of its ledgers (core/listener.py): a request's hold is settled when
+    its ledger settles it, with what the ledger charged."""
+
     def __init__(self, quotas: dict[str, QuotaConfig], clock: Callable[[], datetime] = utc_now) -> None:
         self.book = QuotaBook({}, clock=clock)
         self._paths: dict[str, list[str]] = {}  # tenant -> the nodes of its path that have a quota
@@ -110,6 +114,13 @@ class QuotaGate:
             return NOTHING
         self._ok()
         return got
+
+    def settled(self, req: Request) -> None:
+        """The ledger ended `req`: its ticket's hold (if it took one) is replaced by what the ledger charged, the raw
+        tokens and their service at the request's price."""
+        t: Ticket = req.item
+        if t.holding is not None:
+            self.settle(t.holding, Cost((req.prompt_tokens if req.admitted else 0) + req.output_done, req.charged))
 
     def settle(self, holding: asyncio.Task[Hold | Exhausted], used: Cost) -> None:
         """The request ended, having used `used`: its hold (when its task is done) is replaced by it."""

@@ -1,17 +1,19 @@
 """Live configuration: `SIGHUP` or `POST /admin/reload` re-read the config file (with the same flags on top) and apply
-it without dropping a queued or in-flight request: the tenant tree (tenants, keys, weights, groups, model access,
-quotas), the models' prices and `w_p`/`w_q` (a request keeps the price of its arrival), the backends
-(gateway/fleet.py: added ones serve at once, removed ones drain, queued requests go to the new pools), the timeouts
-of the upstream hop and the queue (for requests and connections from then on), and the limits read at each request.
-What only a restart can change (`RESTART`: the listening socket, the policy and its ledgers, the shared state, the
-HTTP server's own settings, ...) is refused, as is a file that does not validate, with one line naming the keys and
-why, and the running configuration is kept.
+it without dropping a queued or in-flight request: the tenant tree (tenants, keys, weights, priorities and the
+priorities a tenant may name, groups, model access, quotas), the models' prices and `w_p`/`w_q` (a request keeps the
+price of its arrival), the backends (gateway/fleet.py: added ones serve at once, removed ones drain, queued requests go
+to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from then on), and the
+limits read at each request. What only a restart can change (`RESTART`: the listening socket, the policy and its
+ledgers, the shared state, the HTTP server's own settings, ...) is refused, as is a file that does not validate, with
+one line naming the keys and why, and the running configuration is kept.
 
 Decisions (docs/gateway.md, Live configuration): a removed tenant's queued and running requests are served (they were
-accepted with a valid key), its key is refused (401) from then on; a weight the file changed since the last load
-wins over one set through the admin API, an unchanged one leaves the admin's in place; with `--state` a weight the
-reload changes is published to every replica (as an admin change is), the rest is this replica's, and a backend
-change is refused (the replicas share each backend's leases: restart them one by one)."""
+accepted with a valid key), its key is refused (401) from then on; a priority (or a permission to name one) changes
+through the ledger (`Ledger.set_node`) for the requests from then on, while queued ones keep the level they were queued
+at; a weight the file changed since the last load wins over one set through the admin API, an unchanged one leaves the
+admin's in place; with `--state` a weight the reload changes is published to every replica (as an admin change is), the
+rest is this replica's, and a backend change is refused (the replicas share each backend's leases: restart them one by
+one)."""
 
 from __future__ import annotations
 
@@ -20,12 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..api.tokens import token_counter
-from ..core import LinearCost, Unsupported
-from ..core.account import nodes_of
+from ..core import Ledger, LinearCost, Unsupported
 from . import fleet
 from .config import GatewayConfig
 from .dispatch import UnknownModel
-from .quota_gate import QuotaGate
 from .scheduler import price_table
 from .ticket import Ending
 
@@ -86,28 +86,17 @@ def check(gw: Gateway, new: GatewayConfig) -> None:
             "backends changed: with state (replicas share each backend's leases in Redis), roll a backend change out "
             "by restarting the replicas one by one"
         )
-    p0, a0, p1, a1 = old.priorities(), old.allowed(), new.priorities(), new.allowed()
-    kept = nodes_of([t.name for t in old.tenants]) & nodes_of([t.name for t in new.tenants])
-    moved = sorted(n for n in kept if p0.get(n) != p1.get(n) or a0.get(n) != a1.get(n))
-    if moved:
-        raise ReloadError(f"the priorities of {', '.join(moved)} changed: only a restart applies that")
 
 
 def _tenants(gw: Gateway, new: GatewayConfig) -> str:
     """Put `new`'s tenant tree, prices and quotas in place; returns what changed, for the log line."""
     old, sched = gw.cfg, gw.sched
     before, after = {t.name for t in old.tenants}, [t.name for t in new.tenants]
-    priorities, allowed = new.priorities(), new.allowed()
-    known = nodes_of(list(before))
+    levels = 0
     for ledger in sched.pools.ledgers:
-        for path in nodes_of(after) - known:  # NOTE: new nodes take their levels before their first request
-            if path in priorities:
-                ledger.node(path).priority = priorities[path]
         for t in after:
-            if t not in before:
-                ledger.account(t)
-                if t in allowed:
-                    ledger.account(t).allowed = frozenset(allowed[t])
+            ledger.account(t)  # NOTE: a new tenant shows up at once (admin API, /metrics), with its groups
+        levels = max(levels, set_levels(ledger, new))
     w0, changed = old.weights(), 0
     for path, w in new.weights().items():
         if w0.get(path) != w:
@@ -125,16 +114,31 @@ def _tenants(gw: Gateway, new: GatewayConfig) -> str:
     gw.tenant_names = frozenset(after)
     models = new.allowed_models()
     gw.proxy.allowed_models = gw.tokenize.allowed_models = models
-    quotas = new.quotas()
-    if quotas and sched.quota_gate is None:
-        sched.quota_gate = QuotaGate(quotas)
-        if sched.shared is not None:  # NOTE: a reload comes while serving: the shared state is connected
-            sched.quota_gate.use_redis(sched.shared)
-    elif sched.quota_gate is not None:
-        sched.quota_gate.configure(quotas)
-    sched.quotas = sched.quota_gate if quotas else None
+    sched.use_quotas(new.quotas())
     added, removed = len(set(after) - before), len(before - set(after))
-    return f"{len(after)} tenants ({added} added, {removed} removed), {changed} weights changed"
+    line = f"{len(after)} tenants ({added} added, {removed} removed), {changed} weights changed"
+    return line + (f", {levels} priorities changed" if levels else "")
+
+
+def set_levels(ledger: Ledger, cfg: GatewayConfig) -> int:
+    """Every node's priority and, for a tenant, the priorities it may name, as `cfg` configures them (a node it
+    configures no longer falls back to its parent's level, and to naming only its own), through the ledger
+    (`set_node`): the next request runs at the new level, a queued one keeps the level it was queued at. Returns how
+    many nodes changed."""
+    priorities = cfg.priorities()
+    allowed = {t: frozenset(levels) for t, levels in cfg.allowed().items()}
+    changed = 0
+    for path, node in [*ledger.groups.items(), *ledger.accounts.items()]:
+        level = priorities.get(path)
+        if path in ledger.accounts:
+            may = allowed.get(path)
+            if node.priority != level or node.allowed != may:
+                ledger.set_node(path, priority=level, allowed=may)
+                changed += 1
+        elif node.priority != level:
+            ledger.set_node(path, priority=level)
+            changed += 1
+    return changed
 
 
 def _settings(gw: Gateway, new: GatewayConfig) -> None:

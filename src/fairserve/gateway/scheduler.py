@@ -26,12 +26,11 @@ from ..api.tokens import token_counter
 from ..core import Account, CostFunction, LedgerView, LinearCost, Request, RequestState, make_policy
 from ..core.account import TenantView
 from ..core.ledger import Ledger
-from ..tenancy import refused_priority
+from ..tenancy import QuotaConfig, refused_priority
 from . import fleet
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .prometheus import GatewayMetrics
-from .quota import Cost
 from .quota_gate import QuotaGate
 from .shared_state import SharedState, StateSettings
 from .ticket import Ending, Ticket
@@ -78,10 +77,8 @@ class Scheduler:
 
         def make_ledger() -> Ledger:
             policy = make_policy(cfg.policy, w_p=cfg.w_p, w_q=cfg.w_q)  # NOTE: the start's w_p, w_q (`self.price`)
-            if self.shared is not None:
-                policy = self.shared.track(policy)  # NOTE: a sync then sends only what changed
             now = self.cfg  # NOTE: a pool made after a reload takes the tenant tree reloaded
-            return Ledger(
+            ledger = Ledger(
                 policy,
                 self.tenants,
                 now.weights(),
@@ -89,6 +86,10 @@ class Scheduler:
                 priorities=now.priorities(),
                 allowed=now.allowed(),
             )
+            ledger.listen(metrics.queues)  # the queue per priority level (/metrics)
+            if self.quota_gate is not None:
+                ledger.listen(self.quota_gate)  # settles each request's quota hold
+            return ledger
 
         quotas = cfg.quotas()
         self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
@@ -161,7 +162,6 @@ class Scheduler:
             if t.pool.ledger.add(req):
                 t.req = req
                 t.pool.queued += 1
-                self.metrics.enqueued(req.priority or 0)
                 self.dispatch()
                 return None
             outcome = "rejected"
@@ -266,7 +266,6 @@ class Scheduler:
         t.pool = pool
         pool.ledger.requeue(t.req)
         pool.queued += 1
-        self.metrics.enqueued(t.req.priority or 0)
         self.dispatch()
         return True
 
@@ -325,14 +324,7 @@ class Scheduler:
         t.outcome = ending.outcome
         if queued:
             t.pool.queued -= 1
-            self.metrics.enqueued(req.priority or 0, -1)
-        admitted = req.admitted
-        self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if admitted else 0, req.output_done)
-        if t.holding is not None and self.quota_gate is not None:
-            # NOTE: what the ledger charged: the raw tokens, and their service at the request's price
-            self.quota_gate.settle(
-                t.holding, Cost((req.prompt_tokens if admitted else 0) + req.output_done, req.charged)
-            )
+        self.metrics.ended(t.tenant, ending.outcome, req.prompt_tokens if req.admitted else 0, req.output_done)
         self._release(t)
         self.usage.ticket(t)
         self.dispatch()
@@ -354,21 +346,38 @@ class Scheduler:
             return self.ledger.accounts, self.ledger.groups, self.ledger.policy.counter_of
 
         def summed(tables: list[tuple[dict[str, Account], Callable[[Account], float]]]) -> dict[str, Account]:
-            out: dict[str, Account] = {}
+            """Read-only copies holding the sums (the ledgers' own accounts are written by their ledgers only)."""
+            sums: dict[str, list[Any]] = {}  # name -> [first account seen, service, counter, queued, running]
             for table, counter_of in tables:
                 for name, a in table.items():
-                    s = out.get(name)
+                    s = sums.get(name)
                     if s is None:
-                        s = out[name] = Account(name, a.rank, a.weight, priority=a.priority)
-                    s.service += a.service
-                    s.counter += counter_of(a)
-                    s.queued += a.queued
-                    s.running += a.running
-            return out
+                        s = sums[name] = [a, 0.0, 0.0, 0, 0]
+                    s[1] += a.service
+                    s[2] += counter_of(a)
+                    s[3] += a.queued
+                    s[4] += a.running
+            return {
+                name: Account(name, a.rank, a.weight, service, counter, queued, running, priority=a.priority)
+                for name, (a, service, counter, queued, running) in sums.items()
+            }
 
         tenants = summed([(x.accounts, x.policy.counter_of) for x in ledgers])
         groups = summed([(x.groups, x.policy.counter_of) for x in ledgers])
         return tenants, groups, lambda a: a.counter
+
+    def use_quotas(self, quotas: dict[str, QuotaConfig]) -> None:
+        """The quotas from now on (a reload): their gate is made on first need and kept (it settles the holds of
+        requests still running), and listens to every ledger; no quota configured: nothing is checked or held."""
+        if quotas and self.quota_gate is None:
+            self.quota_gate = QuotaGate(quotas)
+            for ledger in self.pools.ledgers:
+                ledger.listen(self.quota_gate)
+            if self.shared is not None:  # NOTE: a reload comes while serving: the shared state is connected
+                self.quota_gate.use_redis(self.shared)
+        elif self.quota_gate is not None:
+            self.quota_gate.configure(quotas)
+        self.quotas = self.quota_gate if quotas else None
 
     def set_weight(self, tenant: str, weight: float) -> None:
         for ledger in self.pools.ledgers:

@@ -4,6 +4,9 @@ groups of the tenant tree above them), the tokens of the requests queued, and th
 Nothing here is O(tenants) but a batch of everything, sent only when Redis must be told everything again (it lost
 its data), and the whole backlog, sent when Redis may not have it.
 
+The ledger tells this module what changes (it is the ledger's listener, `Changes`): nothing here patches the policy
+or writes the ledger's accounts, and the sync state of each account is kept in side tables here.
+
 Groups are shared as tenants are: a group's counter and service live in Redis, each replica adds what it charged
 below the group (the sum of its tenants' charges in the batch), Redis lifts a node that becomes backlogged anywhere
 (`redis_backlog.py`), and the answer's values replace the local ones (`Ledger.apply_remote(..., groups=False)`:
@@ -15,19 +18,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..core import Account, Ledger, Policy, Request
+from ..core import Account, Ledger, Listener, Request
 
 log = logging.getLogger("fairserve.gateway.state")
 
 
-class Changes:
-    """Fed by the policy's queue and charge hooks (`track`, installed before the ledger is built) and by the lift.
-    `take()` hands the accounts changed since the last `take()` to the sync being sent and starts afresh."""
+class Changes(Listener):
+    """The ledger's observer (`Ledger.listen`, core/listener.py): every charge, lift and queue change marks its
+    account. `take()` hands the accounts changed since the last `take()` to the sync being sent and starts afresh.
+    The replicas' sync state of each account lives here, in side tables keyed by the account: the global service
+    at its last sync (`synced`) and its highest lift not yet sent (`lifts`)."""
 
     def __init__(self, tokens_of: Callable[[Request], int]) -> None:
         self.tokens_of = tokens_of
         # changed since the last sync was sent: each account with its (counter, service) before its first change
         self.dirty: dict[Account, tuple[float, float]] = {}
+        self.synced: dict[Account, float] = {}  # the global service at the last sync (absent: never synced)
+        self.lifts: dict[Account, float] = {}  # the highest lift not yet sent (net of the charges since that sync)
         self.pool_of: Callable[[Request], str] = lambda req: ""  # a queued request's model pool (SharedState sets it)
         self.pool_tokens: dict[str, int] = {}  # per pool: capacity tokens of the requests queued
         self._tokens: dict[Any, tuple[str, int]] = {}  # by request id: what `pool_tokens` counted for it
@@ -35,45 +42,20 @@ class Changes:
         self.full = True  # send the whole backlog next time (at start; after a failed sync; Redis forgot it)
         self.sent: tuple[str, list[str], list[str]] = ("=", [], [])  # the backlog part of the sync being sent
 
-    def track(self, policy: Policy) -> Policy:
-        """`policy`, its hooks wrapped so that every charge and queue change marks its account (the ledger reads
-        `on_charge` once, when it is built: so this comes first)."""
-        on_charge, enqueue, dequeue, remove = policy.on_charge, policy.enqueue, policy.dequeue, policy.remove
+    # ---- the ledger's listener ------------------------------------------------------------------------------------
+    def changing(self, acct: Account) -> None:
+        self.mark(acct)  # NOTE: before the charge or the lift: the values Redis knows, in local terms
 
-        def charged(acct: Account, amount: float) -> None:
-            dirty = self.dirty
-            if acct not in dirty:  # NOTE: the ledger added the amount to the service; the counter is to come
-                dirty[acct] = (acct.counter, acct.service - amount)
-                node = acct.parent  # the groups above it, the same way
-                while node is not None and node not in dirty:
-                    dirty[node] = (node.counter, node.service - amount)
-                    node = node.parent
-            on_charge(acct, amount)
+    def queued(self, req: Request) -> None:
+        self.mark(req.account)
+        pool, tokens = self._tokens[req.id] = self.pool_of(req), self.tokens_of(req)
+        self.pool_tokens[pool] = self.pool_tokens.get(pool, 0) + tokens
 
-        def queued(req: Request, front: bool) -> None:
-            self.mark(req.account)
-            pool, tokens = self._tokens[req.id] = self.pool_of(req), self.tokens_of(req)
-            self.pool_tokens[pool] = self.pool_tokens.get(pool, 0) + tokens
-            enqueue(req, front)
-
-        def left(req: Request, hook: Callable[[Request], None]) -> None:
-            self.mark(req.account)
-            pool, tokens = self._tokens.pop(req.id, ("", 0))
-            if tokens:
-                self.pool_tokens[pool] -= tokens
-            hook(req)
-
-        # NOTE: instance attributes shadow the methods; setattr, since mypy forbids assigning to a method
-        setattr(policy, "on_charge", charged)  # noqa: B010
-        setattr(policy, "enqueue", queued)  # noqa: B010
-        setattr(policy, "dequeue", lambda req: left(req, dequeue))  # noqa: B010
-        setattr(policy, "remove", lambda req: left(req, remove))  # noqa: B010
-        setattr(policy, "_shared_changes", self)  # noqa: B010
-        return policy
-
-    @staticmethod
-    def tracked(ledger: Ledger) -> bool:
-        return getattr(ledger.policy, "_shared_changes", None) is not None
+    def left(self, req: Request) -> None:
+        self.mark(req.account)
+        pool, tokens = self._tokens.pop(req.id, ("", 0))
+        if tokens:
+            self.pool_tokens[pool] -= tokens
 
     def mark(self, acct: Account) -> None:
         """`acct` is about to change (a lift, a queue change), and with it the groups above it. NOTE: the changed
@@ -108,13 +90,14 @@ class Changes:
         groups = ledger.groups
         below: dict[Account, float] = {}  # per group: what this batch charges its tenants
         nodes: list[Account] = []  # the groups changed, after the tenants (their charges are the tenants' sum)
+        synced, lifts = self.synced, self.lifts
         for acct in ledger.accounts.values() if everything else changed:
             if not everything and groups.get(acct.tenant) is acct:
                 nodes.append(acct)
                 continue
-            base = acct.synced
+            base = synced.get(acct)
             ds = acct.service - base if base is not None else acct.service
-            lift = acct.lift
+            lift = lifts.pop(acct, None)  # NOTE: sent with this batch, and with it again if its answer is lost
             if not ds and lift is None and base is not None and not everything:
                 continue
             if ds:
@@ -123,13 +106,11 @@ class Changes:
                     below[node] = below.get(node, 0.0) + ds
                     node = node.parent
             snap[acct] = (acct.counter, acct.service)
-            acct.lift = None  # NOTE: sent with this batch, and with it again if its answer is lost
             charges += _row(acct, ds, lift)
         for group in groups.values() if everything else nodes:
-            ds, lift = below.get(group, 0.0), group.lift
-            if ds or lift is not None or group.synced is None or everything:
+            ds, lift = below.get(group, 0.0), lifts.pop(group, None)
+            if ds or lift is not None or group not in synced or everything:
                 snap[group] = (group.counter, group.service)
-                group.lift = None
                 charges += _row(group, ds, lift)
         self.backlog_changes(ledger, changed)
         return charges, snap
@@ -167,7 +148,7 @@ class Changes:
             counter, service = float(c), float(s)
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
             ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
-            acct.synced = service
+            self.synced[acct] = service
             if acct in self.dirty:  # NOTE: what changed since counts from these values now
                 self.dirty[acct] = (counter, service)
 

@@ -5,7 +5,7 @@ What Redis holds, and the script that reads and writes it, are in `redis_scripts
 (connecting, the sync task, wake-ups, leaving, being degraded) in `shared_link.py`.
 
 A sync costs what changed, on the replica and in Redis: the replica sends the accounts changed since its last sync
-(`Changes`, fed by the policy's hooks: no pass over all accounts) and its backlog's changes; Redis answers the
+(`Changes`, the ledger's listener: no pass over all accounts) and its backlog's changes; Redis answers the
 global values of those, of at most `PULL` tenants changed elsewhere (the oldest changes first: under heavy churn
 the other tenants' local copies catch up within a few syncs, and a tenant's copy is refreshed whenever this replica
 charges it or it becomes backlogged here), of every weight set by an admin, and the two smallest counters
@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..core import Account, Ledger, Policy, Request
+from ..core import Account, Ledger, Request
 from .config import redact
 from .redis_scripts import leave_args, sync_args
 from .shared_changes import Changes, _text
@@ -100,8 +100,9 @@ class BackendSlot(Protocol):
 
 class SharedState(HeadOrder, Link):
     """One replica's link to the shared state. `start()` connects (SharedStateError if Redis is unreachable) and
-    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger is built over `track(policy)` and
-    attaches itself (`Ledger(shared.track(policy), ..., peers=shared)`), and asks it for the lift's floor. The
+    starts the sync task; `stop()` leaves. It is the ledger's `Peers`: the ledger attaches itself
+    (`Ledger(policy, ..., peers=shared)`), which registers `changes` as its listener, and asks it for the lift's
+    floor. The
     scheduler calls `may_admit` (synchronous, no I/O), `waiting` after each dispatch, `set_weight` and `reset`
     (admin); everything else happens in `sync()`."""
 
@@ -148,17 +149,13 @@ class SharedState(HeadOrder, Link):
         self.changes.pool_of = lambda req: self._all
 
     # ---- the ledger's Peers (synchronous, no I/O) ----------------------------------------------------------------
-    def track(self, policy: Policy) -> Policy:
-        """`policy`, watched for what changes (build the ledger over it): a sync then sends only that."""
-        return self.changes.track(policy)
-
     def attach(self, ledger: Ledger) -> None:
-        """The ledger whose counters this replica shares (called by `Ledger(..., peers=self)`)."""
+        """The ledger whose counters this replica shares (called by `Ledger(..., peers=self)`); its changes are
+        heard from then on (`Changes`, the ledger's listener), so a sync sends only those."""
         if not ledger.policy.capabilities.shares_counters:
             raise ValueError(f"shared state needs a policy that shares its counters, not {ledger.policy.name!r}")
-        if not Changes.tracked(ledger):
-            raise ValueError("shared state: build the ledger over SharedState.track(policy)")
         self.ledger = ledger
+        ledger.listen(self.changes)
         self._seed = dict(ledger.weights)
 
     def lift_floor(self, acct: Account, local_floor: float | None) -> float | None:
@@ -167,7 +164,6 @@ class SharedState(HeadOrder, Link):
         node's own is passed over); the lift is sent with the next sync. Below the top, the floor among its siblings
         queued here: the next sync lifts a node that became backlogged anywhere to the smallest counter among its
         siblings backlogged on any replica, in Redis (`redis_backlog.py`), and every replica takes that counter."""
-        self.changes.mark(acct)
         if acct.parent is not None:
             return local_floor
         floor = local_floor
@@ -177,9 +173,9 @@ class SharedState(HeadOrder, Link):
                 break
         if floor is not None and floor > acct.counter:
             # NOTE: net of the charges since the last sync, which the sync adds after applying the lift
-            base = acct.synced if acct.synced is not None else 0.0
-            net = floor - (acct.service - base) / acct.weight
-            acct.lift = net if acct.lift is None else max(acct.lift, net)
+            lifts = self.changes.lifts
+            net = floor - (acct.service - self.changes.synced.get(acct, 0.0)) / acct.weight
+            lifts[acct] = max(lifts.get(acct, net), net)
         return floor
 
     def note_tokens(self, tokens: int) -> None:
@@ -197,8 +193,7 @@ class SharedState(HeadOrder, Link):
 
     def _drop_lifts(self) -> None:
         """The counters were reset here: lifts not yet sent no longer hold."""
-        for acct in (*self.ledger.accounts.values(), *self.ledger.groups.values()):  # NOTE: O(nodes), as a reset is
-            acct.lift = None
+        self.changes.lifts.clear()
         self.changes.counters_reset()
 
     # ---- the sync -----------------------------------------------------------------------------------------------
