@@ -1,7 +1,8 @@
 """Before/after in one run: the simulator's speed of two checkouts of fairserve, interleaved.
 
 Each repeat runs, for both trees in turn (alternating which goes first), one process per tree that times
-`simulate()` on each (workload, policy) after a warm-up, and one process per tree that times the emulator's engine
+`simulate()` on each (workload, policy) after a warm-up (to the workload's duration, or with `--drain` until every
+request is done), and one process per tree that times the emulator's engine
 step (400 requests from 20 tenants, `advance()` until idle). The table gives medians over repeats and the ratio
 after/before. Make the "before" tree with `git worktree add /tmp/before REV`.
 
@@ -9,7 +10,7 @@ after/before. Make the "before" tree with `git worktree add /tmp/before REV`.
 in turn, on the experiments both trees have: CPU seconds (user + system of the process and its children) and wall
 seconds, with the load average.
 
-Run: .venv/bin/python benchmarks/compare_trees.py /tmp/before . [--repeats 10] [--workloads real,overload]
+Run: .venv/bin/python benchmarks/compare_trees.py /tmp/before . [--repeats 10] [--workloads real,overload] [--drain]
      .venv/bin/python benchmarks/compare_trees.py /tmp/before . --reproduce [--quick] [--repeats 3]
 """
 
@@ -31,9 +32,10 @@ from fairserve.sim import simulate
 from fairserve.workloads import get_workload
 runs = [(w, p) for w in sys.argv[1].split(",") for p in sys.argv[2].split(",")]
 work = {w: get_workload(w) for w, _ in runs}
-simulate(work[runs[0][0]], runs[0][1])
+drain = sys.argv[3] == "drain"
+simulate(work[runs[0][0]], runs[0][1], drain=drain)
 for w, p in runs:
-    gc.collect(); t0 = time.perf_counter(); simulate(work[w], p); print(w, p, time.perf_counter() - t0)
+    gc.collect(); t0 = time.perf_counter(); simulate(work[w], p, drain=drain); print(w, p, time.perf_counter() - t0)
 """
 
 TIME_EMULATOR_STEP = """
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--workloads", default="real,overload")
     ap.add_argument("--policies", default="vtc,fcfs")
+    ap.add_argument("--drain", action="store_true", help="run each simulation until every request is done")
     ap.add_argument("--reproduce", action="store_true", help="time `fairserve reproduce` instead")
     ap.add_argument("--quick", action="store_true", help="with --reproduce: its --quick suite")
     a = ap.parse_args(argv)
@@ -125,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.repeats):
         for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
             env = dict(os.environ, PYTHONPATH=str(trees[name] / "src"))
-            jobs = [[TIME_SIM, a.workloads, a.policies]] + [[TIME_EMULATOR_STEP, p] for p in a.policies.split(",")]
+            until = "drain" if a.drain else "duration"
+            jobs = [[TIME_SIM, a.workloads, a.policies, until]]
+            jobs += [[TIME_EMULATOR_STEP, p] for p in a.policies.split(",")]
             for script, *args in jobs:
                 out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
                 if out.returncode:
@@ -134,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 for line in out.stdout.splitlines():
                     w, p, t = line.split()
                     times.setdefault((w, p, name), []).append(float(t))
-    print(f"{a.repeats} interleaved repeats, medians (s per simulate(); µs per emulator step)\n")
+    until = "until every request is done" if a.drain else "to the workload's duration"
+    print(f"{a.repeats} interleaved repeats, medians (s per simulate(), {until}; µs per emulator step)")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores\n")
     print("| run | policy | before | after | after / before |")
     print("|---|---|---:|---:|---:|")
     for w, p in sorted({(w, p) for w, p, _ in times}):

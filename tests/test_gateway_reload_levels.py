@@ -121,20 +121,13 @@ def deployment(request, backend, tmp_path_factory) -> Iterator[Deployment]:
         yield Deployment(path, backend, bases)
 
 
-def test_a_demoted_tenant_runs_its_next_request_at_the_new_level(deployment):
-    deployment.load(tenant("demoted", 0))
-    assert [ran_at(b, "demoted") for b in deployment.bases] == [0] * len(deployment.bases)
-    deployment.load(tenant("demoted", 1))
-    assert [ran_at(b, "demoted") for b in deployment.bases] == [1] * len(deployment.bases)
-    assert [admin_tenants(b)["demoted"]["priority"] for b in deployment.bases] == [1] * len(deployment.bases)
-
-
-def test_a_promoted_tenant_runs_its_next_request_at_the_new_level(deployment):
-    deployment.load(tenant("promoted", 1))
-    assert [ran_at(b, "promoted") for b in deployment.bases] == [1] * len(deployment.bases)
-    deployment.load(tenant("promoted", 0))
-    assert [ran_at(b, "promoted") for b in deployment.bases] == [0] * len(deployment.bases)
-    assert [admin_tenants(b)["promoted"]["priority"] for b in deployment.bases] == [0] * len(deployment.bases)
+@pytest.mark.parametrize("before, after", [(0, 1), (1, 0)], ids=["demoted", "promoted"])
+def test_a_demoted_or_promoted_tenant_runs_its_next_request_at_the_new_level(deployment, before, after):
+    deployment.load(tenant("moved", before))
+    assert [ran_at(b, "moved") for b in deployment.bases] == [before] * len(deployment.bases)
+    deployment.load(tenant("moved", after))
+    assert [ran_at(b, "moved") for b in deployment.bases] == [after] * len(deployment.bases)
+    assert [admin_tenants(b)["moved"]["priority"] for b in deployment.bases] == [after] * len(deployment.bases)
 
 
 def test_a_dropped_allowance_refuses_the_level_it_allowed(deployment):
