@@ -3,7 +3,7 @@
 Targets: the whole default suite in < 60 s on a 2-core machine, --quick in < 10 s.
 Run: .venv/bin/python benchmarks/reproduce.py [--repeats 3] [--jobs 1,2] [--modes full,quick]
 
-`--readme README.md` instead runs the full suite once (2 processes) and replaces the verdict table in the README
+`--readme docs/results.md` instead runs the full suite once (2 processes) and replaces the verdict table in that file
 (between `<!-- reproduce:begin -->` and `<!-- reproduce:end -->`) with the report's overview.
 """
 
@@ -41,7 +41,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--jobs", default="1,2", help="comma-separated worker counts (default 1,2)")
     p.add_argument("--modes", default="full,quick", help="comma-separated: full, quick (default both)")
-    p.add_argument("--readme", type=Path, help="regenerate this README's verdict table instead of timing")
+    p.add_argument(
+        "--readme", type=Path, help="regenerate this file's verdict table (docs/results.md) instead of timing"
+    )
     args = p.parse_args()
     if args.readme:
         return update_readme(args.readme)

@@ -13,7 +13,8 @@
 With Ray, the whole benchmark runs inside scripts/ray_local.sh (the head is up from start to end, also beside the
 local sweeps) in the Ray venv's Python, so every sweep runs the same interpreter and libraries. Wall times are the
 sweep command's, start to exit. Prints Markdown tables; --figure copies (1)'s figure of the largest backlogged
-difference against the pool size (the README's). --quick: 2 seeds (40 runs) and 1 seed side by side, 2 rounds.
+difference against the pool size (docs/results.md's: --figure docs/sweep-pools.png). --quick: 2 seeds (40 runs) and
+1 seed side by side, 2 rounds.
 
 Run: .venv/bin/python benchmarks/sweep.py [--quick] [--no-ray] [--jobs 2] [--rounds 3] [--side-seeds 5]
          [--stop-at 0.4] [--keep DIR] [--figure PNG]

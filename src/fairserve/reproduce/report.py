@@ -1,7 +1,7 @@
 """report.md and a self-contained report.html (figures embedded) from the findings. One list of blocks, two
 renderers, so the two files always say the same thing. The report opens with a one-screen overview of the paper's
 claims (claim, scope, the paper's figure, ours, verdict, figure), then our own findings beyond the paper's scope,
-then one section per experiment. `readme_table` renders the same overview for the README."""
+then one section per experiment. `readme_table` renders the same overview for docs/results.md."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Finding:
 
 def _overview_rows(findings: list[Finding], links: bool) -> list[list[str]]:
     """One row per finding; with `links`, the name links to its section and the figure to its PNG (the report);
-    without, plain names (the README)."""
+    without, plain names (docs/results.md)."""
     rows = []
     for f in findings:
         e = f.experiment
@@ -59,7 +59,7 @@ OVERVIEW_HEAD = ["experiment", "paper", "claim", "scope", "paper's figure", "our
 
 
 def readme_table(findings: list[Finding]) -> str:
-    """The report's overview tables as Markdown for the README (figure names instead of links)."""
+    """The report's overview tables as Markdown for docs/results.md (figure names instead of links)."""
     paper = [f for f in findings if not f.experiment.own]
     own = [f for f in findings if f.experiment.own]
     out: list[tuple[Any, ...]] = [("table", OVERVIEW_HEAD, _overview_rows(paper, links=False))]
