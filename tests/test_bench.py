@@ -19,6 +19,8 @@ from fairserve.bench import BenchRecord, endpoint_url, resolve_keys, run_bench
 from fairserve.bench.cli import add_parser, parse_keys, run
 from fairserve.workloads import Arrival
 
+pytestmark = pytest.mark.integration
+
 DELAY_S = 0.02  # per output chunk
 DELAYS = {"fast": 0.0, "slow": 30.0}  # by API key
 FIELDS = {"client", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens", "status"}

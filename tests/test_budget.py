@@ -1,11 +1,14 @@
 """The reserve-admission index agrees with LightLLM's formula, written plainly, as requests start and end; its
 first-fit search agrees with trying every step; an admission round admits what the plain formula admits."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairserve.sim.budget import ReserveBudget, ReserveIndex, reserve_peak
 from fairserve.sim.requests import SimRequest
+
+pytestmark = pytest.mark.unit
 
 running = st.lists(st.tuples(st.integers(1, 500), st.integers(1, 400), st.integers(0, 399)), max_size=25)
 

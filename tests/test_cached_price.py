@@ -15,6 +15,8 @@ from fairserve.metrics import summarize
 from fairserve.sim import simulate
 from fairserve.workloads import Arrival, Workload
 
+pytestmark = pytest.mark.unit
+
 ops = st.lists(
     st.tuples(
         st.sampled_from(["arrive", "pop", "output", "prompt", "settle", "cancel", "refund", "requeue"]),

@@ -8,6 +8,8 @@ import pytest
 
 from fairserve.cli import main
 
+pytestmark = pytest.mark.integration
+
 
 def test_simulate_prints_table_and_fairness(capsys):
     assert main(["simulate", "--workload", "overload", "--duration", "60", "--policy", "vtc,fcfs"]) == 0

@@ -9,9 +9,13 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 import fairserve
 import fairserve.core
 from fairserve.core import Account, Policy
+
+pytestmark = pytest.mark.unit
 
 SRC = Path(fairserve.__file__).parent
 CORE = SRC / "core"

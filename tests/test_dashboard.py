@@ -15,6 +15,8 @@ from fairserve.cli import main
 from fairserve.core import LedgerView, TenantView
 from fairserve.dashboard import HISTORY_S, MAX_POINTS, MAX_SAMPLES, MIN_INTERVAL_S, RATE_WINDOW_S, History, snapshot
 
+pytestmark = pytest.mark.integration
+
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 

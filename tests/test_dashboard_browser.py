@@ -19,6 +19,8 @@ from support.processes import serve
 from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app
 
+pytestmark = pytest.mark.integration
+
 CHROMIUM = os.environ.get("FAIRSERVE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",

@@ -28,6 +28,8 @@ from support.redis_server import redis_server
 
 from fairserve.api.server import free_port
 
+pytestmark = pytest.mark.integration
+
 K8S = REPO / "deploy" / "kubernetes"
 UNIT = REPO / "deploy" / "systemd" / "fairserve-gateway.service"
 MOUNT = "/etc/fairserve"

@@ -11,6 +11,8 @@ from fairserve.sim import EngineConfig, SimEngine
 from fairserve.sim.latency import get_latency_model
 from fairserve.workloads import Arrival
 
+pytestmark = pytest.mark.unit
+
 
 def ledger_with(spec, cached):
     """A ledger whose driver says request id i has cached[i] tokens (a fake cache, for the order alone)."""

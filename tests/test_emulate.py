@@ -22,6 +22,8 @@ from fairserve.emulate.config import FaultDraw
 from fairserve.emulate.driver import MIN_SLEEP_S
 from fairserve.sim import get_latency_model
 
+pytestmark = pytest.mark.integration
+
 PROMPT = "The quick brown fox jumps over the lazy dog, twice."  # 13 estimated tokens
 
 

@@ -16,6 +16,8 @@ from fairserve.api.tokens import OUTPUT_PIECE, estimate_tokens
 from fairserve.emulate import EmulatorConfig, create_app
 from fairserve.emulate.cli import add_parser, config_from_args
 
+pytestmark = pytest.mark.integration
+
 PROMPT = "The quick brown fox jumps over the lazy dog, twice."  # 13 estimated tokens
 
 

@@ -9,6 +9,8 @@ from fairserve.bench import run_bench
 from fairserve.metrics import backlogged, service_curves, summarize, time_grid
 from fairserve.workloads import get_workload
 
+pytestmark = pytest.mark.integration
+
 SCALE = 20.0  # simulated seconds per wall second
 # Theorem 4.4's bound, 2 max(w_p L_in, w_q M) = 40,000, is met by FCFS too in 40 s (~39,000 to 45,000 measured), so
 # VTC is held to a tighter difference that FCFS is shown to exceed (VTC: 11,000 to 20,000 measured, 28,000 at a

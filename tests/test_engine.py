@@ -7,6 +7,8 @@ from fairserve.sim import EngineConfig, SimEngine
 from fairserve.sim.latency import ConstantLatency
 from fairserve.workloads import Arrival
 
+pytestmark = pytest.mark.unit
+
 LAT = ConstantLatency(prefill_s_fixed=0.1, decode_s=0.01)
 
 

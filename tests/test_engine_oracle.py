@@ -17,6 +17,8 @@ from fairserve.sim.latency import ConstantLatency, decode_lines, get_latency_mod
 from fairserve.sim.ticks import FOREVER, run_ticks, ticks
 from fairserve.workloads import Arrival
 
+pytestmark = pytest.mark.unit
+
 CLIENTS = ["a", "b", "c", "d", "e"]
 POLICIES = ["fcfs", "vtc", "lcf", "drr:100", "rpm:30", "vtc-predict:oracle", "vtc-predict:oracle±50", "vtc-predict:ma"]
 LATENCIES = [

@@ -17,6 +17,8 @@ from fairserve.sim import EngineConfig, SimEngine, simulate
 from fairserve.sim.latency import ConstantLatency, LinearLatency, get_latency_model, prefill_cached_s
 from fairserve.workloads import Arrival, Workload
 
+pytestmark = pytest.mark.unit
+
 POLICIES = ["fcfs", "vtc", "drr:200", "lpm", "dlpm:200", "dlpm:5000"]
 LATENCIES = [get_latency_model("a10g-llama2-7b"), get_latency_model("llama-2-7b@a10g")]
 

@@ -3,8 +3,12 @@
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from fairserve.gateway.config import load_config as load_gateway
 from fairserve.serve.config import load_config as load_serve
+
+pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -23,6 +23,8 @@ from support.raw_sockets import chunk, closed_within, connect, raw_backend
 from fairserve.api.server import free_port, running, running_server
 from fairserve.gateway import create_app
 
+pytestmark = pytest.mark.integration
+
 REQS = "fairserve_gateway_requests_total"
 
 

@@ -7,6 +7,8 @@ import httpx
 import pytest
 from support.raw_sockets import closed_within, connect
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("transformers")
 
 from fairserve.api.server import running_server  # noqa: E402

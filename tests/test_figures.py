@@ -7,6 +7,8 @@ import pytest
 
 from fairserve.reproduce import figures
 
+pytestmark = pytest.mark.unit
+
 T = np.linspace(0.0, 100.0, 21)
 
 

@@ -14,6 +14,8 @@ from fairserve.gateway import build_config, load_config
 from fairserve.gateway import cli as gateway_cli
 from fairserve.tenancy import key_digest
 
+pytestmark = pytest.mark.integration
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "gateway.md"
 
 

@@ -33,6 +33,8 @@ from fairserve.gateway.cli import add_parser, config_from_args, parse_backend
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
 
+pytestmark = pytest.mark.integration
+
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="m"} 7.0

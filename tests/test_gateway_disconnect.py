@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from support.gateway import FakeBackend, config, stream_request, wait_until
 
 from fairserve.api.server import running_server
 from fairserve.api.tokens import estimate_tokens
 from fairserve.gateway import create_app
+
+pytestmark = pytest.mark.integration
 
 ROUNDS, STREAMS, SLOTS = 20, 100, 32
 PROMPT = estimate_tokens("hello there, gateway")

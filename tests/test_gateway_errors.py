@@ -12,6 +12,8 @@ from support.gateway import HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_b
 from fairserve.api.server import free_port, running_server
 from fairserve.api.tokens import estimate_tokens
 
+pytestmark = pytest.mark.integration
+
 PROMPT = estimate_tokens("hello there, gateway")
 REQS = "fairserve_gateway_requests_total"
 

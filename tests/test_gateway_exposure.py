@@ -20,6 +20,8 @@ from support.raw_sockets import closed_within, connect
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import build_config, create_app
 
+pytestmark = pytest.mark.integration
+
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 

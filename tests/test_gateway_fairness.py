@@ -9,6 +9,8 @@ import httpx
 import pytest
 from support.gateway import FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
 
+pytestmark = pytest.mark.integration
+
 TARGET_TOKENS = 500  # the load runs until the tenants together received this many output tokens
 TIMEOUT_S = 60.0
 

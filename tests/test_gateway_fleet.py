@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 from support.gateway import ADMIN, FakeBackend, auth, chat_body, metric, wait_until
 
 from fairserve.api.server import running_server
@@ -15,6 +16,8 @@ from fairserve.gateway.config import build_config
 from fairserve.gateway.fleet import apply, plan
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
+
+pytestmark = pytest.mark.integration
 
 
 def cfg(*backends: tuple[str, list[str], int]):

@@ -12,9 +12,12 @@ import json
 import time
 from datetime import datetime
 
+import pytest
 from openai import AsyncOpenAI
 from support.gateway import ADMIN, HTTP, metric, wait_until
 from support.processes import serve as serve_process
+
+pytestmark = pytest.mark.integration
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
 LIMIT, TOKENS = 4, 40  # requests in flight per backend; tokens per stream (about 1.5 s at --time-scale 1)

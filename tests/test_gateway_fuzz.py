@@ -9,6 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, auth, serve
 
+pytestmark = pytest.mark.integration
+
 FIELDS = [
     "model",
     "messages",

@@ -20,6 +20,8 @@ from fairserve.api.tokens import estimate_tokens
 from fairserve.gateway import create_app
 from fairserve.gateway.config import redact
 
+pytestmark = pytest.mark.integration
+
 SECRET = "s3cretpw"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 PROMPT = estimate_tokens("hello there, gateway")

@@ -19,6 +19,8 @@ from openai import AsyncOpenAI, OpenAI
 from support.gateway import HTTP, wait_until
 from support.processes import serve as serve_process
 
+pytestmark = pytest.mark.integration
+
 ADMIN = "models-admin"
 KEYS = {"heavy": "key-heavy", "light": "key-light", "only-b": "key-only-b"}
 LIMITS = {"a": 2, "b": 4}  # requests in flight at each emulator

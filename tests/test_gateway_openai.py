@@ -6,6 +6,8 @@ import pytest
 from openai import OpenAI
 from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, metric, serve
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def gw():

@@ -16,6 +16,8 @@ from fairserve.gateway.config import build_config, load_config
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler, UnknownModel
 
+pytestmark = pytest.mark.integration
+
 A = {"url": "http://a", "max_inflight_requests": 1, "models": ["model-a", "lora-a"]}
 B = {"url": "http://b", "max_inflight_requests": 1, "models": ["model-b"]}
 

@@ -19,6 +19,8 @@ from support.redis_server import redis_server
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
 
+pytestmark = pytest.mark.integration
+
 LIMIT, MAX_TOKENS = 100, 10
 T0 = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC)  # 30 s before the day's (and the year's) end
 

@@ -21,6 +21,8 @@ from fairserve.gateway import build_config, create_app
 from fairserve.gateway.body import usage_of
 from fairserve.gateway.config import redact, redact_text
 
+pytestmark = pytest.mark.integration
+
 SECRET = "s3cretpw"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 

@@ -24,6 +24,8 @@ from fairserve.gateway import create_app, load_config
 from fairserve.gateway.config import GatewayConfig, build_config
 from fairserve.gateway.reload import LIVE, RESTART, ReloadError, check
 
+pytestmark = pytest.mark.integration
+
 IN_FLIGHT, QUEUED = 20, 50
 
 

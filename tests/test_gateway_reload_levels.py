@@ -24,6 +24,8 @@ from support.redis_server import redis_server
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app, load_config
 
+pytestmark = pytest.mark.integration
+
 COUNT = re.compile(r'^fairserve_gateway_priority_queue_wait_seconds_count\{priority="(-?\d+)"\} (\S+)$', re.M)
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from support.gateway import config
 
 from fairserve.core import RequestState, jain_index
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
+
+pytestmark = pytest.mark.unit
 
 
 def scheduler(*backends: dict, **kw) -> Scheduler:

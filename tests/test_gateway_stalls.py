@@ -17,6 +17,8 @@ from fairserve.api.server import running_server
 from fairserve.gateway import create_app
 from fairserve.gateway.stalls import StallWatch, Watched
 
+pytestmark = pytest.mark.integration
+
 SLOTS, HEAVY, LIGHT = 32, 50, 8
 TIMEOUT_S = 1.0  # client_write_timeout_s in these tests (60 by default)
 MIN_RATE = 16 * 1024  # client_min_rate here: bytes/s; the trickle reader below reads ~5 KiB/s

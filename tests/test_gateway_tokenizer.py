@@ -15,6 +15,8 @@ from fairserve.api.tokens import estimate_tokens, token_counter
 from fairserve.cli import main
 from fairserve.gateway import build_config
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def word_tokenizer(tmp_path):

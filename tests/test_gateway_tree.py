@@ -21,6 +21,8 @@ from support.processes import serve as serve_process
 from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app
 
+pytestmark = pytest.mark.integration
+
 ADMIN = "tree-admin"
 USERS_A = 10
 TENANTS = {

@@ -18,6 +18,8 @@ from fairserve.gateway.proxy import Failed
 from fairserve.gateway.scheduler import Backend
 from fairserve.gateway.upstream import Upstream, UpstreamError
 
+pytestmark = pytest.mark.integration
+
 AUTH = {"Authorization": f"Bearer {KEYS['alice']}"}
 
 

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 from support.gateway import HTTP, FakeBackend, auth, chat_body, serve
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = json.loads((ROOT / "deploy" / "grafana" / "fairserve.json").read_text())
 METRIC = re.compile(r"\bfairserve_[a-z_]+\b")

@@ -13,6 +13,8 @@ from fairserve.sim import EngineConfig, SimEngine, simulate
 from fairserve.sim.latency import get_latency_model
 from fairserve.workloads import WORKLOADS, Arrival, make_workload
 
+pytestmark = pytest.mark.unit
+
 
 def max_backlogged_gap(policy_spec, arrivals, kv, mode="reserve", weights=None):
     """Largest |W_f(t1,t2)/w_f - W_g(t1,t2)/w_g| over intervals in which both `f` and `g` (tenants, or groups of

@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

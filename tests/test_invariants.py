@@ -1,5 +1,6 @@
 """Invariants of the simulated engine on many random workloads (Hypothesis)."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -7,6 +8,8 @@ from fairserve.core import Ledger, make_policy
 from fairserve.sim import EngineConfig, SimEngine
 from fairserve.sim.latency import get_latency_model
 from fairserve.workloads import Arrival
+
+pytestmark = pytest.mark.unit
 
 POLICIES = ["fcfs", "vtc", "lcf", "drr:100", "rpm:30", "vtc-predict:oracle±50", "vtc-predict:moving-average"]
 

@@ -30,6 +30,8 @@ from fairserve.sim.latency import (
 from fairserve.sim.profile_fit import PROFILE_FILENAME, ProfileRow, fit_errors, fit_linear_latency, load_profile
 from fairserve.sim.ticks import TICKS_PER_S, step_ticks
 
+pytestmark = pytest.mark.unit
+
 PROFILE = Path(__file__).resolve().parents[2] / "shared" / "profiles" / PROFILE_FILENAME
 COEFFS = (
     "prefill_fixed_s",
@@ -88,7 +90,10 @@ def test_embedded_constants_equal_fresh_fit(profile_rows: list[ProfileRow]) -> N
     fit = fit_linear_latency(profile_rows)
     for c in COEFFS:
         assert math.isclose(getattr(fit, c), getattr(A10G_LLAMA2_7B, c), rel_tol=1e-6, abs_tol=1e-15), c
-    assert A10G_LLAMA2_7B.forward_only() == replace(fit, overhead=StepOverhead())
+    # NOTE: every other field exactly; the coefficients to the tolerance above (a least-squares fit moves in the last
+    # bits with the numpy and BLAS it runs on)
+    embedded = replace(A10G_LLAMA2_7B.forward_only(), **{c: getattr(fit, c) for c in COEFFS})
+    assert embedded == replace(fit, overhead=StepOverhead())
 
 
 def _rows_from(model: LinearLatency) -> list[ProfileRow]:

@@ -23,6 +23,8 @@ from fairserve.core import (
     theorem_bound,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def ledger(spec: str = "vtc", tenants=("a", "b"), **kw) -> Ledger:
     return Ledger(make_policy(spec, **kw), tenants)

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairserve.core import Ledger, LinearCost, Listener, make_policy
+from fairserve.core import Ledger, LinearCost, Listener, PolicyError, make_policy
+
+pytestmark = pytest.mark.unit
 
 # NOTE: tenant paths drawn from a small tree (depth up to 3), so that tenants share groups
 PATHS = ["a", "b", "org/a", "org/b", "org/team/x", "org/team/y", "lab/p/q"]
@@ -208,3 +210,56 @@ def test_set_node_refuses_bad_values_whole_and_allowed_on_a_group():
     assert (group.weight, group.priority, group.allowed) == (1.0, 1, None)  # nothing changed
     ledger.set_node("org", weight=2.0)
     assert group.weight == 2.0 and group.priority == 1  # the others kept
+
+
+def test_several_listeners_hear_every_call_with_its_argument():
+    heard: list[tuple] = []
+
+    class Echo(Listener):
+        def __init__(self, name):
+            self.name = name
+
+        def changing(self, acct):
+            heard.append((self.name, "changing", acct.tenant))
+
+        def queued(self, req):
+            heard.append((self.name, "queued", req.id))
+
+        def left(self, req):
+            heard.append((self.name, "left", req.id))
+
+        def settled(self, req):
+            heard.append((self.name, "settled", req.id))
+
+    ledger = Ledger(make_policy("fcfs"), ["t"])  # NOTE: fcfs does not lift: only the charge is `changing`
+    ledger.listen(Echo("a"))
+    ledger.listen(Echo("b"))
+    ledger.arrive(7, "t", 3)
+    ledger.settle(ledger.pop())
+    calls = [("queued", 7), ("left", 7), ("changing", "t"), ("settled", 7)]
+    assert heard == [(n, call, arg) for call, arg in calls for n in "ab"]
+
+
+def test_a_request_unpopped_and_admitted_again_is_charged_every_output_token():
+    ledger = Ledger(make_policy("vtc"), ["t"])
+    ledger.arrive(1, "t", 10)
+    req = ledger.pop()
+    ledger.unpop(req)
+    assert ledger.pop() is req and ledger.service["t"] == 10  # charged once again, as a new admission
+    ledger.output(req, 1)
+    ledger.outputs([req], 1)
+    assert ledger.service["t"] == req.charged == 10 + 2 * 2
+
+
+def test_the_bulk_charge_and_pop_refuse_what_they_cannot_charge_in_one_line():
+    ledger = Ledger(make_policy("vtc"), ["a", "b"])
+    with pytest.raises(PolicyError, match=r"pop\(\) with nothing queued"):
+        ledger.pop()
+    ledger.arrive(1, "a", 5)
+    ledger.arrive(2, "b", 5)
+    a, b = ledger.pop(), ledger.pop()
+    with pytest.raises(ValueError, match="charges the requests of one tenant"):
+        ledger.outputs([a, b], 1)
+    a.cost = LinearCost(1, 3)
+    with pytest.raises(ValueError, match="at the policy's price: use output"):
+        ledger.outputs([a], 1)

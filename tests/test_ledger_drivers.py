@@ -16,6 +16,8 @@ from fairserve.engines.queue import EngineQueue
 from fairserve.sim import simulate
 from fairserve.workloads import Arrival, Workload
 
+pytestmark = pytest.mark.integration
+
 OUT = 4
 SENDS = [("alice", 0.0), ("alice", 5.0), ("bob", 10.0)]  # one at a time: no counter lift
 WEIGHTS = {"alice": 2.0, "bob": 1.0}

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from fairserve.core import Ledger, make_policy
 from fairserve.core.request import Request
 
+pytestmark = pytest.mark.unit
+
 
 def running(ledger, tenant, n, predicted=None):
     reqs = []

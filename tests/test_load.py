@@ -2,7 +2,10 @@
 request ends in exactly one outcome, at the client and in the gateway's metrics. The suite sends 600;
 benchmarks/load.py runs the same with 10,000 (and reports the rate)."""
 
+import pytest
 from support.load import check_nothing_lost, run_load
+
+pytestmark = pytest.mark.integration
 
 REQUESTS = 600
 

@@ -16,6 +16,8 @@ from fairserve.metrics import (
 )
 from fairserve.records import RequestRecord
 
+pytestmark = pytest.mark.unit
+
 
 def rec(client, arrival, admit, first, last, prompt=10, out=5, status="finished"):
     return RequestRecord(

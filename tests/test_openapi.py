@@ -10,6 +10,8 @@ from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, config
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
 
+pytestmark = pytest.mark.integration
+
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402

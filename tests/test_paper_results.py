@@ -7,6 +7,8 @@ from fairserve.metrics import backlogged, service_curves, summarize, time_grid
 from fairserve.sim import simulate
 from fairserve.workloads import make_workload
 
+pytestmark = pytest.mark.unit
+
 
 def service_while_all_backlogged(workload, policy):
     res = simulate(workload, policy)

@@ -4,6 +4,8 @@ import pytest
 
 from fairserve.core import Ledger, MovingAveragePredictor, NoisyOraclePredictor, Request, make_policy, make_predictor
 
+pytestmark = pytest.mark.unit
+
 
 def req(i, client, prompt=10, true_len=20, max_tokens=None):
     return Request(

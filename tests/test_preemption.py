@@ -14,6 +14,8 @@ from fairserve.sim import EngineConfig, SimEngine, SimRequest, simulate
 from fairserve.sim.latency import ConstantLatency, get_latency_model
 from fairserve.workloads import Arrival, Workload
 
+pytestmark = pytest.mark.unit
+
 CLIENTS = ["a", "b", "c", "d"]
 LATENCIES = [get_latency_model("a10g-llama2-7b"), ConstantLatency(prefill_s_per_token=1e-4, decode_s=0.01)]
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from fairserve.sim.prefix_cache import PrefixCache, prompt_keys
 
+pytestmark = pytest.mark.unit
+
 B = 16
 
 

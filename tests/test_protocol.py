@@ -12,6 +12,8 @@ from fairserve.api.protocol import MAX_INT, BadRequest, parse_call, parse_json, 
 from fairserve.api.tokens import estimate_tokens
 from fairserve.gateway.body import BodyError, parse_body, upstream_body
 
+pytestmark = pytest.mark.unit
+
 MSG = [{"role": "user", "content": "hello there"}]
 
 

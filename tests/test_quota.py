@@ -16,6 +16,8 @@ from support.redis_server import redis_server
 from fairserve.gateway.quota import Cost, Exhausted, Hold, Quota, QuotaBook, window
 from fairserve.gateway.quota_store import RedisQuotaStore
 
+pytestmark = pytest.mark.integration
+
 T0 = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC)
 
 

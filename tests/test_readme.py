@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from support.readme import README, Block, blocks
 
+pytestmark = pytest.mark.integration
+
 ROOT = README.parent
 ALL = blocks()
 RUN = [b for b in ALL if b.run]

@@ -9,6 +9,8 @@ from support.golden import GOLDEN, digest, key, quick_run, specs
 
 from fairserve.reproduce.runs import run
 
+pytestmark = pytest.mark.unit
+
 EXPECTED = json.loads(GOLDEN.read_text())
 
 

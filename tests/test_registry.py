@@ -21,6 +21,8 @@ from fairserve.core import (
 from fairserve.core.cost import make_cost
 from fairserve.core.registry import split_options, unregister
 
+pytestmark = pytest.mark.unit
+
 
 class LIFO(Policy):
     """Newest first: the smallest policy there is."""

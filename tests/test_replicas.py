@@ -22,6 +22,8 @@ from support.redis_server import redis_server
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import build_config, create_app
 
+pytestmark = pytest.mark.integration
+
 LIMIT = 2  # per backend
 TOKENS = 8  # per request
 DELAY_S = 0.01  # per token

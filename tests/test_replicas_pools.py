@@ -20,6 +20,8 @@ from fairserve.api.server import running_server
 from fairserve.gateway import create_app
 from fairserve.gateway.dispatch import Dispatch
 
+pytestmark = pytest.mark.integration
+
 DELAY_S = 0.01  # per token
 A_TOKENS, B_TOKENS = 30, 4  # a request for model A holds its backend 0.3 s, one for model B 0.04 s
 

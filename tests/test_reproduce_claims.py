@@ -8,6 +8,8 @@ from support.golden import quick_run
 from fairserve.reproduce.experiments import EXPERIMENTS, OWN_FINDINGS, PREDICTORS, Results
 from fairserve.reproduce.runs import REAL, trace_available
 
+pytestmark = pytest.mark.unit
+
 BY_NAME = {e.name: e for e in EXPERIMENTS + OWN_FINDINGS}
 HAVE_REAL = trace_available(None)
 

@@ -4,12 +4,15 @@ DLPM is held to, and the section written with its curve."""
 
 from dataclasses import replace
 
+import pytest
 from support.golden import quick_run
 
 from fairserve.records import RequestRecord
 from fairserve.reproduce import locality, report, runner
 from fairserve.reproduce.experiments import OWN_FINDINGS, Results
 from fairserve.workloads import prefix_workload
+
+pytestmark = pytest.mark.unit
 
 BY_NAME = {e.name: e for e in OWN_FINDINGS if e.section == locality.SECTION}
 

@@ -13,6 +13,8 @@ from fairserve.reproduce.runs import RunSpec
 from fairserve.sim import engine_config
 from fairserve.sim.lower_bound import held_back
 
+pytestmark = pytest.mark.unit
+
 BY_NAME = {e.name: e for e in OWN_FINDINGS if e.section == preemption.SECTION}
 GOALS = {"preempt-overload": ("overload", "reserve"), "preempt-overload-multi": ("overload-multi", "paged")}
 

@@ -7,6 +7,8 @@ from fairserve.reproduce import report, runner
 from fairserve.reproduce.experiments import EXPERIMENTS, Results
 from fairserve.reproduce.runs import RunSpec, run
 
+pytestmark = pytest.mark.unit
+
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
 

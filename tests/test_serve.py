@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("transformers")
 
 import openai  # noqa: E402

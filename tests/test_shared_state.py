@@ -14,6 +14,8 @@ from support.state_replicas import Clock, Replica, prefix, run, started
 
 from fairserve.gateway.shared_state import PULL, SharedStateError, _text
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def redis():

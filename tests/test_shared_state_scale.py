@@ -10,6 +10,8 @@ from support.state_replicas import Clock, Replica, prefix, run, started
 from fairserve.core import Ledger, make_policy
 from fairserve.gateway.shared_state import PULL
 
+pytestmark = pytest.mark.integration
+
 TENANTS = tuple(f"t{i}" for i in range(2000))
 
 

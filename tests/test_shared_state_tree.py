@@ -8,6 +8,8 @@ import pytest
 from support.redis_server import redis_server
 from support.state_replicas import run, started
 
+pytestmark = pytest.mark.integration
+
 TREE = ("org/g/a", "org/h/b")  # two sibling groups under `org`, one tenant in each
 
 

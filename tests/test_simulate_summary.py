@@ -7,6 +7,8 @@ import pytest
 from fairserve.cli import main
 from fairserve.core.cost import make_cost
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("cost", ["profiled", "linear"])
 def test_summary_service_uses_the_runs_cost(tmp_path, cost):

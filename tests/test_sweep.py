@@ -25,6 +25,8 @@ from fairserve.sweep import run as sweep_run
 from fairserve.sweep.store import PACKAGE
 from fairserve.sweep.work import Task, WorkerMismatch, execute
 
+pytestmark = pytest.mark.integration
+
 SRC = PACKAGE.parent
 SMALL = ["--policy", "vtc,fcfs", "--workload", "overload", "--duration", "30", "--kv-tokens", "5000,10000"]
 WEIGHTS = ["--weights", "default", "--weights", "client-0=2,client-1=1"]

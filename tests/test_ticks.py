@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from fairserve.sim.latency import LATENCY_MODELS, get_latency_model
 from fairserve.sim.ticks import FOREVER, TICKS_PER_S, at_or_after, run_ticks, run_until, seconds, step_ticks, ticks
 
+pytestmark = pytest.mark.unit
+
 line = st.tuples(st.integers(0, 10**12), st.integers(0, 10**7))
 lines = st.lists(line, min_size=1, max_size=4)
 

@@ -15,6 +15,8 @@ from fairserve.workloads import Arrival, WorkloadError, load_trace
 from fairserve.workloads.real import PACKAGED_ARENA_TRACE
 from fairserve.workloads.traces import assign_clients
 
+pytestmark = pytest.mark.unit
+
 FAIRSERVE_HEADER = "arrival_time_s,client,prompt_tokens,output_tokens\n"
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"

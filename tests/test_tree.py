@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from fairserve.core import Ledger, Request, make_policy
 
+pytestmark = pytest.mark.unit
+
 
 def tree(**kw) -> Ledger:
     return Ledger(make_policy(kw.pop("spec", "vtc")), **kw)

@@ -14,6 +14,8 @@ from fairserve.cli import main
 from fairserve.core import Ledger, make_policy
 from fairserve.dashboard import tree
 
+pytestmark = pytest.mark.integration
+
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 

@@ -14,6 +14,8 @@ from fairserve.engines.vllm_lora import lora_id
 from fairserve.engines.vllm_scheduler import VTCConfig, VTCRequestQueue, prefilled_tokens, tenant_of_request
 from fairserve.engines.vllm_tenants import MAX_DEPTH, parse_sources, path_problem
 
+pytestmark = pytest.mark.unit
+
 
 def drain_order(q: VTCRequestQueue, n: int) -> list[str]:
     """Admit n requests, each producing its max_tokens and finishing before the next admission."""

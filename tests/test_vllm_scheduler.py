@@ -13,6 +13,8 @@ from support.vllm_fakes import FakeRequest, Status, make_queue
 
 from fairserve.engines.vllm_scheduler import SCHEDULER_PATH, VTCRequestQueue, scheduler_classes
 
+pytestmark = pytest.mark.unit
+
 
 # ---- the scheduler subclass over fakes of vLLM's Scheduler and AsyncScheduler -----------------------------------
 class FakeScheduler:

@@ -4,6 +4,8 @@ import pytest
 
 from fairserve.core import VTC, Ledger, Request, RequestState, make_policy
 
+pytestmark = pytest.mark.unit
+
 
 def req(i, client, prompt=10, max_tokens=5, **kw):
     return Request(id=i, tenant=client, prompt_tokens=prompt, max_tokens=max_tokens, **kw)

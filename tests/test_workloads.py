@@ -9,6 +9,8 @@ import pytest
 
 from fairserve.workloads import WORKLOADS, Arrival, Workload, WorkloadError, make_workload
 
+pytestmark = pytest.mark.unit
+
 
 def times_of(w: Workload, client: str) -> np.ndarray:
     return np.array([a.arrival_s for a in w.arrivals if a.client == client])

@@ -7,6 +7,8 @@ from fairserve.sim import hit_rates, simulate
 from fairserve.sim.prefix_cache import prompt_keys
 from fairserve.workloads import ALL_WORKLOADS, PREFIX_WORKLOADS, WorkloadError, get_workload, prefix_workload
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("name", PREFIX_WORKLOADS)
 def test_every_prefix_workload_is_named_sorted_and_its_prefixes_fit_its_prompts(name):
