@@ -100,13 +100,15 @@ def claim(
     tokens: int,
     shared: SharedState | None = None,
     tried: Collection[str] = (),
+    now: float | None = None,
 ) -> Backend | None:
-    """The capacity check: the least-loaded backend that is up, has not failed `req` (`tried`) and has room for one
-    more request of `tokens` capacity tokens, which is then taken on it; None if there is none, or if shared state
-    says another replica's tenant comes first."""
+    """The capacity check: the least-loaded backend that is up (at `now`, by the scheduler's clock; default the
+    monotonic clock), has not failed `req` (`tried`) and has room for one more request of `tokens` capacity tokens,
+    which is then taken on it; None if there is none, or if shared state says another replica's tenant comes first."""
     if shared is not None and not shared.may_admit(req):
         return None
-    now = time.monotonic()
+    if now is None:
+        now = time.monotonic()
     room = [
         b for b in backends if b.url not in tried and b.down_until <= now and b.busy_until <= now and b.room_for(tokens)
     ]
@@ -159,8 +161,15 @@ class Dispatch:
     # the pool tests measure)
     strict = False
 
-    def __init__(self, backends: list[Backend], make_ledger: Callable[[], Ledger], per_model: bool) -> None:
+    def __init__(
+        self,
+        backends: list[Backend],
+        make_ledger: Callable[[], Ledger],
+        per_model: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.backends = backends
+        self.clock = clock  # the scheduler's
         self.per_model = per_model
         self._make = make_ledger
         self.ledgers: list[Ledger] = [make_ledger()]  # the fleet's (global), or the first pool's (per_model)
@@ -227,7 +236,7 @@ class Dispatch:
         return out
 
     def _pass(self, ledger: Ledger, shared: SharedState | None) -> list[Request]:
-        now = time.monotonic()
+        now = self.clock()
         queued = [p for p in self.pools.values() if p.ledger is ledger and p.queued]
         room = {p for p in queued if p.has_room(now)}
         # NOTE: with shared state every pool's head is found (the replicas compare them), not only those with room
@@ -242,7 +251,7 @@ class Dispatch:
                 t = req.item
                 pool: Pool = t.pool
                 if pool in room:
-                    t.backend = claim(pool.backends, req, t.tokens, shared, t.tried)
+                    t.backend = claim(pool.backends, req, t.tokens, shared, t.tried, now)
                     if t.backend is not None:
                         ledger.pop()
                         pool.queued -= 1

@@ -50,9 +50,15 @@ MAX_LOST = 3  # connections lost before any output, per request, before it fails
 
 
 class Scheduler:
-    def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics) -> None:
+    """`clock`: the seconds the scheduler and its dispatch read (arrivals, waits, cooldowns, deadlines); a test owns
+    it by passing its own (the event loop's timers are asked for delays, never for times of this clock)."""
+
+    def __init__(
+        self, cfg: GatewayConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.cfg = cfg
         self.metrics = metrics
+        self.clock = clock
         self.count_tokens = token_counter(cfg.tokenizer)
         self.tenants = [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
@@ -95,7 +101,7 @@ class Scheduler:
         self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
         self.quotas = self.quota_gate  # NOTE: None while no quota is configured: the hot path asks nothing
 
-        self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model")
+        self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model", clock)
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
@@ -111,7 +117,7 @@ class Scheduler:
     ) -> Ticket:
         """A ticket for a request of `model` (UnknownModel if no backend serves it)."""
         out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
-        now = time.monotonic()
+        now = self.clock()
         return Ticket(
             tenant,
             prompt_tokens,
@@ -172,7 +178,7 @@ class Scheduler:
 
     # ---- admission ----------------------------------------------------------------------------------------------
     def dispatch(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for req in self.pools.admit(self.shared):
             t: Ticket = req.item
             if t.dispatched_at is None:
@@ -191,7 +197,8 @@ class Scheduler:
         later = [x for b in self.backends for x in (b.down_until, b.busy_until) if now < x < math.inf]
         if not later or not self.pools.num_queued:
             return
-        at = min(later) + 0.01
+        loop = asyncio.get_running_loop()
+        at = loop.time() + min(later) - now + 0.01  # NOTE: the loop's own time: `now` is this scheduler's clock
         if self._wakeup is not None:
             if self._wakeup.when() <= at:
                 return
@@ -201,12 +208,12 @@ class Scheduler:
             self._wakeup = None
             self.dispatch()
 
-        self._wakeup = asyncio.get_running_loop().call_at(at, wake)
+        self._wakeup = loop.call_at(at, wake)
 
     @property
     def healthy(self) -> list[Backend]:
         """The backends that can take requests now (up, or without active checks past their cooldown)."""
-        now = time.monotonic()
+        now = self.clock()
         return [b for b in self.backends if b.down_until <= now]
 
     async def wait(self, t: Ticket, timeout_s: float | None = None) -> Backend | None:
@@ -215,7 +222,7 @@ class Scheduler:
         if t.admitted.done():  # admitted at once: no timer
             return t.admitted.result()
         if timeout_s is None:
-            timeout_s = max(0.0, t.deadline - time.monotonic())
+            timeout_s = max(0.0, t.deadline - self.clock())
         # NOTE: asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the client left) that
         # lands as the admission does, and the request would go upstream for nobody
         try:
@@ -229,7 +236,7 @@ class Scheduler:
         """`tokens` output tokens reached the client: charged now (VTC orders by them)."""
         assert t.req is not None
         if t.first_token_at is None:
-            t.first_token_at = time.monotonic()
+            t.first_token_at = self.clock()
         t.pool.ledger.output(t.req, tokens)
 
     def backend_failed(self, t: Ticket, unreachable: bool = False, lost: bool = False, why: str = "") -> bool:
@@ -261,7 +268,7 @@ class Scheduler:
         # NOTE: it waits for a down backend only while none of its pool is up; those up all failed it otherwise
         if not left or (up and not set(left) & set(up)):
             return False
-        t.queued_at = time.monotonic()
+        t.queued_at = self.clock()
         t.admitted = asyncio.get_running_loop().create_future()
         t.pool = pool
         pool.ledger.requeue(t.req)
@@ -274,7 +281,7 @@ class Scheduler:
         `retry_after_max_s`). Returns the seconds it is skipped."""
         wait = min(max(retry_after_s, 0.0), self.cfg.retry_after_max_s)
         if wait > 0:
-            b.busy_until = max(b.busy_until, time.monotonic() + wait)
+            b.busy_until = max(b.busy_until, self.clock() + wait)
             log.info("backend %s is busy: skipped for %g s (Retry-After)", b.name, wait)
         return wait
 
@@ -296,7 +303,7 @@ class Scheduler:
         if b.healthy:
             log.warning("backend %s is down: %s", b.name, reason)
         b.healthy, b.reason = False, reason
-        b.down_until = math.inf if self.cfg.health_interval_s > 0 else time.monotonic() + self.cfg.backend_cooldown_s
+        b.down_until = math.inf if self.cfg.health_interval_s > 0 else self.clock() + self.cfg.backend_cooldown_s
 
     def _release(self, t: Ticket) -> None:
         b, t.backend = t.backend, None
