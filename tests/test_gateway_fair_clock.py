@@ -1,28 +1,35 @@
 """Fairness of the gateway's own scheduler and dispatch, proven where the test owns the clock: the `Scheduler` the
 gateway runs (its admission pass, its capacity check, its charges as tokens stream) with an injected clock, in
 front of a backend the test plays step by step (each running request gets one token per 10 ms step). No HTTP, no
-sleep: the result is the same on any machine, however loaded.
+sleep: the result is the same on any machine, however loaded. Each claim is checked against its expected allocation
+with a stated margin, and a negative control must fail the same check:
 
-Two tenants, both backlogged from the start, the heavy one's 40 requests queued before the light one's 40. The
-expected allocation is equal service while both are backlogged; the margin is Theorem 4.4's bound 2·max(w_p·L_in,
-w_q·M), with M the output tokens in flight (4 slots of 20). The negative control: FCFS, the same check, fails."""
+- two backlogged tenants get equal service within Theorem 4.4's bound 2·max(w_p·L_in, w_q·M), M the output tokens
+  in flight (4 slots of 20); FCFS breaks it;
+- two organisations, one of 10 users and one of 1, get equal service within the same bound; the same users without
+  the organisations (flat VTC: ten shares of eleven to the first) break it;
+- a priority-0 request arriving into a priority-1 backlog is dispatched at the first free slot; at one level it
+  waits behind the backlog."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 from support.gateway import config
 
-from fairserve.core import theorem_bound
+from fairserve.core import LedgerView, theorem_bound
 from fairserve.gateway.prometheus import GatewayMetrics
-from fairserve.gateway.scheduler import Ending, Scheduler
+from fairserve.gateway.scheduler import Ending, Scheduler, Ticket
 
 pytestmark = pytest.mark.unit
 
 SLOTS, PROMPT, OUTPUT, EACH = 4, 10, 20, 40
 STEP_S = 0.01
 BOUND = theorem_bound(PROMPT, SLOTS * OUTPUT)  # 2·max(1·10, 2·80) = 320
+COST = PROMPT + 2 * OUTPUT  # one request's service
 
 
 class Clock:
@@ -33,51 +40,133 @@ class Clock:
         return self.now
 
 
-def run(policy: str) -> tuple[list[float], dict[str, float], float]:
-    """The service difference (heavy - light) at every step while both tenants are backlogged, each tenant's
-    service then, and the clock's time at the end."""
+Measure = Callable[[LedgerView], "tuple[float, float] | None"]
 
-    async def go() -> tuple[list[float], dict[str, float], float]:
+
+def pair(x: str, y: str) -> Measure:
+    """The service of nodes `x` and `y` (tenants or groups) while both have something queued."""
+
+    def measure(view: LedgerView) -> tuple[float, float] | None:
+        rows = {**view.tenants, **view.groups}
+        return (rows[x].service, rows[y].service) if rows[x].queued and rows[y].queued else None
+
+    return measure
+
+
+@dataclass
+class Run:
+    gaps: list[float]  # the measured difference at every step where the measure applied
+    service: dict[str, float]  # each tenant's, at the end
+    order: list[int]  # arrival indices, in the order they were dispatched
+    end_s: float  # the clock at the end, from the start
+
+
+def run(policy: str, arrivals: list[tuple[float, str]], measure: Measure, **cfg: object) -> Run:
+    """`arrivals` (time from the start, tenant) through one gateway scheduler with SLOTS slots, on the test's clock."""
+
+    async def go() -> Run:
         clock = Clock()
-        cfg = config([{"url": "http://b", "max_inflight_requests": SLOTS}], policy=policy)
+        start = clock.now
         metrics = GatewayMetrics()
-        sched = Scheduler(cfg, metrics, clock=clock)
+        backends = [{"url": "http://b", "max_inflight_requests": SLOTS}]
+        sched = Scheduler(config(backends, policy=policy, **cfg), metrics, clock)
         metrics.bind(sched)
-        tickets = [sched.new_ticket(t, PROMPT, OUTPUT) for t in ("alice",) * EACH + ("bob",) * EACH]
-        for t in tickets:
-            assert sched.submit(t) is None
-        made: dict[int, int] = {}  # ticket -> tokens the backend produced for it
-        gaps: list[float] = []
-        while any(t.outcome is None for t in tickets):
+        pending = sorted(enumerate(arrivals), key=lambda x: (x[1][0], x[0]))
+        tickets: dict[int, Ticket] = {}
+        made: dict[int, int] = {}  # arrival index -> tokens the backend produced for it
+        out = Run([], {}, [], 0.0)
+
+        def note_dispatched() -> None:
+            out.order += [k for k, t in tickets.items() if t.admitted.done() and k not in out.order]
+
+        while pending or any(t.outcome is None for t in tickets.values()):
+            while pending and pending[0][1][0] <= clock.now - start:
+                k, (_, tenant) = pending.pop(0)
+                tickets[k] = sched.new_ticket(tenant, PROMPT, OUTPUT)
+                assert sched.submit(tickets[k]) is None
+                note_dispatched()
             clock.now += STEP_S
-            running = [t for t in tickets if t.admitted.done() and t.outcome is None]
+            running = [k for k, t in tickets.items() if t.admitted.done() and t.outcome is None]
             assert len(running) <= SLOTS  # the capacity holds
-            for t in running:
-                made[id(t)] = made.get(id(t), 0) + 1
-                sched.output(t, 1)
-                if made[id(t)] == OUTPUT:
-                    sched.close(t, Ending("ok", prompt=PROMPT, output=OUTPUT))  # frees the slot: dispatch runs
-            view = sched.view().tenants
-            if view["alice"].queued and view["bob"].queued:
-                gaps.append(view["alice"].service - view["bob"].service)
-        view = sched.view().tenants
-        return gaps, {t: v.service for t, v in view.items()}, clock.now
+            for k in running:
+                made[k] = made.get(k, 0) + 1
+                sched.output(tickets[k], 1)
+                if made[k] == OUTPUT:
+                    sched.close(tickets[k], Ending("ok", prompt=PROMPT, output=OUTPUT))  # a slot frees: dispatch
+                    note_dispatched()
+            got = measure(sched.view())
+            if got is not None:
+                out.gaps.append(got[0] - got[1])
+        out.service = {t: v.service for t, v in sched.view().tenants.items()}
+        out.end_s = clock.now - start
+        return out
 
     return asyncio.run(go())
 
 
+# ---- two tenants --------------------------------------------------------------------------------------------------
+TWO = [(0.0, "alice")] * EACH + [(0.0, "bob")] * EACH  # alice's requests queued first
+
+
 def test_vtc_gives_two_backlogged_tenants_equal_service_within_the_bound():
-    gaps, service, end = run("vtc")
-    assert len(gaps) > 100  # both were backlogged for most of the run
-    assert max(abs(g) for g in gaps) <= BOUND, max(gaps, key=abs)
+    r = run("vtc", TWO, pair("alice", "bob"))
+    assert len(r.gaps) > 100  # both were backlogged for most of the run
+    assert max(abs(g) for g in r.gaps) <= BOUND, max(r.gaps, key=abs)
     # nothing lost, nothing charged twice: each tenant's service is its requests' whole cost
-    assert service == {"alice": EACH * (PROMPT + 2 * OUTPUT), "bob": EACH * (PROMPT + 2 * OUTPUT)}
+    assert r.service == {"alice": EACH * COST, "bob": EACH * COST}
     # work-conserving: every step served SLOTS requests (80 requests of 20 tokens on 4 slots: 400 steps)
-    assert end == pytest.approx(100.0 + 2 * EACH * OUTPUT / SLOTS * STEP_S)
+    assert r.end_s == pytest.approx(2 * EACH * OUTPUT / SLOTS * STEP_S)
 
 
 def test_fcfs_serves_the_first_comer_and_breaks_the_bound():
     # the negative control: the same check, which FCFS must fail
-    gaps, service, _ = run("fcfs")
-    assert max(abs(g) for g in gaps) > 4 * BOUND, max(gaps, key=abs)
-    assert service["alice"] == service["bob"]  # in the end each got its own, but the light one waited throughout
+    r = run("fcfs", TWO, pair("alice", "bob"))
+    assert max(abs(g) for g in r.gaps) > 4 * BOUND, max(r.gaps, key=abs)
+    assert r.service["alice"] == r.service["bob"]  # in the end each got its own; the light one waited throughout
+
+
+# ---- two organisations --------------------------------------------------------------------------------------------
+USERS, PER_ORG = 10, 80
+TREE = [(0.0, f"org-a/u{i % USERS}") for i in range(PER_ORG)] + [(0.0, "org-b/solo")] * PER_ORG
+
+
+def tenants(arrivals: list[tuple[float, str]]) -> dict:
+    return {"tenants": [{"name": t, "api_keys": [f"key-{t}"]} for t in sorted({t for _, t in arrivals})]}
+
+
+def test_two_organisations_get_equal_service_however_many_users_each_has():
+    r = run("vtc", TREE, pair("org-a", "org-b"), **tenants(TREE))
+    assert len(r.gaps) > 100 and max(abs(g) for g in r.gaps) <= BOUND, max(r.gaps, key=abs)
+
+
+def test_without_the_organisations_the_ten_users_take_ten_shares_of_eleven():
+    # the negative control: the same users as flat tenants, the same check on the two organisations' sums
+    flat = [(at, t.replace("/", "-")) for at, t in TREE]
+
+    def orgs(view: LedgerView) -> tuple[float, float] | None:
+        a = [v for t, v in view.tenants.items() if t.startswith("org-a-")]
+        b = view.tenants["org-b-solo"]
+        return (sum(v.service for v in a), b.service) if any(v.queued for v in a) and b.queued else None
+
+    r = run("vtc", flat, orgs, **tenants(flat))
+    assert max(abs(g) for g in r.gaps) > 4 * BOUND, max(r.gaps, key=abs)
+
+
+# ---- priority levels ----------------------------------------------------------------------------------------------
+BACKLOG = [(0.0, "std/u")] * 20 + [(0.105, "vip")]  # the vip request arrives mid-request, into a full backlog
+VIP = 20  # its arrival index
+
+
+def nothing(view: LedgerView) -> None:
+    return None
+
+
+def test_a_priority_0_request_is_dispatched_at_the_first_free_slot():
+    r = run("vtc", BACKLOG, nothing, groups=[{"name": "std", "priority": 1}], **tenants(BACKLOG))
+    assert r.order.index(VIP) == SLOTS  # the 4 first std requests were running; the next slot is the vip's
+
+
+def test_at_one_level_the_same_request_waits_behind_the_backlog():
+    # the negative control: at one level (arrival order) the same check fails: it is dispatched last
+    r = run("fcfs", BACKLOG, nothing, **tenants(BACKLOG))
+    assert r.order.index(VIP) == len(BACKLOG) - 1
