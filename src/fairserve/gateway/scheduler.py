@@ -65,7 +65,7 @@ class Scheduler:
         self.draining: list[Backend] = []  # removed by a reload, with requests still in flight (gateway/fleet.py)
         self.prices = price_table(cfg)
         self.price: CostFunction | None = None  # other models' price, where a reload changed w_p, w_q (else theirs)
-        self.usage = UsageLog(cfg.usage_log)  # UsageLogError (one line) if it cannot be opened
+        self.usage = UsageLog(cfg.usage_log, clock)  # UsageLogError (one line) if it cannot be opened
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/health.py)

@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
@@ -28,8 +29,11 @@ class UsageLogError(ValueError):
 
 
 class UsageLog:
-    def __init__(self, target: str | None) -> None:
+    """`clock`: the one the tickets' times are on (the scheduler's), for a request's duration at its end."""
+
+    def __init__(self, target: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
+        self.clock = clock
         self._out: IO[str] | None = None
         if target == "-":
             self._out = sys.stdout
@@ -71,7 +75,7 @@ class UsageLog:
                 "queue_wait_s": _since(t.arrived_at, t.dispatched_at),
                 "ttft_s": _since(t.arrived_at, t.first_token_at),
                 "backend": t.backend_name or None,
-                "duration_s": _since(t.arrived_at, time.monotonic()),
+                "duration_s": _since(t.arrived_at, self.clock()),
             }
         )
 
