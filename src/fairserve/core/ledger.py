@@ -11,9 +11,9 @@ A driver calls `arrive`/`add` → `admit`/`pop` → `output`/`prompt` (→ `requ
 request ends (exactly once; a refund is `settle(..., prompt=0, output=0, cancelled=True)`). The ledger charges
 (prompt at admission, output as decoded, through the policy's cost function; every charge through `_charge`, which
 walks the groups) and lifts counters (the paper's lift, with `Peers` for a floor from other processes); the policy
-only orders. Observers hear of each change through the one seam, `listen` (core/listener.py). Configuration
-(`set_node`: weight, priority, allowed priorities) and admin changes (`set_weight`, `reset`, `apply_remote`) mean
-the same for every policy or raise `Unsupported`; `view()` is the read-only snapshot.
+only orders. Observers hear of each change through the one seam, `listen` (core/listener.py). What concerns the
+accounts alone it has from `TenantTree` (core/tree.py): configuration (`set_node`), admin changes (`set_weight`,
+`reset`, `apply_remote`, the same for every policy or `Unsupported`), the reads by tenant and `view()`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from . import charges
-from .account import Account, Unsupported, check_weight
+from .account import Account
 from .listener import Listener, Listeners
 from .policy import Policy, PolicyError
 from .request import Request, RequestState
@@ -359,67 +359,6 @@ class Ledger(TenantTree):
     def queued(self) -> list[Request]:
         """The queued requests, in no particular order (O(requests in the ledger))."""
         return [r for r in self._requests.values() if r.state is QUEUED]
-
-    def backlogged(self) -> list[str]:
-        """Tenants with at least one queued request (the paper's 'backlogged' tenants). O(tenants)."""
-        return [t for t, a in self.accounts.items() if a.queued]
-
-    def counter_of(self, tenant: str) -> float:
-        acct = self.accounts.get(tenant)
-        return self.policy.counter_of(acct) if acct is not None else 0.0
-
-    @property
-    def counters(self) -> dict[str, float]:
-        return {t: self.policy.counter_of(a) for t, a in self.accounts.items()}
-
-    @property
-    def service(self) -> dict[str, float]:
-        """Cost charged per tenant (not divided by its weight)."""
-        return {t: a.service for t, a in self.accounts.items()}
-
-    @property
-    def weights(self) -> dict[str, float]:
-        return {t: a.weight for t, a in self.accounts.items()}
-
-    # ---- admin ----------------------------------------------------------------------------------------------------
-    def set_weight(self, path: str, weight: float) -> None:
-        """Future charges of the tenant or group `path` count `1/weight` on its counter. ValueError for a weight out
-        of range, Unsupported for a policy that ignores weights."""
-        weight = check_weight(path, weight)
-        if not self.policy.capabilities.uses_weights:
-            raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
-        self.set_node(path, weight=weight)
-
-    def apply_remote(
-        self, tenant: str, counter: float, service: float, weight: float | None = None, groups: bool = True
-    ) -> None:
-        """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
-        replicas: gateway/shared_state.py, a file snapshot: gateway/snapshot.py): they replace the local values, and
-        the difference in service moves the groups above as a charge here would. With `groups=False` the groups
-        above are left alone (their own values come from elsewhere too), and `tenant` may name a group. Unsupported
-        for a policy that cannot take counters from elsewhere; ValueError for a weight out of range."""
-        if not self.policy.capabilities.shares_counters:
-            raise Unsupported(f"policy {self.policy.name!r} cannot share its counters")
-        if weight is not None:
-            self.set_weight(tenant, weight)
-        acct = self.groups.get(tenant) if not groups else None
-        if acct is None:
-            acct = self.account(tenant)
-        self.policy.set_counter(acct, counter)
-        delta, acct.service = service - acct.service, service
-        group = acct.parent if groups else None
-        while group is not None:  # NOTE: a group's service is its subtree's
-            group.service += delta
-            if delta:  # NOTE: and what was charged elsewhere moves the group's counter as a charge here would
-                self.policy.set_counter(group, group.counter + delta / group.weight)
-            group = group.parent
-
-    def reset(self) -> None:
-        """Every tenant starts from equal footing: counters (VTC) or deficits (DRR) go to 0; service received stays.
-        Unsupported for a policy without counters."""
-        if not self.policy.capabilities.keeps_counters:
-            raise Unsupported(f"policy {self.policy.name!r} keeps no counters: there is nothing to reset")
-        self.policy.reset_counters([*self.accounts.values(), *self.groups.values()])
 
 
 def _count(acct: Account, queued: int, running: int) -> None:

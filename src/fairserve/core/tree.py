@@ -5,7 +5,9 @@ A tenant's path names its groups (`pro/acme/search` is under `pro/acme`, under `
 sums over its subtree. Nodes open on first sight, in a first-seen order that breaks ties everywhere (`rank`). A
 tenant that has had no request yet becomes a group when a tenant below it appears. Priorities are configured per
 node and looked up once per tenant (`set_node`, the one way to change a node's configuration, forgets what it
-looked up); `view()` is the read-only snapshot of every node.
+looked up). The accounts' admin changes live here too (`set_weight`, `reset`, `apply_remote`: the same for every
+policy, or `Unsupported`), and the reads by tenant; `view()` is the read-only snapshot of every node. The requests'
+life cycle and the charges are the ledger's (core/ledger.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-from .account import SEP, Account, LedgerView, TenantView, check_weight
+from .account import SEP, Account, LedgerView, TenantView, Unsupported, check_weight
 from .policy import Policy
 
 
@@ -129,6 +131,68 @@ class TenantTree:
         """The priorities requests of `tenant` may name (its own, unless its configuration allows more)."""
         acct = self.account(tenant)
         return acct.allowed if acct.allowed is not None else frozenset({self.priority_of(acct)})
+
+    # ---- reading, by tenant --------------------------------------------------------------------------------------
+    def backlogged(self) -> list[str]:
+        """Tenants with at least one queued request (the paper's 'backlogged' tenants). O(tenants)."""
+        return [t for t, a in self.accounts.items() if a.queued]
+
+    def counter_of(self, tenant: str) -> float:
+        acct = self.accounts.get(tenant)
+        return self.policy.counter_of(acct) if acct is not None else 0.0
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return {t: self.policy.counter_of(a) for t, a in self.accounts.items()}
+
+    @property
+    def service(self) -> dict[str, float]:
+        """Cost charged per tenant (not divided by its weight)."""
+        return {t: a.service for t, a in self.accounts.items()}
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {t: a.weight for t, a in self.accounts.items()}
+
+    # ---- admin: the same for every policy, or Unsupported ---------------------------------------------------------
+    def set_weight(self, path: str, weight: float) -> None:
+        """Future charges of the tenant or group `path` count `1/weight` on its counter. ValueError for a weight out
+        of range, Unsupported for a policy that ignores weights."""
+        weight = check_weight(path, weight)
+        if not self.policy.capabilities.uses_weights:
+            raise Unsupported(f"policy {self.policy.name!r} ignores weights: a weight would change nothing")
+        self.set_node(path, weight=weight)
+
+    def apply_remote(
+        self, tenant: str, counter: float, service: float, weight: float | None = None, groups: bool = True
+    ) -> None:
+        """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
+        replicas: gateway/shared_state.py, a file snapshot: gateway/snapshot.py): they replace the local values, and
+        the difference in service moves the groups above as a charge here would. With `groups=False` the groups
+        above are left alone (their own values come from elsewhere too), and `tenant` may name a group. Unsupported
+        for a policy that cannot take counters from elsewhere; ValueError for a weight out of range."""
+        if not self.policy.capabilities.shares_counters:
+            raise Unsupported(f"policy {self.policy.name!r} cannot share its counters")
+        if weight is not None:
+            self.set_weight(tenant, weight)
+        acct = self.groups.get(tenant) if not groups else None
+        if acct is None:
+            acct = self.account(tenant)
+        self.policy.set_counter(acct, counter)
+        delta, acct.service = service - acct.service, service
+        group = acct.parent if groups else None
+        while group is not None:  # NOTE: a group's service is its subtree's
+            group.service += delta
+            if delta:  # NOTE: and what was charged elsewhere moves the group's counter as a charge here would
+                self.policy.set_counter(group, group.counter + delta / group.weight)
+            group = group.parent
+
+    def reset(self) -> None:
+        """Every tenant starts from equal footing: counters (VTC) or deficits (DRR) go to 0; service received stays.
+        Unsupported for a policy without counters."""
+        if not self.policy.capabilities.keeps_counters:
+            raise Unsupported(f"policy {self.policy.name!r} keeps no counters: there is nothing to reset")
+        self.policy.reset_counters([*self.accounts.values(), *self.groups.values()])
 
     def view(self) -> LedgerView:
         """Every tenant's and group's numbers, read consistently (O(tenants + groups))."""
