@@ -197,7 +197,10 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
     # NOTE: each share against the goal, not against each other: two measurements differ by up to twice their noise
     assert abs(s3 - 0.5) < 0.05, (s3, s1)  # shared state: as fair as one gateway
-    assert s0 - s1 > 0.1, (s0, s1)  # independent replicas: bob has two replicas' capacity
+    # NOTE: the negative control fails the same check the two above pass: without shared state bob, on two replicas,
+    # gets more than his share (0.58-0.61 measured, beside two CPU burners too; against the one gateway's 0.50-0.53,
+    # a difference of 0.05-0.10, so a margin against `s1` read both measurements' noise)
+    assert abs(s0 - 0.5) >= 0.05, (s0, s1)
     assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
     assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
     assert gaps and max(gaps) <= bound, (max(gaps), bound)
