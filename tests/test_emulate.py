@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairserve.api.server import running_server
-from fairserve.api.tokens import OUTPUT_PIECE, estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, OUTPUT_PIECE, estimate_tokens
 from fairserve.core import RequestState
 from fairserve.emulate import EmulatorConfig, Fault, create_app
 from fairserve.emulate.cli import add_parser, address, config_from_args, run
@@ -55,7 +55,7 @@ def test_openai_client_completions_and_chat():
         assert r.usage.total_tokens == estimate_tokens(PROMPT) + 7 and r.choices[0].finish_reason == "length"
         c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=5)
         assert c.object == "chat.completion" and c.choices[0].message.content == OUTPUT_PIECE * 5
-        assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (estimate_tokens(PROMPT), 5)
+        assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (estimate_tokens(PROMPT) + MESSAGE_TOKENS, 5)
         chunks = list(client.completions.create(model="m", prompt=PROMPT, max_tokens=9, stream=True))
         assert [ch.choices[0].text for ch in chunks] == [OUTPUT_PIECE] * 9 and chunks[-1].usage is None
         chunks = list(
@@ -96,7 +96,7 @@ def test_raw_streams_shapes_usage_and_done():
         chunks = [json.loads(d) for d in data[:-1]]
         assert data[-1] == "[DONE]" and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]] == [OUTPUT_PIECE] * 3
-        p = estimate_tokens(PROMPT)
+        p = estimate_tokens(PROMPT) + MESSAGE_TOKENS  # one message: its role markers
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
             "prompt_tokens": p,
             "completion_tokens": 3,
@@ -296,7 +296,7 @@ def test_metrics_expose_vllm_names_and_count():
         after = scrape(url)
         assert after["fairserve_emulator_requests_total{finished}"] == 2
         assert after["fairserve_emulator_requests_total{cancelled}"] == 1
-        assert after["vllm:prompt_tokens_total"] == 3 * estimate_tokens(PROMPT)
+        assert after["vllm:prompt_tokens_total"] == 3 * estimate_tokens(PROMPT) + MESSAGE_TOKENS  # one chat
         assert after["vllm:generation_tokens_total"] == 5 + em.jobs[list(em.jobs)[-1]].delivered
 
 

@@ -12,7 +12,7 @@ import pytest
 from fairserve.api.embeddings import vector
 from fairserve.api.server import running_server
 from fairserve.api.tokenize import text_of, token_ids
-from fairserve.api.tokens import OUTPUT_PIECE, estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, OUTPUT_PIECE, estimate_tokens
 from fairserve.emulate import EmulatorConfig, create_app
 from fairserve.emulate.cli import add_parser, config_from_args
 
@@ -68,7 +68,11 @@ def test_responses_streamed_and_not_through_the_client():
     with emulator() as (_, em, client):
         r = client.responses.create(model="m", input=PROMPT, instructions="Be brief.", max_output_tokens=5)
         assert r.status == "completed" and r.output_text == OUTPUT_PIECE * 5
-        assert (r.usage.input_tokens, r.usage.output_tokens) == (estimate_tokens("Be brief.\n" + PROMPT), 5)
+        # NOTE: the instructions and the input, each a templated message with its role markers
+        assert (r.usage.input_tokens, r.usage.output_tokens) == (
+            estimate_tokens("Be brief.\n" + PROMPT) + 2 * MESSAGE_TOKENS,
+            5,
+        )
         messages = [{"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}]
         events = list(client.responses.create(model="m", input=messages, max_output_tokens=4, stream=True))
         kinds = [e.type for e in events]
@@ -81,7 +85,10 @@ def test_responses_streamed_and_not_through_the_client():
         assert kinds.count("response.output_text.delta") == 4 and kinds[-1] == "response.completed"
         assert [e.sequence_number for e in events] == list(range(len(events)))
         done = events[-1].response
-        assert done.output_text == OUTPUT_PIECE * 4 and (done.usage.input_tokens, done.usage.output_tokens) == (13, 4)
+        assert done.output_text == OUTPUT_PIECE * 4 and (done.usage.input_tokens, done.usage.output_tokens) == (
+            estimate_tokens(PROMPT) + MESSAGE_TOKENS,
+            4,
+        )
         assert em.generation_tokens_total == 9
         for field in ("previous_response_id", "background"):
             with pytest.raises(openai.BadRequestError) as e:

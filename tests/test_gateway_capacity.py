@@ -30,6 +30,7 @@ from fairserve.gateway.capacity import (
     parse_metrics,
 )
 from fairserve.gateway.cli import add_parser, config_from_args, parse_backend
+from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
 
@@ -145,7 +146,7 @@ def monitor(s: Scheduler, texts: list[str], seen: list[str] | None = None) -> Ca
 def test_scrapes_set_the_limit_and_a_raise_dispatches():
     async def go() -> None:
         s = scheduler()
-        tickets = [s.new_ticket("alice", 5, 5) for _ in range(10)]
+        tickets = [s.new_ticket("alice", Footprint(5, 5)) for _ in range(10)]
         for t in tickets:
             s.submit(t)
         b, seen = s.backends[0], []

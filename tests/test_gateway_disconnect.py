@@ -12,13 +12,13 @@ import pytest
 from support.gateway import FakeBackend, config, stream_request, wait_until
 
 from fairserve.api.server import running_server
-from fairserve.api.tokens import estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
 from fairserve.gateway import create_app
 
 pytestmark = pytest.mark.integration
 
 ROUNDS, STREAMS, SLOTS = 20, 100, 32
-PROMPT = estimate_tokens("hello there, gateway")
+PROMPT = estimate_tokens("hello there, gateway") + MESSAGE_TOKENS  # chat_body: one message, its role markers
 CHUNK = 2.0  # the cost of one streamed token (w_q): what one chunk of the fake backend is charged
 
 

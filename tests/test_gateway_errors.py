@@ -10,11 +10,11 @@ from openai import APIError, OpenAI
 from support.gateway import HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, gateway, metric, wait_until
 
 from fairserve.api.server import free_port, running_server
-from fairserve.api.tokens import estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
 
 pytestmark = pytest.mark.integration
 
-PROMPT = estimate_tokens("hello there, gateway")
+PROMPT = estimate_tokens("hello there, gateway") + MESSAGE_TOKENS  # chat_body: one message, its role markers
 REQS = "fairserve_gateway_requests_total"
 
 

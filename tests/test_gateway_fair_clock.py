@@ -21,6 +21,7 @@ import pytest
 from support.gateway import config
 
 from fairserve.core import LedgerView, theorem_bound
+from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler, Ticket
 
@@ -82,7 +83,7 @@ def run(policy: str, arrivals: list[tuple[float, str]], measure: Measure, **cfg:
         while pending or any(t.outcome is None for t in tickets.values()):
             while pending and pending[0][1][0] <= clock.now - start:
                 k, (_, tenant) = pending.pop(0)
-                tickets[k] = sched.new_ticket(tenant, PROMPT, OUTPUT)
+                tickets[k] = sched.new_ticket(tenant, Footprint(PROMPT, OUTPUT))
                 assert sched.submit(tickets[k]) is None
                 note_dispatched()
             clock.now += STEP_S

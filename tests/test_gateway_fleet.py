@@ -14,6 +14,7 @@ from fairserve.api.server import running_server
 from fairserve.gateway import create_app, load_config
 from fairserve.gateway.config import build_config
 from fairserve.gateway.fleet import apply, plan
+from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
 
@@ -48,7 +49,7 @@ def test_per_model_ledgers_follow_their_models_and_merged_pools_lose_no_charge()
         d = sched.pools
 
         def submit(tenant: str, model: str):
-            t = sched.new_ticket(tenant, 10, 5, model=model)
+            t = sched.new_ticket(tenant, Footprint(10, 5), model=model)
             assert sched.submit(t) is None
             return t
 
@@ -87,7 +88,7 @@ def test_per_model_ledgers_follow_their_models_and_merged_pools_lose_no_charge()
 def test_a_request_that_fails_on_a_removed_backend_is_routed_again():
     async def run() -> None:
         sched = Scheduler(cfg((A, ["x"], 1)), GatewayMetrics())
-        t = sched.new_ticket("alice", 10, 5, model="x")
+        t = sched.new_ticket("alice", Footprint(10, 5), model="x")
         assert sched.submit(t) is None and t.admitted.result().url == A
         reload(sched, cfg((B, ["x"], 1)))
         assert sched.backend_failed(t, lost=True)  # its connection broke before any output

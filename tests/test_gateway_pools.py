@@ -13,6 +13,7 @@ import pytest
 from support.gateway import config
 
 from fairserve.gateway.config import build_config, load_config
+from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler, UnknownModel
 
@@ -32,12 +33,12 @@ def scheduler(*backends: dict, **kw) -> Scheduler:
 def test_requests_go_only_to_the_backends_of_their_model():
     async def go() -> None:
         s = scheduler({**A, "max_inflight_requests": 8}, {**B, "max_inflight_requests": 8})
-        tickets = [s.new_ticket("alice", 5, 5, model=m) for m in ["model-a", "model-b", "lora-a"] * 3]
+        tickets = [s.new_ticket("alice", Footprint(5, 5), model=m) for m in ["model-a", "model-b", "lora-a"] * 3]
         for t in tickets:
             assert s.submit(t) is None
         assert [t.backend.url for t in tickets] == ["http://a", "http://b", "http://a"] * 3
         with pytest.raises(UnknownModel, match="'gpt-9' does not exist.*lora-a, model-a, model-b"):
-            s.new_ticket("alice", 5, 5, model="gpt-9")
+            s.new_ticket("alice", Footprint(5, 5), model="gpt-9")
 
     asyncio.run(go())
 
@@ -45,7 +46,7 @@ def test_requests_go_only_to_the_backends_of_their_model():
 def test_with_one_pool_the_backend_answers_for_a_model_it_does_not_list():
     async def go() -> None:
         s = scheduler({**A, "max_inflight_requests": 8}, {**A, "url": "http://a2"})
-        t = s.new_ticket("alice", 5, 5, model="gpt-9")
+        t = s.new_ticket("alice", Footprint(5, 5), model="gpt-9")
         assert s.submit(t) is None and t.backend.url in ("http://a", "http://a2")
 
     asyncio.run(go())
@@ -55,11 +56,11 @@ def test_with_one_pool_the_backend_answers_for_a_model_it_does_not_list():
 def test_a_full_pool_holds_up_no_other_pool(scope):
     async def go() -> None:
         s = scheduler(A, B, scope=scope)
-        heavy = [s.new_ticket("alice", 5, 5, model="model-a") for _ in range(5)]
+        heavy = [s.new_ticket("alice", Footprint(5, 5), model="model-a") for _ in range(5)]
         for t in heavy:
             s.submit(t)
         assert [t.admitted.done() for t in heavy] == [True] + [False] * 4
-        light = s.new_ticket("bob", 5, 5, model="model-b")
+        light = s.new_ticket("bob", Footprint(5, 5), model="model-b")
         s.submit(light)
         assert light.admitted.done() and light.backend.url == "http://b"  # past the four queued for model-a
         # the requests passed over are back in their order, charged nothing for being looked at
@@ -67,7 +68,7 @@ def test_a_full_pool_holds_up_no_other_pool(scope):
         s.close(heavy[0], Ending("ok", 5, 5))
         assert heavy[1].admitted.done() and not heavy[2].admitted.done()
         # alice's own request for model-b is not held up by her queued model-a requests either
-        mine = s.new_ticket("alice", 5, 5, model="model-b")
+        mine = s.new_ticket("alice", Footprint(5, 5), model="model-b")
         s.submit(mine)
         s.close(light, Ending("ok", 5, 5))
         assert mine.admitted.done() and mine.backend.url == "http://b"
@@ -79,7 +80,7 @@ def test_a_full_pool_holds_up_no_other_pool(scope):
 def test_per_model_scope_counts_each_pool_apart_and_global_counts_the_fleet():
     async def go(scope: str) -> tuple[float, float]:
         s = scheduler(A, B, scope=scope)
-        t = s.new_ticket("alice", 100, 50, model="model-a")
+        t = s.new_ticket("alice", Footprint(100, 50), model="model-a")
         s.submit(t)
         s.close(t, Ending("ok", 100, 50))
         a, b = (s.pools.route(m).ledger for m in ("model-a", "model-b"))
@@ -92,7 +93,10 @@ def test_per_model_scope_counts_each_pool_apart_and_global_counts_the_fleet():
 def test_per_model_prices():
     async def go() -> None:
         s = scheduler(A, B, scope="global", prices={"model-a": {"w_p": 4, "w_q": 8}})
-        big, small = s.new_ticket("alice", 10, 3, model="model-a"), s.new_ticket("bob", 10, 3, model="model-b")
+        big, small = (
+            s.new_ticket("alice", Footprint(10, 3), model="model-a"),
+            s.new_ticket("bob", Footprint(10, 3), model="model-b"),
+        )
         for t in (big, small):
             s.submit(t)
             s.output(t, 3)
@@ -107,7 +111,7 @@ def test_the_admin_view_sums_the_pools():
     async def go() -> None:
         s = scheduler(A, B)
         for m in ("model-a", "model-b"):
-            t = s.new_ticket("alice", 10, 0, model=m)
+            t = s.new_ticket("alice", Footprint(10, 0), model=m)
             s.submit(t)
             s.close(t, Ending("ok", 10, 0))
         assert s.view().tenants["alice"].service == 20
@@ -139,7 +143,7 @@ def test_a_usage_log_that_cannot_be_opened_is_one_error_line(tmp_path):
 def test_the_usage_log_to_stdout(capsys):
     async def go() -> None:
         s = scheduler(A, usage_log="-")
-        t = s.new_ticket("alice", 7, 3, request_id="r-1", model="model-a", kind="completions")
+        t = s.new_ticket("alice", Footprint(7, 3), request_id="r-1", model="model-a", kind="completions")
         s.submit(t)
         s.output(t, 3)
         s.close(t, Ending("ok", 7, 3))
@@ -229,12 +233,12 @@ def test_a_pass_stops_once_the_pools_with_room_have_nothing_queued():
     async def go() -> None:
         s = scheduler(A, {**B, "max_inflight_requests": 8}, scope="global")
         for _ in range(50):
-            s.submit(s.new_ticket("alice", 5, 5, model="model-a"))
+            s.submit(s.new_ticket("alice", Footprint(5, 5), model="model-a"))
         ledger = s.pools.ledgers[0]
         looked = []
         unpop = ledger.unpop
         ledger.unpop = lambda req, item=None: looked.append(req) or unpop(req, item)  # type: ignore[method-assign]
-        light = s.new_ticket("bob", 5, 5, model="model-b")
+        light = s.new_ticket("bob", Footprint(5, 5), model="model-b")
         s.submit(light)
         assert light.admitted.done() and len(looked) <= 2, len(looked)
 
@@ -254,14 +258,14 @@ def test_with_shared_state_a_request_defers_only_to_waiting_heads_of_pools_shari
         assert shared is not None and shared.pools is s.pools
         shared.up = True  # NOTE: as after a sync: bob (counter 0) waits on another replica for backend a
         shared._starved = [(0.0, "bob", "http://a")]
-        first = s.new_ticket("alice", 5, 5, model="model-b")
+        first = s.new_ticket("alice", Footprint(5, 5), model="model-b")
         s.submit(first)
         assert first.admitted.done() and s.ledger.accounts["alice"].counter > 0
-        held = [s.new_ticket("alice", 5, 5, model=m) for m in ("model-a", "model-x")]
+        held = [s.new_ticket("alice", Footprint(5, 5), model=m) for m in ("model-a", "model-x")]
         for t in held:
             s.submit(t)
         assert not any(t.admitted.done() for t in held)
-        other = s.new_ticket("alice", 5, 5, model="model-b")
+        other = s.new_ticket("alice", Footprint(5, 5), model="model-b")
         s.submit(other)
         assert other.admitted.done() and other.backend.url == "http://b"
         assert {h.key for h in shared.heads()} == {"http://a", "http://a http://b"}
@@ -270,7 +274,7 @@ def test_with_shared_state_a_request_defers_only_to_waiting_heads_of_pools_shari
         s.dispatch()
         assert held[0].admitted.done() and held[1].admitted.done()
         for _ in range(2):
-            s.submit(s.new_ticket("alice", 5, 5, model="model-a"))
+            s.submit(s.new_ticket("alice", Footprint(5, 5), model="model-a"))
         args, _, _ = shared._args()
         starved = json.loads(next(x for x in args if isinstance(x, str) and x.startswith("[")))
         assert starved == ["alice", "http://a"]  # waiting for backend a only, with its pool

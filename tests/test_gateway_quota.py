@@ -18,6 +18,7 @@ from support.redis_server import redis_server
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
+from fairserve.gateway.footprint import Footprint
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +171,7 @@ def test_quotas_fail_open_with_one_warning_while_their_store_is_lost(caplog):
 
     gate = QuotaGate({"alice": QuotaConfig(per="day", tokens=1)}, clock=Clock())
     gate.book.store = Lost()
-    ticket = type("T", (), {"tenant": "alice", "tokens": 20, "prompt_tokens": 10, "cost": LinearCost(), "pool": None})
+    ticket = type("T", (), {"tenant": "alice", "footprint": Footprint(10, 10), "cost": LinearCost(), "pool": None})
 
     async def scenario():
         assert await gate.check("alice") is None and await gate.check("alice") is None

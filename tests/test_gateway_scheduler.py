@@ -8,6 +8,7 @@ import pytest
 from support.gateway import config
 
 from fairserve.core import RequestState, jain_index
+from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler
 
@@ -24,13 +25,13 @@ def scheduler(*backends: dict, **kw) -> Scheduler:
 def test_token_capacity_and_an_oversized_request_alone():
     async def go() -> None:
         s = scheduler({"url": "http://a", "max_inflight_requests": 10, "max_inflight_tokens": 100})
-        t = [s.new_ticket("alice", 10, 40) for _ in range(3)]  # 50 tokens each
+        t = [s.new_ticket("alice", Footprint(10, 40)) for _ in range(3)]  # 50 tokens each
         for x in t:
             assert s.submit(x) is None
         assert [x.admitted.done() for x in t] == [True, True, False]
         s.close(t[0], Ending("ok", output=3))
         assert t[2].admitted.done() and s.backends[0].tokens == 100
-        big = s.new_ticket("bob", 500, 500)
+        big = s.new_ticket("bob", Footprint(500, 500))
         s.submit(big)
         assert not big.admitted.done()
         s.close(t[1], Ending("ok"))
@@ -43,7 +44,7 @@ def test_token_capacity_and_an_oversized_request_alone():
 def test_least_loaded_backend():
     async def go() -> None:
         s = scheduler({"url": "http://a", "max_inflight_requests": 2}, {"url": "http://b", "max_inflight_requests": 4})
-        tickets = [s.new_ticket("alice", 5, 5) for _ in range(6)]
+        tickets = [s.new_ticket("alice", Footprint(5, 5)) for _ in range(6)]
         for x in tickets:
             s.submit(x)
         assert [b.requests for b in s.backends] == [2, 4]
@@ -55,7 +56,7 @@ def test_least_loaded_backend():
 def test_requeue_keeps_charges_once_and_refunds_a_total_failure():
     async def go() -> None:
         s = scheduler({"url": "http://a"}, {"url": "http://b"})
-        t = s.new_ticket("alice", 10, 5)
+        t = s.new_ticket("alice", Footprint(10, 5))
         s.submit(t)
         assert t.backend.url == "http://a" and s.ledger.service["alice"] == 10
         assert s.backend_failed(t, unreachable=True)
@@ -73,10 +74,10 @@ def test_requeue_keeps_charges_once_and_refunds_a_total_failure():
 def test_a_cooled_down_backend_is_used_again():
     async def go() -> None:
         s = scheduler({"url": "http://a"}, backend_cooldown_s=0.05)
-        first = s.new_ticket("alice", 1, 1)
+        first = s.new_ticket("alice", Footprint(1, 1))
         s.submit(first)
         s.backends[0].down_until = asyncio.get_running_loop().time() + 30  # as if unreachable
-        second = s.new_ticket("bob", 1, 1)
+        second = s.new_ticket("bob", Footprint(1, 1))
         s.submit(second)
         assert not second.admitted.done()
         s.backends[0].down_until = asyncio.get_running_loop().time() + 0.05
@@ -89,7 +90,7 @@ def test_a_cooled_down_backend_is_used_again():
 def test_queue_limit_and_ttl():
     async def go() -> None:
         s = scheduler({"url": "http://a", "max_inflight_requests": 1}, queue_limit=1)
-        running, queued, refused = (s.new_ticket("alice", 1, 1) for _ in range(3))
+        running, queued, refused = (s.new_ticket("alice", Footprint(1, 1)) for _ in range(3))
         assert s.submit(running) is None and s.submit(queued) is None
         assert s.submit(refused) == "queue_full" and s.view().tenants["alice"].queued == 1
         assert await s.wait(queued, 0.05) is None

@@ -137,5 +137,6 @@ def test_client_body_goes_upstream_with_include_usage_added():
         "model": "m",
         "messages": [{"role": "user", "content": "hé"}],
         "stream": True,
+        "max_tokens": 512,  # NOTE: the gateway's bound, sent when the client sets none
         "stream_options": {"include_usage": True},
     }

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairserve.api.protocol import MAX_INT, BadRequest, parse_call, parse_json, parse_request, sse
-from fairserve.api.tokens import estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
 from fairserve.gateway.body import BodyError, parse_body, upstream_body
+from fairserve.gateway.footprint import DEFAULT_MAX_TOKENS, Footprint
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +87,7 @@ def test_lenient_mode_counts_every_prompt_and_keeps_n():
         strict=False,
     )
     assert (chat.max_tokens, chat.stream, chat.include_usage) == (4, True, True)
-    assert chat.prompt_tokens == estimate_tokens("hello there")
+    assert chat.prompt_tokens == estimate_tokens("hello there") + MESSAGE_TOKENS  # one message: its markers
 
 
 def test_parse_call_defaults():
@@ -103,8 +104,10 @@ def test_gateway_parse_body_refuses_huge_integers_and_passes_bytes_through():
             parse_body(b'{"model": "m", "prompt": "a", "max_tokens": ' + huge + b"}", "completions")
     raw = b'{"model":"m","prompt":[[1,2],[3]],"logit_bias":{"5":1},"n":2}'
     parsed = parse_body(raw, "completions")
-    assert (parsed.prompt_tokens, parsed.n, parsed.max_tokens) == (3, 2, None)
-    assert upstream_body(parsed) == raw
+    assert parsed.footprint == Footprint(3, DEFAULT_MAX_TOKENS, 4) and parsed.max_tokens is None
+    assert upstream_body(parsed) == raw[:-1] + b',"max_tokens":512}'  # the default, sent
+    bounded = b'{"model":"m","prompt":"a","max_tokens":7}'
+    assert upstream_body(parse_body(bounded, "completions")) == bounded
     with pytest.raises(BodyError):
         parse_body(b"{not json", "chat")
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fairserve.api.server import running_server
-from fairserve.api.tokens import estimate_tokens, messages_text
+from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens, messages_text
 from fairserve.gateway import build_config, create_app
 
 KEYS = {"alice": "key-alice", "bob": "key-bob"}
@@ -48,12 +48,13 @@ class FakeBackend:
         return self
 
     def _usage(self, body: dict[str, Any], chat: bool, produced: int) -> dict[str, int]:
-        if chat:
-            text = messages_text(body.get("messages") or [])
+        if chat:  # NOTE: as the gateway estimates it (its messages' text and role markers)
+            messages = body.get("messages") or []
+            prompt = estimate_tokens(messages_text(messages)) + MESSAGE_TOKENS * len(messages) + self.prompt_bias
         else:
             p = body.get("prompt")
             text = p if isinstance(p, str) else " ".join(x for x in p or [] if isinstance(x, str))
-        prompt = estimate_tokens(text) + self.prompt_bias
+            prompt = estimate_tokens(text) + self.prompt_bias
         return {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}
 
     def _chunk(self, chat: bool, text: str | None, finish: str | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from .tokens import OUTPUT_PIECE, TokenCounter, estimate_tokens, messages_text
+from .tokens import IMAGE_TOKENS, MESSAGE_TOKENS, OUTPUT_PIECE, TokenCounter, chat_text, estimate_tokens, media_parts
 
 DEFAULT_MAX_TOKENS = {False: 16, True: 256}  # completions, chat: OpenAI's / vLLM's defaults
 # NOTE: vLLM keeps token counts in 32-bit signed integers; no model's context comes near it.
@@ -43,6 +43,7 @@ class ParsedRequest:
     prompt_tokens: int  # by the caller's counter, over every prompt (0 for an empty prompt)
     max_tokens: int | None  # as the client set it: chat's max_completion_tokens, else max_tokens
     n: int
+    sequences: int  # the outputs it asks for, each up to max_tokens: prompts x max(n, best_of)
     stream: bool
     include_usage: bool  # the client asked for stream_options.include_usage
     prompt: str = ""  # completions, strict mode: the prompt text
@@ -67,17 +68,28 @@ class Call:
     priority: int | None = None
 
 
-def parse_json(raw: bytes | str) -> Any:
+def parse_json(raw: bytes | str, *, surrogates: bool = False) -> Any:
     """The body's JSON, by orjson when it can (it refuses a few things json accepts: NaN, lone surrogates, huge
-    ints). Raises BadRequest when it is not JSON."""
+    ints). Raises BadRequest when it is not JSON, or (unless `surrogates`: a backend's answer, relayed as sent) when
+    a string holds a lone UTF-16 surrogate (`"\\ud800"`): no UTF-8 encodes it, strict JSON readers refuse it, and
+    a client's strings reach the usage log that billing reads."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):  # ValueError: also an int of over 4300 digits
         raise BadRequest("We could not parse the JSON body of your request. The body must be a JSON object.") from None
+    if not surrogates:
+        try:
+            json.dumps(doc, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise BadRequest(
+                "The request body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text: "
+                "send valid Unicode."
+            ) from None
+    return doc
 
 
 def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = estimate_tokens) -> ParsedRequest:
@@ -102,13 +114,17 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
     n = integer(body, "n")
     if strict and n not in (None, 1):
         raise BadRequest("Only n=1 is supported.", "n")
+    best_of = integer(body, "best_of")
     if chat:
-        messages = messages_field(body)
-        prompt, prompt_tokens = "", count(messages_text(messages))
+        messages, texts = messages_field(body), 1
+        extra = MESSAGE_TOKENS * len(messages) + IMAGE_TOKENS * media_parts(messages)
+        prompt, prompt_tokens = "", count(chat_text(body)) + extra
     else:
         prompts = _prompts(body, strict)
         prompt = prompts[0] if strict else ""
         prompt_tokens = sum(len(p) if isinstance(p, list) else 1 if isinstance(p, int) else count(p) for p in prompts)
+        # NOTE: a list of token ids is one prompt; a list of strings or of id lists is one prompt each
+        texts = 1 if isinstance(body["prompt"], str) or all(is_token_id(p) for p in prompts) else len(prompts)
     usage = isinstance(options, dict) and options.get("include_usage") is True
     priority = priority_field(body)
     return ParsedRequest(
@@ -117,6 +133,7 @@ def parse_request(body: Any, chat: bool, *, strict: bool, count: TokenCounter = 
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         n=n or 1,
+        sequences=texts * max(n or 1, best_of or 1),
         stream=stream,
         include_usage=usage,
         prompt=prompt,

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from .protocol import BadRequest, body_model, flag, integer
-from .tokens import OUTPUT_PIECE, TokenCounter, estimate_tokens
+from .tokens import IMAGE_TOKENS, MESSAGE_TOKENS, OUTPUT_PIECE, TokenCounter, chat_text, estimate_tokens, media_parts
 
 DEFAULT_MAX_OUTPUT_TOKENS = 256
 STATEFUL = ("previous_response_id", "background")
@@ -46,10 +46,16 @@ def parse_responses(body: Any, *, strict: bool, count: TokenCounter = estimate_t
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest("'instructions' must be a string.", "instructions")
-    text = _input_text(body.get("input"))
+    items = body.get("input")
+    text = _input_text(items)
+    shape = body.get("text")  # NOTE: `text.format` is the Responses API's response_format
+    rendered = {"tools": body.get("tools"), "response_format": shape.get("format") if isinstance(shape, dict) else None}
+    tools = chat_text(rendered)
+    messages = (len(items) if isinstance(items, list) else 1) + (instructions is not None)  # NOTE: each templated
+    extra = MESSAGE_TOKENS * messages + IMAGE_TOKENS * (media_parts(items) if isinstance(items, list) else 0)
     return ResponsesCall(
         model=model,
-        prompt_tokens=count("\n".join(t for t in (instructions, text) if t)),
+        prompt_tokens=count("\n".join(t for t in (instructions, text, tools) if t)) + extra,
         max_output_tokens=integer(body, "max_output_tokens"),
         stream=flag(body, "stream"),
         instructions=instructions,

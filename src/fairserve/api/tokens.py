@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -39,6 +40,45 @@ def messages_text(messages: list) -> str:
         elif isinstance(content, list):
             parts += [p.get("text", "") for p in content if isinstance(p, dict)]
     return "\n".join(parts)
+
+
+# NOTE: a chat template wraps each message in its role's markers (OpenAI counts 3 tokens a message, then 3 that
+# prime the reply; a ChatML or Llama template takes 4-5)
+MESSAGE_TOKENS = 4
+# NOTE: OpenAI's documented cost of one 1024x1024 image at high detail (85 + 4 tiles of 170); engines differ (LLaVA
+# 576, Qwen2-VL by size), and the backend's usage corrects the estimate when the request ends
+IMAGE_TOKENS = 765
+MEDIA_PARTS = ("image_url", "input_image", "input_audio", "audio_url", "video_url")
+CHAT_EXTRAS = ("tools", "functions", "response_format")  # fields a chat template renders into the prompt
+
+
+def chat_text(body: dict) -> str:
+    """All the text a chat request puts in the prompt: its messages' contents, the tool calls they carry, and
+    the `tools` (legacy `functions`) and `response_format` the template renders, as their JSON."""
+    messages = body.get("messages") or []
+    text = [messages_text(messages)]
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(calls, list) and calls:
+            text.append(_json(calls))
+    text += [_json(body[k]) for k in CHAT_EXTRAS if body.get(k)]
+    return "\n".join(t for t in text if t)
+
+
+def media_parts(messages: list) -> int:
+    """The images and audio clips in a chat request's messages (each counted as `IMAGE_TOKENS`)."""
+    return sum(
+        1
+        for m in messages
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, dict) and p.get("type") in MEDIA_PARTS
+    )
+
+
+def _json(value: object) -> str:
+    # NOTE: spaced as chat templates write it (jinja's `tojson` is json.dumps): a compact count would fall short
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 TokenCounter = Callable[[str], int]

@@ -13,6 +13,7 @@ from ..api.protocol import MAX_INT, BadRequest, parse_json, parse_request, prior
 from ..api.responses import parse_responses, usage_tokens
 from ..api.tokens import TokenCounter, estimate_tokens
 from ..engines.queue import CLIENT_ARG
+from .footprint import DEFAULT_MAX_TOKENS, Footprint
 
 CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES = "chat", "completions", "embeddings", "responses"
 PATHS = {
@@ -31,16 +32,22 @@ class Parsed:
     body: dict[str, Any]
     stream: bool
     wants_usage: bool  # the client itself asked for stream_options.include_usage
-    prompt_tokens: int  # the gateway's estimate
+    footprint: Footprint  # the gateway's estimate of its prompt and the bound of its output
     max_tokens: int | None  # as the client set it (chat: max_completion_tokens, else max_tokens)
-    n: int
     raw: bytes = b""  # the body as the client sent it
     priority: int | None = None  # vLLM's `priority`, as the client named it
     model: str | None = None
     kind: str = CHAT
 
 
-def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> Parsed:
+# the field that bounds a request's output, sent upstream when the client set none (chat's `max_tokens`: the one
+# every OpenAI-compatible server reads; `max_completion_tokens` is newer)
+OUTPUT_FIELD = {CHAT: "max_tokens", COMPLETIONS: "max_tokens", RESPONSES: "max_output_tokens"}
+
+
+def parse_body(
+    raw: bytes, kind: str, count: TokenCounter = estimate_tokens, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Parsed:
     """The request, by `api`'s parsers in their lenient (proxy) mode: token-id prompts, any n and unknown
     fields pass through. Embeddings produce no output (capacity: their inputs); a responses body's stateful fields
     (`previous_response_id`, `background`) are refused. Raises BodyError."""
@@ -51,21 +58,26 @@ def parse_body(raw: bytes, kind: str, count: TokenCounter = estimate_tokens) -> 
     kept = raw if plain else b""
     if kind == EMBEDDINGS:
         e = parse_embeddings(body, strict=False, count=count)
-        return Parsed(body, False, False, e.prompt_tokens, 0, 1, kept, priority_field(body), e.model, kind)
+        return Parsed(
+            body, False, False, Footprint(e.prompt_tokens, 0, 0), None, kept, priority_field(body), e.model, kind
+        )
     if kind == RESPONSES:
         c = parse_responses(body, strict=False, count=count)
         out = c.max_output_tokens
-        return Parsed(body, c.stream, False, c.prompt_tokens, out, 1, kept, priority_field(body), c.model, kind)
+        footprint = Footprint(c.prompt_tokens, out or default_max_tokens)
+        return Parsed(body, c.stream, False, footprint, out, kept, priority_field(body), c.model, kind)
     r = parse_request(body, kind == CHAT, strict=False, count=count)
-    return Parsed(body, r.stream, r.include_usage, r.prompt_tokens, r.max_tokens, r.n, kept, r.priority, r.model, kind)
+    footprint = Footprint(r.prompt_tokens, r.max_tokens or default_max_tokens, r.sequences)
+    return Parsed(body, r.stream, r.include_usage, footprint, r.max_tokens, kept, r.priority, r.model, kind)
 
 
 def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: int = 0) -> bytes:
-    """The body sent to the backend: the client's, plus `include_usage` for streams (the gateway needs usage), plus
-    with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client": TENANT}`) and the
-    `priority` the request runs at (unless 0), so that the engine's own VTC counts the gateway's tenants at the
-    gateway's levels. Without it a `priority` the client named is not forwarded: the gateway has served by it, and
-    a vLLM without `--scheduling-policy priority` refuses any priority but 0."""
+    """The body sent to the backend: the client's, plus the output bound of its footprint when the client set none
+    (so that the backend stops where the gateway's estimate does), plus `include_usage` for streams (the gateway
+    needs usage), plus with `engine_client` the tenant named to the engine (`vllm_xargs: {"fairserve_client":
+    TENANT}`) and the `priority` the request runs at (unless 0), so that the engine's own VTC counts the gateway's
+    tenants at the gateway's levels. Without it a `priority` the client named is not forwarded: the gateway has
+    served by it, and a vLLM without `--scheduling-policy priority` refuses any priority but 0."""
     body = parsed.body
     if engine_client is not None:
         xargs = body.get("vllm_xargs")
@@ -76,21 +88,21 @@ def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: in
     elif "priority" in body:
         body = {k: v for k, v in body.items() if k != "priority"}
         parsed = replace(parsed, body=body, raw=b"")
+    added: dict[str, Any] = {}
+    bound = OUTPUT_FIELD.get(parsed.kind)
+    if bound is not None and parsed.max_tokens is None:
+        added[bound] = parsed.footprint.output_tokens
     # NOTE: a responses stream ends with its usage anyway (response.completed); embeddings are never streamed
-    needs_usage = parsed.stream and not parsed.wants_usage and parsed.kind in (CHAT, COMPLETIONS)
-    if not needs_usage and parsed.raw:
+    if parsed.stream and not parsed.wants_usage and parsed.kind in (CHAT, COMPLETIONS):
+        added["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if not added and parsed.raw:
         return parsed.raw  # nothing to change: the client's bytes as they are
-    if needs_usage and "stream_options" not in body and parsed.raw:
+    if parsed.raw and not any(k in body for k in added):
         end = parsed.raw.rstrip().rfind(b"}")
-        if end > 0:  # the one key added at the end of the client's object
-            return parsed.raw[:end] + b',"stream_options":{"include_usage":true}}'
-    if needs_usage:
-        body = dict(body)
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    try:
-        return json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # lone surrogates (valid JSON escapes): keep them escaped
-        return json.dumps(body).encode()
+        if end > 0:  # the keys added at the end of the client's object
+            return parsed.raw[:end] + b"," + orjson.dumps(added)[1:]
+    # NOTE: json, not orjson: a body read by json's extensions (NaN, integers past 64 bits) is written back as sent
+    return json.dumps({**body, **added}, ensure_ascii=False).encode()
 
 
 def delta_tokens(chunk: dict[str, Any], kind: str, count: TokenCounter = estimate_tokens) -> int:

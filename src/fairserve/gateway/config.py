@@ -17,6 +17,7 @@ from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
 from ..core import check_policy, policy_names
 from ..tenancy import MAX_COST, GroupConfig, TenantConfig, TenantsMixin, check_tenants
+from .footprint import DEFAULT_MAX_TOKENS
 
 # NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
 _SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|api_key|apikey|key|auth)=)[^&;#\s]*")
@@ -130,7 +131,7 @@ class GatewayConfig(TenantsMixin, Strict):
     admin_key: str | None = None
     trusted_proxy: bool = False  # honour `X-Tenant-Id` from a holder of a valid key
     tokenizer: str = ""  # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
-    default_max_tokens: int = Field(512, ge=1, le=MAX_INT)  # assumed when a request sets no max_tokens
+    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_INT)  # sent when a request sets no max_tokens
     models: list[str] = Field(default_factory=list)  # /v1/models when no backend answers
     backend_cooldown_s: float = Field(2.0, ge=0)  # without health checks: an unreachable backend is skipped this long
     # health: each backend's `health_path` is read every `health_interval_s` (0: no active checks); a backend is

@@ -128,7 +128,7 @@ class Proxy:
             raw.headers["X-Request-Id"] = request_id
             return await raw(scope, receive, send)
         try:
-            parsed = parse_body(raw, kind, self.sched.count_tokens)
+            parsed = parse_body(raw, kind, self.sched.count_tokens, self.cfg.default_max_tokens)
         except BodyError as e:
             metrics.refused(tenant, "invalid")
             sched.usage.refused(request_id, tenant, None, kind, "invalid")
@@ -141,9 +141,7 @@ class Proxy:
             sched.usage.refused(request_id, tenant, parsed.model, kind, "insufficient_quota")
             return await insufficient_quota(out, request_id)(scope, receive, send)
         try:
-            ticket = sched.new_ticket(
-                tenant, parsed.prompt_tokens, parsed.max_tokens, parsed.n, request_id, parsed.model, kind
-            )
+            ticket = sched.new_ticket(tenant, parsed.footprint, request_id, parsed.model, kind)
         except UnknownModel as e:
             metrics.refused(tenant, "model_not_found")
             sched.usage.refused(request_id, tenant, parsed.model, kind, "model_not_found")
@@ -356,7 +354,7 @@ class Proxy:
             if not parsed.stream:
                 content = await resp.read()
                 try:
-                    doc = parse_json(content)
+                    doc = parse_json(content, surrogates=True)
                 except ValueError:
                     doc = None
                 if not isinstance(doc, dict):  # NOTE: relayed as a success, it would be charged and break clients

@@ -105,8 +105,8 @@ class QuotaGate(Listener):
         paths = self.paths(t.tenant)
         if not paths or not self._reachable():
             return NOTHING
-        out = t.tokens - t.prompt_tokens  # max_tokens · n
-        bound = Cost(t.prompt_tokens + out, (t.cost or t.pool.ledger.cost).total(t.prompt_tokens, out))
+        fp = t.footprint
+        bound = Cost(fp.tokens, (t.cost or t.pool.ledger.cost).total(fp.prompt_tokens, fp.max_output))
         try:
             got = await self.book.hold(paths, bound)
         except Exception as e:

@@ -74,7 +74,7 @@ class Relay:
             self._done = True
             return raw, 0, ""
         try:
-            doc = parse_json(data)
+            doc = parse_json(data, surrogates=True)
         except ValueError:
             doc = None
         if not isinstance(doc, dict):  # NOTE: the OpenAI SDK fails on such an event: the backend's stream is broken

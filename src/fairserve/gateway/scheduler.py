@@ -30,6 +30,7 @@ from ..tenancy import QuotaConfig, refused_priority
 from . import fleet
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
+from .footprint import Footprint
 from .prometheus import GatewayMetrics
 from .quota_gate import QuotaGate
 from .shared_state import SharedState, StateSettings
@@ -106,23 +107,13 @@ class Scheduler:
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(
-        self,
-        tenant: str,
-        prompt_tokens: int,
-        max_tokens: int | None,
-        n: int = 1,
-        request_id: str = "",
-        model: str | None = None,
-        kind: str = "",
+        self, tenant: str, footprint: Footprint, request_id: str = "", model: str | None = None, kind: str = ""
     ) -> Ticket:
         """A ticket for a request of `model` (UnknownModel if no backend serves it)."""
-        out = max_tokens if max_tokens is not None else self.cfg.default_max_tokens
         now = self.clock()
         return Ticket(
             tenant,
-            prompt_tokens,
-            out,
-            prompt_tokens + out * n,
+            footprint,
             now,
             asyncio.get_running_loop().create_future(),
             pool=self.pools.route(model),
@@ -158,8 +149,8 @@ class Scheduler:
             req = Request(
                 id=f"gw-{next(self._ids)}",
                 tenant=t.tenant,
-                prompt_tokens=t.prompt_tokens,
-                max_tokens=t.max_tokens,
+                prompt_tokens=t.footprint.prompt_tokens,
+                max_tokens=t.footprint.max_output,
                 arrival_s=t.queued_at,
                 priority=priority,
                 item=t,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core import CostFunction, Request
+from .footprint import Footprint
 
 if TYPE_CHECKING:
     from .dispatch import Backend, Pool
@@ -28,9 +29,7 @@ class Ticket:
     """One request on its way through the gateway; its ledger entry is `req` (`req.item` is the ticket)."""
 
     tenant: str
-    prompt_tokens: int
-    max_tokens: int
-    tokens: int  # capacity it reserves on a backend
+    footprint: Footprint  # the most it may use: its prompt and output bound
     queued_at: float
     admitted: asyncio.Future[Backend]
     pool: Pool = field(default=None, repr=False)  # type: ignore[assignment]  # NOTE: set by `new_ticket`
@@ -53,3 +52,8 @@ class Ticket:
     stalled: str = ""  # why its stream was cut for a client that does not read (gateway/stalls.py)
     upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
     holding: asyncio.Task[Any] | None = None  # its quota hold, taken at its first dispatch (gateway/quota_gate.py)
+
+    @property
+    def tokens(self) -> int:
+        """The capacity it reserves on a backend: its prompt and output bound."""
+        return self.footprint.tokens
