@@ -14,6 +14,7 @@ import time
 from datetime import datetime
 
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from support.gateway import HTTP, wait_until
@@ -22,7 +23,7 @@ from support.processes import serve as serve_process
 pytestmark = pytest.mark.integration
 
 ADMIN = "models-admin"
-KEYS = {"heavy": "key-heavy", "light": "key-light", "only-b": "key-only-b"}
+KEYS = {"heavy": "key-heavy", "light": "key-light", "only-b": "key-only-b", "org/member": "key-org-member"}
 LIMITS = {"a": 2, "b": 4}  # requests in flight at each emulator
 PRICE_A = {"w_p": 2.0, "w_q": 4.0}  # a token of model A costs twice one of model B (w_p = 1, w_q = 2)
 
@@ -53,6 +54,7 @@ backends = [
 tenants = [
 {tenants}
 ]
+groups = [{{ name = "org", models = ["model-a"] }}]
 [prices."model-a"]
 w_p = {PRICE_A["w_p"]}
 w_q = {PRICE_A["w_q"]}
@@ -94,8 +96,13 @@ def test_each_model_reaches_only_its_backend_and_models_lists_the_union(fleet):
     assert e.value.code == "model_not_found" and "model-a, model-b" in e.value.message
 
 
-def test_a_tenant_limited_to_one_model_gets_403_for_another(fleet):
+def test_a_tenant_limited_to_one_model_gets_403_for_another_and_sees_only_its_own(fleet):
     c = client(fleet, "only-b")
+    # NOTE: /v1/models lists what the key may use: its own allowance, its group's, or (the admin key) every model
+    assert [m.id for m in c.models.list()] == ["model-b"]
+    assert [m.id for m in client(fleet, "org/member").models.list()] == ["model-a"]
+    admin = OpenAI(base_url=fleet["gateway"] + "/v1", api_key=ADMIN, max_retries=0)
+    assert sorted(m.id for m in admin.models.list()) == ["model-a", "model-b"]
     assert c.completions.create(model="model-b", prompt="hi", max_tokens=2).usage.completion_tokens == 2
     with pytest.raises(openai.PermissionDeniedError) as e:
         c.completions.create(model="model-a", prompt="hi", max_tokens=2)
@@ -269,6 +276,37 @@ def test_the_usage_log_has_a_line_per_request(fleet):
     assert lines["usage-403"]["service"] == 0 and lines["usage-404"]["queue_wait_s"] is None
     priced = [r for r in lines.values() if r["model"] == "model-a" and r["outcome"] == "ok"]
     assert priced and all(r["service"] == 2 * r["prompt_tokens"] + 4 * r["output_tokens"] for r in priced)
+
+
+def test_a_lone_surrogate_is_refused_at_the_edge_and_every_usage_line_is_strict_json(fleet):
+    """Strings a client controls reach the usage log (`model`); JSON's escapes can spell a lone UTF-16 surrogate,
+    which strict readers (orjson, billing pipelines) refuse: such a body is a 400, and every line stays valid."""
+    sent = {
+        "surrogate-model": b'{"model": "a\\ud800b", "prompt": "hi", "max_tokens": 2}',
+        "surrogate-prompt": b'{"model": "model-b", "prompt": "x\\udfffy", "max_tokens": 2}',
+        "surrogate-messages": b'{"model": "model-b", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        "astral-model": '{"model": "m\u00f6del-\U0001f600\u2028", "prompt": "hi", "max_tokens": 2}'.encode(),
+    }
+    paths = {"surrogate-messages": "/v1/chat/completions"}
+    for rid, raw in sent.items():
+        r = HTTP.post(
+            fleet["gateway"] + paths.get(rid, "/v1/completions"),
+            content=raw,
+            headers={
+                "Authorization": f"Bearer {KEYS['light']}",
+                "X-Request-Id": rid,
+                "content-type": "application/json",
+            },
+        )
+        if rid.startswith("surrogate"):
+            assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], (rid, r.text)
+        else:
+            assert r.status_code == 404  # NOTE: valid text, an unknown model: logged as sent
+    assert wait_until(lambda: set(sent) <= {r["request_id"] for r in usage_lines(fleet)})
+    raw_lines = fleet["usage"].read_bytes().splitlines()
+    rows = {row["request_id"]: row for row in map(orjson.loads, raw_lines)}  # NOTE: raises on any invalid line
+    assert rows["astral-model"]["model"] == "m\u00f6del-\U0001f600\u2028"
+    assert all(rows[rid]["outcome"] == "invalid" for rid in sent if rid.startswith("surrogate"))
 
 
 def usage_line(fleet, rid: str) -> dict:

@@ -207,9 +207,10 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        if gw.tenant(request) is None and not same_key(bearer(request), config.admin_key):
+        tenant = gw.tenant(request)
+        if tenant is None and not same_key(bearer(request), config.admin_key):
             return _unauthorized()
-        return await gw.models()
+        return await gw.models(tenant)
 
     @app.get("/healthz")
     @app.get("/health")

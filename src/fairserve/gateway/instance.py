@@ -155,23 +155,32 @@ class Gateway:
             return claimed if valid and claimed in self.tenant_names else None
         return owner
 
-    async def models(self) -> Response:
-        """The union of the models the backends serve (their /v1/models entries, adapters' `parent` kept); while no
-        backend's list is known, the first healthy backend's answer, else the configured `models`."""
+    async def models(self, tenant: str | None = None) -> Response:
+        """The models `tenant` may use (None, the admin key: all) of the union the backends serve (their /v1/models
+        entries, adapters' `parent` kept); while no backend's list is known, the first healthy backend's answer,
+        else the configured `models`. NOTE: a tenant limited to some models learns nothing of the others."""
+        allowed = self.proxy.allowed_models.get(tenant) if tenant is not None else None
+        doc = await self._listing()
+        if allowed is not None:
+            doc = {**doc, "data": [m for m in doc["data"] if isinstance(m, dict) and m.get("id") in allowed]}
+        return JSONResponse(doc)
+
+    async def _listing(self) -> dict[str, Any]:
         seen: dict[str, dict[str, Any]] = {}
         for b in self.sched.backends:
             for m in b.listing:
                 seen.setdefault(m["id"], m)
         if seen:
-            return JSONResponse({"object": "list", "data": list(seen.values())})
+            return {"object": "list", "data": list(seen.values())}
         for b in self.sched.backends:
             if not b.healthy:
                 continue
             headers = {"authorization": f"Bearer {b.cfg.api_key}"} if b.cfg.api_key else {}
             try:
                 resp = await self.client.get(b.url + "/v1/models", headers=headers, timeout=5.0)
-                if resp.status_code == 200 and isinstance(resp.json(), dict):
-                    return Response(resp.content, media_type="application/json")
+                doc = resp.json() if resp.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 continue
-        return JSONResponse(models_list(*self.cfg.models))
+            if isinstance(doc, dict) and isinstance(doc.get("data"), list):
+                return doc
+        return models_list(*self.cfg.models)
