@@ -94,6 +94,9 @@ def test_config_defaults():
         ({"tokenizer": "tiktoken:cl100k_base"}, "tokenizer"),
         ({"colour": "blue"}, "colour"),
         ({"trusted_proxy": "perhaps"}, "trusted_proxy"),
+        ({"forwarded_allow_ips": ["10.0.0.1/8"]}, "forwarded_allow_ips"),  # host bits: uvicorn would never match it
+        ({"forwarded_allow_ips": "10.0.0.1, proxy.local"}, "forwarded_allow_ips"),
+        ({"forwarded_allow_ips": ["*", "10.0.0.1"]}, "forwarded_allow_ips"),
     ],
 )
 def test_config_errors_name_the_key(change, key):
@@ -215,6 +218,24 @@ def test_run_serves_with_uvicorn(monkeypatch, capsys):
     assert "1 tenant, 1 backend, policy vtc" in capsys.readouterr().err
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log", *listen)) == 0
     assert seen["access_log"] is False
+
+
+def test_forwarded_allow_ips_go_to_uvicorn_from_the_flag_or_the_file(monkeypatch, tmp_path):
+    import uvicorn
+
+    from fairserve.api.server import free_port
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    flags = ("--backend", "http://b:2", "--tenant", "t:k", "--listen", f"127.0.0.1:{free_port()}")
+    assert gateway_cli.run(parse(*flags, "--forwarded-allow-ips", "10.0.0.0/8, fd00::1")) == 0
+    assert seen["forwarded_allow_ips"] == ["10.0.0.0/8", "fd00::1"]
+    seen.clear()
+    assert gateway_cli.run(parse(*flags)) == 0
+    assert "forwarded_allow_ips" not in seen  # unset: uvicorn's own default ($FORWARDED_ALLOW_IPS, else loopback)
+    (tmp_path / "gw.toml").write_text('forwarded_allow_ips = "*"\n')
+    assert gateway_cli.run(parse("--config", str(tmp_path / "gw.toml"), *flags)) == 0
+    assert seen["forwarded_allow_ips"] == ["*"]
 
 
 def test_access_log_from_the_file_and_the_flag(tmp_path):
