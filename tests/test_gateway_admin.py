@@ -117,6 +117,17 @@ def test_config_cross_checks(change, words):
         build_config(base_config(**change))
 
 
+def test_forwarded_allow_ips_are_addresses_and_networks_or_any():
+    given = {"10.0.0.0/8, ::1": ["10.0.0.0/8", "::1"], "*": ["*"], ("192.0.2.7",): ["192.0.2.7"], (): []}
+    for value, kept in given.items():
+        assert build_config(base_config(forwarded_allow_ips=value)).forwarded_allow_ips == kept
+    # NOTE: uvicorn takes an entry it cannot parse (a name, host bits set) for a literal that never matches
+    for value in (["10.0.0.1/8"], "10.0.0.1, proxy.local", ["*", "10.0.0.1"], "10.0.0.1,"):
+        with pytest.raises(ValueError, match="'forwarded_allow_ips': each entry must be an IP address") as e:
+            build_config(base_config(forwarded_allow_ips=value))
+        assert "\n" not in str(e.value)
+
+
 def test_a_hashed_key_authenticates_and_a_wrong_key_does_not():
     digest = hashlib.sha256(b"secret-key").hexdigest()
     cfg = build_config(base_config(tenants=[{"name": "a", "api_key_sha256": [digest.upper()]}]))
@@ -215,6 +226,24 @@ def test_run_serves_with_uvicorn(monkeypatch, capsys):
     assert "1 tenant, 1 backend, policy vtc" in capsys.readouterr().err
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log", *listen)) == 0
     assert seen["access_log"] is False
+
+
+def test_forwarded_allow_ips_go_to_uvicorn_from_the_flag_or_the_file(monkeypatch, tmp_path):
+    import uvicorn
+
+    from fairserve.api.server import free_port
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    flags = ("--backend", "http://b:2", "--tenant", "t:k", "--listen", f"127.0.0.1:{free_port()}")
+    assert gateway_cli.run(parse(*flags, "--forwarded-allow-ips", "10.0.0.0/8, fd00::1")) == 0
+    assert seen["forwarded_allow_ips"] == ["10.0.0.0/8", "fd00::1"]
+    seen.clear()
+    assert gateway_cli.run(parse(*flags)) == 0
+    assert "forwarded_allow_ips" not in seen  # unset: uvicorn's own default ($FORWARDED_ALLOW_IPS, else loopback)
+    (tmp_path / "gw.toml").write_text('forwarded_allow_ips = "*"\n')
+    assert gateway_cli.run(parse("--config", str(tmp_path / "gw.toml"), *flags)) == 0
+    assert seen["forwarded_allow_ips"] == ["*"]
 
 
 def test_access_log_from_the_file_and_the_flag(tmp_path):

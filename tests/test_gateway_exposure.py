@@ -1,5 +1,5 @@
 """An internet-facing gateway: /metrics that scales with the tenants in use, constant-time key checks, throttled
-401s, bounded headers, request ids end to end, and TLS."""
+wrong keys (per address and per key, never a valid key), bounded headers, request ids end to end, and TLS."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.gateway import ADMIN, HTTP, FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, admin_tenants, auth, chat_body, serve, wait_until
 from support.raw_sockets import closed_within, connect
 
 from fairserve.api.server import free_port, running_server
@@ -71,25 +71,46 @@ def test_admin_and_metrics_keys_are_compared_in_constant_time(monkeypatch):
     assert (ADMIN.encode(), ADMIN.encode()) in seen and (b"mk-secret", b"mk-secret") in seen
 
 
-def test_repeated_401s_from_one_address_are_throttled():
-    with serve(FakeBackend(), auth_failure_limit=5, auth_failure_window_s=1.0) as base:
-        bad = {"Authorization": "Bearer guess"}
+def test_wrong_keys_from_one_address_throttle_its_wrong_keys_never_its_valid_ones():
+    with serve(FakeBackend(), auth_failure_limit=5, auth_failure_window_s=60.0, metrics_key="mk-secret") as base:
         tries = [("POST", "/v1/chat/completions"), ("GET", "/admin/tenants"), ("GET", "/v1/models")]
-        for method, path in tries + [("POST", "/v1/completions"), ("POST", "/admin/reset")]:  # every 401 counts
-            assert HTTP.request(method, base + path, json=chat_body(), headers=bad).status_code == 401
-        r = HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("alice"))
-        assert r.status_code == 429 and r.json()["error"]["code"] == "auth_throttled"  # even with a good key
-        assert 1 <= int(r.headers["retry-after"]) <= 1
+        tries += [("POST", "/v1/completions"), ("POST", "/admin/reset")]
+        for i, (method, path) in enumerate(tries):  # every 401 counts, each with another key (a scan)
+            r = HTTP.request(method, base + path, json=chat_body(), headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401
+        for headers in ({"Authorization": "Bearer guess-5"}, {}):  # a wrong key, or none: refused before any work
+            r = HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=headers)
+            assert r.status_code == 429 and r.json()["error"]["code"] == "auth_throttled"
+            assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert HTTP.get(base + "/admin/tenants", headers={"Authorization": "Bearer guess-6"}).status_code == 429
+        # the neighbours behind the same address, and its operator, are served as ever
+        assert HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("alice")).status_code == 200
+        assert HTTP.get(base + "/v1/models", headers=auth("bob")).status_code == 200
+        assert HTTP.get(base + "/admin/tenants", headers=ADMIN_H).status_code == 200
+        assert HTTP.get(base + "/metrics", headers={"Authorization": "Bearer mk-secret"}).status_code == 200
+        assert HTTP.get(base + "/admin/tenants", headers=auth("alice")).status_code == 403  # a tenant's key: as ever
         assert (
             HTTP.get(base + "/healthz").status_code == HTTP.get(base + "/livez").status_code == 200
         )  # probes: never throttled
-        ok = HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("alice")).status_code
-        assert ok == 429 and wait_until(
-            lambda: (
-                HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=auth("alice")).status_code == 200
-            ),
-            3,
-        )
+        r = HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers={"Authorization": "Bearer guess-7"})
+        assert r.status_code == 429  # and wrong keys still are not
+
+
+def test_one_wrong_key_is_throttled_from_every_address(monkeypatch):
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)  # NOTE: uvicorn's default: X-Forwarded-For from loopback
+    with serve(FakeBackend(), auth_failure_limit=3, auth_failure_window_s=60.0) as base:
+
+        def post(key: str, address: str) -> httpx.Response:
+            headers = {"Authorization": f"Bearer {key}", "X-Forwarded-For": address}
+            return HTTP.post(base + "/v1/chat/completions", json=chat_body(2), headers=headers)
+
+        for i in range(3):  # three pods, one stale key: no address has failed twice
+            assert post("stale-key", f"10.0.0.{i}").status_code == 401
+        r = post("stale-key", "10.0.9.9")  # the key, from an address that never failed
+        assert r.status_code == 429 and r.json()["error"]["code"] == "auth_throttled"
+        assert 1 <= int(r.headers["retry-after"]) <= 60
+        assert post("other-wrong-key", "10.0.9.9").status_code == 401  # the address is not throttled: each is its own
+        assert post(KEYS["alice"], "10.0.0.0").status_code == 200
 
 
 def test_headers_are_bounded_in_size_and_count():

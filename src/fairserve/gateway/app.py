@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from ..api.errors import error_response
-from ..tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key
+from ..tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key, scope_bearer
 from .body import PATHS
 from .config import GatewayConfig
 from .instance import Gateway
@@ -37,36 +37,44 @@ _OPEN = frozenset({"/healthz", "/health", "/livez"})  # what load balancers and 
 
 class _GatewayApp(FastAPI):
     """FastAPI, except that the two completion POSTs go straight to the proxy (no middleware, routing or
-    Request on the hot path); everything else is routed as usual. An address that failed to authenticate too often
-    is refused before either (`tenancy.AuthThrottle`)."""
+    Request on the hot path); everything else is routed as usual. A request from an address, or with a key, that
+    failed to authenticate too often is refused before either unless its key is valid (`tenancy.AuthThrottle`)."""
 
     completion: Any = None
     tokenize: Any = None
     throttle: AuthThrottle | None = None
+    valid_key: Any = None  # a tenant's, the admin's or the /metrics key (`create_app`)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
         throttle = self.throttle
-        address = (scope.get("client") or ("",))[0]
-        if throttle is not None and throttle.limit and scope["path"] not in _OPEN:
-            if (wait := throttle.blocked(address)) > 0:
-                return await throttle.refusal(wait)(scope, receive, send)
+        if throttle is not None and (not throttle.limit or scope["path"] in _OPEN):
+            throttle = None
+        address, key = _address(scope), scope_bearer(scope) if throttle is not None else None
+        # NOTE: the key is checked only for an address or key already throttled (rare, and the check costs a hash):
+        # a valid key is served whatever others sent from its address; a wrong one gets the 429 before any work
+        if throttle is not None and (wait := throttle.blocked(address, key)) > 0 and not self.valid_key(key):
+            return await throttle.refusal(wait)(scope, receive, send)
         if scope["method"] == "POST" and self.completion is not None:
             kind = _FAST.get(scope["path"])
             if kind is not None:
                 return await self.completion(scope, receive, send, kind)
             if scope["path"] in TOKENIZE_PATHS:
                 return await self.tokenize(scope, receive, send)
-        if throttle is None or not throttle.limit:
+        if throttle is None:
             return await super().__call__(scope, receive, send)
 
         async def counting(message: Any) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
-                throttle.failed(address)
+                throttle.failed(address, key)
             await send(message)
 
         await super().__call__(scope, receive, counting)
+
+
+def _address(scope: Scope) -> str:
+    return (scope.get("client") or ("",))[0]
 
 
 def _on_hangup(gw: Gateway) -> bool:
@@ -164,10 +172,17 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     app.state.gateway = gw
     app.throttle = gw.throttle
 
+    def valid_key(key: str | None) -> bool:
+        """A tenant's, the admin's or the /metrics key: never throttled."""
+        cfg = gw.cfg
+        return key is not None and (key in gw.owners or same_key(key, cfg.admin_key) or same_key(key, cfg.metrics_key))
+
+    app.valid_key = valid_key
+
     async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         tenant, request_id = gw.identify(scope)
         if tenant is None:
-            gw.throttle.failed((scope.get("client") or ("",))[0])
+            gw.throttle.failed(_address(scope), scope_bearer(scope))
             return await _unauthorized(request_id)(scope, receive, send)
         try:
             await gw.proxy.handle(scope, receive, send, kind, tenant, request_id)
@@ -183,7 +198,7 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     async def tokenize_asgi(scope: Scope, receive: Receive, send: Send) -> None:
         tenant, request_id = gw.identify(scope)
         if tenant is None:
-            gw.throttle.failed((scope.get("client") or ("",))[0])
+            gw.throttle.failed(_address(scope), scope_bearer(scope))
             return await _unauthorized(request_id)(scope, receive, send)
         await gw.tokenize.handle(scope, receive, send, tenant, request_id)
 

@@ -42,6 +42,7 @@ SCALARS = {
     "client_min_rate": "client_min_rate",
     "metrics_window": "metrics_window_s",
     "auth_failure_limit": "auth_failure_limit",
+    "forwarded_allow_ips": "forwarded_allow_ips",
     "max_header_bytes": "max_header_bytes",
     "max_headers": "max_headers",
     "ssl_certfile": "ssl_certfile",
@@ -211,7 +212,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--auth-failure-limit",
         type=int,
         metavar="N",
-        help="after N failed authentications from one address within a minute, 429 for it; 0: off (20)",
+        help="after N failed authentications from one address, or with one key, within a minute, 429 for its wrong "
+        "keys (a valid key is still served); 0: off (20)",
+    )
+    g.add_argument(
+        "--forwarded-allow-ips",
+        metavar="IP,CIDR,...|*",
+        help="proxies whose X-Forwarded-For gives the client's address (default: $FORWARDED_ALLOW_IPS, else "
+        "127.0.0.1 and ::1)",
     )
     g.add_argument("--max-header-bytes", type=int, metavar="N", help="largest request line and headers (32768)")
     g.add_argument("--max-headers", type=int, metavar="N", help="most header fields in a request (100)")
@@ -264,6 +272,10 @@ def run(args: argparse.Namespace) -> int:
     root.addHandler(handler)
     root.setLevel(args.log_level.upper())
     tls: dict[str, Any] = {"ssl_certfile": cfg.ssl_certfile, "ssl_keyfile": cfg.ssl_keyfile} if cfg.ssl_certfile else {}
+    # NOTE: unset, uvicorn's own default holds (it reads $FORWARDED_ALLOW_IPS)
+    proxies: dict[str, Any] = (
+        {"forwarded_allow_ips": cfg.forwarded_allow_ips} if cfg.forwarded_allow_ips is not None else {}
+    )
     try:
         uvicorn.run(
             app,
@@ -272,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             access_log=cfg.access_log,
             **tls,
+            **proxies,
             **server_options(cfg.client_timeout_s, cfg.drain_timeout_s, cfg.max_header_bytes, cfg.max_headers),
         )
     except ssl.SSLError as e:  # NOTE: a certificate and key that do not match, a file that is not PEM

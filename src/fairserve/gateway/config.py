@@ -3,6 +3,7 @@ line naming the key, see `api.config`). Tenants, keys and weights are `tenancy`'
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +105,17 @@ class BackendConfig(Strict):
         return checked_url(v, HTTP_URL, "an http(s) URL like http://127.0.0.1:8000/metrics") if v is not None else None
 
 
+def _check_proxy(entry: str) -> None:
+    """ValueError unless `entry` is an IP address or a network (CIDR, host bits zero) as uvicorn reads them: it takes
+    anything else for a name that never matches."""
+    try:
+        ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+    except ValueError:
+        raise ValueError(
+            f'each entry must be an IP address or a network like 10.0.0.0/8 (or the list be ["*"]), got {entry!r}'
+        ) from None
+
+
 class Price(Strict):
     """A model's cost of a prompt and an output token (`prices."llama-70b" = { w_p = 4, w_q = 8 }`)."""
 
@@ -161,10 +173,13 @@ class GatewayConfig(TenantsMixin, Strict):
     client_min_rate: int = Field(1024, ge=0)
     retry_after_max_s: float = Field(30.0, ge=0, le=3600)  # the longest a backend's Retry-After is honoured
     metrics_window_s: float = Field(900.0, ge=0)  # a tenant's series stay in /metrics this long after its last request
-    # repeated 401s from one client address: after `auth_failure_limit` within `auth_failure_window_s`, 429 for
-    # every request from it until the window ends (0: no limit)
+    # repeated 401s: after `auth_failure_limit` within `auth_failure_window_s` from one client address, or with one
+    # key from any, 429 for a request from it or with it until the window ends, unless its key is valid (0: no limit)
     auth_failure_limit: int = Field(20, ge=0)
     auth_failure_window_s: float = Field(60.0, gt=0, le=86400)
+    # the proxies whose X-Forwarded-For uvicorn takes the client's address from: IPs, CIDRs, or ["*"] (any); None:
+    # uvicorn's default ($FORWARDED_ALLOW_IPS, else 127.0.0.1 and ::1)
+    forwarded_allow_ips: list[str] | None = None
     max_header_bytes: int = Field(32 * 1024, ge=1024, le=1024 * 1024)  # a request line and headers, together (431)
     max_headers: int = Field(100, ge=8, le=10000)  # header fields in a request (431)
     ssl_certfile: str | None = None  # serve HTTPS (uvicorn's TLS): the certificate chain, PEM
@@ -195,6 +210,19 @@ class GatewayConfig(TenantsMixin, Strict):
     @classmethod
     def _state(cls, v: str | None) -> str | None:
         return checked_url(v, REDIS_URL, "a Redis URL like redis://127.0.0.1:6379/0") if v is not None else None
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return [part.strip() for part in v.split(",")] if isinstance(v, str) else v  # NOTE: uvicorn's "A,B" form
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and v != ["*"]:
+            for entry in v:
+                _check_proxy(entry)
+        return v
 
     @field_validator("ssl_certfile", "ssl_keyfile", "snapshot", "usage_log")
     @classmethod

@@ -30,7 +30,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         408: "the request body did not arrive in time",
         409: "not supported by the policy",
         413: "body too large",
-        429: "queue full, rate limited, or too many failed authentications from this address",
+        429: "queue full, rate limited, or too many failed authentications from this address or with this key",
         502: "no backend could serve it",
         503: "waited queue_ttl_s without a free backend, the backend is busy (Retry-After), or shutting down",
         504: "no backend answered in time",

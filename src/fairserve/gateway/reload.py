@@ -64,6 +64,7 @@ RESTART = {
     "max_headers": _SERVER,
     "ssl_certfile": _SERVER,
     "ssl_keyfile": _SERVER,
+    "forwarded_allow_ips": _SERVER,
 }
 
 

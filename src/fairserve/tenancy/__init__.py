@@ -8,7 +8,7 @@ owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
 
 from .access import model_refused
 from .admin import MAX_OWNER_KEYS, Accounts, admin_denied, admin_router
-from .auth import AuthThrottle, bearer, metrics_denied, same_key
+from .auth import AuthThrottle, bearer, metrics_denied, same_key, scope_bearer
 from .config import (
     MAX_COST,
     SERVER_SCALARS,
@@ -55,6 +55,7 @@ __all__ = [
     "priority_message",
     "refused_priority",
     "same_key",
+    "scope_bearer",
     "model_refused",
     "tenants_from_flags",
     "tree_overrides",

@@ -1,21 +1,36 @@
-"""Who a request is: its Bearer key, compared in constant time, wrong keys throttled per address, and who may read
-`/metrics`."""
+"""Who a request is: its Bearer key, compared in constant time, wrong keys throttled per address and per key, and who
+may read `/metrics`."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
+import os
 import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from ..api.errors import error_response
 
 
 def bearer(request: Request) -> str | None:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return _bearer(request.headers.get("authorization", ""))
+
+
+def scope_bearer(scope: Scope) -> str | None:
+    """`bearer` from a raw ASGI scope (the hot path builds no Request): its first Authorization header's."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return _bearer(value.decode("latin-1"))
+    return None
+
+
+def _bearer(authorization: str) -> str | None:
+    scheme, _, key = authorization.partition(" ")
     key = key.strip()
     return key if scheme.lower() == "bearer" and key else None
 
@@ -27,42 +42,83 @@ def same_key(given: str | None, secret: str | None) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode("utf-8", "surrogateescape"))
 
 
-class AuthThrottle:
-    """Repeated failed authentications (401) from one client address: after `limit` of them within `window_s`, every
-    request from that address is refused (429 with Retry-After) until the window ends, whatever key it carries, so
-    keys cannot be guessed at speed. `limit` 0: no throttling. At most `max_addresses` addresses are remembered (the
-    oldest forgotten first). Behind a reverse proxy the address is the one it forwards (uvicorn's proxy headers)."""
+class _Failures:
+    """Failed authentications by who failed (an address, a key's digest): each one's window start and count. At most
+    `bound` are remembered, the one whose last failure is oldest forgotten first."""
 
-    def __init__(self, limit: int, window_s: float, max_addresses: int = 100_000, clock: Any = time.monotonic) -> None:
-        self.limit, self.window_s, self.max_addresses, self.clock = limit, window_s, max_addresses, clock
-        self._failures: dict[str, tuple[float, int]] = {}  # address -> (window start, failures in it)
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.entries: dict[Any, tuple[float, int]] = {}  # who -> (window start, failures in it)
 
-    def blocked(self, address: str | None) -> float:
-        """Seconds until `address` may try again; 0 if it may now."""
-        entry = self._failures.get(address or "") if self.limit else None
-        if entry is None or entry[1] < self.limit:
+    def wait(self, who: Any, limit: int, window_s: float, now: float) -> float:
+        """Seconds until `who`'s window ends if it failed `limit` times in it, else 0."""
+        entry = self.entries.get(who)
+        if entry is None or entry[1] < limit:
             return 0.0
-        left = entry[0] + self.window_s - self.clock()
+        left = entry[0] + window_s - now
         if left <= 0:
-            del self._failures[address or ""]
+            del self.entries[who]
             return 0.0
         return left
 
-    def failed(self, address: str | None) -> None:
+    def add(self, who: Any, window_s: float, now: float) -> None:
+        start, count = self.entries.pop(who, (now, 0))
+        if now - start >= window_s:
+            start, count = now, 0
+        self.entries[who] = (start, count + 1)  # NOTE: re-inserted last: the dict's order is by last failure
+        if len(self.entries) > self.bound:
+            del self.entries[next(iter(self.entries))]
+
+
+class AuthThrottle:
+    """Failed authentications (401s), counted per client address and per key presented: after `limit` of them
+    within `window_s` from one address, or with one key from any address, a request from that address or with that
+    key is refused (429 with Retry-After) until the window ends, unless its key is valid. The caller checks the key
+    (`blocked` first, the key only when it is non-zero), so a valid key is served whatever others sent from its
+    address, while wrong keys are refused before any work. `limit` 0: no throttling. At most `max_addresses` addresses
+    and `max_keys` keys are remembered (the oldest failure forgotten first); a key is remembered by a digest keyed
+    with a secret of this process, never in clear. Behind a reverse proxy the address is the one it forwards
+    (uvicorn's proxy headers, `forwarded_allow_ips`)."""
+
+    def __init__(
+        self,
+        limit: int,
+        window_s: float,
+        max_addresses: int = 100_000,
+        max_keys: int = 100_000,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        self.addresses, self.keys = _Failures(max_addresses), _Failures(max_keys)
+        self._secret = os.urandom(16)
+
+    def blocked(self, address: str | None, key: str | None = None) -> float:
+        """Seconds until a request from `address` with `key` is no longer refused (unless its key is valid); 0: not
+        refused."""
+        if not self.limit:
+            return 0.0
+        now = self.clock()
+        wait = self.addresses.wait(address or "", self.limit, self.window_s, now)
+        if key is not None and self.keys.entries:  # NOTE: no digest on the way of requests while no key failed
+            wait = max(wait, self.keys.wait(self._digest(key), self.limit, self.window_s, now))
+        return wait
+
+    def failed(self, address: str | None, key: str | None = None) -> None:
+        """A 401 for a request from `address` with `key` (None: it carried none, counted by its address alone)."""
         if not self.limit:
             return
-        key, now = address or "", self.clock()
-        start, count = self._failures.pop(key, (now, 0))
-        if now - start >= self.window_s:
-            start, count = now, 0
-        self._failures[key] = (start, count + 1)  # NOTE: re-inserted last: the dict's order is by last failure
-        if len(self._failures) > self.max_addresses:
-            del self._failures[next(iter(self._failures))]
+        now = self.clock()
+        self.addresses.add(address or "", self.window_s, now)
+        if key is not None:
+            self.keys.add(self._digest(key), self.window_s, now)
+
+    def _digest(self, key: str) -> bytes:
+        return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16, key=self._secret).digest()
 
     def refusal(self, seconds: float) -> Response:
         return error_response(
             429,
-            f"too many failed authentications from this address; try again in {math.ceil(seconds)} s",
+            f"too many failed authentications from this address or with this key; try again in {math.ceil(seconds)} s",
             code="auth_throttled",
             headers={"Retry-After": str(math.ceil(seconds))},
         )
