@@ -116,15 +116,16 @@ def test_many_validation_problems_list_the_first_few_and_count_the_rest(tmp_path
         load_config(path)
     message = str(e.value)
     assert message.count("Extra inputs are not permitted") == MAX_PROBLEMS
-    assert message.startswith("config key 'tenants.0.wieght': ") and message.endswith(f"and {10_000 - 5} more")
-    assert len(message) < 500, len(message)
+    assert message.startswith("config key 'tenants.0.wieght': ")
+    assert message.endswith(f"; and {10_000 - MAX_PROBLEMS} more (in config file {path})") and len(message) < 500
 
 
 def test_many_repeated_tenant_names_list_the_first_few(tmp_path):
     tenants = "".join(f'[[tenants]]\nname = "t{i % 5000:04}"\napi_keys = ["key-{i}"]\n' for i in range(10_000))
     path = tmp_path / "gateway.toml"
     path.write_text('[[backends]]\nurl = "http://127.0.0.1:9"\n' + tenants)
-    with pytest.raises(ValueError, match=r"repeated: t0000, t0001, t0002, t0003, t0004 and 4995 more$"):
+    first = "t0000, t0001, t0002, t0003, t0004"
+    with pytest.raises(ValueError, match=rf"repeated: {first} and 4995 more \(in config file "):
         load_config(path)
 
 

@@ -149,7 +149,13 @@ def _too_large(p: Path) -> ValueError:
 
 
 def load_config(model: type[M], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> M:
-    """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
+    """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's. A
+    validation line ends naming the file: `(in config file gateway.toml)`, `(in config file gateway.toml or a flag)`."""
     data = read_toml(path) if path is not None else {}
     data.update(overrides or {})
-    return build_config(data, model)
+    try:
+        return build_config(data, model)
+    except ValueError as e:
+        if path is None:
+            raise
+        raise ValueError(f"{e} (in config file {path}{' or a flag' if overrides else ''})") from None
