@@ -17,6 +17,7 @@ one)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -189,8 +190,9 @@ async def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
     configuration kept. One reload at a time."""
     async with gw.reloading:
         try:
-            new = load()
-        except ValueError as e:
+            # NOTE: off the event loop: reading (bounded: api/config.py) and validating a large file take seconds
+            new = await asyncio.to_thread(load)
+        except (ValueError, OSError) as e:  # NOTE: OSError: a file a key names (ssl_certfile, ...) may be unreadable
             raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
         check(gw, new)
         change = fleet.plan(gw.sched, new.backends)
