@@ -4,8 +4,9 @@ priorities a tenant may name, groups, model access, quotas), the models' prices 
 price of its arrival), the backends (gateway/fleet.py: added ones serve at once, removed ones drain, queued requests go
 to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from then on), and the
 limits read at each request. What only a restart can change (`RESTART`: the listening socket, the policy and its
-ledgers, the shared state, the HTTP server's own settings, ...) is refused, as is a file that does not validate, with
-one line naming the keys and why, and the running configuration is kept.
+ledgers, the shared state, the HTTP server's own settings, ...) is refused, as is a file that cannot be read (read off
+the event loop, bounded in size and time: api/config.py) or does not validate, with one line naming the keys or the
+file and why, and the running configuration is kept.
 
 Decisions (docs/gateway.md, Live configuration): a removed tenant's queued and running requests are served (they were
 accepted with a valid key), its key is refused (401) from then on; a priority (or a permission to name one) changes
