@@ -1,8 +1,8 @@
-"""Live configuration: POST /admin/reload while 20 streams are in flight and 50 requests queued loses none, serves a
-new tenant, refuses a removed key, keeps the old configuration on a broken file (one line); SIGHUP does the same in a
-real `fairserve gateway` process. A timeout reloads for the requests after it; a key only a restart applies is refused
-with its reason (every key is one or the other); with shared state a backend change is refused. (The backends'
-reload: test_gateway_fleet_reload.py.)"""
+"""Live configuration: POST /admin/reload while 20 streams are in flight and 50 requests queued loses none, serves a new
+tenant, refuses a removed key, keeps the old configuration on a broken file (one line); SIGHUP does the same in a real
+`fairserve gateway` process, a directory in the file's place included (one refusal line, no task's traceback). A timeout
+reloads for the requests after it; a key only a restart applies is refused with its reason (every key is one or the
+other); with shared state a backend change is refused. (The backends' reload: test_gateway_fleet_reload.py.)"""
 
 from __future__ import annotations
 
@@ -155,6 +155,12 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
 
             assert wait_until(lambda: logged("reload refused"), 10)
             assert proc.poll() is None and post(base, "key-alice").status_code == 200
+            path.unlink()
+            path.mkdir()  # a file that cannot be read: refused in one line too
+            proc.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: logged("is a directory"), 10)
+            assert proc.poll() is None and post(base, "key-alice").status_code == 200
+            path.rmdir()
             path.write_text(toml(url, {"alice": ["key-alice"], "dave": ["key-dave"]}))
             proc.send_signal(signal.SIGHUP)
             assert wait_until(lambda: logged("config reloaded"), 10)
@@ -164,8 +170,10 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
             proc.wait(10)
         log.seek(0)
         text = log.read().decode(errors="replace")
-        refusal = next(line for line in text.splitlines() if "reload refused" in line)
-        assert "not valid TOML" in refusal
+        refusals = [line for line in text.splitlines() if "reload refused" in line]
+        assert len(refusals) == 2 and "not valid TOML" in refusals[0], text
+        assert f"config file {path} cannot be read: it is a directory, not a regular file" in refusals[1]
+        assert "Task exception" not in text and "Traceback" not in text, text
 
 
 def test_every_config_key_either_reloads_or_is_refused_with_its_reason():

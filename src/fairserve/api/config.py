@@ -1,18 +1,38 @@
 """Config plumbing every server shares: a strict pydantic base, TOML reading, one-line validation errors.
 
 Every validation problem becomes one `ValueError` line that names the offending key, e.g.
-`config key 'backends.0.max_inflight_requests': Input should be greater than or equal to 1`.
+`config key 'backends.0.max_inflight_requests': Input should be greater than or equal to 1` (the first
+`MAX_PROBLEMS`, then how many more). Every way the file can fail to be read is one `ValueError` line that names the
+file and why: missing, unreadable (permissions, a symlink loop, any `OSError`), not a regular file (a directory, a
+named pipe, a device: refused before it is opened), larger than `MAX_CONFIG_BYTES`, no answer within
+`READ_TIMEOUT_S`, not UTF-8, not TOML.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_CONFIG_BYTES = 16 * 2**20  # NOTE: a file of 10,000 tenants is ~0.6 MB
+READ_TIMEOUT_S = 5.0  # NOTE: the read only (a hung filesystem); validating a large file takes longer
+MAX_PROBLEMS = 5  # validation problems listed in the line; the rest are counted
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+_stuck: dict[Path, threading.Thread] = {}  # reads that outlived READ_TIMEOUT_S, by file: at most one each
 
 
 class Strict(BaseModel):
@@ -35,11 +55,15 @@ def check_listen(v: str) -> str:
 
 
 def one_line(err: ValidationError) -> str:
+    """The first `MAX_PROBLEMS` problems, then `and N more`."""
+    errors = err.errors()
     parts = []
-    for e in err.errors():
+    for e in errors[:MAX_PROBLEMS]:
         key = ".".join(str(x) for x in e["loc"])
         msg = str(e["msg"]).removeprefix("Value error, ")
         parts.append(f"config key '{key}': {msg}" if key else f"config: {msg}")
+    if len(errors) > MAX_PROBLEMS:
+        parts.append(f"and {len(errors) - MAX_PROBLEMS} more")
     return "; ".join(parts).replace("\n", " ")
 
 
@@ -51,19 +75,87 @@ def build_config(data: dict[str, Any], model: type[M]) -> M:
         raise ValueError(one_line(e)) from None
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, timeout_s: float = READ_TIMEOUT_S) -> dict[str, Any]:
+    """The file's table. Raises ValueError with one line naming the file and why it cannot be used."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            return tomllib.load(f)
+        data = _bounded(p, lambda: _read(p), timeout_s)
     except FileNotFoundError:
         raise ValueError(f"config file not found: {p}") from None
+    except OSError as e:
+        raise ValueError(f"config file {p} cannot be read: {e.strerror or e}") from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {p} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"config file {p} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ValueError(f"config file {p} is not valid TOML: its arrays or tables are nested too deeply") from None
+
+
+def _bounded(p: Path, read: Callable[[], bytes], timeout_s: float) -> bytes:
+    """`read()` on a thread of its own, waited for `timeout_s`. NOTE: a thread blocked in a system call cannot be
+    stopped: one left blocked is a daemon (it holds no exit up), and the file's next read is refused until it ends
+    rather than blocking another thread."""
+    if (left := _stuck.get(p)) is not None and left.is_alive():
+        raise ValueError(f"config file {p} cannot be read: an earlier read has not returned (a hung filesystem?)")
+    out: list[bytes] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(read())
+        except BaseException as e:  # NOTE: raised again on the caller's thread
+            failed.append(e)
+
+    reader = threading.Thread(target=run, name=f"read {p}", daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        _stuck[p] = reader
+        raise ValueError(f"config file {p} cannot be read: no answer within {timeout_s:g} s (a hung filesystem?)")
+    _stuck.pop(p, None)
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
+def _read(p: Path) -> bytes:
+    """The file's bytes: a regular file of at most `MAX_CONFIG_BYTES`, checked before it is opened and again on
+    what was opened (it may have been replaced in between)."""
+    _check(p, os.stat(p))
+    # NOTE: O_NONBLOCK: opening a named pipe put in its place returns at once rather than waiting for a writer
+    with open(os.open(p, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        _check(p, os.fstat(f.fileno()))
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _too_large(p)
+    return data
+
+
+def _check(p: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+        raise ValueError(f"config file {p} cannot be read: it is {kind}, not a regular file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise _too_large(p)
+
+
+def _too_large(p: Path) -> ValueError:
+    return ValueError(f"config file {p} cannot be read: it is larger than {MAX_CONFIG_BYTES // 2**20} MiB, the limit")
 
 
 def load_config(model: type[M], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> M:
-    """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
+    """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's. A
+    validation line ends naming the file: `(in config file gateway.toml)`, `(in config file gateway.toml or a flag)`."""
     data = read_toml(path) if path is not None else {}
     data.update(overrides or {})
-    return build_config(data, model)
+    try:
+        return build_config(data, model)
+    except ValueError as e:
+        if path is None:
+            raise
+        raise ValueError(f"{e} (in config file {path}{' or a flag' if overrides else ''})") from None

@@ -83,8 +83,12 @@ def _on_hangup(gw: Gateway) -> bool:
     tasks: set[asyncio.Task[None]] = set()
 
     async def reload() -> None:
-        with contextlib.suppress(ReloadError):  # NOTE: logged in one line by `Gateway.reload`
+        try:
             await gw.reload()
+        except ReloadError:
+            pass  # NOTE: logged in one line by `Gateway.reload`
+        except Exception:  # NOTE: no one awaits this task: said here, not as "Task exception was never retrieved"
+            log.exception("reload failed")
 
     def hangup() -> None:
         task = asyncio.get_running_loop().create_task(reload())

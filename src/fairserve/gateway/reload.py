@@ -4,8 +4,9 @@ priorities a tenant may name, groups, model access, quotas), the models' prices 
 price of its arrival), the backends (gateway/fleet.py: added ones serve at once, removed ones drain, queued requests go
 to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from then on), and the
 limits read at each request. What only a restart can change (`RESTART`: the listening socket, the policy and its
-ledgers, the shared state, the HTTP server's own settings, ...) is refused, as is a file that does not validate, with
-one line naming the keys and why, and the running configuration is kept.
+ledgers, the shared state, the HTTP server's own settings, ...) is refused, as is a file that cannot be read (read off
+the event loop, bounded in size and time: api/config.py) or does not validate, with one line naming the keys or the
+file and why, and the running configuration is kept.
 
 Decisions (docs/gateway.md, Live configuration): a removed tenant's queued and running requests are served (they were
 accepted with a valid key), its key is refused (401) from then on; a priority (or a permission to name one) changes
@@ -17,6 +18,7 @@ one)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -190,8 +192,9 @@ async def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
     configuration kept. One reload at a time."""
     async with gw.reloading:
         try:
-            new = load()
-        except ValueError as e:
+            # NOTE: off the event loop: reading (bounded: api/config.py) and validating a large file take seconds
+            new = await asyncio.to_thread(load)
+        except (ValueError, OSError) as e:  # NOTE: OSError: a file a key names (ssl_certfile, ...) may be unreadable
             raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
         check(gw, new)
         change = fleet.plan(gw.sched, new.backends)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field, StrictInt, field_validator, model_validator
 
-from ..api.config import Strict
+from ..api.config import MAX_PROBLEMS, Strict
 from ..core import MAX_WEIGHT, MIN_WEIGHT
 from ..core.account import parents
 
@@ -135,9 +136,10 @@ def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Se
     """Unique names; a tenant is no group (no tenant's path runs through another tenant); every group is a prefix of
     some tenant's path, given once; a key belongs to one tenant and is not the admin key."""
     names = [t.name for t in tenants]
-    dup = {n for n in names if names.count(n) > 1}
+    dup = sorted(n for n, times in Counter(names).items() if times > 1)
     if dup:
-        raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+        more = f" and {len(dup) - MAX_PROBLEMS} more" if len(dup) > MAX_PROBLEMS else ""
+        raise ValueError(f"tenant names must be unique; repeated: {', '.join(dup[:MAX_PROBLEMS])}{more}")
     known = {g for n in names for g in parents(n)}
     for n in names:
         if n in known:
