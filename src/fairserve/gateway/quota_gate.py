@@ -61,7 +61,7 @@ class QuotaGate(Listener):
     def use_redis(self, shared: SharedState) -> None:
         """Keep use in the shared state's Redis (its client, its key prefix)."""
         self.shared = shared
-        self.book.store = RedisQuotaStore(shared._client, shared.settings.prefix)
+        self.book.store = RedisQuotaStore(shared._client, shared.settings.prefix, shared.replica, lambda: shared.epoch)
 
     def paths(self, tenant: str) -> list[str]:
         out = self._paths.get(tenant)

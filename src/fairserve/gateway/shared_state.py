@@ -293,6 +293,11 @@ class SharedState(HeadOrder, Link):
         self.on_change()
         return True
 
+    @property
+    def epoch(self) -> str:
+        """The data's epoch as of the last answer ("" before the first): Redis sets a new one when it lost its data."""
+        return self._epoch
+
     def _leave_args(self) -> list[Any]:
         return leave_args(self.settings.prefix, self.replica, self._token)
 
