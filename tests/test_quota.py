@@ -1,5 +1,6 @@
 """Quotas (gateway/quota.py, quota_store.py): UTC windows, the hold that bounds the overshoot, roll-over with an
-injected clock, and the same rules shared by two replicas in a real redis-server."""
+injected clock, the same rules shared by two replicas in a real redis-server, and each replica's own part written
+back when that Redis lost its data."""
 
 from __future__ import annotations
 
@@ -156,6 +157,46 @@ def test_two_replicas_share_a_quota_in_redis():
                 assert isinstance(await books[0].hold(["acme"], Cost(100, 0)), Hold)  # the next hour
                 ttl = await client.ttl(f"qtest:quota:hour:{int(datetime(2027, 1, 1, tzinfo=UTC).timestamp())}:acme")
                 assert 0 < ttl  # kept a while past its window, then dropped by Redis
+            finally:
+                await client.aclose()
+
+        asyncio.run(scenario())
+
+
+def test_each_replica_writes_its_own_part_back_after_redis_lost_its_data():
+    from fairserve.gateway.quota_store import DataLost, MirroredStore, OwnUse
+
+    with redis_server() as server:
+
+        async def scenario():
+            client = aioredis.from_url(server.url)
+            try:
+                await client.set("qtest:e", "1")  # the shared state's epoch
+                clock, quotas = Clock(), {"acme": Quota("hour", tokens=1000)}
+                owns = [OwnUse(), OwnUse()]
+                stores = [RedisQuotaStore(client, "qtest", f"r{i}", lambda: "1") for i in range(2)]
+                books = [QuotaBook(quotas, MirroredStore(s, own), clock) for s, own in zip(stores, owns, strict=True)]
+                holds = [await books[i % 2].hold(["acme"], Cost(100, 0)) for i in range(5)]
+                for i, h in enumerate(holds[:3]):
+                    await books[i % 2].settle(h, Cost(80, 0))
+                before = (await books[0].status("acme"))["tokens"]
+                assert (before["used"], before["held"]) == (240, 200)
+                await client.flushall()  # Redis lost its data
+                key = ("acme", "hour", window("hour", T0)[0], "tokens")
+                with pytest.raises(DataLost):  # nothing is read or held on it before the write-back
+                    await stores[0].try_hold([(key, 1000.0, 1.0)], [T0])
+                with pytest.raises(DataLost):
+                    await stores[1].read(key)
+                for _ in range(2):  # NOTE: twice: a write-back sets each part, so it can be repeated
+                    for store, own in zip(stores, owns, strict=True):
+                        await store.restore(own.parts())
+                await client.set("qtest:e", "1")  # NOTE: the shared state's next sync sets an epoch again
+                after = (await books[1].status("acme"))["tokens"]
+                assert (after["used"], after["held"]) == (240, 200)  # each part once: the total as before
+                for i, h in enumerate(holds[3:], 3):
+                    await books[i % 2].settle(h, Cost(50, 0))
+                status = (await books[1].status("acme"))["tokens"]
+                assert (status["used"], status["held"]) == (340, 0)
             finally:
                 await client.aclose()
 

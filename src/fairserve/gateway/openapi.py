@@ -329,7 +329,14 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     "summary": "Every quota's use in its current window: limit, used, held, remaining, resets_at",
                     "security": admin,
                     "responses": {
-                        "200": _object({"enforced": {"type": "boolean"}, "quotas": {"type": "object"}}, "the quotas"),
+                        "200": _object(
+                            {
+                                "enforced": {"type": "boolean"},
+                                "estimated": {"type": "boolean"},
+                                "quotas": {"type": "object"},
+                            },
+                            "the quotas",
+                        ),
                         **_errors(401, 403, 429),
                     },
                 }

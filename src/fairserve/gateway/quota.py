@@ -15,7 +15,7 @@ the same check-and-hold done atomically in Redis.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
@@ -136,10 +136,14 @@ class LocalStore:
             use = self._use(key)
             if use.used + use.held >= limit:
                 return i
+        self.add(wanted)
+        return None
+
+    def add(self, wanted: Sequence[tuple[Key, float, float]]) -> None:
+        """Each amount added to its key's held, unchecked."""
         for key, _, amount in wanted:
             self.uses.setdefault(key, Use()).held += amount
         self._forget_ended()
-        return None
 
     async def settle(self, changes: Sequence[tuple[Key, float, float]], ends: Sequence[datetime]) -> None:
         for key, released, used in changes:
@@ -150,10 +154,16 @@ class LocalStore:
     def _forget_ended(self) -> None:
         """Windows that ended with nothing held are dropped (a long-running gateway keeps the current ones)."""
         if len(self.uses) > 4 * len({k[:2] for k in self.uses}):
-            latest: dict[tuple[str, Period], datetime] = {}
-            for path, per, start, _ in self.uses:
-                latest[path, per] = max(start, latest.get((path, per), start))
+            latest = latest_windows(self.uses)
             self.uses = {k: u for k, u in self.uses.items() if k[2] == latest[k[:2]] or u.held > 0}
+
+
+def latest_windows(keys: Iterable[Key]) -> dict[tuple[str, Period], datetime]:
+    """The start of the latest window among `keys`, per node and period."""
+    latest: dict[tuple[str, Period], datetime] = {}
+    for path, per, start, _ in keys:
+        latest[path, per] = max(start, latest.get((path, per), start))
+    return latest
 
 
 class QuotaBook:

@@ -42,7 +42,8 @@ Redis lost while running: the replica keeps serving from its local ledger (its l
 the last sync that answered, then `max(1, limit // replicas)` of each backend, the replicas it last saw alive),
 reports itself degraded, retries every 0.1 s, and on reconnection adds everything charged meanwhile. A fresh Redis
 (a new epoch) holds every lease at what its replica has in flight for `hold_s`, until the other replicas have
-reported theirs, and takes each tenant's counter, service and weight from the first replica that writes it back.
+reported theirs, and takes each tenant's counter, service and weight from the first replica that writes it back;
+each replica writes back its own part of the quotas' use too (`on_sync`, gateway/quota_gate.py).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class SharedState(HeadOrder, Link):
         self.backends = list(backends)
         self.tokens_of = tokens_of  # the capacity tokens a queued request will take on a backend
         self.on_change = on_change  # called after a sync changed leases or counters (the scheduler dispatches)
+        # called after each answered sync, True when Redis had lost its data (the quota gate writes its use back)
+        self.on_sync: Callable[[bool], None] = lambda lost: None
         self.replicas = 1  # live replicas at the last sync
         self.changes = Changes(tokens_of)  # what changed here since the last sync
         self._floor: list[tuple[float, str]] = []  # the two smallest counters backlogged on any replica
@@ -287,11 +290,17 @@ class SharedState(HeadOrder, Link):
         self._unanswered = None
         self._seed = {}
         self._apply(reply, snap, reset)
+        self.on_sync(self._restore)
         self._gained = any(
             b.limit > r or (b.token_limit or 0) > t for b, (r, t) in zip(self.backends, before, strict=True)
         )
         self.on_change()
         return True
+
+    @property
+    def epoch(self) -> str:
+        """The data's epoch as of the last answer ("" before the first): Redis sets a new one when it lost its data."""
+        return self._epoch
 
     def _leave_args(self) -> list[Any]:
         return leave_args(self.settings.prefix, self.replica, self._token)

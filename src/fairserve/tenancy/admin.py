@@ -110,7 +110,7 @@ def admin_router(
         if (bad := denied(request)) is not None:
             return bad
         if quotas is None:
-            return JSONResponse({"enforced": False, "quotas": {}})
+            return JSONResponse({"enforced": False, "estimated": False, "quotas": {}})
         return JSONResponse(await quotas.all_status())
 
     @router.get("/tree")

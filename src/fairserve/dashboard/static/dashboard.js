@@ -135,7 +135,7 @@ function renderQuotas(quotas) {
   const nodes = quotas ? Object.entries(quotas.quotas) : [];
   $("quotas-card").hidden = nodes.length === 0;
   if (nodes.length === 0) return;
-  $("quotas-note").textContent = quotas.enforced ? "" : "(not enforced now: their store cannot be reached)";
+  $("quotas-note").textContent = quotas.estimated ? "(this replica's estimate: Redis cannot be reached)" : "";
   const rows = [];
   for (const [path, q] of nodes) {
     for (const measure of ["tokens", "service"]) {
