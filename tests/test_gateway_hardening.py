@@ -16,7 +16,7 @@ from support.raw_sockets import chunk, raw_backend, sse_answer
 from support.redis_server import redis_server
 
 from fairserve.api.server import running_server
-from fairserve.api.tokens import estimate_tokens
+from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
 from fairserve.gateway import create_app
 from fairserve.gateway.config import redact
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "s3cretpw"
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
-PROMPT = estimate_tokens("hello there, gateway")
+PROMPT = estimate_tokens("hello there, gateway") + MESSAGE_TOKENS  # chat_body: one message, its role markers
 
 
 # ---- 4. no redirect built from the client's Host ---------------------------------------------------------------------
