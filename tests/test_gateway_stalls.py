@@ -79,6 +79,37 @@ def test_a_tenant_that_does_not_read_cannot_hold_the_backend(reader):
             assert all(b.requests == 0 for b in gw.sched.backends)  # every slot given back
 
 
+def test_with_the_defaults_unread_streams_free_their_slots_at_generation_speed():
+    """The gateway reads a backend as fast as it generates, into the stream's buffer (gateway/pipe.py): streams
+    that read nothing hold the backend's slots only while they generate (2 s each here), not until the write
+    timeout (60 s by default) cuts them, so the other tenant is served within seconds and no stream is cut."""
+    slots, heavy, light = 8, 12, 4
+    # NOTE: 400 tokens of 10 kB, 5 ms apart: 2 s and 4 MB per stream, more than the kernel's and uvicorn's buffers
+    # take for a client that reads nothing (without the gateway's buffer, these hold their slots until cut)
+    fake = FakeBackend(delay_s=0.005, piece="x" * 10_000)
+    with running_server(fake.app) as url:
+        app = create_app(config([{"url": url, "max_inflight_requests": slots}], queue_limit=heavy))
+        gw = app.state.gateway
+        assert gw.cfg.client_write_timeout_s == 60 and gw.cfg.client_buffer_bytes == 4 << 20  # the defaults
+        with running_server(app) as base:
+            socks = [stream_request(base, "alice", 400, rcvbuf=4096) for _ in range(heavy)]
+            try:
+                assert wait_until(lambda: gw.sched.ledger.num_queued == heavy - slots, 10)
+                start = time.monotonic()
+                with ThreadPoolExecutor(light) as pool:
+                    ended = list(pool.map(lambda _: light_request(base), range(light), timeout=90))
+                took = max(ended) - start
+                assert took <= 10, f"bob's {light} requests took {took:.1f} s"
+                # NOTE: the heavy streams are open and unread: their slots were freed, not their streams cut
+                assert gw.metrics.outcome_count("alice", "client_stalled") == 0
+                assert wait_until(lambda: all(b.requests == 0 for b in gw.sched.backends), 20)
+                assert gw.sched.ledger.accounts["alice"].running > 0 and gw.proxy.buffers.used > 0
+            finally:
+                for s in socks:
+                    s.close()
+            assert wait_until(lambda: len(gw.sched.ledger) == 0 and gw.proxy.buffers.used == 0, 10)
+
+
 class FakeTransport:
     """What the stall watch reads of a connection: the transport's buffer (the kernel's queue reads 0 here)."""
 

@@ -171,6 +171,10 @@ class GatewayConfig(TenantsMixin, Strict):
     # data waited for it (0: no rate)
     client_write_timeout_s: float = Field(60.0, gt=0, le=3600)
     client_min_rate: int = Field(1024, ge=0)
+    # what a stream may hold read from its backend and not yet taken by its client (gateway/pipe.py): the backend's
+    # slot frees at generation speed, whatever the client's; per stream, and over every stream
+    client_buffer_bytes: int = Field(4 << 20, ge=0)
+    client_buffer_total_bytes: int = Field(256 << 20, ge=0)
     retry_after_max_s: float = Field(30.0, ge=0, le=3600)  # the longest a backend's Retry-After is honoured
     metrics_window_s: float = Field(900.0, ge=0)  # a tenant's series stay in /metrics this long after its last request
     # repeated 401s: after `auth_failure_limit` within `auth_failure_window_s` from one client address, or with one

@@ -22,6 +22,7 @@ from ..api.streaming import connection_of, shutting_down
 from ..tenancy import model_refused, priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from .config import redact_text
+from .pipe import Buffers
 from .quota import Exhausted
 from .quota_gate import insufficient_quota
 from .relay import Relay
@@ -101,6 +102,7 @@ class Proxy:
         self.cfg = sched.cfg
         self.upstream = upstream
         self.stalls = stalls
+        self.buffers = Buffers()  # what the streams hold read from their backends, not yet sent (gateway/pipe.py)
         self.allowed_models = self.cfg.allowed_models()  # tenants limited to some models
 
     def _error(
@@ -361,7 +363,7 @@ class Proxy:
                     raise Failed(f"{backend.name}: HTTP 200 with a body that is not a JSON object")
                 self.sched.backend_ok(backend)
                 return await self._answer(t, resp, content, doc, kind)(scope, receive, send)
-            relay = Relay(self.sched, t, resp, kind, parsed.wants_usage)
+            relay = Relay(self.sched, t, resp, kind, parsed.wants_usage, self.buffers)
             await relay.prefetch()
         except UpstreamFailed as e:
             resp.close()

@@ -8,6 +8,7 @@ producing anything can still be retried elsewhere, and the client never sees it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..api.errors import error_body
 from ..api.protocol import parse_json, sse
 from ..api.responses import FINAL_EVENTS
 from .body import RESPONSES, delta_tokens, responses_delta_tokens, usage_of
+from .pipe import Buffers, Pipe
 from .scheduler import Scheduler
 from .stalls import Watched
 from .ticket import Ending, Ticket
@@ -25,9 +27,16 @@ GARBLED = "the backend sent an event that is not a JSON object"
 
 class Relay:
     def __init__(
-        self, sched: Scheduler, ticket: Ticket, upstream: UpstreamResponse, kind: str, wants_usage: bool
+        self,
+        sched: Scheduler,
+        ticket: Ticket,
+        upstream: UpstreamResponse,
+        kind: str,
+        wants_usage: bool,
+        buffers: Buffers | None = None,
     ) -> None:
         self.sched, self.ticket, self.upstream = sched, ticket, upstream
+        self.buffers = buffers if buffers is not None else Buffers()
         self.kind, self.wants_usage = kind, wants_usage
         self._pending = b""  # bytes of an event not complete yet
         self._eof = False
@@ -154,24 +163,39 @@ class Relay:
 
     async def send_body(self, send: Any, left: Callable[[], bool] = lambda: False) -> None:
         """Stream the rest to the client as ASGI body messages, recording how the stream ended on the ticket
-        (nothing if the client left first). `left()`: whether the client has gone, asked after every send (the
-        server's send returns silently once it has): the stream stops there, and nothing more is charged."""
+        (nothing if the client left first). The backend is read as fast as it sends, into the stream's buffer
+        (gateway/pipe.py), and its slot is freed when it has sent everything (`Scheduler.generated`), whether or
+        not the client has read it all. `left()`: whether the client has gone, asked after every send (the
+        server's send returns silently once it has): the stream stops there, and nothing more is read."""
         # NOTE: recorded before [DONE] is forwarded: a client may hang up as soon as it reads it
         if self._failed:
             self._broke()
+            self._generated()
             await self._send(send, self._buffer, False)
             return
         if self._done:
             self._finish()
-        out = self._buffer
+        cfg = self.sched.cfg
+        pipe = Pipe(self.buffers, cfg.client_buffer_bytes, cfg.client_buffer_total_bytes, self._buffer)
         self._buffer = []
+        reader = asyncio.get_running_loop().create_task(self._read(pipe))
+        try:
+            more = True
+            while more:
+                out, more = await pipe.take()
+                await self._send(send, out, more)
+                if left():
+                    return
+            await reader  # NOTE: its read of the backend's rest after [DONE] keeps the connection alive
+        finally:
+            reader.cancel()
+            pipe.release()
+
+    async def _read(self, pipe: Pipe) -> None:
+        """The backend's events into `pipe`, charged as they arrive, until its end (then its slot is freed)."""
+        out: list[bytes] = []
         try:
             while not self._done:
-                if out:
-                    await self._send(send, out, True)
-                    if left():
-                        return
-                    out = []
                 events = await self._events()
                 if events is None:
                     break
@@ -186,10 +210,12 @@ class Relay:
                     if raw is not None:
                         out.append(raw)
                     if failed:
-                        await self._send(send, out, False)
-                        return
+                        return self._end(pipe, out)
                     if self._done:
                         break
+                if not self._done:
+                    await pipe.put(out)
+                    out = []
         except UpstreamError as e:
             self._broke()
             if e.kind == "ReadTimeout":
@@ -204,8 +230,10 @@ class Relay:
                     502, f"the backend failed mid-stream ({e.kind}); the response is incomplete", code="backend_error"
                 )
             out.append(sse(failure))
-            await self._send(send, out, False)
-            return
+            return self._end(pipe, out)
+        except BaseException:
+            pipe.end(out)  # NOTE: the writer must not wait for more
+            raise
         if not self._done:
             if self._usage == (None, None):
                 self._broke()
@@ -218,9 +246,16 @@ class Relay:
                 )
             else:
                 self._finish()
-        await self._send(send, out, False)
-        if self._done and not left():
+        self._end(pipe, out)
+        if self._done:
             await self._drain()
+
+    def _end(self, pipe: Pipe, out: list[bytes]) -> None:
+        pipe.end(out)
+        self._generated()
+
+    def _generated(self) -> None:
+        self.sched.generated(self.ticket)
 
     async def _drain(self) -> None:
         """After [DONE] (and the client's last byte), read the backend's empty rest, briefly, so that the

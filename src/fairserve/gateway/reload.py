@@ -43,7 +43,8 @@ LIVE = frozenset(
         "connect_timeout_s", "request_timeout_s", "chunk_timeout_s", "queue_ttl_s", "queue_limit", "max_body_bytes",
         "tokenize_concurrency", "default_max_tokens", "tokenizer", "trusted_proxy", "models", "metrics_key",
         "backend_cooldown_s", "retry_after_max_s", "health_path", "health_interval_s", "metrics_interval_s",
-        "metrics_window_s", "client_write_timeout_s", "client_min_rate", "auth_failure_limit", "auth_failure_window_s",
+        "metrics_window_s", "client_write_timeout_s", "client_min_rate",
+        "client_buffer_bytes", "client_buffer_total_bytes", "auth_failure_limit", "auth_failure_window_s",
     }
 )  # fmt: skip
 _SERVER = "the HTTP server's, set when it starts"

@@ -305,6 +305,13 @@ class Scheduler:
                 self.draining.remove(b)
                 log.info("backend %s removed: drained", b.name)
 
+    def generated(self, t: Ticket) -> None:
+        """The backend has sent all of `t` (its client may still be reading it from the gateway's buffer,
+        gateway/pipe.py): its slot goes to the next request."""
+        if t.backend is not None:
+            self._release(t)
+            self.dispatch()
+
     # ---- the one ending of every accepted request -----------------------------------------------------------------
     def close(self, t: Ticket, ending: Ending) -> bool:
         """Book how `t` ended: its ledger entry is settled (ok: reconciled to the usage given; otherwise charged what
