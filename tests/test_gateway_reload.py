@@ -6,6 +6,7 @@ other); with shared state a backend change is refused. (The backends' reload: te
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import json
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from types import SimpleNamespace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,8 +22,10 @@ from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_un
 
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app, load_config
-from fairserve.gateway.config import GatewayConfig, build_config
-from fairserve.gateway.reload import LIVE, RESTART, ReloadError, check
+from fairserve.gateway import reload as reload_module
+from fairserve.gateway.config import GatewayConfig, build_config, reload_keys, restart_only
+from fairserve.gateway.reload import LIVE, RESTART, ReloadError
+from fairserve.gateway.scheduler import Scheduler
 
 pytestmark = pytest.mark.integration
 
@@ -176,8 +179,30 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
         assert "Task exception" not in text and "Traceback" not in text, text
 
 
-def test_every_config_key_either_reloads_or_is_refused_with_its_reason():
-    assert LIVE | set(RESTART) == set(GatewayConfig.model_fields) and not LIVE & set(RESTART)
+def test_a_key_says_once_where_it_is_declared_whether_it_reloads_live():
+    class WithTwoMore(GatewayConfig):
+        throwaway_live_s: float = 1.0
+        throwaway_restart: str = restart_only("it is read at start, in this test", "x")
+
+    live, restart = reload_keys(WithTwoMore)
+    assert "throwaway_live_s" in live and restart["throwaway_restart"] == "it is read at start, in this test"
+    assert (live - {"throwaway_live_s"}, restart.keys() - {"throwaway_restart"}) == (LIVE, RESTART.keys())
+    assert RESTART["listen"] == "the socket is bound at start" and "tenants" in LIVE and not LIVE & set(RESTART)
+
+
+def test_a_reload_sets_no_part_s_attributes_from_outside_it():
+    """Reload is two phases over the parts (gateway/component.py): it calls their `check` and `configure`, and
+    assigns nothing on another object (no `gw.stalls.timeout_s = ...`, no config copied onto a part)."""
+    tree = ast.parse(Path(reload_module.__file__).read_text())
+    poked = [
+        ast.unparse(t)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in ast.walk(t)
+        if isinstance(t, ast.Attribute)
+    ]
+    assert poked == [], poked
 
 
 def test_a_timeout_reloads_for_requests_from_then_on_and_a_restart_key_is_refused_with_why(tmp_path):
@@ -209,6 +234,7 @@ def test_with_shared_state_a_backend_change_is_refused_with_how_to_roll_it_out()
             {"backends": [{"url": u} for u in urls], "tenants": tenants, "state": "redis://127.0.0.1:1/0"}
         )
 
+    # NOTE: the scheduler's part of a reload's first phase (gateway/component.py)
     with pytest.raises(ReloadError, match="restarting the replicas one by one"):
-        check(SimpleNamespace(cfg=cfg("http://127.0.0.1:9")), cfg("http://127.0.0.1:9", "http://127.0.0.1:10"))
-    check(SimpleNamespace(cfg=cfg("http://127.0.0.1:9")), cfg("http://127.0.0.1:9"))  # nothing changed: fine
+        Scheduler.check(cfg("http://127.0.0.1:9"), cfg("http://127.0.0.1:9", "http://127.0.0.1:10"))
+    Scheduler.check(cfg("http://127.0.0.1:9"), cfg("http://127.0.0.1:9"))  # nothing changed: fine

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .config import redact, redact_text
+from .config import GatewayConfig, redact, redact_text
 
 if TYPE_CHECKING:
     from .scheduler import Backend, Scheduler
@@ -102,6 +102,13 @@ class CapacityMonitor:
         self.follow()
         self._failing: set[str] = set()  # backends whose last scrape gave no reading (logged once)
         self._task: asyncio.Task[None] | None = None
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any interval applies live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """From the next scrape on."""
+        self.interval_s = cfg.metrics_interval_s
 
     async def _read(self, b: Backend) -> Reading | None:
         url = b.cfg.metrics_url or b.url + "/metrics"

@@ -116,6 +116,15 @@ def _check_proxy(entry: str) -> None:
         ) from None
 
 
+_SERVER = "the HTTP server's, set when it starts"
+
+
+def restart_only(why: str, default: Any = ..., **kw: Any) -> Any:
+    """A config key that only a restart applies, and why (a live reload that changes it is refused naming both);
+    every other key is applied by a live reload (gateway/reload.py)."""
+    return Field(default, json_schema_extra={"restart": why}, **kw)
+
+
 class Price(Strict):
     """A model's cost of a prompt and an output token (`prices."llama-70b" = { w_p = 4, w_q = 8 }`)."""
 
@@ -124,23 +133,24 @@ class Price(Strict):
 
 
 class GatewayConfig(TenantsMixin, Strict):
-    listen: str = "127.0.0.1:8080"
+    listen: str = restart_only("the socket is bound at start", "127.0.0.1:8080")
     backends: list[BackendConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(min_length=1)
     groups: list[GroupConfig] = Field(default_factory=list)  # weights and priorities of the tenant tree's groups
-    policy: str = "vtc"
+    policy: str = restart_only("the counters are the policy's", "vtc")
     w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
     w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
     prices: dict[str, Price] = Field(default_factory=dict)  # by model id; others cost w_p, w_q
     # counters per model pool (each pool its own resource) or one account per tenant over the fleet; None:
     # per_model, except with `state` or `snapshot` (which keep one account per tenant): global
-    scope: Literal["per_model", "global"] | None = None
-    usage_log: str | None = None  # one JSON line per request: a file (appended to) or "-" (stdout)
+    scope: Literal["per_model", "global"] | None = restart_only("it decides the ledgers that hold the counters", None)
+    # one JSON line per request: a file (appended to) or "-" (stdout)
+    usage_log: str | None = restart_only("it is opened at start", None)
     tokenize_concurrency: int = Field(4, ge=1, le=1024)  # /tokenize and /detokenize in flight per tenant
     queue_limit: int = Field(256, ge=1)  # queued requests per tenant
     queue_ttl_s: float = Field(300.0, gt=0)  # the longest a request may wait in the queue
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    admin_key: str | None = None
+    admin_key: str | None = restart_only("the admin API takes it at start", None)
     trusted_proxy: bool = False  # honour `X-Tenant-Id` from a holder of a valid key
     tokenizer: str = ""  # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
     default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_INT)  # sent when a request sets no max_tokens
@@ -151,21 +161,26 @@ class GatewayConfig(TenantsMixin, Strict):
     health_path: str = "/health"
     health_interval_s: float = Field(5.0, ge=0, le=3600)
     # timeouts (see docs/gateway.md, "Timeouts")
-    client_timeout_s: float = Field(30.0, gt=0, le=3600)  # a client's request headers and body, each
+    client_timeout_s: float = restart_only(_SERVER, 30.0, gt=0, le=3600)  # a client's request headers and body, each
     connect_timeout_s: float = Field(5.0, gt=0, le=3600)  # opening a connection to a backend
     request_timeout_s: float = Field(120.0, gt=0)  # a backend's first byte (a whole non-streamed answer)
     chunk_timeout_s: float = Field(30.0, gt=0)  # between two pieces of a backend's answer
-    drain_timeout_s: float = Field(30.0, ge=0, le=3600)  # SIGTERM: in-flight requests get this long to finish
+    # SIGTERM: in-flight requests get this long to finish
+    drain_timeout_s: float = restart_only(_SERVER, 30.0, ge=0, le=3600)
     metrics_key: str | None = None  # Bearer key required by /metrics (default: open)
-    access_log: bool = True  # uvicorn's line per request (`--no-access-log`)
+    access_log: bool = restart_only(_SERVER, True)  # uvicorn's line per request (`--no-access-log`)
     metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
-    state: str | None = None  # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
-    state_interval_s: float = Field(0.02, gt=0, le=1.0)  # how often charges are flushed to the shared state
-    state_ttl_s: float = Field(3.0, gt=0, le=60.0)  # a dead replica's leases and backlog expire after this
+    # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
+    state: str | None = restart_only("the replicas' shared state is joined at start", None)
+    # how often charges are flushed to the shared state
+    state_interval_s: float = restart_only("the replicas' shared state is joined at start", 0.02, gt=0, le=1.0)
+    # a dead replica's leases and backlog expire after this
+    state_ttl_s: float = restart_only("every replica must use the same", 3.0, gt=0, le=60.0)
     # without `state`: counters, service and weights written to this file (at shutdown and every
     # `snapshot_interval_s`) and restored from it at start (gateway/snapshot.py)
-    snapshot: str | None = None
-    snapshot_interval_s: float = Field(60.0, ge=0, le=86400)  # 0: only at shutdown
+    snapshot: str | None = restart_only("it is restored at start", None)
+    # 0: only at shutdown
+    snapshot_interval_s: float = restart_only("the snapshots are scheduled at start", 60.0, ge=0, le=86400)
     # clients that do not read (gateway/stalls.py): a stream is cut when its client accepted nothing for
     # `client_write_timeout_s` (nginx's send_timeout), or less than `client_min_rate` bytes/s over that long while
     # data waited for it (0: no rate)
@@ -183,11 +198,12 @@ class GatewayConfig(TenantsMixin, Strict):
     auth_failure_window_s: float = Field(60.0, gt=0, le=86400)
     # the proxies whose X-Forwarded-For uvicorn takes the client's address from: IPs, CIDRs, or ["*"] (any); None:
     # uvicorn's default ($FORWARDED_ALLOW_IPS, else 127.0.0.1 and ::1)
-    forwarded_allow_ips: list[str] | None = None
-    max_header_bytes: int = Field(32 * 1024, ge=1024, le=1024 * 1024)  # a request line and headers, together (431)
-    max_headers: int = Field(100, ge=8, le=10000)  # header fields in a request (431)
-    ssl_certfile: str | None = None  # serve HTTPS (uvicorn's TLS): the certificate chain, PEM
-    ssl_keyfile: str | None = None  # its private key, PEM (if not in the certificate file)
+    forwarded_allow_ips: list[str] | None = restart_only(_SERVER, None)
+    # a request line and headers, together (431)
+    max_header_bytes: int = restart_only(_SERVER, 32 * 1024, ge=1024, le=1024 * 1024)
+    max_headers: int = restart_only(_SERVER, 100, ge=8, le=10000)  # header fields in a request (431)
+    ssl_certfile: str | None = restart_only(_SERVER, None)  # serve HTTPS (uvicorn's TLS): the certificate chain, PEM
+    ssl_keyfile: str | None = restart_only(_SERVER, None)  # its private key, PEM (if not in the certificate file)
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
@@ -293,3 +309,17 @@ def build_config(data: dict[str, Any]) -> GatewayConfig:
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
     return _load(GatewayConfig, path, overrides)
+
+
+def reload_keys(model: type[Strict]) -> tuple[frozenset[str], dict[str, str]]:
+    """(the keys a live reload applies, the keys only a restart applies and why), from the fields' declarations
+    (`restart_only`): the one place a key says it."""
+    restart = {
+        k: str(f.json_schema_extra["restart"])
+        for k, f in model.model_fields.items()
+        if isinstance(f.json_schema_extra, dict) and "restart" in f.json_schema_extra
+    }
+    return frozenset(model.model_fields) - set(restart), restart
+
+
+LIVE, RESTART = reload_keys(GatewayConfig)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from ..api.protocol import parse_json
+from .component import ReloadError
 from .config import GatewayConfig
 from .scheduler import Backend, Scheduler
 
@@ -32,6 +33,10 @@ class HealthMonitor:
         self.configure(sched.cfg)
         self._task: asyncio.Task[None] | None = None
         self._now = asyncio.Event()
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        if (old.health_interval_s > 0) != (new.health_interval_s > 0):
+            raise ReloadError("health_interval_s changed: only a restart turns active health checks on or off")
 
     def configure(self, cfg: GatewayConfig) -> None:
         """`cfg`'s path, interval and timeout, from the next check on (a live reload keeps checks on or off)."""
@@ -49,7 +54,7 @@ class HealthMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def check(self, b: Backend) -> None:
+    async def check_backend(self, b: Backend) -> None:
         """One check of `b`, its result applied."""
         headers = {"authorization": f"Bearer {b.cfg.api_key}"} if b.cfg.api_key else {}
         try:
@@ -89,7 +94,7 @@ class HealthMonitor:
     async def check_all(self, backends: list[Backend]) -> None:
         """`backends` (added by a reload, not yet serving) checked and their models read, within the health check's
         timeout (with active checks)."""
-        await self._within(self.check, backends)
+        await self._within(self.check_backend, backends)
 
     async def _within(self, each: Callable[[Backend], Awaitable[None]], backends: list[Backend]) -> None:
         if self.interval_s <= 0 or not backends:
@@ -103,7 +108,7 @@ class HealthMonitor:
         while True:
             self._now.clear()
             try:
-                await asyncio.gather(*(self.check(b) for b in backends))
+                await asyncio.gather(*(self.check_backend(b) for b in backends))
             except Exception as e:  # NOTE: a bug here must not end the checks for good
                 log.error("health check: %r", e)
             # NOTE: asyncio.timeout, not wait_for, which on Python 3.11 can swallow stop()'s cancellation

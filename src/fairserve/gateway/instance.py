@@ -69,11 +69,26 @@ class Gateway:
             first_byte_timeout=cfg.request_timeout_s,
         )
         self.proxy = Proxy(self.sched, self.upstream, self.stalls)
-        self.tokenize = Tokenize(self.sched, self.upstream, self.proxy.allowed_models)
+        self.tokenize = Tokenize(self.sched, self.upstream)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
         self.reloading = asyncio.Lock()  # one reload at a time
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Keys and tenants apply live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The keys and tenants of the requests from now on, and the upstream hop's timeouts and connections."""
+        self.owners.replace(cfg.key_owners())
+        self.tenant_names = frozenset(t.name for t in cfg.tenants)
+        self.upstream.configure(
+            cfg.connect_timeout_s,
+            cfg.chunk_timeout_s,
+            cfg.request_timeout_s,
+            connections(cfg.backends, self.sched.draining),
+        )
+        self.cfg = cfg
 
     async def reload(self) -> str:
         """Re-read and apply the configuration (gateway/reload.py); ReloadError (one line) when it is refused."""

@@ -20,6 +20,7 @@ from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
 if TYPE_CHECKING:
+    from .config import GatewayConfig
     from .dispatch import Backend
     from .scheduler import Scheduler
 
@@ -132,6 +133,13 @@ class GatewayMetrics:
 
     def bind(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any window applies live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """A tenant's series stay `metrics_window_s` after its last request, from the next scrape on."""
+        self.activity.window_s = cfg.metrics_window_s
 
     def _stats(self, tenant: str) -> TenantStats:
         s = self.tenants.get(tenant)

@@ -21,7 +21,7 @@ from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
 from ..tenancy import model_refused, priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
-from .config import redact_text
+from .config import GatewayConfig, redact_text
 from .pipe import Buffers
 from .quota import Exhausted
 from .quota_gate import insufficient_quota
@@ -99,11 +99,18 @@ class Client:
 class Proxy:
     def __init__(self, sched: Scheduler, upstream: Any, stalls: StallWatch | None = None) -> None:
         self.sched = sched
-        self.cfg = sched.cfg
         self.upstream = upstream
         self.stalls = stalls
         self.buffers = Buffers()  # what the streams hold read from their backends, not yet sent (gateway/pipe.py)
-        self.allowed_models = self.cfg.allowed_models()  # tenants limited to some models
+        self.configure(sched.cfg)
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any limit and model access apply live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The limits and model access of the requests from now on."""
+        self.cfg = cfg
+        self.allowed_models = cfg.allowed_models()  # tenants limited to some models
 
     def _error(
         self,

@@ -27,7 +27,8 @@ from ..core import Account, CostFunction, LedgerView, LinearCost, Request, Reque
 from ..core.account import TenantView
 from ..core.ledger import Ledger
 from ..tenancy import QuotaConfig, refused_priority
-from . import fleet
+from . import fleet, retree
+from .component import ReloadError
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
 from .footprint import Footprint
@@ -383,6 +384,28 @@ class Scheduler:
         elif self.quota_gate is not None:
             self.quota_gate.configure(quotas)
         self.quotas = self.quota_gate if quotas else None
+
+    # ---- configuration (gateway/component.py) --------------------------------------------------------------------
+    @staticmethod
+    def check(old: GatewayConfig, new: GatewayConfig) -> None:
+        if old.state is not None and old.backends != new.backends:
+            raise ReloadError(
+                "backends changed: with state (replicas share each backend's leases in Redis), roll a backend change "
+                "out by restarting the replicas one by one"
+            )
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The tenant tree, the prices, the quotas and the limits of the requests from now on; a queued or running
+        request keeps its price and the level it was queued at."""
+        retree.apply(self.pools.ledgers, self.cfg, cfg, self.set_weight)
+        if cfg.tokenizer != self.cfg.tokenizer:
+            self.count_tokens = token_counter(cfg.tokenizer)
+        self.prices = price_table(cfg)
+        base = LinearCost(cfg.w_p, cfg.w_q)
+        self.price = None if self.ledger.cost == base else base
+        self.tenants[:] = [t.name for t in cfg.tenants]  # NOTE: in place: the admin API reads this list
+        self.use_quotas(cfg.quotas())
+        self.cfg = cfg
 
     def set_weight(self, tenant: str, weight: float) -> None:
         for ledger in self.pools.ledgers:

@@ -24,7 +24,10 @@ import struct
 import termios
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import GatewayConfig
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -52,10 +55,20 @@ class Watched:
 
 class StallWatch:
     def __init__(self, timeout_s: float, min_rate: float) -> None:
-        self.timeout_s, self.min_rate = timeout_s, min_rate
-        self.period_s = min(1.0, timeout_s / 4)
+        self._set(timeout_s, min_rate)
         self._streams: set[Watched] = set()
         self._timer: asyncio.TimerHandle | None = None
+
+    def _set(self, timeout_s: float, min_rate: float) -> None:
+        self.timeout_s, self.min_rate = timeout_s, min_rate
+        self.period_s = min(1.0, timeout_s / 4)
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any timeout and rate apply live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """From the next sweep on."""
+        self._set(cfg.client_write_timeout_s, cfg.client_min_rate)
 
     def watch(self, transport: Any, ticket: Any) -> Watched:
         w = Watched(transport, ticket, progress_at=time.monotonic())

@@ -15,6 +15,7 @@ from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..tenancy.access import model_refused
+from .config import GatewayConfig
 from .proxy import passthrough
 from .scheduler import Scheduler, UnknownModel
 from .upstream import UpstreamError
@@ -23,10 +24,18 @@ TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
 
 class Tokenize:
-    def __init__(self, sched: Scheduler, upstream: Any, allowed_models: dict[str, frozenset[str]]) -> None:
-        self.sched, self.upstream, self.cfg = sched, upstream, sched.cfg
-        self.allowed_models = allowed_models
+    def __init__(self, sched: Scheduler, upstream: Any) -> None:
+        self.sched, self.upstream = sched, upstream
+        self.configure(sched.cfg)
         self.in_flight: dict[str, int] = {}  # by tenant
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any limit and model access apply live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The limits and model access of the requests from now on."""
+        self.cfg = cfg
+        self.allowed_models = cfg.allowed_models()
 
     def _error(self, status: int, message: str, code: str, rid: str, param: str | None = None) -> Response:
         headers = {"X-Request-Id": rid, **({"Retry-After": "1"} if status == 429 else {})}

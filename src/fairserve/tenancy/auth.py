@@ -8,7 +8,7 @@ import hmac
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -70,6 +70,13 @@ class _Failures:
             del self.entries[next(iter(self.entries))]
 
 
+class AuthSettings(Protocol):
+    """The keys the throttle reads (a gateway's configuration)."""
+
+    auth_failure_limit: int
+    auth_failure_window_s: float
+
+
 class AuthThrottle:
     """Failed authentications (401s), counted per client address and per key presented: after `limit` of them
     within `window_s` from one address, or with one key from any address, a request from that address or with that
@@ -91,6 +98,13 @@ class AuthThrottle:
         self.limit, self.window_s, self.clock = limit, window_s, clock
         self.addresses, self.keys = _Failures(max_addresses), _Failures(max_keys)
         self._secret = os.urandom(16)
+
+    def check(self, old: AuthSettings, new: AuthSettings) -> None:
+        """Any limit and window apply live."""
+
+    def configure(self, cfg: AuthSettings) -> None:
+        """From the next failure on (the failures counted so far are kept)."""
+        self.limit, self.window_s = cfg.auth_failure_limit, cfg.auth_failure_window_s
 
     def blocked(self, address: str | None, key: str | None = None) -> float:
         """Seconds until a request from `address` with `key` is no longer refused (unless its key is valid); 0: not
