@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fairserve.gateway.cli import SCALARS, add_parser
+from fairserve.gateway.cli import add_parser
 from fairserve.gateway.config import GatewayConfig
 
 pytestmark = pytest.mark.unit
@@ -36,7 +36,7 @@ def flags_by_key() -> dict[str, set[str]]:
     gateway = add_parser(parser.add_subparsers())
     out: dict[str, set[str]] = {}
     for action in gateway._actions:
-        key = SCALARS.get(action.dest) or LISTS.get(action.dest)
+        key = action.dest if action.dest in GatewayConfig.model_fields else LISTS.get(action.dest)
         if key is not None:
             out.setdefault(key, set()).update(s for s in action.option_strings if s.startswith("--"))
     return out

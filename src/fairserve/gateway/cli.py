@@ -13,44 +13,9 @@ import sys
 from typing import Any
 
 from ..core import describe
-from ..tenancy import SERVER_SCALARS, add_server_arguments, tree_overrides
+from ..tenancy import add_server_arguments, flag_overrides, tree_overrides
 from .config import GatewayConfig, load_config
 
-# flag dest -> config key, for the scalar keys
-SCALARS = {
-    **SERVER_SCALARS,
-    "listen": "listen",
-    "policy": "policy",
-    "queue_limit": "queue_limit",
-    "queue_ttl": "queue_ttl_s",
-    "trusted_proxy": "trusted_proxy",
-    "tokenizer": "tokenizer",
-    "default_max_tokens": "default_max_tokens",
-    "backend_cooldown": "backend_cooldown_s",
-    "request_timeout": "request_timeout_s",
-    "access_log": "access_log",
-    "metrics_interval": "metrics_interval_s",
-    "health_path": "health_path",
-    "health_interval": "health_interval_s",
-    "connect_timeout": "connect_timeout_s",
-    "chunk_timeout": "chunk_timeout_s",
-    "state": "state",
-    "state_interval": "state_interval_s",
-    "snapshot": "snapshot",
-    "snapshot_interval": "snapshot_interval_s",
-    "client_write_timeout": "client_write_timeout_s",
-    "client_min_rate": "client_min_rate",
-    "metrics_window": "metrics_window_s",
-    "auth_failure_limit": "auth_failure_limit",
-    "forwarded_allow_ips": "forwarded_allow_ips",
-    "max_header_bytes": "max_header_bytes",
-    "max_headers": "max_headers",
-    "ssl_certfile": "ssl_certfile",
-    "ssl_keyfile": "ssl_keyfile",
-    "scope": "scope",
-    "usage_log": "usage_log",
-    "tokenize_concurrency": "tokenize_concurrency",
-}
 BACKEND_OPTIONS = {
     "max_requests": "max_inflight_requests",
     "max_tokens": "max_inflight_tokens",
@@ -95,9 +60,7 @@ def parse_backend(text: str) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     """Raises ValueError with one line on any problem."""
-    overrides: dict[str, Any] = {
-        key: getattr(args, dest) for dest, key in SCALARS.items() if getattr(args, dest, None) is not None
-    }
+    overrides = flag_overrides(args, GatewayConfig)
     if args.backend:
         overrides["backends"] = [parse_backend(b) for b in args.backend]
     overrides.update(tree_overrides(args))
@@ -137,7 +100,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--tokenize-concurrency", type=int, metavar="N", help="/tokenize and /detokenize in flight per tenant (4)"
     )
     g.add_argument("--queue-limit", type=int, metavar="N", help="queued requests per tenant (default 256)")
-    g.add_argument("--queue-ttl", type=float, metavar="S", help="longest wait in the queue, seconds (default 300)")
+    g.add_argument(
+        "--queue-ttl",
+        dest="queue_ttl_s",
+        type=float,
+        metavar="S",
+        help="longest wait in the queue, seconds (default 300)",
+    )
     g.add_argument(
         "--trusted-proxy", action="store_true", default=None, help="honour X-Tenant-Id from holders of a valid key"
     )
@@ -150,20 +119,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--model", action="append", metavar="NAME", help="model names for /v1/models if no backend answers")
     g.add_argument(
         "--backend-cooldown",
+        dest="backend_cooldown_s",
         type=float,
         metavar="S",
         help="without health checks: skip an unreachable backend this long (2)",
     )
     g.add_argument("--health-path", metavar="PATH", help="each backend's health check path (/health)")
-    g.add_argument("--health-interval", type=float, metavar="S", help="seconds between health checks; 0: none (5)")
-    g.add_argument("--connect-timeout", type=float, metavar="S", help="connecting to a backend (5)")
+    g.add_argument(
+        "--health-interval",
+        dest="health_interval_s",
+        type=float,
+        metavar="S",
+        help="seconds between health checks; 0: none (5)",
+    )
+    g.add_argument(
+        "--connect-timeout", dest="connect_timeout_s", type=float, metavar="S", help="connecting to a backend (5)"
+    )
     g.add_argument(
         "--request-timeout",
+        dest="request_timeout_s",
         type=float,
         metavar="S",
         help="a backend's first byte (a non-streamed answer: all of it), seconds (120)",
     )
-    g.add_argument("--chunk-timeout", type=float, metavar="S", help="between two pieces of a backend's answer (30)")
+    g.add_argument(
+        "--chunk-timeout",
+        dest="chunk_timeout_s",
+        type=float,
+        metavar="S",
+        help="between two pieces of a backend's answer (30)",
+    )
     g.add_argument(
         "--no-access-log",
         dest="access_log",
@@ -172,7 +157,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="no line per request in the log (uvicorn's access log costs ~14%% of the CPU per request)",
     )
     g.add_argument(
-        "--metrics-interval", type=float, metavar="S", help="seconds between reads of adaptive backends' /metrics (1)"
+        "--metrics-interval",
+        dest="metrics_interval_s",
+        type=float,
+        metavar="S",
+        help="seconds between reads of adaptive backends' /metrics (1)",
     )
     g.add_argument(
         "--state",
@@ -181,7 +170,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "through Redis: redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)",
     )
     g.add_argument(
-        "--state-interval", type=float, metavar="S", help="seconds between flushes to the shared state (0.02)"
+        "--state-interval",
+        dest="state_interval_s",
+        type=float,
+        metavar="S",
+        help="seconds between flushes to the shared state (0.02)",
     )
     g.add_argument(
         "--snapshot",
@@ -190,10 +183,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(written at shutdown and every --snapshot-interval, restored at start)",
     )
     g.add_argument(
-        "--snapshot-interval", type=float, metavar="S", help="seconds between snapshots; 0: at shutdown (60)"
+        "--snapshot-interval",
+        dest="snapshot_interval_s",
+        type=float,
+        metavar="S",
+        help="seconds between snapshots; 0: at shutdown (60)",
     )
     g.add_argument(
         "--client-write-timeout",
+        dest="client_write_timeout_s",
         type=float,
         metavar="S",
         help="cut a stream whose client accepted nothing for this long (60)",
@@ -206,7 +204,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "while data waits for it; 0: no rate (1024)",
     )
     g.add_argument(
-        "--metrics-window", type=float, metavar="S", help="a tenant's series stay in /metrics this long (900)"
+        "--metrics-window",
+        dest="metrics_window_s",
+        type=float,
+        metavar="S",
+        help="a tenant's series stay in /metrics this long (900)",
     )
     g.add_argument(
         "--auth-failure-limit",

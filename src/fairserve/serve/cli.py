@@ -7,29 +7,8 @@ import sys
 from typing import Any
 
 from ..core import DEFAULT_TENANT, describe
-from ..tenancy import SERVER_SCALARS, add_server_arguments, tree_overrides
+from ..tenancy import add_server_arguments, flag_overrides, tree_overrides
 from .config import ENGINES, ServeConfig, load_config
-
-# flag dest -> config key, for the scalar keys
-SCALARS = {
-    **SERVER_SCALARS,
-    **{
-        k: k
-        for k in (
-            "listen",
-            "engine",
-            "model",
-            "served_model_name",
-            "policy",
-            "default_max_tokens",
-            "num_blocks",
-            "page_size",
-            "max_batch_tokens",
-            "max_requests_per_batch",
-            "seed",
-        )
-    },
-}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -69,9 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Raises ValueError with one line on any problem."""
-    overrides: dict[str, Any] = {
-        key: getattr(args, dest) for dest, key in SCALARS.items() if getattr(args, dest, None) is not None
-    }
+    overrides = flag_overrides(args, ServeConfig)
     overrides.update(tree_overrides(args))
     return load_config(args.config, overrides)
 

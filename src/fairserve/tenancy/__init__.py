@@ -11,7 +11,6 @@ from .admin import MAX_OWNER_KEYS, Accounts, admin_denied, admin_router
 from .auth import AuthThrottle, bearer, metrics_denied, same_key, scope_bearer
 from .config import (
     MAX_COST,
-    SERVER_SCALARS,
     GroupConfig,
     KeyOwners,
     QuotaConfig,
@@ -19,6 +18,7 @@ from .config import (
     TenantsMixin,
     add_server_arguments,
     check_tenants,
+    flag_overrides,
     key_digest,
     parse_tenant,
     tenants_from_flags,
@@ -30,7 +30,7 @@ from .priority import priority_message, refused_priority
 __all__ = [
     "MAX_COST",
     "MAX_OWNER_KEYS",
-    "SERVER_SCALARS",
+    "flag_overrides",
     "TENANT_FAMILIES",
     "JAIN_HELP",
     "METRICS_WINDOW_S",

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
 
 from ..api.config import MAX_PROBLEMS, Strict
 from ..core import MAX_WEIGHT, MIN_WEIGHT
@@ -327,16 +327,10 @@ def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-# flag dest -> config key, for the flags of add_server_arguments
-SERVER_SCALARS = {
-    "w_p": "w_p",
-    "w_q": "w_q",
-    "admin_key": "admin_key",
-    "max_body_bytes": "max_body_bytes",
-    "client_timeout": "client_timeout_s",
-    "drain_timeout": "drain_timeout_s",
-    "metrics_key": "metrics_key",
-}
+def flag_overrides(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The config keys the command line's scalar flags set: each flag's `dest` is its key (a list flag such as
+    `--tenant` has its own reader)."""
+    return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -360,12 +354,14 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
     p.add_argument(
         "--client-timeout",
+        dest="client_timeout_s",
         type=float,
         metavar="S",
         help="a client's request headers, and its body, must each arrive within this (30)",
     )
     p.add_argument(
         "--drain-timeout",
+        dest="drain_timeout_s",
         type=float,
         metavar="S",
         help="on SIGTERM, in-flight requests get this long, then end with an error (30)",
