@@ -24,15 +24,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..core import Ledger
 from .config import BackendConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
     from .ticket import Ticket
+
+
+class Scheduler(Protocol):
+    """What a backend change reads and sets of the scheduler (gateway/scheduler.py)."""
+
+    backends: list[Backend]  # NOTE: changed in place: Dispatch and the health checks hold this list
+    draining: list[Backend]
+    pools: Dispatch
+
 
 log = logging.getLogger("fairserve.gateway")
 _LEFTOVER = "~ledger:"  # NOTE: in a leftover pool's key: never a backend URL (those are http(s)://...)

@@ -20,12 +20,12 @@ from starlette.types import Scope
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, bearer, same_key
 from .capacity import CapacityMonitor
+from .component import Configured, ReloadError
 from .config import GatewayConfig
 from .fleet import connections
 from .health import HealthMonitor
 from .prometheus import GatewayMetrics
 from .proxy import Proxy
-from .reload import ReloadError
 from .reload import reload as reload_config
 from .scheduler import Scheduler
 from .snapshot import Snapshots
@@ -74,6 +74,12 @@ class Gateway:
         self.health = HealthMonitor(self.sched, self.client)
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
         self.reloading = asyncio.Lock()  # one reload at a time
+
+    def parts(self) -> list[Configured]:
+        """Every part that takes its settings from the configuration, in the order they apply a new one (the
+        scheduler first: the pools a backend change makes take its new tenant tree)."""
+        parts: list[Configured] = [self.sched, self.health, self.capacity, self.metrics, self.stalls, self.throttle]
+        return [*parts, self.proxy, self.tokenize, self]
 
     def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
         """Keys and tenants apply live."""

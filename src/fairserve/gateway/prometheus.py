@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.utils import floatToGoString
 
@@ -20,9 +20,24 @@ from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
 
 if TYPE_CHECKING:
+    from ..core import Ledger
     from .config import GatewayConfig
-    from .dispatch import Backend
-    from .scheduler import Scheduler
+    from .dispatch import Backend, Dispatch
+    from .shared_state import SharedState
+
+
+class Scheduler(Protocol):
+    """What a scrape reads of the scheduler (gateway/scheduler.py)."""
+
+    ledger: Ledger
+    backends: list[Backend]
+    pools: Dispatch
+    shared: SharedState | None
+
+    def accounts(self) -> tuple[dict[str, Account], dict[str, Account], Callable[[Account], float]]:
+        """(tenants, groups, counter_of), summed over the pools where each has a ledger."""
+        ...
+
 
 P = "fairserve_gateway_"
 OUTCOMES = (

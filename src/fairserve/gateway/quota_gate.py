@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.responses import JSONResponse, Response
 
@@ -27,7 +27,6 @@ from .quota import MEASURES, Cost, Exhausted, Hold, Quota, QuotaBook, utc_now
 from .quota_store import Estimate, MirroredStore, OwnUse, RedisQuotaStore
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
     from .shared_state import SharedState
     from .ticket import Ticket
 
@@ -270,10 +269,14 @@ class QuotaGate(Listener):
         return "".join(out)
 
 
+class HasQuotas(Protocol):
+    quotas: QuotaGate | None  # the scheduler's (gateway/scheduler.py); None: no quota configured
+
+
 class QuotaView:
     """What the admin API reads: the scheduler's quotas as they are now (a reload may add or remove them)."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: HasQuotas) -> None:
         self.sched = sched
 
     async def status(self, path: str) -> dict[str, Any]:

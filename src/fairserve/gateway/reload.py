@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import fleet, retree
 from .component import Configured, ReloadError
@@ -32,16 +32,26 @@ from .dispatch import UnknownModel
 from .ticket import Ending
 
 if TYPE_CHECKING:
-    from .instance import Gateway
+    from .capacity import CapacityMonitor
+    from .health import HealthMonitor
+    from .scheduler import Scheduler
 
 __all__ = ["LIVE", "RESTART", "ReloadError", "apply", "check", "reload"]
 
 log = logging.getLogger("fairserve.gateway")
 
 
-def parts(gw: Gateway) -> list[Configured]:
-    """Every part that takes its settings from the configuration, in the order they apply a new one."""
-    return [gw.sched, gw.health, gw.capacity, gw.metrics, gw.stalls, gw.throttle, gw.proxy, gw.tokenize, gw]
+class Gateway(Protocol):
+    """What a reload reads of the gateway (gateway/instance.py)."""
+
+    cfg: GatewayConfig
+    sched: Scheduler
+    health: HealthMonitor
+    capacity: CapacityMonitor
+    reloading: asyncio.Lock
+
+    def parts(self) -> list[Configured]:
+        """Every part that takes its settings from the configuration, in the order they apply a new one."""
 
 
 def check(gw: Gateway, new: GatewayConfig) -> None:
@@ -53,7 +63,7 @@ def check(gw: Gateway, new: GatewayConfig) -> None:
         reasons = [RESTART[k] for k in changed]
         why = "; ".join(f"{k}: {r}" for k, r in zip(changed, reasons, strict=True)) if len(changed) > 1 else reasons[0]
         raise ReloadError(f"{', '.join(changed)} changed: only a restart applies that ({why})")
-    for part in parts(gw):
+    for part in gw.parts():
         part.check(old, new)
 
 
@@ -64,7 +74,7 @@ def apply(gw: Gateway, new: GatewayConfig, change: fleet.Change) -> str:
     line = retree.summary(gw.cfg, new)
     # NOTE: every part configures itself, nothing else sets their attributes; the scheduler first, so that the
     # pools the backends' change makes take the new tenant tree
-    first, *rest = parts(gw)
+    first, *rest = gw.parts()
     first.configure(new)
     unserved = fleet.apply(sched, change) if change else []
     if change:

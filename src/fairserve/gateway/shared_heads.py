@@ -10,14 +10,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core import Ledger, Request
 from ..core.account import SEP
 
 if TYPE_CHECKING:
     from .shared_changes import Changes
-    from .shared_state import BackendSlot
+
+
+class BackendSlot(Protocol):
+    """What shared state reads and sets on a backend (gateway.scheduler.Backend)."""
+
+    cfg: Any  # .url, .max_inflight_requests, .max_inflight_tokens
+    requests: int
+    tokens: int
+    limit: int
+    token_limit: int | None
 
 
 def pool_key(urls: Iterable[str]) -> str:

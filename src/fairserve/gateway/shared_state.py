@@ -53,13 +53,13 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ..core import Account, Ledger, Request
 from .config import redact
 from .redis_scripts import leave_args, sync_args
 from .shared_changes import Changes, _text
-from .shared_heads import Head, HeadOrder, Pools, pool_key
+from .shared_heads import BackendSlot, Head, HeadOrder, Pools, pool_key
 from .shared_link import (
     DEFAULT_HOLD_S,
     DEFAULT_INTERVAL_S,
@@ -87,16 +87,6 @@ __all__ = [
 ]
 
 PULL = 8  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
-
-
-class BackendSlot(Protocol):
-    """What shared state reads and sets on a backend (gateway.scheduler.Backend)."""
-
-    cfg: Any  # .url, .max_inflight_requests, .max_inflight_tokens
-    requests: int
-    tokens: int
-    limit: int
-    token_limit: int | None
 
 
 class SharedState(HeadOrder, Link):
