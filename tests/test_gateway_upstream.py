@@ -14,7 +14,7 @@ from support.raw_sockets import chunk, raw_backend, sse_answer
 
 from fairserve.api.server import running_server
 from fairserve.gateway.config import BackendConfig
-from fairserve.gateway.proxy import Failed
+from fairserve.gateway.failures import Failed
 from fairserve.gateway.scheduler import Backend
 from fairserve.gateway.upstream import Upstream, UpstreamError
 

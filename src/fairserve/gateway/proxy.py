@@ -6,10 +6,8 @@ This is the hot path, so it speaks ASGI directly (no Request/Response objects on
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import math
-import time
 from typing import Any
 
 from starlette.responses import Response
@@ -21,7 +19,8 @@ from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
 from ..tenancy import model_refused, priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
-from .config import GatewayConfig, redact_text
+from .config import GatewayConfig
+from .failures import Failed, retry_after
 from .pipe import Buffers
 from .quota import Exhausted
 from .quota_gate import insufficient_quota
@@ -36,50 +35,6 @@ log = logging.getLogger("fairserve.gateway")
 RETRYABLE = {408, 429}  # and every 5xx: another backend may do better
 WATCH_AFTER_S = 0.02  # when a request starts watching for its client's disconnect
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-
-
-class Failed(Exception):
-    """The backend failed this attempt before any output reached the client: `unreachable` (no connection),
-    `lost` (the connection broke before an answer), `timeout` (no answer in time: a 504 if no backend is left) or
-    `busy` (429/503 with Retry-After: a 503 with it if no backend is left)."""
-
-    def __init__(
-        self,
-        detail: str,
-        unreachable: bool = False,
-        lost: bool = False,
-        timeout: bool = False,
-        busy: float | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.unreachable, self.lost, self.timeout = unreachable, lost, timeout
-        self.busy = busy  # it answered 429/503 with Retry-After: skipped for this long
-
-    @classmethod
-    def of(cls, backend: Backend, kind: str, detail: str = "") -> Failed:
-        """The failure of an upstream hop that broke (`UpstreamError.kind`)."""
-        return cls(
-            redact_text(f"{backend.name}: {detail or kind}"),
-            unreachable=kind in ("ConnectError", "ConnectTimeout"),
-            lost=kind in ("ReadError", "RemoteProtocolError"),
-            timeout=kind == "ReadTimeout",
-        )
-
-
-def retry_after(value: bytes | None) -> float | None:
-    """A `Retry-After` header's seconds (delta-seconds or an HTTP date); None if absent or unreadable."""
-    if value is None:
-        return None
-    text = value.decode("latin-1").strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 class Client:

@@ -20,14 +20,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..api.tokens import token_counter
 from ..core import Account, CostFunction, LedgerView, LinearCost, Request, RequestState, make_policy
-from ..core.account import TenantView
 from ..core.ledger import Ledger
 from ..tenancy import QuotaConfig, refused_priority
-from . import fleet, retree
+from . import fleet, retree, totals
 from .component import ReloadError
 from .config import GatewayConfig
 from .dispatch import Backend, Dispatch, Pool, UnknownModel, claim
@@ -338,39 +336,12 @@ class Scheduler:
 
     # ---- admin --------------------------------------------------------------------------------------------------
     def view(self) -> LedgerView:
-        """Every tenant's numbers; with a ledger per pool, summed over the pools (service, counters, queued, in
-        flight)."""
-        views = [x.view() for x in self.pools.ledgers]
-        if len(views) == 1:
-            return views[0]
-        return LedgerView(views[0].policy, _summed(v.tenants for v in views), _summed(v.groups for v in views))
+        """Every tenant's numbers, summed over the pools' ledgers (gateway/totals.py)."""
+        return totals.view(self.pools.ledgers)
 
     def accounts(self) -> tuple[dict[str, Account], dict[str, Account], Callable[[Account], float]]:
-        """(tenants, groups, counter_of) to read, summed over the pools where each has a ledger (/metrics)."""
-        ledgers = self.pools.ledgers
-        if len(ledgers) == 1:
-            return self.ledger.accounts, self.ledger.groups, self.ledger.policy.counter_of
-
-        def summed(tables: list[tuple[dict[str, Account], Callable[[Account], float]]]) -> dict[str, Account]:
-            """Read-only copies holding the sums (the ledgers' own accounts are written by their ledgers only)."""
-            sums: dict[str, list[Any]] = {}  # name -> [first account seen, service, counter, queued, running]
-            for table, counter_of in tables:
-                for name, a in table.items():
-                    s = sums.get(name)
-                    if s is None:
-                        s = sums[name] = [a, 0.0, 0.0, 0, 0]
-                    s[1] += a.service
-                    s[2] += counter_of(a)
-                    s[3] += a.queued
-                    s[4] += a.running
-            return {
-                name: Account(name, a.rank, a.weight, service, counter, queued, running, priority=a.priority)
-                for name, (a, service, counter, queued, running) in sums.items()
-            }
-
-        tenants = summed([(x.accounts, x.policy.counter_of) for x in ledgers])
-        groups = summed([(x.groups, x.policy.counter_of) for x in ledgers])
-        return tenants, groups, lambda a: a.counter
+        """(tenants, groups, counter_of) to read, summed over the pools' ledgers (/metrics; gateway/totals.py)."""
+        return totals.accounts(self.pools.ledgers)
 
     def use_quotas(self, quotas: dict[str, QuotaConfig]) -> None:
         """The quotas from now on (a reload): their gate is made on first need and kept (it settles the holds of
@@ -420,27 +391,6 @@ class Scheduler:
         if self.shared is not None:
             self.shared.reset()
         self.dispatch()
-
-
-def _summed(tables: Any) -> dict[str, TenantView]:
-    out: dict[str, TenantView] = {}
-    for table in tables:
-        for name, v in table.items():
-            s = out.get(name)
-            out[name] = (
-                v
-                if s is None
-                else TenantView(
-                    name,
-                    v.weight,
-                    s.counter + v.counter,
-                    s.service + v.service,
-                    s.queued + v.queued,
-                    s.running + v.running,
-                    v.priority,
-                )
-            )
-    return out
 
 
 def price_table(cfg: GatewayConfig) -> dict[str, CostFunction]:
