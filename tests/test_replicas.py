@@ -381,10 +381,12 @@ def test_redis_stopped_and_restarted_mid_run(redis, backends):
                 # flight (`hold_s`), so the limit holds again from when the overshoot has ended (test_shared_state
                 # checks the moment of the restart itself, step by step)
                 await until(all_up_within_limit, 5.0, "every replica up, the backends within their limit")
+                seen["converged_s"] = await until(converged, 5.0, "the counters converged")
+                # NOTE: from when the replicas have synced back (the first syncs after the restart re-establish the
+                # leases; a loaded machine once saw a backend at 3 there): a second more of load within the limit
                 for a in apps:
                     a.peak = a.now
-                seen["converged_s"] = await until(converged, 5.0, "the counters converged")
-                await asyncio.sleep(0.2)  # NOTE: a little more load within the limit (the peak is checked after)
+                await asyncio.sleep(1.0)
 
         def close(counters: list[dict[str, float]]) -> bool:
             """Every replica sees both counters within the bound of docs/gateway.md (2U + what one replica's

@@ -170,7 +170,6 @@ class Relay:
         # NOTE: recorded before [DONE] is forwarded: a client may hang up as soon as it reads it
         if self._failed:
             self._broke()
-            self._generated()
             await self._send(send, self._buffer, False)
             return
         if self._done:
@@ -210,7 +209,7 @@ class Relay:
                     if raw is not None:
                         out.append(raw)
                     if failed:
-                        return self._end(pipe, out)
+                        return pipe.end(out)
                     if self._done:
                         break
                 if not self._done:
@@ -230,7 +229,7 @@ class Relay:
                     502, f"the backend failed mid-stream ({e.kind}); the response is incomplete", code="backend_error"
                 )
             out.append(sse(failure))
-            return self._end(pipe, out)
+            return pipe.end(out)
         except BaseException:
             pipe.end(out)  # NOTE: the writer must not wait for more
             raise
@@ -246,20 +245,16 @@ class Relay:
                 )
             else:
                 self._finish()
-        self._end(pipe, out)
+        pipe.end(out)
         if self._done:
             await self._drain()
-
-    def _end(self, pipe: Pipe, out: list[bytes]) -> None:
-        pipe.end(out)
-        self._generated()
-
-    def _generated(self) -> None:
-        self.sched.generated(self.ticket)
+            # NOTE: after the backend's end of the response, not at [DONE]: it counts the request as running until
+            # then, and its slot must not take another request before (a failed stream keeps its slot to the end)
+            self.sched.generated(self.ticket)
 
     async def _drain(self) -> None:
-        """After [DONE] (and the client's last byte), read the backend's empty rest, briefly, so that the
-        connection can be kept alive."""
+        """After [DONE], read the backend's empty rest to its end, briefly, so that the connection can be kept alive
+        (and the backend's slot freed: `send_body`)."""
         self.upstream.read_timeout = min(self.upstream.read_timeout, 2.0)
         try:
             while await self.upstream.next_chunk() is not None:
