@@ -211,7 +211,7 @@ def test_tokenize_is_capped_in_concurrency_per_tenant():
     async def go() -> None:
         s = scheduler(A, tokenize_concurrency=2)
         up = Held()
-        tok = Tokenize(s, up)
+        tok = Tokenize(s, up, dict)
         body = json.dumps({"model": "model-a", "prompt": "hi"}).encode()
         held = [asyncio.create_task(tok._forward("/tokenize", body, "alice", f"r{i}")) for i in range(2)]
         while up.calls < 2:

@@ -99,7 +99,9 @@ def test_with_the_defaults_unread_streams_free_their_slots_at_generation_speed()
                 with ThreadPoolExecutor(light) as pool:
                     ended = list(pool.map(lambda _: light_request(base), range(light), timeout=90))
                 took = max(ended) - start
-                assert took <= 10, f"bob's {light} requests took {took:.1f} s"
+                # NOTE: a line the configuration gives, not the machine's speed: without the buffers the slots free
+                # only when the write timeout cuts the heavy streams (2.2 s measured with them, idle)
+                assert took < gw.cfg.client_write_timeout_s, f"bob's {light} requests took {took:.1f} s"
                 # NOTE: the heavy streams are open and unread: their slots were freed, not their streams cut
                 assert gw.metrics.outcome_count("alice", "client_stalled") == 0
                 assert wait_until(lambda: all(b.requests == 0 for b in gw.sched.backends), 20)

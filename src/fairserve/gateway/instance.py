@@ -69,7 +69,7 @@ class Gateway:
             first_byte_timeout=cfg.request_timeout_s,
         )
         self.proxy = Proxy(self.sched, self.upstream, self.stalls)
-        self.tokenize = Tokenize(self.sched, self.upstream)
+        self.tokenize = Tokenize(self.sched, self.upstream, lambda: self.proxy.allowed_models)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)

@@ -6,6 +6,7 @@ it and the backend's answer comes back as it is."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -24,18 +25,20 @@ TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
 
 class Tokenize:
-    def __init__(self, sched: Scheduler, upstream: Any) -> None:
+    def __init__(
+        self, sched: Scheduler, upstream: Any, allowed_models: Callable[[], dict[str, frozenset[str]]]
+    ) -> None:
         self.sched, self.upstream = sched, upstream
+        self.allowed_models = allowed_models  # NOTE: the proxy's, read at each request: one per configuration
         self.configure(sched.cfg)
         self.in_flight: dict[str, int] = {}  # by tenant
 
     def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
-        """Any limit and model access apply live."""
+        """Any limit applies live."""
 
     def configure(self, cfg: GatewayConfig) -> None:
-        """The limits and model access of the requests from now on."""
+        """The limits of the requests from now on (their model access is the proxy's)."""
         self.cfg = cfg
-        self.allowed_models = cfg.allowed_models()
 
     def _error(self, status: int, message: str, code: str, rid: str, param: str | None = None) -> Response:
         headers = {"X-Request-Id": rid, **({"Retry-After": "1"} if status == 429 else {})}
@@ -63,7 +66,7 @@ class Tokenize:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             return self._error(400, "'model' must be a string.", "invalid_request", rid, "model")
-        if (message := model_refused(self.allowed_models, tenant, model)) is not None:
+        if (message := model_refused(self.allowed_models(), tenant, model)) is not None:
             return self._error(403, message, "model_not_allowed", rid, "model")
         try:
             pool = self.sched.route(model)
