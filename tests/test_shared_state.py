@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support.redis_server import redis_server
 from support.state_replicas import Clock, Replica, prefix, run, started
 
-from fairserve.gateway.shared_state import PULL, SharedStateError, _text
+from fairserve.gateway.shared_state import PULL, SharedStateError
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def test_a_sync_answers_only_the_tenants_changed_since_the_last_one(redis):
             pulled: list[set[str]] = []
             apply = b.state._apply
             b.state._apply = lambda reply, *rest: (
-                pulled.append({_text(t) for t in reply[0]}),
+                pulled.append({n.node for n in reply.nodes}),
                 apply(reply, *rest),
             )
             await b.state.sync()

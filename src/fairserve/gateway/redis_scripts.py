@@ -1,6 +1,6 @@
 """The atomic part of the shared state across gateway replicas: one Lua script Redis runs in one step per sync
-(`shared_state.py` fills it, `shared_link.py` sends it), and `sync_args` / `leave_args`, the one place that lays
-out its arguments.
+(`shared_state.py` fills it, `shared_link.py` sends it); its arguments and its answer are laid out once, in
+`sync_codec.py`, whose places the text below reads (`$section.field`, filled in by `sync_codec.bind`).
 
 Every replica pointing at the same Redis URL and key prefix `P` shares:
 - each node's virtual counter and service, in one field ("COUNTER SERVICE": one read and one write for both), and
@@ -30,54 +30,26 @@ a few keys per backend; a replica that expired is read once, by the sync that fi
 tenants except a counter reset and the first sync of a replica (or of a Redis that lost its data), which reads them
 all."""
 
-from typing import Any
-
 from .redis_backlog import BACKLOG_LUA
+from .sync_codec import bind, describe
 
-# One round trip per sync. ARGV: prefix, replica, ttl_ms, hold_ms, now_ms, epoch, since, weights since, pull, batch,
-# reset (0/1), backlog mode ("+" changes, "=" the whole list), lifts (0/1: the policy lifts), then counted sections:
-#   (now_ms: the time expiries are measured in; "" for Redis's own clock, a test's clock otherwise)
-#   (epoch, since, weights since: what this replica last read, as the data's epoch (set when Redis starts it) and
-#    two change numbers (`P:seq` counts every change to a tenant's counter, service or weight, `P:wseq` the weights
-#    set by an admin). The answer carries the tenants changed since `since`, at most `pull` of them, the oldest
-#    changes first, and every weight set since `weights since`; all tenants when the epoch differs. A replica that
-#    had an epoch and finds none, finds that Redis lost its data: for hold_ms no lease grows beyond what its
-#    replica has in flight, so that every replica can report its requests in flight before capacity is handed out
-#    again)
-#   (batch: "TOKEN:N", this replica's number for the charges, weights and reset it carries. They are applied only if
-#    N is above the number last applied for TOKEN (`P:sn`): a sync whose answer was lost is sent again with the same
-#    batch, and Redis, which may have run it, never charges twice)
-#   charges: n, then n x (node, service delta, counter delta, lift or "", base counter, base service)
-#   weights set: n, then n x (tenant, weight);  weights seeded (only if unset): n, then n x (tenant, weight)
-#   backlog: n nodes now backlogged here (mode "=": all of them), then n nodes no longer backlogged here
-#   starved: "" or a JSON list, flat: tenant, pool per model pool whose head here may be admitted but finds no lease
-#     with room (the head's tenant; the pool: its backends' URLs, sorted, space-separated)
-#   backends: n, then n x (url, limit r, limit t or 0, in use r, in use t, need r, need t, spare r, spare t,
-#                          keep r, keep t)
-#     (need = in use + the queued demand this replica may admit now; spare = headroom beyond it, granted only
-#      from capacity no other replica is waiting for; keep = the limit the replica admits within while this sync is
-#      in flight: the new lease is never below it, or below its old lease, whichever is smaller; a replica told that
-#      others wait leaves its spare out of keep, so that the spare is released at its next sync)
-# Returns {tenants (nodes): those charged or newly backlogged here, those backlogged here and charged elsewhere,
-#          the groups above other replicas' waiting heads, those changed since `since`; their "COUNTER SERVICE"
-#          values (two lists in the same order; nil where unset),
-#          the tenants whose weight was set since `weights since` and their weights (two lists), floor (flat:
-#          node, counter: the two smallest counters backlogged at the top on any live replica), starved elsewhere (flat:
-#          tenant, counter, pool, per waiting head of the other live replicas), leases (r, others waiting r (0/1),
-#          t, others waiting t per backend), live replicas, epoch, since, weights since, reset generation,
-#          known (0: Redis had forgotten this replica, and with it its backlog)}: `ANSWER` names them.
+# One round trip per sync. ARGV and the answer: as `sync_codec.py` lays them out (`BatchHead`, `SECTIONS`,
+# `ANSWER`); each section is read where `-- ARGV section: NAME` marks it, in the layout's order.
 # NOTE: Lua's own work (making strings, calling commands) is most of a script's time:
 # hashes keyed by the tenant itself, the answer's lists as HMGET returns them, and sums kept rather than recomputed.
 
-SYNC_LUA = (
+SYNC_TEMPLATE = (
     """
-local p, rid, ttl, hold_ms = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local epoch, since, wsince, pull = ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local batch, reset, mode, lifts = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
+local p, rid = ARGV[$head.prefix], ARGV[$head.replica]
+local ttl, hold_ms = tonumber(ARGV[$head.ttl_ms]), tonumber(ARGV[$head.hold_ms])
+local epoch, since, wsince = ARGV[$head.epoch], ARGV[$head.since], ARGV[$head.weights_since]
+local pull, batch, reset = tonumber(ARGV[$head.pull]), ARGV[$head.batch], ARGV[$head.reset]
+local mode, lifts = ARGV[$head.mode], ARGV[$head.lifts] == '1'
 local t = redis.call('TIME')
-local now = tonumber(ARGV[5]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local i = 13
+local now = tonumber(ARGV[$head.now_ms]) or (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local i = $head.width
 local function nxt() i = i + 1; return ARGV[i] end
+local function num(k) return tonumber(ARGV[k]) end
 local CS, W, V, WV, SEQ = p .. ':cs', p .. ':w', p .. ':v', p .. ':wv', p .. ':seq'
 local F, ST, R = p .. ':f:', p .. ':st', p .. ':r'
 local fmt = '%.17g'
@@ -180,11 +152,13 @@ if fresh and reset == '1' then
 end
 -- the charges, a few commands for all of them (in chunks, as unpack() has a limit); one change number each
 -- (a row's fields are read from ARGV where they are, `at`: a script's time is mostly Lua's own work)
+-- ARGV section: charges
 local names, at, tree = {}, {}, false
 for j = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  names[j], at[j] = tenant, i
-  i = i + 5
+  local x = i + 1  -- NOTE: a row's places count from its first argument
+  local tenant = ARGV[x + $charges.node]
+  names[j], at[j] = tenant, x
+  i = i + $charges.width
   if not tree and string.find(tenant, '/', 1, true) then tree = true end
   row(tenant)
 end
@@ -207,13 +181,14 @@ if fresh and #names > 0 then
     local set, log = {}, {}
     for j = a, b do
       local tenant, q, x = names[j], j - a + 1, at[j]
-      local ds, dc, lift = tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), ARGV[x + 3]
+      local ds, dc, lift = tonumber(ARGV[x + $charges.service]), tonumber(ARGV[x + $charges.counter]),
+        ARGV[x + $charges.lift]
       local c, s
       if old[q] then
         c, s = split(old[q])
         c, s = tonumber(c), tonumber(s)
       else
-        c, s = tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5])
+        c, s = tonumber(ARGV[x + $charges.base_counter]), tonumber(ARGV[x + $charges.base_service])
       end
       if lift ~= '' then c = math.max(c, tonumber(lift)) end
       local cs = string.format(fmt, c + dc)
@@ -238,8 +213,10 @@ if fresh and #names > 0 then
     redis.call('ZADD', V, unpack(log))
   end
 end
+-- ARGV section: weights
 for _ = 1, tonumber(nxt()) do
-  local tenant, w = nxt(), nxt()
+  local tenant, w = ARGV[i + 1 + $weights.tenant], ARGV[i + 1 + $weights.weight]
+  i = i + $weights.width
   if fresh then
     redis.call('HSET', W, tenant, w)
     touch(tenant)
@@ -247,14 +224,17 @@ for _ = 1, tonumber(nxt()) do
   end
   row(tenant)
 end
+-- ARGV section: seeds
 for _ = 1, tonumber(nxt()) do
-  local tenant = nxt()
-  if redis.call('HSETNX', W, tenant, nxt()) == 1 then
+  local tenant, w = ARGV[i + 1 + $seeds.tenant], ARGV[i + 1 + $seeds.weight]
+  i = i + $seeds.width
+  if redis.call('HSETNX', W, tenant, w) == 1 then
     touch(tenant)
     redis.call('ZADD', WV, wbump(), tenant)
   end
 end
 local bk = p .. ':bk:' .. rid
+-- ARGV section: backlogged
 if mode == '=' then
   local want = {}
   for _ = 1, tonumber(nxt()) do
@@ -276,12 +256,14 @@ else
     row(tenant)
   end
 end
+-- ARGV section: unbacklogged
 for _ = 1, tonumber(nxt()) do
   local tenant = nxt()
   if redis.call('SREM', bk, tenant) == 1 then unbacklog(rid, tenant) end
 end
 write_floor()
 -- the replicas waiting for capacity (`P:st`: their heads; a gone replica's entry is dropped with it)
+-- ARGV section: starved
 local starved, mine = nxt(), nil
 local waiting, heads, pools = {}, {}, {}
 local st = redis.call('HGETALL', ST)
@@ -301,7 +283,9 @@ end
 if #heads > 0 then
   local values = redis.call('HMGET', CS, unpack(heads))
   for j, tenant in ipairs(heads) do
-    waiting[3 * j - 2], waiting[3 * j - 1], waiting[3 * j] = tenant, values[j] and split(values[j]) or '0', pools[j]
+    local w = $waiting.width * (j - 1) + 1
+    waiting[w + $waiting.tenant], waiting[w + $waiting.counter], waiting[w + $waiting.pool] =
+      tenant, values[j] and split(values[j]) or '0', pools[j]
     local node = parent(tenant)  -- NOTE: and the groups above it, which a replica compares its head's with
     while node do row(node); node = parent(node) end
   end
@@ -327,15 +311,23 @@ local function lease(k, url, limit, used, need, spare, keep)
     redis.call('HSET', key, gf, g, uf, u, 'g', held + g, 'u', unmet + u)
   end
   if g < old and unmet > 0 then released = true end
-  leases[#leases + 1] = g
-  leases[#leases + 1] = unmet > 0 and 1 or 0
+  return g, unmet > 0 and 1 or 0
 end
+-- ARGV section: backends
 for _ = 1, tonumber(nxt()) do
-  local url, lr, lt, ur, ut, nr, nt, sr, st, kr, kt = nxt(), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
-    tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()), tonumber(nxt()),
-    tonumber(nxt())
-  lease('r', url, lr, ur, nr, sr, kr)
-  if lt > 0 then lease('t', url, lt, ut, nt, st, kt) else leases[#leases + 1] = 0; leases[#leases + 1] = 0 end
+  local x, o = i + 1, #leases + 1
+  i = i + $backends.width
+  local url, lt = ARGV[x + $backends.url], num(x + $backends.limit_tokens)
+  leases[o + $lease.requests], leases[o + $lease.others_wait_requests] = lease('r', url,
+    num(x + $backends.limit_requests), num(x + $backends.used_requests), num(x + $backends.need_requests),
+    num(x + $backends.spare_requests), num(x + $backends.keep_requests))
+  if lt > 0 then
+    leases[o + $lease.tokens], leases[o + $lease.others_wait_tokens] = lease('t', url, lt,
+      num(x + $backends.used_tokens), num(x + $backends.need_tokens), num(x + $backends.spare_tokens),
+      num(x + $backends.keep_tokens))
+  else
+    leases[o + $lease.tokens], leases[o + $lease.others_wait_tokens] = 0, 0
+  end
 end
 -- room given back while others wait: the waiting replicas sync now rather than at their next interval
 if released then
@@ -381,66 +373,10 @@ local function values(key, list, known)  -- HMGET (in chunks, as unpack() has a 
   return out
 end
 local floor = redis.call('ZRANGE', F, 0, 1, 'WITHSCORES')
-return {rows, values(CS, rows, known), wrows, values(W, wrows, {}), floor, waiting, leases, replicas, current, nsince,
-  nwsince, generation, known_replica}
+return {[$answer.tenants] = rows, [$answer.values] = values(CS, rows, known), [$answer.weighted] = wrows,
+  [$answer.weights] = values(W, wrows, {}), [$answer.floor] = floor, [$answer.starved] = waiting,
+  [$answer.leases] = leases, [$answer.replicas] = replicas, [$answer.epoch] = current, [$answer.since] = nsince,
+  [$answer.weights_since] = nwsince, [$answer.generation] = generation, [$answer.known] = known_replica}
 """
 )
-# The answer's parts, in order (the comment above SYNC_LUA says what each holds).
-ANSWER = (
-    "tenants", "values", "weighted", "weights", "floor", "starved", "leases", "replicas", "epoch",
-    "since", "weights_since", "generation", "known",
-)  # fmt: skip
-
-
-def sync_args(
-    prefix: str,
-    replica: str,
-    ttl_ms: int,
-    hold_ms: int,
-    now_ms: int | str,
-    read: tuple[str, str, str, int],
-    batch: str,
-    reset: bool,
-    lifts: bool,
-    charges: list[Any],
-    weights: list[Any],
-    seeds: list[Any],
-    backlog: tuple[str, list[str], list[str]],
-    starved: str,
-    backends: list[list[Any]],
-) -> list[Any]:
-    """SYNC_LUA's ARGV, in the layout above: `read` = (epoch, since, weights since, pull), `charges`, `weights`,
-    `seeds` flat rows (6, 2 and 2 items each), `backlog` = (mode, now backlogged, no longer), `backends` 11 items
-    each."""
-    mode, added, gone = backlog
-    return [
-        prefix,
-        replica,
-        ttl_ms,
-        hold_ms,
-        now_ms,
-        *read,
-        batch,
-        "1" if reset else "0",
-        mode,
-        "1" if lifts else "0",
-        len(charges) // 6,
-        *charges,
-        len(weights) // 2,
-        *weights,
-        len(seeds) // 2,
-        *seeds,
-        len(added),
-        *added,
-        len(gone),
-        *gone,
-        starved,
-        len(backends),
-        *(x for b in backends for x in b),
-    ]
-
-
-def leave_args(prefix: str, replica: str, token: str) -> list[Any]:
-    """SYNC_LUA's ARGV for leaving: the replica's leases, backlog and wait stop counting at once, and the numbers of
-    its batches (`token`) are forgotten."""
-    return [prefix, replica, "", "", "", "", "", "", "", token, "", "leave", ""]
+SYNC_LUA = describe() + bind(SYNC_TEMPLATE)

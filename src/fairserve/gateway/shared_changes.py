@@ -16,11 +16,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..core import Account, Ledger, Listener, Request
+from .sync_codec import CHANGES, WHOLE, Charge, SyncAnswer
 
 log = logging.getLogger("fairserve.gateway.state")
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The backlog's part of a sync: its mode (`WHOLE`: `backlogged` is every node backlogged here; `CHANGES`: those
+    newly backlogged) and the nodes backlogged and no longer backlogged here."""
+
+    mode: str
+    backlogged: list[str]
+    unbacklogged: list[str]
 
 
 class Changes(Listener):
@@ -40,7 +52,7 @@ class Changes(Listener):
         self._tokens: dict[Any, tuple[str, int]] = {}  # by request id: what `pool_tokens` counted for it
         self.backlog: set[str] = set()  # the tenants Redis was last told are backlogged here
         self.full = True  # send the whole backlog next time (at start; after a failed sync; Redis forgot it)
-        self.sent: tuple[str, list[str], list[str]] = ("=", [], [])  # the backlog part of the sync being sent
+        self.sent = Backlog(WHOLE, [], [])  # the backlog part of the sync being sent
 
     # ---- the ledger's listener ------------------------------------------------------------------------------------
     def changing(self, acct: Account) -> None:
@@ -80,13 +92,13 @@ class Changes(Listener):
         for acct, (_, service) in self.dirty.items():
             self.dirty[acct] = (acct.counter, service)
 
-    def batch(self, ledger: Ledger, everything: bool) -> tuple[list[Any], dict[Account, tuple[float, float]]]:
+    def batch(self, ledger: Ledger, everything: bool) -> tuple[list[Charge], dict[Account, tuple[float, float]]]:
         """A new batch: the charges and lifts of the accounts changed since the last one (of all accounts with
-        `everything`: Redis lost its data) as flat rows, and the values of those it charges as it charges them (its
+        `everything`: Redis lost its data), and the values of those it charges as it charges them (its
         snapshot); the backlog's changes are in `sent`."""
         changed = self.take()
         snap: dict[Account, tuple[float, float]] = {}
-        charges: list[Any] = []
+        charges: list[Charge] = []
         groups = ledger.groups
         below: dict[Account, float] = {}  # per group: what this batch charges its tenants
         nodes: list[Account] = []  # the groups changed, after the tenants (their charges are the tenants' sum)
@@ -106,46 +118,41 @@ class Changes(Listener):
                     below[node] = below.get(node, 0.0) + ds
                     node = node.parent
             snap[acct] = (acct.counter, acct.service)
-            charges += _row(acct, ds, lift)
+            charges.append(_charge(acct, ds, lift))
         for group in groups.values() if everything else nodes:
             ds, lift = below.get(group, 0.0), lifts.pop(group, None)
             if ds or lift is not None or group not in synced or everything:
                 snap[group] = (group.counter, group.service)
-                charges += _row(group, ds, lift)
+                charges.append(_charge(group, ds, lift))
         self.backlog_changes(ledger, changed)
         return charges, snap
 
     def apply(
         self,
         ledger: Ledger,
-        rows: list[list[Any]],
-        weights: list[list[Any]],
+        answer: SyncAnswer,
         snap: dict[Account, tuple[float, float]],
         pending: dict[str, float],
     ) -> None:
-        """An answer into the ledger: the weights set since the last one (`weights`: tenants, weights), then the
-        global counter and service of the tenants in `rows` (tenants, "COUNTER SERVICE" values), with what this replica
-        changed and has not sent (or sent in the batch being answered, `snap`) on top; a weight `pending` (set here,
-        not yet sent) stays."""
+        """An answer into the ledger: the weights set since the last one, then the global counter and service of
+        the nodes it carries, with what this replica changed and has not sent (or sent in the batch being answered,
+        `snap`) on top; a weight `pending` (set here, not yet sent) stays."""
         accounts = ledger.accounts
-        for tenant, w in zip(*weights, strict=True):
-            name = _text(tenant)
-            acct = accounts.get(name) or ledger.groups.get(name)  # NOTE: a group of the tenant tree has one too
-            weight = _num(w)
-            if acct is None or weight is None or acct.tenant in pending or weight == acct.weight:
+        for w in answer.weights:
+            acct = accounts.get(w.tenant) or ledger.groups.get(w.tenant)  # NOTE: a group of the tenant tree has one too
+            weight = w.weight
+            if acct is None or acct.tenant in pending or weight == acct.weight:
                 continue
             try:
                 ledger.set_weight(acct.tenant, weight)
             except ValueError as e:  # NOTE: only a hand-edited Redis holds such a weight: keep ours
                 log.warning("shared state: ignored the weight of %r: %s", acct.tenant, e)
         groups = ledger.groups
-        for tenant, value in zip(*rows, strict=True):
-            name = _text(tenant)
-            acct = accounts.get(name) or groups.get(name)
-            if acct is None or value is None:
+        for n in answer.nodes:
+            acct = accounts.get(n.node) or groups.get(n.node)
+            counter, service = n.counter, n.service
+            if acct is None or counter is None or service is None:
                 continue
-            c, s = _text(value).split(" ")
-            counter, service = float(c), float(s)
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
             ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
             self.synced[acct] = service
@@ -153,13 +160,13 @@ class Changes(Listener):
                 self.dirty[acct] = (counter, service)
 
     def backlog_changes(self, ledger: Ledger, accounts: Any) -> None:
-        """`sent` := ("=", every tenant backlogged here, []) when the whole list is due, else ("+", newly
+        """`sent` := (WHOLE, every node backlogged here, []) when the whole list is due, else (CHANGES, newly
         backlogged, no longer backlogged) among `accounts` (those changed); what Redis is told is remembered."""
         if self.full:  # NOTE: O(tenants + groups), as the whole backlog is
             self.full = False
             self.backlog = {t for t, a in ledger.accounts.items() if a.queued}
             self.backlog.update(g for g, a in ledger.groups.items() if a.queued)
-            self.sent = ("=", sorted(self.backlog), [])
+            self.sent = Backlog(WHOLE, sorted(self.backlog), [])
             return
         added, gone = [], []
         for acct in accounts:
@@ -170,27 +177,11 @@ class Changes(Listener):
             elif not acct.queued and t in self.backlog:
                 gone.append(t)
                 self.backlog.discard(t)
-        self.sent = ("+", added, gone)
+        self.sent = Backlog(CHANGES, added, gone)
 
 
-def _row(acct: Account, ds: float, lift: float | None) -> list[Any]:
-    """A charge row: the node, what this batch charges it (service and counter), its lift or "", and its counter and
-    service before the charge (what Redis starts from if it has none)."""
+def _charge(acct: Account, ds: float, lift: float | None) -> Charge:
+    """A charge: the node, what this batch charges it (service and counter), its lift, and its counter and service
+    before the charge (what Redis starts from if it has none)."""
     dc = ds / acct.weight
-    return [
-        acct.tenant,
-        repr(ds),
-        repr(dc),
-        "" if lift is None else repr(lift),
-        repr(acct.counter - dc),
-        repr(acct.service - ds),
-    ]
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _num(v: Any) -> float | None:
-    """A number from the script's answer; None where it answered nil (not set)."""
-    return float(v) if v is not None else None
+    return Charge(acct.tenant, ds, dc, lift, acct.counter - dc, acct.service - ds)

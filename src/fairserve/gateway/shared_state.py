@@ -1,8 +1,9 @@
 """Fairness across gateway replicas: the ledger's counters and the backends' capacity, shared through Redis; this
 module is the peer's part (what a sync pushes, what its answer pulls into the ledger and the leases).
 
-What Redis holds, and the script that reads and writes it, are in `redis_scripts.py`; the connection's life
-(connecting, the sync task, wake-ups, leaving, being degraded) in `shared_link.py`.
+What Redis holds, and the script that reads and writes it, are in `redis_scripts.py`; what a sync sends it and what
+it answers (named dataclasses, laid out once) in `sync_codec.py`; the connection's life (connecting, the sync task,
+wake-ups, leaving, being degraded) in `shared_link.py`.
 
 A sync costs what changed, on the replica and in Redis: the replica sends the accounts changed since its last sync
 (`Changes`, the ledger's listener: no pass over all accounts) and its backlog's changes; Redis answers the
@@ -49,16 +50,15 @@ each replica writes back its own part of the quotas' use too (`on_sync`, gateway
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..core import Account, Ledger, Request
 from .config import redact
-from .redis_scripts import leave_args, sync_args
-from .shared_changes import Changes, _text
+from .shared_changes import Changes
 from .shared_heads import BackendSlot, Head, HeadOrder, Pools, pool_key
 from .shared_link import (
     DEFAULT_HOLD_S,
@@ -69,6 +69,19 @@ from .shared_link import (
     SharedStateError,
     StateSettings,
     probe,
+)
+from .sync_codec import (
+    WHOLE,
+    Arg,
+    BatchHead,
+    Charge,
+    LeaseAsk,
+    StarvedHead,
+    SyncAnswer,
+    SyncBatch,
+    Weight,
+    encode,
+    leave,
 )
 
 __all__ = [
@@ -87,6 +100,17 @@ __all__ = [
 ]
 
 PULL = 8  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """A batch's additive part, sent but not answered: sent again, unchanged, until answered."""
+
+    number: int
+    charges: list[Charge]
+    weights: list[Weight]
+    snap: dict[Account, tuple[float, float]]  # the values of the nodes it charges, as it charges them
+    reset: bool
 
 
 class SharedState(HeadOrder, Link):
@@ -124,7 +148,7 @@ class SharedState(HeadOrder, Link):
         # until answered; Redis applies a batch once (`P:sn`), so a lost answer never charges twice
         self._token = uuid.uuid4().hex[:12]
         self._number = 0
-        self._unanswered: tuple[int, list[Any], list[Any], dict[Account, tuple[float, float]], bool] | None = None
+        self._unanswered: Unanswered | None = None
         self._epoch, self._seq, self._wseq = "", "0", "0"  # what the last answer was up to (only later changes come)
         self._generation: str | None = None  # of counter resets, as of the last answer
         self._restore = False  # send every tenant next time: Redis lost its data
@@ -190,36 +214,42 @@ class SharedState(HeadOrder, Link):
         self.changes.counters_reset()
 
     # ---- the sync -----------------------------------------------------------------------------------------------
-    def _args(self) -> tuple[list[Any], dict[Account, tuple[float, float]], list[tuple[int, int | None]]]:
+    def _args(self) -> tuple[list[Arg], dict[Account, tuple[float, float]], list[tuple[int, int | None]]]:
+        """The next sync's ARGV (`sync_codec.encode` of `_batch()`), the values of the nodes it charges, and the
+        limits each backend admits within while it is in flight."""
+        batch, snap, keeps = self._batch()
+        return encode(batch), snap, keeps
+
+    def _batch(self) -> tuple[SyncBatch, dict[Account, tuple[float, float]], list[tuple[int, int | None]]]:
         s = self.settings
         if self._unanswered is None:
             charges, snap = self.changes.batch(self.ledger, self._restore)
-            weights = [x for t, w in self._weights.items() for x in (t, repr(w))]
+            weights = [Weight(t, w) for t, w in self._weights.items()]
             self._number += 1
-            self._unanswered = (self._number, charges, weights, snap, self._reset)
+            self._unanswered = Unanswered(self._number, charges, weights, snap, self._reset)
             self._weights, self._reset = {}, False
         else:  # NOTE: the same batch again, and the whole backlog: Redis may not have had the last changes
             self.changes.full = True
             self.changes.backlog_changes(self.ledger, ())
-        number, charges, weights, snap, reset = self._unanswered
+        sending = self._unanswered
         # NOTE: dispatch admits while anything fits, so an eligible head still queued found no lease with room: its
         # pool's queued requests are the demand on the pool's backends; a backend only of heads that may not be
         # admitted gets no spare (its room goes to the replica whose head comes first)
         demand: dict[str, tuple[int, int]] = {}
         deferred: set[str] = set()
-        starved: list[str] = []
+        starved: list[StarvedHead] = []
         for h in self.heads():
             urls = self._backends_of(h.key)
             if self.may_admit(h.req):
-                starved += [h.req.tenant, h.key]
+                starved.append(StarvedHead(h.req.tenant, h.key))
                 tokens = self.changes.pool_tokens.get(h.key, 0)
                 for url in urls:
                     r, t = demand.get(url, (0, 0))
                     demand[url] = (r + h.queued, t + tokens)
             else:
                 deferred |= urls
-        self._sent_starved = frozenset(starved[1::2])
-        backends: list[list[Any]] = []
+        self._sent_starved = frozenset(h.pool for h in starved)
+        backends: list[LeaseAsk] = []
         keeps: list[tuple[int, int | None]] = []
         for b in self.backends:
             lr, lt = b.cfg.max_inflight_requests, b.cfg.max_inflight_tokens or 0
@@ -232,26 +262,35 @@ class SharedState(HeadOrder, Link):
             keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
             keeps.append((keep_r, keep_t))
             backends.append(
-                [b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0]
+                LeaseAsk(b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0)
             )
-        args = sync_args(
-            s.prefix,
-            self.replica,
-            int(s.ttl_s * 1000),
-            int(s.hold_s * 1000),
-            int(self.clock() * 1000) if self._redis_now else "",
-            (self._epoch, self._seq, self._wseq, PULL),
-            f"{self._token}:{number}",
-            reset,
-            self.ledger.policy.capabilities.lifts,
-            charges,
-            weights,
-            [x for t, w in self._seed.items() for x in (t, repr(w))],
-            self.changes.sent,
-            json.dumps(starved) if starved else "",
-            backends,
+        backlog = self.changes.sent
+        head = BatchHead(
+            prefix=s.prefix,
+            replica=self.replica,
+            ttl_ms=int(s.ttl_s * 1000),
+            hold_ms=int(s.hold_s * 1000),
+            now_ms=int(self.clock() * 1000) if self._redis_now else None,
+            epoch=self._epoch,
+            since=self._seq,
+            weights_since=self._wseq,
+            pull=PULL,
+            batch=f"{self._token}:{sending.number}",
+            reset=sending.reset,
+            mode=backlog.mode,
+            lifts=self.ledger.policy.capabilities.lifts,
         )
-        return args, snap, keeps
+        batch = SyncBatch(
+            head,
+            charges=sending.charges,
+            weights=sending.weights,
+            seeds=[Weight(t, w) for t, w in self._seed.items()],
+            backlogged=backlog.backlogged,
+            unbacklogged=backlog.unbacklogged,
+            starved=starved,
+            backends=backends,
+        )
+        return batch, sending.snap, keeps
 
     async def sync(self) -> bool:
         """One round trip: flush, pull, resize the leases. False (and degraded) when Redis did not answer. After a
@@ -266,7 +305,7 @@ class SharedState(HeadOrder, Link):
 
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
-        reset = self._unanswered is not None and self._unanswered[4]
+        reset = self._unanswered is not None and self._unanswered.reset
         before = [(b.limit, b.token_limit or 0) for b in self.backends]
         # NOTE: until the answer, admit only within what the new lease is sure to cover (the script never goes below
         # it): a lease shrinks only after this replica stopped using what it gives up
@@ -279,7 +318,7 @@ class SharedState(HeadOrder, Link):
             return False
         self._unanswered = None
         self._seed = {}
-        self._apply(reply, snap, reset)
+        self._apply(SyncAnswer.decode(reply), snap, reset)
         self.on_sync(self._restore)
         self._gained = any(
             b.limit > r or (b.token_limit or 0) > t for b, (r, t) in zip(self.backends, before, strict=True)
@@ -292,49 +331,31 @@ class SharedState(HeadOrder, Link):
         """The data's epoch as of the last answer ("" before the first): Redis sets a new one when it lost its data."""
         return self._epoch
 
-    def _leave_args(self) -> list[Any]:
-        return leave_args(self.settings.prefix, self.replica, self._token)
+    def _leave_args(self) -> list[Arg]:
+        return leave(self.settings.prefix, self.replica, self._token)
 
-    def _apply(self, reply: list[Any], snap: dict[Account, tuple[float, float]], reset: bool) -> None:
-        (
-            tenants,
-            values,
-            weighted,
-            weights,
-            floor,
-            starved,
-            leases,
-            replicas,
-            epoch,
-            seq,
-            wseq,
-            generation,
-            known,
-        ) = reply
-        self.changes.apply(self.ledger, [tenants, values], [weighted, weights], snap, self._weights)
-        epoch = _text(epoch)
+    def _apply(self, answer: SyncAnswer, snap: dict[Account, tuple[float, float]], reset: bool) -> None:
+        self.changes.apply(self.ledger, answer, snap, self._weights)
+        epoch = answer.epoch
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
         # no other replica has yet), with the charges not yet sent on top, and its whole backlog
         self._restore = bool(self._epoch) and epoch != self._epoch
         if self._restore:
             self._seed = dict(self.ledger.weights)  # set where unset, as at start
-        generation = _text(generation)
+        generation = answer.generation
         if not self._restore and not reset and self._generation not in (None, generation):
             self.ledger.reset()  # NOTE: another replica's admin reset: O(tenants), as a reset is
             self._drop_lifts()
-        if self._restore or not int(known) and self.changes.sent[0] != "=":  # NOTE: Redis forgot this replica
+        if self._restore or not answer.known and self.changes.sent.mode != WHOLE:  # NOTE: Redis forgot this replica
             self.changes.full = True
-        self._epoch, self._seq, self._wseq, self._generation = epoch, _text(seq), _text(wseq), generation
-        self._floor = [(float(c), _text(t)) for t, c in zip(floor[0::2], floor[1::2], strict=True)]
-        self._starved = sorted(
-            (float(c), _text(t), _text(k)) for t, c, k in zip(starved[0::3], starved[1::3], starved[2::3], strict=True)
-        )
-        self.replicas = int(replicas)
-        for k, b in enumerate(self.backends):
-            gr, wr, gt, wt = leases[4 * k : 4 * k + 4]
-            b.limit = int(gr)
-            b.token_limit = int(gt) if b.cfg.max_inflight_tokens else None
-            self._others_wait[b.cfg.url] = (bool(int(wr)), bool(int(wt)))
+        self._epoch, self._seq, self._wseq, self._generation = epoch, answer.since, answer.weights_since, generation
+        self._floor = [(f.counter, f.node) for f in answer.floor]
+        self._starved = sorted((w.counter, w.tenant, w.pool) for w in answer.waiting)
+        self.replicas = answer.replicas
+        for b, lease in zip(self.backends, answer.leases, strict=True):
+            b.limit = lease.requests
+            b.token_limit = lease.tokens if b.cfg.max_inflight_tokens else None
+            self._others_wait[b.cfg.url] = (lease.others_wait_requests, lease.others_wait_tokens)
 
     def _degrade(self) -> None:
         """Redis did not answer: no view of the others, and past the lease an equal share of each backend."""
