@@ -12,7 +12,7 @@ from support.oracle import StepEngine
 
 from fairserve.core import Ledger, make_policy
 from fairserve.sim import EngineConfig, SimEngine, SimRequest
-from fairserve.sim.forecast import Charging
+from fairserve.sim.charging import Charging
 from fairserve.sim.latency import ConstantLatency, decode_lines, get_latency_model
 from fairserve.sim.ticks import FOREVER, run_ticks, ticks
 from fairserve.workloads import Arrival

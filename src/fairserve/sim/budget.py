@@ -13,15 +13,25 @@ retry an admission at every decode step.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .prefix_cache import PrefixCache
     from .requests import SimRequest
 
 NONE = -(1 << 62)  # the maximum of no terms (an int, so the arithmetic stays exact)
 CLEAN = 1 << 62  # ReserveIndex._from when nothing is out of date
+
+
+class Budget(Protocol):
+    """One admission round: `try_add` (does one more request fit? it counts, if so), `take` (an accepted request was
+    taken from the queue), `close` (the round is over)."""
+
+    def try_add(self, req: SimRequest) -> bool: ...
+
+    def take(self, req: SimRequest) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def reserve_peak(cache: list[tuple[int, int]]) -> int:
@@ -226,6 +236,9 @@ class ReserveBudget:
             self.n_clients += 1
         return True
 
+    def take(self, req: SimRequest) -> None:
+        """`req`, accepted by `try_add`, was admitted (the index takes it when the round closes)."""
+
     def close(self) -> None:
         """The round is over: its candidates run now, which the index counts as one token fewer to go."""
         for e, t in self.entered:
@@ -234,31 +247,18 @@ class ReserveBudget:
 
 
 class PagedBudget:
-    """vLLM-like: a request fits if its prompt fits the pool now. With a prefix cache (`cache`, the requests' block
-    keys from `keys_of`) the pool is the cache's blocks: the cached prefix is reused, only the rest is taken (and
-    only the rest counts against the prefill budget); an admitted request holds its blocks (`take`, `req.held`)."""
+    """vLLM-like: a request fits if its prompt fits the pool now (the prefix cache's blocks: sim/cached.py)."""
 
     def __init__(
-        self,
-        kv_used: int,
-        n_running: int,
-        kv_tokens: int,
-        prefill_tokens: int,
-        running_max: int,
-        extra: int = 0,
-        cache: PrefixCache | None = None,
-        keys_of: Callable[[SimRequest], list] | None = None,
+        self, kv_used: int, n_running: int, kv_tokens: int, prefill_tokens: int, running_max: int, extra: int = 0
     ) -> None:
         self.free = kv_tokens - kv_used
         self.prefill_left = prefill_tokens
         self.slots = running_max - n_running
         self.extra = extra
-        self.cache, self.keys_of = cache, keys_of
 
     def try_add(self, req: SimRequest) -> bool:
         need = req.prompt_tokens + self.extra + req.generated  # a preempted request recomputes what it had generated
-        if self.cache is not None:
-            return self._try_cached(req, need)
         if need > self.prefill_left or need + 1 > self.free or self.slots < 1:
             return False
         self.free -= need + 1
@@ -266,26 +266,8 @@ class PagedBudget:
         self.slots -= 1
         return True
 
-    def _try_cached(self, req: SimRequest, need: int) -> bool:
-        cache = self.cache
-        assert cache is not None and self.keys_of is not None
-        keys = self.keys_of(req)
-        new = need - cache.cached_prefix(keys, need) * cache.block_tokens
-        if new > self.prefill_left or self.slots < 1 or not cache.fits(keys, need):
-            return False
-        self.prefill_left -= new
-        self.slots -= 1
-        return True
-
     def take(self, req: SimRequest) -> None:
-        """`req`, accepted by `try_add`, was admitted: it takes its blocks now. NOTE: not in `try_add`, because the
-        ledger's `pop` asks the policy again, which must then see the cache as `try_add`'s caller did (lpm and dlpm
-        order by it)."""
-        if self.cache is not None:
-            assert self.keys_of is not None
-            held = self.cache.admit(self.keys_of(req), req.prompt_tokens + self.extra + req.generated)
-            assert held is not None  # NOTE: its first output token's slot comes with the first decode step
-            req.held = held
+        pass
 
     def close(self) -> None:
         pass

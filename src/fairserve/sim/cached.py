@@ -1,4 +1,4 @@
-"""The event engine's prefix cache (paged mode, `EngineConfig.prefix_cache`), as a mixin of `SimEngine`.
+"""The event engine's prefix cache (paged mode, `EngineConfig.prefix_cache`): the memory model `CachedMemory`.
 
 The pool is `kv_tokens // block_tokens` blocks of a `PrefixCache`, used as vLLM's automatic prefix caching uses its
 blocks. A request is admitted if its prompt's blocks that are not cached can be had, reusing the cached ones; only
@@ -17,81 +17,125 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from .latency import prefill_cached_s
+from .memory import PagedMemory
 from .prefix_cache import PrefixCache, prompt_keys
 
 if TYPE_CHECKING:
     from ..core.ledger import Ledger
     from ..core.request import Request
+    from .batch import Batch
+    from .budget import Budget
+    from .latency import LatencyModel
     from .requests import EngineConfig, SimRequest
 
 
-class PrefixCaching:
-    """The prefix cache's part of `SimEngine`, which holds the state it reads."""
+class CachedMemory(PagedMemory):
+    """The paged pool as the blocks of a `PrefixCache` (`cache`). A policy that orders by cached prefix is given
+    `cached_tokens` (`Policy.cached`)."""
 
-    ledger: Ledger
-    config: EngineConfig
-    step: int
-    running: dict[SimRequest, None]
-    cache: PrefixCache | None
-    _extra: int
-    _preempt: Callable[[SimRequest], None]
+    stepwise = True  # NOTE: block boundaries are not forecast
 
-    def _open_cache(self) -> None:
-        cfg, policy = self.config, self.ledger.policy
-        self.cache = PrefixCache(cfg.kv_tokens // cfg.block_tokens, cfg.block_tokens) if cfg.prefix_cache else None
-        if policy.capabilities.uses_prefix_cache:
-            if self.cache is None:
-                raise ValueError(
-                    f"policy {policy.name!r} orders by cached prefix: run it on the paged engine with the prefix cache"
-                )
-            policy.cached = self.cached_tokens
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        batch: Batch,
+        latency: LatencyModel,
+        preempt: Callable[[SimRequest], None],
+        ledger: Ledger,
+    ) -> None:
+        super().__init__(cfg, batch, latency, preempt)
+        self.cache: PrefixCache = PrefixCache(cfg.kv_tokens // cfg.block_tokens, cfg.block_tokens)  # type: ignore[assignment]
+        if ledger.policy.capabilities.uses_prefix_cache:
+            ledger.policy.cached = self.cached_tokens
+
+    def budget(self) -> Budget:
+        return BlockBudget(self, len(self.batch.running))
+
+    def prefill_s(self, reqs: list[SimRequest], lens: list[int]) -> float:
+        cached = [r.held.cached_tokens for r in reqs]  # type: ignore[union-attr]  # NOTE: held once admitted
+        return prefill_cached_s(self.latency, [n - c for n, c in zip(lens, cached, strict=True)], cached)
 
     def keys_of(self, r: SimRequest) -> list:
         """The keys of the blocks its prefill would fill: its prompt's, and after a preemption the output it
         recomputes too (vLLM looks those up as well)."""
-        need = r.prompt_tokens + self._extra + r.generated
+        need = r.prompt_tokens + self.extra + r.generated
         if r.keys is None or r.keys_for != need:
             r.keys, r.keys_for = self._chain(r, need), need
         return r.keys
 
     def _chain(self, r: SimRequest, tokens: int) -> list:
         """The keys of the full blocks of `r`'s first `tokens` tokens (its prompt, then its output)."""
-        assert self.cache is not None
         return prompt_keys(tokens, self.cache.block_tokens, own_name(r), r.prefix)
 
-    def _release(self, r: SimRequest) -> None:
+    def stopped(self, r: SimRequest) -> None:
         """`r` stops running: its blocks go back, every full one it computed kept in the cache (vLLM's rule). Its KV
         holds its prompt and every output token but the last sampled (which was never fed back)."""
-        assert self.cache is not None and r.held is not None
-        self.cache.release(r.held, self._chain(r, r.prompt_tokens + self._extra + r.generated - 1))
-        r.held = None
+        if r.held is not None:
+            self.cache.release(r.held, self._chain(r, r.prompt_tokens + self.extra + r.generated - 1))
+            r.held = None
 
     def cached_tokens(self, req: Request) -> int:
         """How many of a waiting request's prompt tokens the cache holds now (what its prefill would not compute)."""
         cache = self.cache
-        assert cache is not None
         r: SimRequest = req  # type: ignore[assignment]  # NOTE: the engine's ledger holds only SimRequests
         version, generated, tokens = r.probe
         if version != cache.version or generated != r.generated:  # NOTE: a policy asks at every peek: remember
-            tokens = cache.cached_prefix(self.keys_of(r), r.prompt_tokens + self._extra + r.generated)
+            tokens = cache.cached_prefix(self.keys_of(r), r.prompt_tokens + self.extra + r.generated)
             tokens *= cache.block_tokens
             r.probe = (cache.version, r.generated, tokens)
         return tokens
 
-    def _grow_blocks(self) -> None:
-        """Before a decode step: a block for every running request whose input token (the last one sampled) starts
-        one, as vLLM allocates; the newest running requests are preempted while the pool cannot give them."""
-        cache = self.cache
-        assert cache is not None
-        size, extra, step = cache.block_tokens, self._extra - 1, self.step
-        while self.running:
-            due = [r for r in self.running if (r.prompt_tokens + extra + r.generated_at(step)) % size == 0]
+    def before_decode(self, n: int) -> int:
+        """A block for every running request whose input token (the last one sampled) starts one, as vLLM
+        allocates; the newest running requests are preempted while the pool cannot give them."""
+        cache, running = self.cache, self.batch.running
+        size, extra, step = cache.block_tokens, self.extra - 1, self.batch.step
+        while running:
+            due = [r for r in running if (r.prompt_tokens + extra + r.generated_at(step)) % size == 0]
             if len(due) <= cache.available:
                 break
-            self._preempt(next(reversed(self.running)))
-        for r in due if self.running else ():
+            self.preempt(next(reversed(running)))
+        for r in due if running else ():
             assert r.held is not None
             cache.grow(r.held)
+        return len(running)
+
+
+class BlockBudget:
+    """An admission round in blocks: the cached prefix is reused, only the rest is taken (and only the rest counts
+    against the prefill budget); an admitted request holds its blocks (`take`, `req.held`)."""
+
+    __slots__ = ("memory", "cache", "prefill_left", "slots")
+
+    def __init__(self, memory: CachedMemory, n_running: int) -> None:
+        self.memory, self.cache = memory, memory.cache
+        self.prefill_left = memory.prefill_max
+        self.slots = memory.running_max - n_running
+
+    def try_add(self, req: SimRequest) -> bool:
+        memory, cache = self.memory, self.cache
+        need = req.prompt_tokens + memory.extra + req.generated  # a preempted request recomputes its output too
+        keys = memory.keys_of(req)
+        new = need - cache.cached_prefix(keys, need) * cache.block_tokens
+        if new > self.prefill_left or self.slots < 1 or not cache.fits(keys, need):
+            return False
+        self.prefill_left -= new
+        self.slots -= 1
+        if not req.admitted:
+            req.cached_tokens = memory.cached_tokens(req)  # NOTE: before the ledger's pop, which charges them
+        return True
+
+    def take(self, req: SimRequest) -> None:
+        """`req`, accepted by `try_add`, was admitted: it takes its blocks now. NOTE: not in `try_add`, because the
+        ledger's `pop` asks the policy again, which must then see the cache as `try_add`'s caller did (lpm and dlpm
+        order by it)."""
+        held = self.cache.admit(self.memory.keys_of(req), req.prompt_tokens + self.memory.extra + req.generated)
+        assert held is not None  # NOTE: its first output token's slot comes with the first decode step
+        req.held = held
+
+    def close(self) -> None:
+        pass
 
 
 def own_name(r: SimRequest) -> Hashable:

@@ -17,14 +17,21 @@ per-tenant running-memory cap. See docs/preemption.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from ..core.account import Account
 from ..core.ledger import Ledger
-from .budget import PagedBudget, ReserveBudget, ReserveIndex
 
 if TYPE_CHECKING:
-    from .requests import EngineConfig, SimRequest
+    from .batch import Batch
+    from .budget import Budget
+    from .memory import PagedMemory, ReserveMemory
+    from .requests import SimRequest
+
+Check = Callable[["Budget"], Callable[["SimRequest"], bool]]  # an admission round's check, from its budget
+
+budget_check: Check = attrgetter("try_add")  # no cap: the budget's own
 
 
 class Capped:
@@ -47,6 +54,19 @@ class Capped:
             return False
         self.held[req.tenant] = held + tokens
         return True
+
+
+class RunningCap:
+    """The admission check of a round under the cap (`running-cap=TOKENS`): `Capped` over the round's budget, with
+    what each tenant's running requests reserve now."""
+
+    __slots__ = ("cap", "tenants", "extra")
+
+    def __init__(self, cap: int, tenants: Mapping[str, Iterable[SimRequest]], extra: int) -> None:
+        self.cap, self.tenants, self.extra = cap, tenants, extra
+
+    def __call__(self, budget: Budget) -> Callable[[SimRequest], bool]:
+        return Capped(budget.try_add, self.cap, self.tenants, self.extra)
 
 
 def fair_victims(
@@ -76,65 +96,50 @@ def fair_victims(
     return candidates
 
 
-class Preemption:
-    """Fairness-triggered preemption in `SimEngine` (a mixin: the engine holds the state it reads)."""
+class NoPreemption:
+    """No preemption for fairness: a refused request waits."""
 
-    ledger: Ledger
-    config: EngineConfig
-    step: int
-    kv_used: int
-    running: dict[SimRequest, None]
-    fair_preemptions: int
-    _tenants: dict[str, list[SimRequest]]
-    _index: ReserveIndex | None
-    _delta: float | None
-    _cap: int | None
-    _extra: int
-    _per_client: int
+    count = 0  # requests preempted for fairness
 
-    if TYPE_CHECKING:  # the engine's
+    def preempt(self) -> bool:
+        """An admission round stopped at the policy's next request: preempt for it; True if any was."""
+        return False
 
-        def _sync(self) -> None: ...
 
-        def _preempt(self, r: SimRequest) -> None: ...
+class FairPreemption(NoPreemption):
+    """Fairness-triggered preemption (`preempt=DELTA`): the running requests `fair_victims` picks for the policy's
+    next request, as the batch `memory` has it less them, through the round's `check`. `sync` brings the counters up
+    to date; `preempt` is the engine's evict-and-recompute."""
 
-    def _fair_preempt(self) -> bool:
-        """The policy's next request was refused: preempt the running requests `fair_victims` picks, if any."""
-        self._sync()
+    def __init__(
+        self,
+        ledger: Ledger,
+        batch: Batch,
+        memory: ReserveMemory | PagedMemory,
+        delta: float,
+        preempt_max: int,
+        check: Check,
+        sync: Callable[[], None],
+        preempt: Callable[[SimRequest], None],
+    ) -> None:
+        self.ledger, self.batch, self.memory = ledger, batch, memory
+        self.delta, self.preempt_max, self.check = delta, preempt_max, check
+        self.sync, self.evict = sync, preempt
+        self.count = 0
+
+    def preempt(self) -> bool:
+        if not self.batch.running:
+            return False
+        self.sync()
         head = cast("SimRequest | None", self.ledger.peek())  # NOTE: the engine's ledger holds only SimRequests
-        assert head is not None and self._delta is not None
-        victims = fair_victims(
-            head, self.running, self.ledger.accounts, self._delta, self.config.preempt_max, self._fits
-        )
+        assert head is not None
+        victims = fair_victims(head, self.batch.running, self.ledger.accounts, self.delta, self.preempt_max, self._fits)
         for r in victims:
             r.fair_preemptions += 1
-            self.fair_preemptions += 1
-            self._preempt(r)
+            self.count += 1
+            self.evict(r)
         return bool(victims)
 
     def _fits(self, req: SimRequest, without: list[SimRequest]) -> bool:
         """Would `req` be admitted into the batch as it is, less the requests `without`?"""
-        cfg, gone = self.config, set(without)
-        rest = [r for r in self.running if r not in gone]
-        budget: ReserveBudget | PagedBudget
-        if self._index is not None:
-            index = ReserveIndex((r.end_step, r.prompt_tokens + self._extra + r.output_tokens) for r in rest)
-            tenants = {r.tenant for r in rest}
-            budget = ReserveBudget(
-                index,
-                self.step,
-                cfg.kv_tokens,
-                cfg.prefill_tokens,
-                cfg.running_max,
-                self._extra,
-                self._per_client,
-                tenants,
-            )
-        else:
-            freed = sum(r.prompt_tokens + self._extra + r.generated_at(self.step) for r in without)
-            budget = PagedBudget(
-                self.kv_used - freed, len(rest), cfg.kv_tokens, cfg.prefill_tokens, cfg.running_max, self._extra
-            )
-        if self._cap is None:
-            return budget.try_add(req)
-        return Capped(budget.try_add, self._cap, self._tenants, self._extra)(req)
+        return self.check(self.memory.budget_without(without))(req)
