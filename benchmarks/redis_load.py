@@ -1,12 +1,12 @@
 """One Redis under the syncs of many gateway replicas: simulated replicas in a few processes, each with its own
 replica id and its own connection, one sync at a time, issuing the real sync script (`SYNC_LUA` by EVALSHA, its
-arguments laid out by `sync_args` as a replica lays them out) every `--interval` seconds, each sync carrying
+arguments laid out by `sync_codec.encode` as a replica lays them out) every `--interval` seconds, each sync carrying
 `--changed` random tenants charged (and a backlog that changes: two of them start queueing, the two oldest stop),
 against `--tenants` tenants already in Redis. The load processes are lean, so that the load measured is Redis's and
 the latency measured is not the generator's own wait for a CPU: each replica's EVALSHA is joined from parts encoded
 once (its id, the tenants' rows, the backends) and the parts that change per sync (what it last read, its batch
 number, the charged tenants, its backlog's changes); at each replica's second sync, before the measurement, the
-bytes are checked equal to `sync_args`' plain encoding. Replies are read by hiredis where it is installed
+bytes are checked equal to `sync_codec.encode`'s. Replies are read by hiredis where it is installed
 (redis-py's own C parser), by a small Python parser otherwise; every connection of a process is served by one
 selector loop. `--pin auto` runs Redis on one CPU and the load processes on the others (for a machine of its own:
 on one shared with other jobs a pinned Redis cannot move off a busy core). Measured over `--duration` seconds after
@@ -42,14 +42,27 @@ import resp  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
-from fairserve.gateway.redis_scripts import ANSWER, SYNC_LUA, leave_args, sync_args  # noqa: E402
+from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
 from fairserve.gateway.shared_state import PULL  # noqa: E402
+from fairserve.gateway.sync_codec import (  # noqa: E402
+    AT,
+    CHANGES,
+    HEAD,
+    SECTIONS,
+    WHOLE,
+    BatchHead,
+    Charge,
+    LeaseAsk,
+    SyncBatch,
+    encode,
+    leave,
+    row_args,
+)
 
 PREFIX = "load"
 BACKENDS = ("http://b0", "http://b1")
-CHARGE = ("20.0", "20.0", "", "0", "0")  # service delta, counter delta, no lift, base counter and service
-BACKEND_ROWS = tuple((url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0) for url in BACKENDS)  # limit 20, 1 in use, 1 more wanted
-EPOCH = ANSWER.index("epoch")  # then since, weights since
+CHARGE = (20.0, 20.0, None, 0.0, 0.0)  # a `Charge` after its node: service, counter, no lift, base counter, service
+BACKEND_ROWS = tuple(LeaseAsk(url, 20, 0, 1, 0, 2, 0, 1, 0, 1, 0) for url in BACKENDS)  # limit 20, 1 in use, 1 wanted
 
 
 class SimReplica:
@@ -73,23 +86,35 @@ class SimReplica:
         added = [t for t in picks[:2] if t not in self.backlog]
         gone = self.backlog[:2] if len(self.backlog) >= 8 else []
         self.backlog = [t for t in self.backlog if t not in gone] + added
-        mode = "=" if self.first else "+"
+        mode = WHOLE if self.first else CHANGES
         self.first = False
         return picks, added, gone, mode
 
     def args(self, step: tuple[list[int], list[int], list[int], str] | None = None) -> list[object]:
-        """The sync script's ARGV for the next sync (or for `step`), laid out by `sync_args`."""
+        """The sync script's ARGV for the next sync (or for `step`), laid out by `sync_codec.encode`."""
         picks, added, gone, mode = step or self.step()
         names = self.tenants
-        charges = [x for t in picks for x in (names[t], *CHARGE)]
-        return sync_args(
-            self.prefix, self.rid, 3000, 500, "", (*self.read, PULL), f"{self.rid}:{self.number}", False, True, charges,
-            [], [], (mode, [names[t] for t in added], [names[t] for t in gone]), "", [list(b) for b in BACKEND_ROWS],
-        )  # fmt: skip
+        epoch, since, weights_since = self.read
+        head = BatchHead(self.prefix, self.rid, 3000, 500, None, epoch, since, weights_since, PULL,
+                         f"{self.rid}:{self.number}", False, mode, True)  # fmt: skip
+        return encode(
+            SyncBatch(
+                head,
+                charges=[Charge(names[t], *CHARGE) for t in picks],
+                backlogged=[names[t] for t in added],
+                unbacklogged=[names[t] for t in gone],
+                backends=BACKEND_ROWS,
+            )
+        )
 
     def answered(self, reply: list[object]) -> None:
-        epoch, seq, wseq = (v.decode() if isinstance(v, bytes) else str(v) for v in reply[EPOCH : EPOCH + 3])
-        self.read = (epoch, seq, wseq)
+        """What the answer says this replica has read (lean: the three parts, not the whole answer decoded)."""
+        epoch, seq, wseq = (reply[AT[part]] for part in ("epoch", "since", "weights_since"))
+        self.read = (_text(epoch), _text(seq), _text(wseq))
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Encoder:
@@ -99,14 +124,17 @@ class Encoder:
     def __init__(self, sha: str, sim: SimReplica, names: list[bytes], charges: list[bytes]) -> None:
         self.sim, self.names, self.charges = sim, names, charges
         self.head = b"".join(resp.bulk(x) for x in ("EVALSHA", sha, 0, sim.prefix, sim.rid, 3000, 500, ""))
-        self.tail = b"".join(resp.bulk(x) for x in ("", len(BACKEND_ROWS), *(x for b in BACKEND_ROWS for x in b)))
-        self.fixed = b"".join(resp.bulk(x) for x in ("0", "+", "1", sim.changed))  # reset, mode, lifts, charges
-        self.count = 23 + 6 * sim.changed + 11 * len(BACKEND_ROWS)  # all but the backlog's tenants
+        self.tail = b"".join(
+            resp.bulk(x) for x in ("", len(BACKEND_ROWS), *(x for b in BACKEND_ROWS for x in row_args(b)))
+        )
+        self.fixed = b"".join(resp.bulk(x) for x in ("0", CHANGES, "1", sim.changed))  # reset, mode, lifts, charges
+        # NOTE: all but the backlog's tenants: EVALSHA, its sha, 0 keys, the head, a count or argument per section
+        self.count = 3 + len(HEAD) + len(SECTIONS) + (1 + len(CHARGE)) * sim.changed + 11 * len(BACKEND_ROWS)
 
     def encode(self, step: tuple[list[int], list[int], list[int], str]) -> bytes:
         picks, added, gone, mode = step
         sim, names = self.sim, self.names
-        fixed = self.fixed if mode == "+" else self.fixed.replace(b"$1\r\n+\r\n", b"$1\r\n=\r\n", 1)
+        fixed = self.fixed if mode == CHANGES else self.fixed.replace(b"$1\r\n+\r\n", b"$1\r\n=\r\n", 1)
         return b"".join((
             b"*%d\r\n" % (self.count + len(added) + len(gone)), self.head,
             *(resp.bulk(x) for x in (*sim.read, PULL, f"{sim.rid}:{sim.number}")), fixed,
@@ -132,7 +160,7 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
     tenants = [f"t{i}" for i in range(a.tenants)]
     sims = [SimReplica(rid, tenants, a.changed, hash(rid)) for rid in rids]
     names = [resp.bulk(t) for t in tenants]
-    charges = [names[k] + b"".join(resp.bulk(x) for x in CHARGE) for k in range(len(tenants))]
+    charges = [b"".join(resp.bulk(x) for x in row_args(Charge(t, *CHARGE))) for t in tenants]
     encoders = [Encoder(sha, sim, names, charges) for sim in sims]
     socks = [socket.create_connection((host, int(port))) for _ in sims]
     readers = [resp.reader() for _ in sims]
@@ -150,7 +178,7 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
         step = sim.step()  # NOTE: the lean encoding is checked against the plain one, then sent
         command = encoders[k].encode(step)
         if command != resp.command("EVALSHA", sha, 0, *sim.args(step)):
-            raise AssertionError("redis_load.py: the lean encoding differs from sync_args'")
+            raise AssertionError("redis_load.py: the lean encoding differs from sync_codec.encode's")
         socks[k].sendall(command)
         while (reply := readers[k].get()) is None:
             readers[k].feed(socks[k].recv(65536))
@@ -194,7 +222,7 @@ def _process(url: str, rids: list[str], a: argparse.Namespace, sha: str, ready, 
                 send(k)
     cpu = time.process_time() - cpu0
     for sim in sims:
-        script(args=leave_args(PREFIX, sim.rid, sim.rid))
+        script(args=leave(PREFIX, sim.rid, sim.rid))
     out.put((lat, cpu))
     client.close()
     for sock in socks:
@@ -209,10 +237,9 @@ def seed(url: str, tenants: int, prefix: str = PREFIX) -> None:
     script = client.register_script(SYNC_LUA)
     names = [f"t{i}" for i in range(tenants)]
     for k in range(0, tenants, 1000):
-        charges = [x for t in names[k : k + 1000] for x in (t, "10.0", "10.0", "", "0", "0")]
-        args = sync_args(prefix, "seed", 1, 0, "", ("", "0", "0", 0), f"seed:{k + 1}", False, True, charges, [], [],
-                         ("+", [], []), "", [])  # fmt: skip
-        script(args=args)
+        head = BatchHead(prefix, "seed", 1, 0, None, "", "0", "0", 0, f"seed:{k + 1}", False, CHANGES, True)
+        charges = [Charge(t, 10.0, 10.0, None, 0.0, 0.0) for t in names[k : k + 1000]]
+        script(args=encode(SyncBatch(head, charges=charges)))
     client.close()
 
 

@@ -184,4 +184,11 @@ def _charge(acct: Account, ds: float, lift: float | None) -> Charge:
     """A charge: the node, what this batch charges it (service and counter), its lift, and its counter and service
     before the charge (what Redis starts from if it has none)."""
     dc = ds / acct.weight
-    return Charge(acct.tenant, ds, dc, lift, acct.counter - dc, acct.service - ds)
+    return Charge(
+        node=acct.tenant,
+        service=ds,
+        counter=dc,
+        lift=lift,
+        base_counter=acct.counter - dc,
+        base_service=acct.service - ds,
+    )

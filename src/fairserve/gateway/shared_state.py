@@ -224,7 +224,7 @@ class SharedState(HeadOrder, Link):
         s = self.settings
         if self._unanswered is None:
             charges, snap = self.changes.batch(self.ledger, self._restore)
-            weights = [Weight(t, w) for t, w in self._weights.items()]
+            weights = [Weight(tenant=t, weight=w) for t, w in self._weights.items()]
             self._number += 1
             self._unanswered = Unanswered(self._number, charges, weights, snap, self._reset)
             self._weights, self._reset = {}, False
@@ -241,7 +241,7 @@ class SharedState(HeadOrder, Link):
         for h in self.heads():
             urls = self._backends_of(h.key)
             if self.may_admit(h.req):
-                starved.append(StarvedHead(h.req.tenant, h.key))
+                starved.append(StarvedHead(tenant=h.req.tenant, pool=h.key))
                 tokens = self.changes.pool_tokens.get(h.key, 0)
                 for url in urls:
                     r, t = demand.get(url, (0, 0))
@@ -262,7 +262,19 @@ class SharedState(HeadOrder, Link):
             keep_t = min(b.token_limit, need_t + (0 if wait_t else spare_t)) if b.token_limit is not None else None
             keeps.append((keep_r, keep_t))
             backends.append(
-                LeaseAsk(b.cfg.url, lr, lt, b.requests, b.tokens, need_r, need_t, spare_r, spare_t, keep_r, keep_t or 0)
+                LeaseAsk(
+                    url=b.cfg.url,
+                    limit_requests=lr,
+                    limit_tokens=lt,
+                    used_requests=b.requests,
+                    used_tokens=b.tokens,
+                    need_requests=need_r,
+                    need_tokens=need_t,
+                    spare_requests=spare_r,
+                    spare_tokens=spare_t,
+                    keep_requests=keep_r,
+                    keep_tokens=keep_t or 0,
+                )
             )
         backlog = self.changes.sent
         head = BatchHead(
@@ -284,7 +296,7 @@ class SharedState(HeadOrder, Link):
             head,
             charges=sending.charges,
             weights=sending.weights,
-            seeds=[Weight(t, w) for t, w in self._seed.items()],
+            seeds=[Weight(tenant=t, weight=w) for t, w in self._seed.items()],
             backlogged=backlog.backlogged,
             unbacklogged=backlog.unbacklogged,
             starved=starved,

@@ -147,6 +147,11 @@ def _arg(v: Any) -> Arg:
     return v
 
 
+def row_args(row: Any) -> list[Arg]:
+    """One row's arguments (a `Charge`, a `LeaseAsk`, ...), in its fields' order."""
+    return [_arg(getattr(row, f.name)) for f in fields(row)]
+
+
 def encode(batch: SyncBatch) -> list[Arg]:
     """The script's ARGV for `batch`, in the layout above."""
     h = batch.head
