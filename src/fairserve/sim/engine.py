@@ -3,40 +3,33 @@
 The loop is the S-LoRA / LightLLM router's: with nothing running, admit a batch and prefill it; otherwise decode up
 to `max_wait_steps` steps, then try to admit a mini-batch (prefill and merge it), and keep decoding if nothing fits.
 Time advances by the latency model's prefill and decode-step durations; arrivals join the policy at step boundaries
-(with their true arrival time).
+(with their true arrival time). The records are the step-by-step loop's, bit for bit (tests/support/oracle.py).
 
-The engine moves from event to event: arrivals, admissions, finishes, preemptions. Between two events the batch does
-not change, so a run of decode steps is one move: time is whole ticks (sim/ticks.py), and the run's ticks have a
-closed form that is the sum the step-by-step loop adds (sim/clock.py); the next finish is the top of a heap; the next
-step at which an admission could succeed is computed instead of tried step by step (sim/forecast.py); charges are
-made when a decision reads the counters, not at every step (sim/charging.py). The records are the step-by-step
-loop's, bit for bit (tests/support/oracle.py keeps that loop as the oracle).
-
-The loop (arrive, admission round, decode run, finish) calls parts that own their state: the running batch
-(sim/batch.py), the clock (sim/clock.py), the memory model (sim/memory.py, sim/cached.py), the charging rule and the
-forecast it names (sim/charging.py, sim/forecast.py), preemption and the cap (sim/preempt.py) and, offline, the
-arrivals (sim/arrivals.py).
+The engine moves from event to event (arrivals, admissions, finishes, preemptions), calling parts that own their
+state: the running batch (sim/batch.py; the next finish is the top of a heap), the clock (sim/clock.py: a run of
+decode steps is one move, in whole ticks), the memory model (sim/memory.py, sim/cached.py: the pool and its
+admission budget), the charging rule (sim/charging.py: charges made when a decision reads the counters) and the
+forecast it names (sim/forecast.py: the next step at which an admission could succeed, computed instead of tried),
+preemption and the cap (sim/preempt.py) and, offline, the arrivals (sim/arrivals.py).
 """
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections.abc import Callable, Iterable
 
 from ..core.ledger import Ledger
 from ..core.policy import Policy
 from ..core.request import Request, RequestState
-from .arrivals import Arrivals
+from .arrivals import Arrivals, run_offline
 from .batch import NEVER, Batch
-from .cached import CachedMemory
 from .charging import ChargeAtEnd, Charging, charging_rule
 from .clock import Clock
 from .latency import LatencyModel
-from .memory import PagedMemory, ReserveMemory
-from .preempt import Check, FairPreemption, NoPreemption, RunningCap, budget_check
-from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
-from .ticks import FOREVER, at_or_after, ticks
+from .memory import memory_model
+from .preempt import preemption_rules
+from .requests import EngineConfig, SimRequest, SimResult, sim_requests, too_large
+from .ticks import at_or_after, ticks
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 
@@ -64,34 +57,14 @@ class SimEngine:
         self.arrivals = Arrivals()
         self.prefills = self.preemptions = 0
         self._extra, self._wait, self._prefill_max = cfg.prompt_extra_tokens, cfg.wait_steps, cfg.prefill_tokens
-        policy = ledger.policy
-        self.memory: ReserveMemory | PagedMemory
-        if cfg.prefix_cache:
-            self.memory = CachedMemory(cfg, batch, latency, self._preempt, ledger)
-        elif policy.capabilities.uses_prefix_cache:
-            raise ValueError(
-                f"policy {policy.name!r} orders by cached prefix: run it on the paged engine with the prefix cache"
-            )
-        else:
-            self.memory = (PagedMemory if cfg.mode == "paged" else ReserveMemory)(cfg, batch, latency, self._preempt)
-        memory = self.memory
-        self._fit_tokens = memory.fit_tokens
-        self._check: Check = (
-            budget_check if cfg.running_cap is None else RunningCap(cfg.running_cap, batch.tenants, self._extra)
-        )
-        self.preemption = NoPreemption()
-        if cfg.preempt_delta is not None:
-            if not policy.capabilities.shares_counters:
-                raise ValueError(f"preemption compares tenants' counters: policy {policy.name!r} keeps none")
-            self.preemption = FairPreemption(
-                ledger, batch, memory, cfg.preempt_delta, cfg.preempt_max, self._check, self._sync, self._preempt
-            )
+        self.memory = memory = memory_model(cfg, batch, latency, self._preempt, ledger)
+        self._check, self.preemption = preemption_rules(cfg, ledger, batch, memory, self._sync, self._preempt)
         # NOTE: no forecast of tries with preemption, the cap or the prefix cache's blocks
         self._every_try = cfg.preempt_delta is not None or cfg.running_cap is not None or memory.stepwise
         self._stepwise = observer is not None or memory.stepwise  # one decode step at a time
         # NOTE: LAZY, and every arrival accepted: an arrival of a tenant with requests queued changes nothing a decode
         # run reads (`Arrivals.cut`)
-        self._defer = type(policy).accept is Policy.accept and not self._every_try
+        self._defer = type(ledger.policy).accept is Policy.accept and not self._every_try
         self._use(charging_rule(ledger, batch, self._extra))
         self._waited = 0  # decode steps since the last admission
         self._next_try = 0  # no admission can succeed before this step (until the next event)
@@ -105,20 +78,17 @@ class SimEngine:
         self._skips, self._looks_ahead = forecast.skips, forecast.looks_ahead
         self._cutting = self._defer and rule.lazy
 
-    # ---- what the parts hold -----------------------------------------------------------------------------------
+    # ---- what the parts hold (the clock's, the batch's, ...) ----------------------------------------------------
     @property
     def now(self) -> float:
-        """The engine's clock, in seconds."""
         return self.clock.now
 
     @property
     def busy_s(self) -> float:
-        """The time spent prefilling or decoding (the rest the engine was idle), in seconds."""
         return self.clock.busy_s
 
     @property
     def step(self) -> int:
-        """Decode steps so far."""
         return self.batch.step
 
     @step.setter
@@ -127,7 +97,6 @@ class SimEngine:
 
     @property
     def kv_used(self) -> int:
-        """The running requests' server prompt + generated tokens."""
         return self.batch.kv_used
 
     @kv_used.setter
@@ -140,12 +109,10 @@ class SimEngine:
 
     @property
     def running(self) -> dict[SimRequest, None]:
-        """The running requests, in admission order."""
         return self.batch.running
 
     @property
     def cache(self):  # noqa: ANN201  # NOTE: PrefixCache | None
-        """The prefix cache (None without one)."""
         return self.memory.cache
 
     @property
@@ -184,48 +151,7 @@ class SimEngine:
     # ---- offline -----------------------------------------------------------------------------------------------
     def run(self, arrivals: Iterable, until_s: float | None = None) -> SimResult:
         """Simulate until every request is done, or until `until_s` (the rest is reported `unfinished`)."""
-        # NOTE: the collector off for the run: its objects live to the end and make almost no cycles, and its passes
-        # over them were a tenth of a million-request run
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            reqs = sim_requests(arrivals)
-            self.arrivals = pending = Arrivals(reqs, until_s)
-            clock, horizon, advance, submit = self.clock, pending.horizon, self._advance, self.submit
-            while True:
-                upcoming = pending.arrive(clock.t, submit)
-                if clock.t >= horizon:
-                    break
-                self.just_finished.clear()
-                if not advance(min(upcoming, horizon)):
-                    if upcoming == FOREVER:
-                        break
-                    clock.t = min(max(clock.t, upcoming), horizon)  # idle until the next arrival
-            self.arrivals = Arrivals()
-            self._sync()
-            step, now = self.batch.step, self.now
-            records = [record_of(r, step, now) for r in reqs]
-        finally:
-            if collecting:
-                if not gc.get_freeze_count():
-                    # NOTE: the run's objects straight to the oldest generation: the young collection that follows
-                    # would otherwise visit every one of them (a few % of a run); frozen objects of the caller's
-                    # would be unfrozen, so not then
-                    gc.freeze()
-                    gc.unfreeze()
-                gc.enable()
-        return SimResult(
-            records,
-            self.ledger,
-            self.now,
-            self.batch.step,
-            self.prefills,
-            self.preemptions,
-            self.busy_s,
-            self.config,
-            self.preemption.count,
-            [r.cached_tokens for r in reqs] if self.memory.cache is not None else None,
-        )
+        return run_offline(self, sim_requests(arrivals), until_s)
 
     # ---- online ------------------------------------------------------------------------------------------------
     def advance(self) -> bool:
@@ -248,7 +174,7 @@ class SimEngine:
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
         prompt = req.prompt_tokens + self._extra  # NOTE: too_large(), inline: every arrival passes here
-        if prompt + req.output_tokens >= self._fit_tokens or prompt > self._prefill_max:
+        if prompt + req.output_tokens >= self.memory.fit_tokens or prompt > self._prefill_max:
             req.state = RequestState.REJECTED  # it could never be admitted
             return
         acct = self.ledger.accounts.get(req.tenant)

@@ -18,10 +18,27 @@ from .batch import NEVER
 from .budget import Budget, PagedBudget, ReserveBudget, ReserveIndex
 
 if TYPE_CHECKING:
+    from ..core.ledger import Ledger
     from ..core.request import Request
     from .batch import Batch
     from .latency import LatencyModel
     from .requests import EngineConfig, SimRequest
+
+
+def memory_model(
+    cfg: EngineConfig, batch: Batch, latency: LatencyModel, preempt: Callable[[SimRequest], None], ledger: Ledger
+) -> ReserveMemory | PagedMemory:
+    """The memory model `cfg` names, over `batch`; `preempt` evicts a running request (the engine's)."""
+    from .cached import CachedMemory  # NOTE: here: it builds on PagedMemory
+
+    policy = ledger.policy
+    if cfg.prefix_cache:
+        return CachedMemory(cfg, batch, latency, preempt, ledger)
+    if policy.capabilities.uses_prefix_cache:
+        raise ValueError(
+            f"policy {policy.name!r} orders by cached prefix: run it on the paged engine with the prefix cache"
+        )
+    return (PagedMemory if cfg.mode == "paged" else ReserveMemory)(cfg, batch, latency, preempt)
 
 
 class Memory:

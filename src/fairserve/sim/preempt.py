@@ -27,11 +27,30 @@ if TYPE_CHECKING:
     from .batch import Batch
     from .budget import Budget
     from .memory import PagedMemory, ReserveMemory
-    from .requests import SimRequest
+    from .requests import EngineConfig, SimRequest
 
 Check = Callable[["Budget"], Callable[["SimRequest"], bool]]  # an admission round's check, from its budget
 
 budget_check: Check = attrgetter("try_add")  # no cap: the budget's own
+
+
+def preemption_rules(
+    cfg: EngineConfig,
+    ledger: Ledger,
+    batch: Batch,
+    memory: ReserveMemory | PagedMemory,
+    sync: Callable[[], None],
+    preempt: Callable[[SimRequest], None],
+) -> tuple[Check, NoPreemption]:
+    """The admission check of a round (under the cap, `running-cap=`, if any) and the preemption rule (`preempt=`)
+    that `cfg` names; `sync` brings the counters up to date, `preempt` evicts a running request (the engine's)."""
+    extra = cfg.prompt_extra_tokens
+    check: Check = budget_check if cfg.running_cap is None else RunningCap(cfg.running_cap, batch.tenants, extra)
+    if cfg.preempt_delta is None:
+        return check, NoPreemption()
+    if not ledger.policy.capabilities.shares_counters:
+        raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
+    return check, FairPreemption(ledger, batch, memory, cfg.preempt_delta, cfg.preempt_max, check, sync, preempt)
 
 
 class Capped:
