@@ -165,8 +165,8 @@ def test_simulate_reports_hit_rates_per_client_and_writes_them_to_json(tmp_path,
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--policy", "lpm"], "orders by cached prefix: add --engine-mode paged --prefix-cache"),
-        (["--policy", "dlpm:10", "--engine-mode", "paged"], "add --engine-mode paged --prefix-cache"),
+        (["--policy", "lpm"], "orders by cached prefix and needs the prefix cache: --engine-mode paged --prefix-cache"),
+        (["--policy", "dlpm:10", "--engine-mode", "paged"], "prefix cache: --engine-mode paged --prefix-cache"),
         (["--prefix-cache"], "--prefix-cache needs --engine-mode paged"),
     ],
 )

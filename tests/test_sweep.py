@@ -268,6 +268,9 @@ def test_a_worker_running_other_code_refuses():
         (["--policy", "vtc", "--workload", "overload", "--weights", "client-0=x"], "bad weights entry"),
         (["--policy", "vtc", "--workload", "overload", "--profile", "nope"], "nope"),
         (["--policy", "vtc", "--workload", "overload", "--ray", "127.0.0.1:1"], "Ray"),
+        (["--policy", "fcfs:preempt=500", "--workload", "overload"], "policy 'fcfs' keeps none; use vtc"),
+        (["--policy", "dlpm", "--workload", "overload", "--engine-mode", "paged"], "needs the prefix cache"),
+        (["--policy", "vtc", "--workload", "overload", "--prefix-cache"], "--prefix-cache needs --engine-mode paged"),
     ],
 )
 def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, args, message):
@@ -289,3 +292,17 @@ def test_sweep_files_are_checked(tmp_path):
         load_toml(tmp_path / "none.toml")
     assert parse_seeds(3) == (0, 1, 2) and parse_seeds("4-6") == (4, 5, 6) and parse_seeds("7,2") == (7, 2)
     assert parse_seeds([1, 9]) == (1, 9) and parse_seeds("2") == (0, 1)
+
+
+def test_engine_options_and_the_prefix_cache_are_swept(tmp_path):
+    """Preemption (`vtc:preempt=500`) and the prefix cache run through the command as through `simulate`."""
+    out = tmp_path / "o"
+    args = ["--policy", "vtc,vtc:preempt=500", "--workload", "overload", "--duration", "30", "--no-figures"]
+    assert main(["sweep", *args, "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
+    rows = {r["policy"]: r for r in table(out / "table.csv")}
+    assert float(rows["vtc:preempt=500"]["max_backlogged_diff_mean"]) < float(rows["vtc"]["max_backlogged_diff_mean"])
+    cached = ["--policy", "vtc,dlpm", "--workload", "system-prompts", "--duration", "30", "--kv-tokens", "4384"]
+    cached += ["--engine-mode", "paged", "--prefix-cache", "--no-figures"]
+    assert main(["sweep", *cached, "--out", str(tmp_path / "c"), "--jobs", "1", "--no-progress"]) == 0
+    rows = {r["policy"]: r for r in table(tmp_path / "c" / "table.csv")}
+    assert float(rows["dlpm"]["service_per_s_mean"]) > float(rows["vtc"]["service_per_s_mean"])

@@ -11,9 +11,9 @@ from typing import Any
 
 from . import __version__
 from .argtypes import positive
-from .core import check_nodes, check_policy, describe, make_cost, parse_priorities, parse_weights
+from .core import check_nodes, describe, make_cost, parse_priorities, parse_weights
 from .metrics import Summary, summarize, summary_table
-from .sim import LATENCY_MODELS, SimResult, get_latency_model, hit_rate, hit_rates, simulate
+from .sim import LATENCY_MODELS, SimOptions, SimResult, hit_rate, hit_rates, simulate
 from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
 
 
@@ -180,42 +180,18 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies:
         raise CliError("--policy needs at least one policy")
-    if args.prefix_cache and args.engine_mode != "paged":
-        raise CliError("--prefix-cache needs --engine-mode paged")
-    for spec in policies:  # validate everything before the first (slow) run
-        try:
-            entry, _ = check_policy(spec, engine_options=True, prefix_cache=args.prefix_cache)
-        except ValueError as e:
-            if args.prefix_cache or not check_policy(spec, prefix_cache=True)[0].capabilities.uses_prefix_cache:
-                raise
-            raise CliError(f"policy {spec!r} orders by cached prefix: add --engine-mode paged --prefix-cache") from e
-        if priorities and not entry.capabilities.tree:
-            raise CliError(f"--priorities: policy {spec!r} does not order by priority; use vtc")
+    runs = [options_from(args, spec) for spec in policies]  # NOTE: all checked before the first (slow) run
+    for options in runs:
+        spec = options.spec
+        if priorities and spec is not None and not spec.entry.capabilities.tree:
+            raise CliError(f"--priorities: policy {options.policy!r} does not order by priority; use vtc")
     cost = make_cost(args.cost, args.w_p, args.w_q, args.w_cached)
-    if args.profile:
-        get_latency_model(args.profile)
     print(
         f"workload {workload.name}: {len(workload.arrivals)} requests from "
         f"{len({a.client for a in workload.arrivals})} clients over {workload.duration_s:g} s"
     )
-    for spec in policies:
-        result = simulate(
-            workload,
-            spec,
-            latency=args.profile,
-            kv_tokens=args.kv_tokens,
-            mode=args.engine_mode,
-            drain=args.drain,
-            weights=weights,
-            priorities=priorities,
-            cost=args.cost,
-            w_p=args.w_p,
-            w_q=args.w_q,
-            seed=args.seed,
-            prefix_cache=args.prefix_cache,
-            block_tokens=args.block_tokens,
-            w_cached=args.w_cached,
-        )
+    for spec, options in zip(policies, runs, strict=True):
+        result = simulate(workload, options, weights=weights, priorities=priorities)
         duration = result.end_s if args.drain else workload.duration_s
         summary = summarize(result.records, duration, args.w_p, args.w_q, weights, cost=cost)
         print()
@@ -227,6 +203,25 @@ def _simulate(args: argparse.Namespace) -> int:
             write_json(out, result, summary)
             print(f"wrote {out}")
     return 0
+
+
+def options_from(args: argparse.Namespace, policy: str, **overrides: Any) -> SimOptions:
+    """The run's `SimOptions` from the engine flags `simulate` and `sweep` share, checked (ValueError, one line)."""
+    values = {
+        "policy": policy,
+        "latency": args.profile,
+        "kv_tokens": args.kv_tokens,
+        "mode": args.engine_mode,
+        "prefix_cache": args.prefix_cache,
+        "block_tokens": args.block_tokens,
+        "cost": args.cost,
+        "w_p": args.w_p,
+        "w_q": args.w_q,
+        "w_cached": args.w_cached,
+        "seed": args.seed,
+        "drain": args.drain,
+    }
+    return SimOptions(**(values | overrides)).check()
 
 
 def _reproduce(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ how the policy orders. `split_options` takes them off; only the simulator accept
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import CostFunction, make_cost
@@ -27,6 +27,7 @@ class PolicyEntry:
     default: str | None = None  # the argument when the spec gives none
     parse: Callable[[str], Any] | None = None  # text -> argument value; ValueError for a bad one
     build: Build | None = None  # default: cls(cost=cost); a policy with an argument gives its own
+    optional: bool = False  # without `default`, the argument may be left out: `build` gets None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -49,13 +50,14 @@ def register(
     default: str | None = None,
     parse: Callable[[str], Any] | None = None,
     build: Build | None = None,
+    optional: bool = False,
 ) -> PolicyEntry:
     """Make a policy known by `name` (lower case). ValueError if the name is taken."""
     if name in _REGISTRY:
         raise ValueError(f"a policy named {name!r} is registered already")
     if argument is not None and build is None:
         raise ValueError(f"policy {name!r} takes an argument: register it with a `build`")
-    entry = _REGISTRY[name] = PolicyEntry(name, cls, summary, argument, default, parse, build)
+    entry = _REGISTRY[name] = PolicyEntry(name, cls, summary, argument, default, parse, build, optional)
     return entry
 
 
@@ -110,43 +112,74 @@ def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
     return ":".join(keep), options
 
 
-def check_policy(spec: str, *, engine_options: bool = False, prefix_cache: bool = False) -> tuple[PolicyEntry, Any]:
-    """Parse `name[:argument]` without building the policy: (its entry, the parsed argument or None). ValueError with
-    one line naming the registered policies on a bad spec. Engine options (`split_options`) are accepted only with
-    `engine_options` (the simulator's drivers), and must then suit the policy. A policy that orders by cached prefix
-    is accepted only with `prefix_cache` (the driver has one: the simulator's paged engine with its cache on)."""
-    spec, options = split_options(spec)
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy spec, parsed once: `text` as given, `policy` without its engine options, the registered `entry`, its
+    parsed `argument` (None: the policy takes none) and the engine options (`split_options`). `parse_spec` makes
+    one; `make_policy` builds from it without parsing again."""
+
+    text: str
+    policy: str
+    entry: PolicyEntry
+    argument: Any
+    options: dict[str, float | int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+
+def parse_spec(spec: str, *, engine_options: bool = False, prefix_cache: bool = False) -> PolicySpec:
+    """Parse `name[:argument][:option=value]...` without building the policy. ValueError with one line naming the
+    registered policies on a bad spec. Engine options (`split_options`) are accepted only with `engine_options`
+    (the simulator's drivers), and must then suit the policy. A policy that orders by cached prefix is accepted only
+    with `prefix_cache` (the driver has one: the simulator's paged engine with its cache on)."""
+    policy, options = split_options(spec)
     if options and not engine_options:
         raise ValueError(
-            f"engine options ({', '.join(options)}) apply to the simulated engine only (fairserve simulate, emulate)"
+            f"engine options ({', '.join(options)}) apply to the simulated engine only (fairserve simulate, sweep, "
+            "reproduce, emulate)"
         )
-    name, _, arg = spec.strip().partition(":")
+    name, _, arg = policy.strip().partition(":")
     entry = _REGISTRY.get(name.lower())
     if entry is None:
-        raise ValueError(f"unknown policy {spec!r}; choose one of: {describe(prefix_cache=prefix_cache)}")
+        raise ValueError(f"unknown policy {policy!r}; choose one of: {describe(prefix_cache=prefix_cache)}")
     if entry.capabilities.uses_prefix_cache and not prefix_cache:
+        if engine_options:  # NOTE: the simulator's drivers: the flags that turn the cache on
+            raise ValueError(
+                f"policy {policy!r} orders by cached prefix and needs the prefix cache: "
+                "--engine-mode paged --prefix-cache"
+            )
         raise ValueError(
             f"policy {entry.name!r} orders by cached prefix and needs a driver with a prefix cache: "
-            "fairserve simulate --mode paged --prefix-cache (this driver has none)"
+            "fairserve simulate --engine-mode paged --prefix-cache (this driver has none)"
         )
     if "preempt" in options and not entry.capabilities.shares_counters:
         raise ValueError(f"preempt= compares tenants' counters: policy {entry.name!r} keeps none; use vtc")
     if entry.argument is None:
         if arg:
-            raise ValueError(f"policy {entry.name!r} takes no argument (got {spec!r})")
-        return entry, None
+            raise ValueError(f"policy {entry.name!r} takes no argument (got {policy!r})")
+        return PolicySpec(spec, policy, entry, None, options)
     text = arg or entry.default
     if text is None:
-        raise ValueError(f"policy {entry.name!r} needs an argument: {entry.usage}")
+        if not entry.optional:
+            raise ValueError(f"policy {entry.name!r} needs an argument: {entry.usage}")
+        return PolicySpec(spec, policy, entry, None, options)  # NOTE: its build derives what was left out
     try:
         value = entry.parse(text) if entry.parse is not None else text
     except ValueError as e:
-        raise ValueError(f"bad argument in policy {spec!r}: {e}") from None
-    return entry, value
+        raise ValueError(f"bad argument in policy {policy!r}: {e}") from None
+    return PolicySpec(spec, policy, entry, value, options)
+
+
+def check_policy(spec: str, *, engine_options: bool = False, prefix_cache: bool = False) -> tuple[PolicyEntry, Any]:
+    """`parse_spec`'s (entry, parsed argument or None)."""
+    parsed = parse_spec(spec, engine_options=engine_options, prefix_cache=prefix_cache)
+    return parsed.entry, parsed.argument
 
 
 def make_policy(
-    spec: str,
+    spec: str | PolicySpec,
     *,
     cost: str | CostFunction | Callable[[int, int], float] | None = None,
     w_p: float = 1.0,
@@ -154,12 +187,14 @@ def make_policy(
     seed: int = 0,
     w_cached: float | None = None,
 ) -> Policy:
-    """Build the policy `name[:argument]` with its cost function (`make_cost`). ValueError on a bad spec or cost.
+    """Build the policy `name[:argument]` (or a parsed `PolicySpec`, whose engine options are its driver's) with its
+    cost function (`make_cost`). ValueError on a bad spec or cost.
     NOTE: a policy that orders by cached prefix is built here; its driver refuses it if it has no prefix cache."""
-    entry, arg = check_policy(spec, prefix_cache=True)
+    parsed = spec if isinstance(spec, PolicySpec) else parse_spec(spec, prefix_cache=True)
     costfn = make_cost(cost, w_p, w_q, w_cached)
+    entry = parsed.entry
     if entry.build is not None:
-        return entry.build(arg, costfn, seed)
+        return entry.build(parsed.argument, costfn, seed)
     return entry.cls(cost=costfn)
 
 

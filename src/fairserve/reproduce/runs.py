@@ -12,7 +12,7 @@ from ..core.account import SEP
 from ..core.cost import CostFunction, make_cost
 from ..metrics import backlogged, response_times, service_curves, service_rates, summarize, time_grid
 from ..records import RequestRecord
-from ..sim import simulate
+from ..sim import SimOptions, simulate
 from ..sim.requests import Mode
 from ..workloads import PREFIX_WORKLOADS, Arrival, Workload, get_workload, load_trace
 
@@ -38,6 +38,17 @@ class RunSpec:
     @property
     def name(self) -> str:
         return self.label or (self.policy if self.mode == "reserve" else f"{self.policy} ({self.mode})")
+
+    def options(self) -> SimOptions:
+        """The run's engine options, as `fairserve simulate` and `sweep` take them."""
+        return SimOptions(
+            policy=self.policy,
+            cost=self.cost,
+            mode=self.mode,
+            kv_tokens=self.kv_tokens,
+            prefix_cache=self.prefix_cache,
+            w_cached=self.w_cached,
+        )
 
 
 @dataclass
@@ -134,16 +145,7 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         )
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
-    result = simulate(
-        workload,
-        spec.policy,
-        cost=spec.cost,
-        weights=weights,
-        mode=spec.mode,
-        kv_tokens=spec.kv_tokens,
-        prefix_cache=spec.prefix_cache,
-        w_cached=spec.w_cached,
-    )
+    result = simulate(workload, spec.options(), weights=weights)
     return RunOutput(
         spec=spec,
         records=result.records,

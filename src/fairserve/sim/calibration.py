@@ -68,6 +68,6 @@ class CalibrationResult:
 def simulate_run(run: MeasuredRun, latency: object | None = None) -> CalibrationResult:
     """Simulate one measured run on the default preset (or `latency`, a preset name or LatencyModel)."""
     w = get_workload(run.workload, duration_s=run.window_s)
-    res = simulate(w, run.policy, latency=latency, until_s=run.window_s + TAIL_S)  # type: ignore[arg-type]
+    res = simulate(w, run.policy, latency=latency, until_s=run.window_s + TAIL_S)
     service, output = window_service(res.records, run.window_s)
     return CalibrationResult(run, service / run.window_s, output / run.window_s)

@@ -29,11 +29,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="run a grid of simulations in parallel (locally or on Ray); tables and figures over seeds",
         description="Run every combination of policies, workloads or traces, KV pool sizes, weights and seeds on "
         "the simulated engine, in parallel (--jobs N, or --ray ADDRESS for a Ray cluster). Finished runs are kept in "
-        "OUT/runs and not run again. Writes table.csv and table.md (mean and 95%% confidence interval over seeds), "
+        "OUT/runs and not run again. Writes table.csv and table.md (mean and 95% confidence interval over seeds), "
         "runs.csv, one figure per swept parameter and metric, and sweep.json. Flags override the sweep file's keys.",
     )
     p.add_argument("config", nargs="?", metavar="SWEEP.toml", help="a sweep file (see docs/sweeps.md)")
-    p.add_argument("--policy", metavar="P[,P...]", help=f"policies: {describe()}")
+    p.add_argument(
+        "--policy",
+        metavar="P[,P...]",
+        help=f"policies: {describe(prefix_cache=True)} (lpm and dlpm with --prefix-cache); each may end in engine "
+        "options :preempt=DELTA, :preempt-max=K, :running-cap=TOKENS (docs/preemption.md)",
+    )
     p.add_argument("--workload", metavar="NAME[,NAME...]", help=f"named workloads: {', '.join(ALL_WORKLOADS)}")
     p.add_argument("--trace", action="append", metavar="FILE", help="a request trace (repeat for several)")
     p.add_argument("--trace-format", choices=TRACE_FORMATS, help="the traces' format (default: auto)")
@@ -50,6 +55,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--w-p", type=float, help="weight of a prompt token (linear cost; default 1)")
     p.add_argument("--w-q", type=float, help="weight of an output token (linear cost; default 2)")
     p.add_argument("--engine-mode", choices=ENGINE_MODES, help="admission: reserve (default) or paged")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        default=None,
+        help="paged engine: share the KV blocks of common prompt prefixes (needed by lpm and dlpm)",
+    )
+    p.add_argument(
+        "--block-tokens",
+        type=positive(int, "a whole number"),
+        metavar="N",
+        help="tokens per KV block of the prefix cache (default: 16)",
+    )
+    p.add_argument(
+        "--w-cached",
+        type=float,
+        metavar="W",
+        help="weight of a prompt token served from the prefix cache (linear cost; default: --w-p)",
+    )
     p.add_argument("--profile", metavar="NAME", help="latency model (default: the workload's)")
     where = p.add_mutually_exclusive_group()
     where.add_argument(
@@ -85,6 +108,9 @@ def values_from(args: argparse.Namespace) -> dict[str, Any]:
         "w_q": args.w_q,
         "engine_mode": args.engine_mode,
         "profile": args.profile,
+        "prefix_cache": args.prefix_cache,
+        "block_tokens": args.block_tokens,
+        "w_cached": args.w_cached,
     }
     return values | {k: v for k, v in flags.items() if v is not None}
 

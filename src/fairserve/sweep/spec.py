@@ -7,12 +7,13 @@ import itertools
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..core import check_nodes, check_policy, make_cost, parse_weights
-from ..sim import get_latency_model
+from ..core import check_nodes, parse_weights
+from ..sim.options import SimOptions
+from ..sim.prefix_cache import DEFAULT_BLOCK_TOKENS
 from ..sim.requests import Mode
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
 
@@ -38,6 +39,9 @@ KEYS = (
     "w_q",
     "engine_mode",
     "profile",
+    "prefix_cache",
+    "block_tokens",
+    "w_cached",
 )
 
 
@@ -55,15 +59,33 @@ class Source:
 
 @dataclass(frozen=True)
 class Options:
-    """What every run of a sweep shares."""
+    """What every run of a sweep shares: the workloads' length, the traces' format, and the engine's options (the
+    `SimOptions` that `fairserve simulate` and `simulate()` take; each point sets its policy, pool and seed)."""
 
     duration_s: float | None = None  # named workloads only; traces run to their own length
     trace_format: str = "auto"
-    cost: str = "linear"
-    w_p: float = 1.0
-    w_q: float = 2.0
-    engine_mode: Mode = "reserve"
-    profile: str | None = None  # latency model; None: the workload's
+    engine: SimOptions = field(default_factory=SimOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As recorded in each run's spec (the run's identity): the keys of a sweep file; the options added since
+        the first sweeps only where they differ from their default, so that runs stored before them keep their
+        identity."""
+        e = self.engine
+        out: dict[str, Any] = {
+            "duration_s": self.duration_s,
+            "trace_format": self.trace_format,
+            "cost": e.cost,
+            "w_p": e.w_p,
+            "w_q": e.w_q,
+            "engine_mode": e.mode,
+            "profile": e.latency,
+        }
+        later: dict[str, tuple[Any, Any]] = {
+            "prefix_cache": (e.prefix_cache, False),
+            "block_tokens": (e.block_tokens, DEFAULT_BLOCK_TOKENS),
+            "w_cached": (e.w_cached, None),
+        }
+        return out | {k: v for k, (v, default) in later.items() if v != default}
 
 
 @dataclass(frozen=True)
@@ -85,8 +107,12 @@ class Point:
             "kv_tokens": self.kv_tokens,
             "weights": [list(w) for w in self.weights] if self.weights is not None else None,
             "seed": self.seed,
-            **asdict(self.options),
+            **self.options.to_dict(),
         }
+
+    def sim_options(self) -> SimOptions:
+        """The run's options for `simulate()`: the sweep's engine options with this point's policy, pool and seed."""
+        return replace(self.options.engine, policy=self.policy, kv_tokens=self.kv_tokens, seed=self.seed)
 
     @property
     def group(self) -> tuple[str, str, str, str]:
@@ -148,11 +174,14 @@ class SweepConfig:
             "seeds": list(self.seeds),
             "duration": self.options.duration_s,
             "trace_format": self.options.trace_format,
-            "cost": self.options.cost,
-            "w_p": self.options.w_p,
-            "w_q": self.options.w_q,
-            "engine_mode": self.options.engine_mode,
-            "profile": self.options.profile,
+            "cost": self.options.engine.cost,
+            "w_p": self.options.engine.w_p,
+            "w_q": self.options.engine.w_q,
+            "engine_mode": self.options.engine.mode,
+            "profile": self.options.engine.latency,
+            "prefix_cache": self.options.engine.prefix_cache,
+            "block_tokens": self.options.engine.block_tokens,
+            "w_cached": self.options.engine.w_cached,
         }
 
 
@@ -307,31 +336,39 @@ def _options(values: Mapping[str, Any]) -> Options:
     mode: Mode = "reserve" if given == "reserve" else "paged"
     w_p, w_q = _number(values, "w_p", 1.0), _number(values, "w_q", 2.0)
     assert w_p is not None and w_q is not None
-    return Options(
-        duration_s=_number(values, "duration", None),
-        trace_format=fmt,
+    prefix_cache = values.get("prefix_cache", False)
+    if not isinstance(prefix_cache, bool):
+        raise SweepError(f"prefix_cache: expected true or false, got {prefix_cache!r}")
+    block = values.get("block_tokens", DEFAULT_BLOCK_TOKENS)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise SweepError(f"block_tokens: expected a whole number of tokens > 0, got {block!r}")
+    w_cached = values.get("w_cached")
+    if w_cached is not None and (isinstance(w_cached, bool) or not isinstance(w_cached, int | float) or w_cached < 0):
+        raise SweepError(f"w_cached: expected a number >= 0, got {w_cached!r}")
+    engine = SimOptions(
         cost=str(values.get("cost", "linear")),
         w_p=w_p,
         w_q=w_q,
-        engine_mode=mode,
-        profile=values.get("profile"),
+        w_cached=None if w_cached is None else float(w_cached),
+        mode=mode,
+        latency=values.get("profile"),
+        prefix_cache=prefix_cache,
+        block_tokens=block,
     )
+    return Options(duration_s=_number(values, "duration", None), trace_format=fmt, engine=engine)
 
 
 def _check(config: SweepConfig) -> None:
     """Every name and value is checked before the first (slow) run."""
+    opts = config.options
     for spec in config.policies:
-        check_policy(spec)
+        replace(opts.engine, policy=spec).check()  # NOTE: engine options and the prefix cache as `simulate` takes them
     for name in config.workloads:
         if name not in ALL_WORKLOADS:
             raise SweepError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOADS)}")
     for path, label in zip(config.traces, config.trace_labels, strict=True):
         if not Path(path).is_file():
             raise SweepError(f"trace file not found: {label}")
-    opts = config.options
-    make_cost(opts.cost, opts.w_p, opts.w_q)
-    if opts.profile is not None:
-        get_latency_model(opts.profile)
     _unique(config.kv_tokens, "kv_tokens")
     _unique(config.weights, "weights")
     given = [w for w in config.weights if w is not None]

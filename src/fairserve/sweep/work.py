@@ -77,21 +77,11 @@ def execute(task: Task) -> dict[str, Any]:
     p, opts = task.point, task.point.options
     workload = load_workload(p.source, p.seed, opts, task.workload_sha256)
     weights = dict(p.weights) if p.weights is not None else workload.weights
-    cost = make_cost(opts.cost, opts.w_p, opts.w_q)
+    run = p.sim_options()
+    cost = make_cost(run.cost, run.w_p, run.w_q, run.w_cached)
     start = time.perf_counter()
-    result = simulate(
-        workload,
-        p.policy,
-        latency=opts.profile,
-        kv_tokens=p.kv_tokens,
-        mode=opts.engine_mode,
-        weights=weights,
-        cost=opts.cost,
-        w_p=opts.w_p,
-        w_q=opts.w_q,
-        seed=p.seed,
-    )
-    s = summarize(result.records, workload.duration_s, opts.w_p, opts.w_q, weights, cost=cost)
+    result = simulate(workload, run, weights=weights)
+    s = summarize(result.records, workload.duration_s, run.w_p, run.w_q, weights, cost=cost)
     ttft = np.array([r.first_token_s - r.arrival_s for r in result.records if r.first_token_s is not None])
     metrics = {
         "throughput_tok_s": s.output_tokens_per_s,
