@@ -29,7 +29,8 @@ from fairserve.gateway.capacity import (
     next_limit,
     parse_metrics,
 )
-from fairserve.gateway.cli import add_parser, config_from_args, parse_backend
+from fairserve.gateway.cli import add_parser, config_from_args
+from fairserve.gateway.config import parse_backend
 from fairserve.gateway.footprint import Footprint
 from fairserve.gateway.prometheus import GatewayMetrics
 from fairserve.gateway.scheduler import Ending, Scheduler

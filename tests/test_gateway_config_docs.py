@@ -1,52 +1,105 @@
-"""The configuration table of docs/gateway.md against the code: every key of `GatewayConfig` has its row, and a
-row names exactly the flags `fairserve gateway` defines for its keys (none: "—")."""
+"""One declaration per key (`fairserve.api.keys`): a config field gives its flag, its place in the live/restart
+decision and its row in the docs' table, with no other edit; the docs' tables are the ones the fields make."""
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import pytest
 
+from fairserve.api.keys import add_flags, flag_overrides, in_doc, key, reload_keys, table
+from fairserve.gateway import reload as reload_module
 from fairserve.gateway.cli import add_parser
-from fairserve.gateway.config import GatewayConfig
+from fairserve.gateway.component import ReloadError
+from fairserve.gateway.config import LIVE, RESTART, GatewayConfig, build_config
+from fairserve.serve.config import ServeConfig
 
 pytestmark = pytest.mark.unit
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "gateway.md"
-LISTS = {"backend": "backends", "tenant": "tenants", "group": "groups", "model": "models"}  # the repeated flags
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+BASE = {"backends": [{"url": "http://127.0.0.1:9"}], "tenants": [{"name": "a", "api_keys": ["k"]}]}
 
 
-def table() -> list[tuple[set[str], set[str]]]:
-    """(keys, flags) of each row of the Configuration section's table."""
-    text = DOC.read_text()
-    section = text[text.index("\n## Configuration\n") :]
-    section = section[: section.index("\n## ", 1)]
-    rows = []
-    for line in section.splitlines():
-        if line.startswith("| `"):
-            cells = re.split(r"(?<!\\)\|", line)[1:]
-            rows.append((set(re.findall(r"`(\w+)`", cells[0])), set(re.findall(r"--[a-z0-9-]+", cells[1]))))
-    return rows
+class WithTwoMore(GatewayConfig):
+    """The gateway's keys and two throwaway ones, each declared once, as a new key would be."""
+
+    throwaway_wait_s: float = key(1.5, help="how long the throwaway part waits", gt=0)
+    throwaway_mode: str = key("a", help="what the throwaway part does", metavar="MODE", restart="read at start")
 
 
-def flags_by_key() -> dict[str, set[str]]:
+@pytest.mark.parametrize(
+    ("page", "model", "reloads"), [("gateway.md", GatewayConfig, True), ("engines.md", ServeConfig, False)]
+)
+def test_the_docs_tables_are_the_ones_the_fields_make(page, model, reloads):
+    text = (DOCS / page).read_text()
+    assert in_doc(text, model, reloads) == text, f"docs/{page} is out of date: run scripts/config_tables.py"
+
+
+def test_a_new_key_is_one_field_its_flag_reload_decision_and_docs_row_follow():
     parser = argparse.ArgumentParser()
-    gateway = add_parser(parser.add_subparsers())
-    out: dict[str, set[str]] = {}
-    for action in gateway._actions:
-        key = action.dest if action.dest in GatewayConfig.model_fields else LISTS.get(action.dest)
-        if key is not None:
-            out.setdefault(key, set()).update(s for s in action.option_strings if s.startswith("--"))
-    return out
+    add_flags(parser, WithTwoMore)
+    args = parser.parse_args(["--throwaway-wait", "2.5", "--throwaway-mode", "b", "--queue-ttl", "9"])
+    assert flag_overrides(args, WithTwoMore) == {"throwaway_wait_s": 2.5, "throwaway_mode": "b", "queue_ttl_s": 9.0}
+    assert "how long the throwaway part waits (default 1.5)" in parser.format_help()
+
+    live, restart = reload_keys(WithTwoMore)
+    assert "throwaway_wait_s" in live and restart["throwaway_mode"] == "read at start"
+    assert (live - {"throwaway_wait_s"}, restart.keys() - {"throwaway_mode"}) == (LIVE, RESTART.keys())
+
+    rows = table(WithTwoMore).splitlines()
+    assert "| `throwaway_wait_s` | `--throwaway-wait S` | 1.5 | how long the throwaway part waits |" in rows
+    mode = "`--throwaway-mode MODE` | `a` | what the throwaway part does (restart only: read at start) |"
+    assert f"| `throwaway_mode` | {mode}" in rows
+    assert len(rows) == len(table(GatewayConfig).splitlines()) + 2
+
+    class Stub:  # what a reload's first phase reads of the gateway
+        reloading = None
+
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def parts(self):
+            return []
+
+    old = WithTwoMore(**BASE)
+    reload_module.check(Stub(old), WithTwoMore(**BASE, throwaway_wait_s=3.0))  # live: accepted
+    with pytest.raises(ReloadError, match="throwaway_mode changed: only a restart applies that \\(read at start\\)"):
+        reload_module.check(Stub(old), WithTwoMore(**BASE, throwaway_mode="b"))
 
 
-def test_every_key_has_a_row_naming_its_flags():
-    rows, flags = table(), flags_by_key()
-    documented = [k for keys, _ in rows for k in keys]
-    assert sorted(set(GatewayConfig.model_fields) - set(documented)) == [], "keys without a row"
-    assert sorted(set(documented) - set(GatewayConfig.model_fields)) == [], "rows of keys that do not exist"
-    assert len(documented) == len(set(documented)), "a key in two rows"
-    for keys, named in rows:
-        assert named == set().union(*(flags.get(k, set()) for k in keys)), (sorted(keys), named)
+def test_a_field_without_a_declaration_is_refused_naming_it():
+    class Undeclared(GatewayConfig):
+        sneaky: int = 1
+
+    with pytest.raises(TypeError, match="Undeclared.sneaky: declare it with fairserve.api.keys.key"):
+        reload_keys(Undeclared)
+
+
+def test_every_flag_of_the_command_line_reaches_its_key():
+    parser = argparse.ArgumentParser()
+    gateway = add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["gateway", "--backend", "http://127.0.0.1:9,max_requests=3", "--tenant", "org/a:k:2", "--group", "org:4:1"]
+        + ["--model", "m1", "--model", "m2", "--no-access-log", "--trusted-proxy", "--state-ttl", "7"]
+        + ["--client-buffer-bytes", "0", "--scope", "global"]
+    )
+    cfg = build_config(flag_overrides(args, GatewayConfig))
+    assert cfg.backends[0].max_inflight_requests == 3 and cfg.tenants[0].weight == 2.0
+    assert (cfg.groups[0].weight, cfg.groups[0].priority, cfg.models) == (4.0, 1, ["m1", "m2"])
+    assert (cfg.access_log, cfg.trusted_proxy, cfg.state_ttl_s, cfg.client_buffer_bytes) == (False, True, 7.0, 0)
+    assert cfg.scope == "global"
+    flags = {s for a in gateway._actions for s in a.option_strings}
+    # NOTE: every key has a flag but the table of prices by model
+    missing = [
+        k
+        for k in GatewayConfig.model_fields
+        if k != "prices" and f"--{k.removesuffix('_s').replace('_', '-')}" not in flags
+    ]
+    assert sorted(missing) == [
+        "access_log",
+        "backends",
+        "groups",
+        "models",
+        "tenants",
+    ]  # --no-access-log, --backend, ...

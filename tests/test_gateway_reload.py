@@ -20,10 +20,11 @@ import httpx
 import pytest
 from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_until
 
+from fairserve.api.keys import key, reload_keys
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app, load_config
 from fairserve.gateway import reload as reload_module
-from fairserve.gateway.config import GatewayConfig, build_config, reload_keys, restart_only
+from fairserve.gateway.config import GatewayConfig, build_config
 from fairserve.gateway.reload import LIVE, RESTART, ReloadError
 from fairserve.gateway.scheduler import Scheduler
 
@@ -181,8 +182,8 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
 
 def test_a_key_says_once_where_it_is_declared_whether_it_reloads_live():
     class WithTwoMore(GatewayConfig):
-        throwaway_live_s: float = 1.0
-        throwaway_restart: str = restart_only("it is read at start, in this test", "x")
+        throwaway_live_s: float = key(1.0, help="a throwaway key")
+        throwaway_restart: str = key("x", help="another", restart="it is read at start, in this test")
 
     live, restart = reload_keys(WithTwoMore)
     assert "throwaway_live_s" in live and restart["throwaway_restart"] == "it is read at start, in this test"

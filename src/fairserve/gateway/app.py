@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -132,36 +131,12 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if gw.sched.shared is not None:
-            await gw.sched.shared.start()  # NOTE: syncs in a task of its own; the request path never waits on Redis
-            if gw.sched.quotas is not None:
-                gw.sched.quotas.use_redis(gw.sched.shared)
-        await gw.health.discover_all()  # NOTE: the models each backend serves, before the first request
-        gw.capacity.start()  # NOTE: a task of its own, nothing on the request path
-        gw.health.start()
-        if gw.snapshots is not None:
-            gw.snapshots.start()
+        await gw.serve()  # NOTE: every part in start order (Gateway.parts), stopped in reverse
         hangup = load is not None and _on_hangup(gw)
         yield
         if hangup:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        # NOTE: requests cut off at the end of the drain are still sending their last event and settling
-        deadline = time.monotonic() + 2.0
-        while sum(map(len, gw.sched.pools.ledgers)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        gw.stalls.stop()
-        if gw.sched.quotas is not None:
-            await gw.sched.quotas.drain()
-        if gw.snapshots is not None:
-            await gw.snapshots.stop()
-            gw.snapshots.save()
-        await gw.health.stop()
-        await gw.capacity.stop()
-        if gw.sched.shared is not None:
-            await gw.sched.shared.stop()
-        await gw.client.aclose()
-        await gw.upstream.aclose()
-        gw.sched.usage.close()
+        await gw.close()
 
     # NOTE: no redirect_slashes: Starlette builds the redirect's Location from the client's Host header (an open
     # redirect), and the OpenAI SDK follows a 307 with the prompt; a path with a trailing slash is a 404

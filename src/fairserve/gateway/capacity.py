@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from .component import Part
 from .config import GatewayConfig, redact, redact_text
 
 if TYPE_CHECKING:
@@ -93,22 +94,24 @@ def next_limit(limit: int, maximum: int, reading: Reading | None, in_flight: int
     return limit
 
 
-class CapacityMonitor:
+class CapacityMonitor(Part):
     """Scrapes the adaptive backends every `interval_s` and sets their `Backend.limit`."""
 
     def __init__(self, sched: Scheduler, client: httpx.AsyncClient, interval_s: float) -> None:
         self.sched, self.client, self.interval_s = sched, client, interval_s
         self.backends: list[Backend] = []
-        self.follow()
         self._failing: set[str] = set()  # backends whose last scrape gave no reading (logged once)
         self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self.follow()
 
     def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
         """Any interval applies live."""
 
     def configure(self, cfg: GatewayConfig) -> None:
-        """From the next scrape on."""
+        """From the next scrape on, of the scheduler's adaptive backends (a reload may have changed them)."""
         self.interval_s = cfg.metrics_interval_s
+        self.follow()
 
     async def _read(self, b: Backend) -> Reading | None:
         url = b.cfg.metrics_url or b.url + "/metrics"
@@ -153,12 +156,15 @@ class CapacityMonitor:
             await asyncio.sleep(self.interval_s)
 
     def follow(self) -> None:
-        """Scrape the scheduler's adaptive backends (again after a reload changed them)."""
+        """Scrape the scheduler's adaptive backends (again after a reload changed them), once started."""
         self.backends = [b for b in self.sched.backends if b.cfg.adaptive]
-
-    def start(self) -> None:
-        if self.backends and self._task is None:
+        if self._started and self.backends and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def start(self) -> None:
+        """Scrape in a task of its own: nothing on the request path."""
+        self._started = True
+        self.follow()
 
     async def stop(self) -> None:
         task, self._task = self._task, None

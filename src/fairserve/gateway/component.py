@@ -1,7 +1,8 @@
-"""How a part of the gateway takes its configuration. A live reload is two phases over every part, as Kubernetes'
-API Priority and Fairness applies configuration: every part `check`s the new configuration (and may refuse it),
-then every part `configure`s itself from it. Nothing outside a part sets its attributes or copies the
-configuration onto it; the keys only a restart applies are refused before either (`config.RESTART`)."""
+"""The gateway's parts and their one life cycle. The gateway holds its parts in start order (`Gateway.parts()`):
+it starts them in that order, stops them in reverse, and applies a live reload in two phases over all of them, as
+Kubernetes' API Priority and Fairness applies configuration: every part `check`s the new configuration (and may
+refuse it), then every part `configure`s itself from it. Nothing outside a part sets its attributes or copies the
+configuration onto it; the keys only a restart applies are refused before either (`api.keys.reload_keys`)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,31 @@ class ReloadError(ValueError):
     """The new configuration was refused (one line); the running one is kept."""
 
 
-class Configured(Protocol):
+class Component(Protocol):
     def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
         """ReloadError (one line) if this part cannot apply `new` live."""
 
     def configure(self, cfg: GatewayConfig) -> None:
         """Take `cfg`'s settings, from the next request, connection, check or scrape on."""
+
+    async def start(self) -> None:
+        """Begin its own work (tasks, connections), before the first request; the parts before it have started."""
+
+    async def stop(self) -> None:
+        """End its work, after the last request; the parts after it have stopped."""
+
+
+class Part:
+    """A component whose steps do nothing until it says otherwise: a part overrides the steps it has."""
+
+    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        """Any value of its keys applies live."""
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """It reads no key after it is made."""
+
+    async def start(self) -> None:
+        """Nothing to begin."""
+
+    async def stop(self) -> None:
+        """Nothing to end."""

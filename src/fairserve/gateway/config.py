@@ -14,10 +14,12 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from ..api.config import Strict, check_listen
 from ..api.config import build_config as _build
 from ..api.config import load_config as _load
+from ..api.keys import key, reload_keys
 from ..api.protocol import MAX_INT
 from ..api.tokens import token_counter
 from ..core import check_policy, policy_names
-from ..tenancy import MAX_COST, GroupConfig, TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import MAX_COST, ServerConfig, TenantConfig, check_tenants, tenants_from_flags
+from ..tenancy.config import SERVER_START as _SERVER_START
 from .footprint import DEFAULT_MAX_TOKENS
 
 # NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
@@ -116,13 +118,7 @@ def _check_proxy(entry: str) -> None:
         ) from None
 
 
-_SERVER = "the HTTP server's, set when it starts"
-
-
-def restart_only(why: str, default: Any = ..., **kw: Any) -> Any:
-    """A config key that only a restart applies, and why (a live reload that changes it is refused naming both);
-    every other key is applied by a live reload (gateway/reload.py)."""
-    return Field(default, json_schema_extra={"restart": why}, **kw)
+_JOINED = "the replicas' shared state is joined at start"
 
 
 class Price(Strict):
@@ -132,78 +128,273 @@ class Price(Strict):
     w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
 
 
-class GatewayConfig(TenantsMixin, Strict):
-    listen: str = restart_only("the socket is bound at start", "127.0.0.1:8080")
-    backends: list[BackendConfig] = Field(min_length=1)
-    tenants: list[TenantConfig] = Field(min_length=1)
-    groups: list[GroupConfig] = Field(default_factory=list)  # weights and priorities of the tenant tree's groups
-    policy: str = restart_only("the counters are the policy's", "vtc")
-    w_p: float = Field(1.0, ge=0, le=MAX_COST, allow_inf_nan=False)
-    w_q: float = Field(2.0, ge=0, le=MAX_COST, allow_inf_nan=False)
-    prices: dict[str, Price] = Field(default_factory=dict)  # by model id; others cost w_p, w_q
-    # counters per model pool (each pool its own resource) or one account per tenant over the fleet; None:
-    # per_model, except with `state` or `snapshot` (which keep one account per tenant): global
-    scope: Literal["per_model", "global"] | None = restart_only("it decides the ledgers that hold the counters", None)
-    # one JSON line per request: a file (appended to) or "-" (stdout)
-    usage_log: str | None = restart_only("it is opened at start", None)
-    tokenize_concurrency: int = Field(4, ge=1, le=1024)  # /tokenize and /detokenize in flight per tenant
-    queue_limit: int = Field(256, ge=1)  # queued requests per tenant
-    queue_ttl_s: float = Field(300.0, gt=0)  # the longest a request may wait in the queue
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    admin_key: str | None = restart_only("the admin API takes it at start", None)
-    trusted_proxy: bool = False  # honour `X-Tenant-Id` from a holder of a valid key
-    tokenizer: str = ""  # "estimate", "hf:PATH", "tiktoken:ENCODING[@PATH]" (api.tokens)
-    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, le=MAX_INT)  # sent when a request sets no max_tokens
-    models: list[str] = Field(default_factory=list)  # /v1/models when no backend answers
-    backend_cooldown_s: float = Field(2.0, ge=0)  # without health checks: an unreachable backend is skipped this long
-    # health: each backend's `health_path` is read every `health_interval_s` (0: no active checks); a backend is
-    # down from a failed check or an unreachable request until a check passes
-    health_path: str = "/health"
-    health_interval_s: float = Field(5.0, ge=0, le=3600)
-    # timeouts (see docs/gateway.md, "Timeouts")
-    client_timeout_s: float = restart_only(_SERVER, 30.0, gt=0, le=3600)  # a client's request headers and body, each
-    connect_timeout_s: float = Field(5.0, gt=0, le=3600)  # opening a connection to a backend
-    request_timeout_s: float = Field(120.0, gt=0)  # a backend's first byte (a whole non-streamed answer)
-    chunk_timeout_s: float = Field(30.0, gt=0)  # between two pieces of a backend's answer
-    # SIGTERM: in-flight requests get this long to finish
-    drain_timeout_s: float = restart_only(_SERVER, 30.0, ge=0, le=3600)
-    metrics_key: str | None = None  # Bearer key required by /metrics (default: open)
-    access_log: bool = restart_only(_SERVER, True)  # uvicorn's line per request (`--no-access-log`)
-    metrics_interval_s: float = Field(1.0, gt=0)  # how often adaptive backends' /metrics are read
-    # redis://[:PASSWORD@]HOST:PORT/DB (rediss:// TLS): shared by replicas
-    state: str | None = restart_only("the replicas' shared state is joined at start", None)
-    # how often charges are flushed to the shared state
-    state_interval_s: float = restart_only("the replicas' shared state is joined at start", 0.02, gt=0, le=1.0)
-    # a dead replica's leases and backlog expire after this
-    state_ttl_s: float = restart_only("every replica must use the same", 3.0, gt=0, le=60.0)
-    # without `state`: counters, service and weights written to this file (at shutdown and every
-    # `snapshot_interval_s`) and restored from it at start (gateway/snapshot.py)
-    snapshot: str | None = restart_only("it is restored at start", None)
-    # 0: only at shutdown
-    snapshot_interval_s: float = restart_only("the snapshots are scheduled at start", 60.0, ge=0, le=86400)
-    # clients that do not read (gateway/stalls.py): a stream is cut when its client accepted nothing for
-    # `client_write_timeout_s` (nginx's send_timeout), or less than `client_min_rate` bytes/s over that long while
-    # data waited for it (0: no rate)
-    client_write_timeout_s: float = Field(60.0, gt=0, le=3600)
-    client_min_rate: int = Field(1024, ge=0)
-    # what a stream may hold read from its backend and not yet taken by its client (gateway/pipe.py): the backend's
-    # slot frees at generation speed, whatever the client's; per stream, and over every stream
-    client_buffer_bytes: int = Field(4 << 20, ge=0)
-    client_buffer_total_bytes: int = Field(256 << 20, ge=0)
-    retry_after_max_s: float = Field(30.0, ge=0, le=3600)  # the longest a backend's Retry-After is honoured
-    metrics_window_s: float = Field(900.0, ge=0)  # a tenant's series stay in /metrics this long after its last request
-    # repeated 401s: after `auth_failure_limit` within `auth_failure_window_s` from one client address, or with one
-    # key from any, 429 for a request from it or with it until the window ends, unless its key is valid (0: no limit)
-    auth_failure_limit: int = Field(20, ge=0)
-    auth_failure_window_s: float = Field(60.0, gt=0, le=86400)
-    # the proxies whose X-Forwarded-For uvicorn takes the client's address from: IPs, CIDRs, or ["*"] (any); None:
-    # uvicorn's default ($FORWARDED_ALLOW_IPS, else 127.0.0.1 and ::1)
-    forwarded_allow_ips: list[str] | None = restart_only(_SERVER, None)
-    # a request line and headers, together (431)
-    max_header_bytes: int = restart_only(_SERVER, 32 * 1024, ge=1024, le=1024 * 1024)
-    max_headers: int = restart_only(_SERVER, 100, ge=8, le=10000)  # header fields in a request (431)
-    ssl_certfile: str | None = restart_only(_SERVER, None)  # serve HTTPS (uvicorn's TLS): the certificate chain, PEM
-    ssl_keyfile: str | None = restart_only(_SERVER, None)  # its private key, PEM (if not in the certificate file)
+BACKEND_OPTIONS = {
+    "max_requests": "max_inflight_requests",
+    "max_tokens": "max_inflight_tokens",
+    "api_key": "api_key",
+    "adaptive": "adaptive",
+    "metrics_url": "metrics_url",
+    "engine_tenant": "engine_tenant",
+    "models": "models",
+}
+FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_backend(text: str) -> dict[str, Any]:
+    """`URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U][,engine_tenant=1]
+    [,models=A|B]` → a backend table."""
+    url, *options = (p.strip() for p in text.split(","))
+    out: dict[str, Any] = {"url": url}
+    for opt in options:
+        name, sep, value = (x.strip() for x in opt.partition("="))
+        if not sep or name not in BACKEND_OPTIONS:
+            raise ValueError(
+                f"bad --backend option {opt!r} in {text!r}: expected one of "
+                f"{', '.join(k + '=...' for k in BACKEND_OPTIONS)}"
+            )
+        if name == "models":  # NOTE: `|` between ids: a comma separates the options
+            out[name] = [m.strip() for m in value.split("|") if m.strip()]
+            continue
+        if name in ("api_key", "metrics_url"):
+            out[name] = value
+            continue
+        if name in ("adaptive", "engine_tenant"):
+            if value.lower() not in FLAGS:
+                raise ValueError(f"bad --backend option {opt!r}: expected {name}=1 or {name}=0")
+            out[name] = FLAGS[value.lower()]
+            continue
+        try:
+            out[BACKEND_OPTIONS[name]] = int(value)
+        except ValueError:
+            raise ValueError(f"bad --backend option {opt!r}: {value!r} is not a whole number") from None
+    return out
+
+
+def _backends(flags: list[str]) -> list[dict[str, Any]]:
+    return [parse_backend(b) for b in flags]
+
+
+class GatewayConfig(ServerConfig):
+    listen: str = key(
+        "127.0.0.1:8080", help="address to serve on", metavar="HOST:PORT", restart="the socket is bound at start"
+    )
+    backends: list[BackendConfig] = key(
+        help="an OpenAI-compatible server",
+        flag="--backend",
+        metavar="URL[,max_requests=N][,max_tokens=M][,api_key=K][,adaptive=1][,metrics_url=U][,engine_tenant=1]"
+        "[,models=A|B]",
+        read=_backends,
+        min_length=1,
+        doc="`url` (with or without `/v1`), `max_inflight_requests` (32), `max_inflight_tokens` (prompt + max_tokens "
+        "of the requests in flight; none), `api_key` (sent upstream), `adaptive` (false) and `metrics_url` "
+        "(`URL/metrics`): see [Adaptive capacity](#adaptive-capacity); `engine_tenant` (false): add `vllm_xargs: "
+        '{"fairserve_client": TENANT}` to the forwarded body, so a vLLM running fairserve\'s `VTCScheduler` counts '
+        "the gateway's tenants ([vllm.md](vllm.md)); `models` (`[]`: those it lists at `/v1/models`): the model ids "
+        "it serves, see [Several models](#several-models)",
+    )
+    tenants: list[TenantConfig] = key(
+        help="a tenant (a name, or a path org/team/name in the tenant tree) and its API key; a repeated path adds a "
+        "key",
+        flag="--tenant",
+        metavar="PATH:KEY[:WEIGHT]",
+        read=tenants_from_flags,
+        min_length=1,
+        doc="`name` (a name, or a path `tier/org/name` in the tenant tree), `api_keys` and/or `api_key_sha256` (keys "
+        "given by their hex SHA-256, see [Tenants, keys and weights](#tenants-keys-and-weights)), `weight` (1), "
+        "`priority` (none: its group's), `priorities` (`[]`: the values its requests may name besides its own); see "
+        "[Tenant tree and priorities](#tenant-tree-and-priorities); `models` (none: any): the model ids it may use, "
+        "see [Model access](#model-access); `quota` (none): see [Quotas](#quotas)",
+    )
+    policy: str = key(
+        "vtc",
+        help="the scheduling policy",
+        metavar="P",
+        restart="the counters are the policy's",
+        doc="any `fairserve.core.make_policy` spec; `vtc-predict` = moving-average prediction",
+    )
+    prices: dict[str, Price] = key(
+        default_factory=dict,
+        help="by model id, a model's token costs; other models cost w_p, w_q",
+        flag=False,
+        doc='a model\'s token costs, `prices."llama-70b" = { w_p = 4, w_q = 8 }`; other models cost `w_p`, `w_q`',
+    )
+    scope: Literal["per_model", "global"] | None = key(
+        None,
+        help="the counters: per model pool, or one account per tenant over the fleet",
+        restart="it decides the ledgers that hold the counters",
+        shown="`per_model` (`global` with `state` or `snapshot`)",
+        doc="the counters: per model pool, or one account per tenant over the fleet; see [Counter scope and "
+        "prices](#counter-scope-and-prices)",
+    )
+    usage_log: str | None = key(
+        None,
+        help="one JSON line per request, appended to this file or written to stdout (-)",
+        metavar="PATH|-",
+        restart="it is opened at start",
+        doc="one JSON line per request, appended to this file or written to stdout (`-`); see [Usage log](#usage-log)",
+    )
+    tokenize_concurrency: int = key(4, help="/tokenize and /detokenize requests in flight per tenant", ge=1, le=1024)
+    queue_limit: int = key(256, help="queued requests per tenant", ge=1)
+    queue_ttl_s: float = key(300.0, help="the longest a request may wait in the queue", gt=0)
+    trusted_proxy: bool = key(False, help="honour X-Tenant-Id from a holder of a valid key")
+    tokenizer: str = key(
+        "",
+        help='how prompts are counted: "estimate" (the default), "hf:PATH/tokenizer.json" or '
+        '"tiktoken:ENCODING@PATH.tiktoken" (local files)',
+        metavar="NAME",
+        doc='`""`/`"estimate"`: `ceil(chars / 4)` (`fairserve/api/tokens.py`); `"hf:PATH/tokenizer.json"`: a local '
+        "Hugging Face tokenizer, read with the `tokenizers` package (`pip install 'fairserve[tokenizers]'`); "
+        '`"tiktoken:ENCODING@PATH"`: an OpenAI tiktoken encoding (`cl100k_base`, `o200k_base`, `p50k_base`, '
+        "`r50k_base`) with its `.tiktoken` ranks file on local disk (`pip install 'fairserve[tiktoken]'`), or "
+        '`"tiktoken:ENCODING"` if that file is already in tiktoken\'s cache (`$TIKTOKEN_CACHE_DIR`, else '
+        "`$DATA_GYM_CACHE_DIR`, else `<tmp>/data-gym-cache`). Nothing is ever downloaded: a missing file stops the "
+        "gateway at start with one error line",
+    )
+    default_max_tokens: int = key(
+        DEFAULT_MAX_TOKENS,
+        help="the output bound of a request that sets none, sent upstream as its max_tokens",
+        ge=1,
+        le=MAX_INT,
+        doc="the output bound of a request that sets none: sent upstream as its `max_tokens` (`max_output_tokens` "
+        "for `/v1/responses`), so the backend stops there; see [A request's footprint](#a-requests-footprint)",
+    )
+    models: list[str] = key(
+        default_factory=list,
+        help="model ids for /v1/models when no backend answers",
+        flag="--model",
+        metavar="NAME",
+        read=list,
+    )
+    backend_cooldown_s: float = key(
+        2.0, help="without active health checks: an unreachable backend is skipped this long", ge=0
+    )
+    health_path: str = key("/health", help="each backend's health check path", metavar="PATH")
+    health_interval_s: float = key(
+        5.0,
+        help="seconds between health checks (0: none); a backend is down from a failed check or an unreachable "
+        "request until a check passes",
+        ge=0,
+        le=3600,
+    )
+    connect_timeout_s: float = key(5.0, help="opening a connection to a backend", gt=0, le=3600)
+    request_timeout_s: float = key(
+        120.0,
+        help="a backend's first byte: its status line, then the first piece of its body (all of a non-streamed answer)",
+        gt=0,
+    )
+    chunk_timeout_s: float = key(30.0, help="between two pieces of a backend's answer", gt=0)
+    metrics_interval_s: float = key(1.0, help="how often adaptive backends' /metrics are read", gt=0)
+    access_log: bool = key(
+        True,
+        help="uvicorn's line per request in the log (off: about 2-5% more throughput)",
+        restart=_SERVER_START,
+    )
+    state: str | None = key(
+        None,
+        help="share counters, backlog and backend capacity with the other replicas through Redis: "
+        "redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS)",
+        metavar="URL",
+        restart=_JOINED,
+        doc="share counters, backlog and backend capacity with the other replicas through Redis "
+        "(`redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` for TLS); see [Running several "
+        "replicas](#running-several-replicas)",
+    )
+    state_interval_s: float = key(
+        0.02, help="how often charges are flushed to the shared state", restart=_JOINED, gt=0, le=1.0
+    )
+    state_ttl_s: float = key(
+        3.0,
+        help="a dead replica's leases and backlog expire after this (the same on every replica)",
+        restart="every replica must use the same",
+        gt=0,
+        le=60.0,
+    )
+    snapshot: str | None = key(
+        None,
+        help="without state: counters, service and admin weights written to this file (at shutdown and every "
+        "snapshot interval) and restored from it at start",
+        metavar="FILE",
+        restart="it is restored at start",
+    )
+    snapshot_interval_s: float = key(
+        60.0,
+        help="seconds between snapshots; 0: only at shutdown",
+        restart="the snapshots are scheduled at start",
+        ge=0,
+        le=86400,
+    )
+    client_write_timeout_s: float = key(
+        60.0, help="a stream whose client accepted nothing for this long is cut (nginx's send_timeout)", gt=0, le=3600
+    )
+    client_min_rate: int = key(
+        1024,
+        help="bytes/s: a stream whose client accepted less over a client write timeout during which data waited for "
+        "it all along is cut; 0: no rate",
+        metavar="BYTES",
+        ge=0,
+    )
+    client_buffer_bytes: int = key(
+        4 << 20,
+        help="what one stream may hold read from its backend and not yet taken by its client (0: read the backend "
+        "only as fast as the client takes it)",
+        shown="4 MiB",
+        ge=0,
+        doc="what one stream may hold read from the backend and not yet taken by the client: the backend's slot frees "
+        "when it has generated the answer, whatever the client's speed (see [Clients that do not "
+        "read](#clients-that-do-not-read)); 0: read the backend only as fast as the client takes it",
+    )
+    client_buffer_total_bytes: int = key(
+        256 << 20,
+        help="what all streams together may hold read from their backends and not yet taken by their clients",
+        shown="256 MiB",
+        ge=0,
+    )
+    retry_after_max_s: float = key(30.0, help="the longest a backend's Retry-After keeps it skipped", ge=0, le=3600)
+    metrics_window_s: float = key(
+        900.0, help="a tenant's series stay in /metrics this long after its last request", ge=0
+    )
+    auth_failure_limit: int = key(
+        20,
+        help="after this many 401s within the window from one client address, or with one key from any address, a "
+        "request from that address or with that key gets 429 until the window ends, unless its key is valid; 0: off",
+        ge=0,
+        doc="after this many 401s within `auth_failure_window_s` from one client address, or with one key from any "
+        "address, a request from that address or with that key gets 429 until the window ends, unless its key is "
+        "valid (a tenant's, the admin or the `/metrics` key: always served); 0: off; see "
+        "[Internet-facing](#internet-facing)",
+    )
+    auth_failure_window_s: float = key(60.0, help="the window auth_failure_limit counts 401s in", gt=0, le=86400)
+    forwarded_allow_ips: list[str] | None = key(
+        None,
+        help="the reverse proxies whose X-Forwarded-For gives the client's address: IP addresses and networks "
+        "(10.0.0.0/8), or * (any)",
+        metavar="IP,CIDR,...|*",
+        restart=_SERVER_START,
+        shown="uvicorn's: `$FORWARDED_ALLOW_IPS`, else `127.0.0.1` and `::1`",
+        doc="the reverse proxies whose `X-Forwarded-For` gives the client's address (a list of IP addresses and "
+        'networks such as `10.0.0.0/8`, or `"*"`: any); see [TLS](#tls). Not `trusted_proxy`, which is about '
+        "`X-Tenant-Id`",
+    )
+    max_header_bytes: int = key(
+        32 * 1024,
+        help="a request line and its headers, together: beyond, 431 and the connection is closed",
+        restart=_SERVER_START,
+        ge=1024,
+        le=1024 * 1024,
+    )
+    max_headers: int = key(100, help="header fields in a request: beyond, 431", restart=_SERVER_START, ge=8, le=10000)
+    ssl_certfile: str | None = key(
+        None,
+        help="serve HTTPS (uvicorn's TLS) with this certificate chain (PEM)",
+        metavar="FILE",
+        restart=_SERVER_START,
+    )
+    ssl_keyfile: str | None = key(
+        None,
+        help="the certificate's private key (PEM), if not in the certificate file",
+        metavar="FILE",
+        restart=_SERVER_START,
+    )
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 
@@ -309,17 +500,6 @@ def build_config(data: dict[str, Any]) -> GatewayConfig:
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
     return _load(GatewayConfig, path, overrides)
-
-
-def reload_keys(model: type[Strict]) -> tuple[frozenset[str], dict[str, str]]:
-    """(the keys a live reload applies, the keys only a restart applies and why), from the fields' declarations
-    (`restart_only`): the one place a key says it."""
-    restart = {
-        k: str(f.json_schema_extra["restart"])
-        for k, f in model.model_fields.items()
-        if isinstance(f.json_schema_extra, dict) and "restart" in f.json_schema_extra
-    }
-    return frozenset(model.model_fields) - set(restart), restart
 
 
 LIVE, RESTART = reload_keys(GatewayConfig)

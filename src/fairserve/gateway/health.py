@@ -20,14 +20,14 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from ..api.protocol import parse_json
-from .component import ReloadError
+from .component import Part, ReloadError
 from .config import GatewayConfig
 from .scheduler import Backend, Scheduler
 
 log = logging.getLogger("fairserve.gateway")
 
 
-class HealthMonitor:
+class HealthMonitor(Part):
     def __init__(self, sched: Scheduler, client: httpx.AsyncClient) -> None:
         self.sched, self.client = sched, client
         self.configure(sched.cfg)
@@ -43,7 +43,9 @@ class HealthMonitor:
         self.path, self.interval_s = cfg.health_path, cfg.health_interval_s
         self.timeout_s = max(0.5, min(self.interval_s, cfg.connect_timeout_s + 5.0))
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """The models each backend serves, before the first request; then the checks, in a task of their own."""
+        await self.discover_all()
         if self.interval_s > 0:
             self.sched.probe = lambda _: self._now.set()
             self._task = asyncio.get_running_loop().create_task(self._run())

@@ -20,7 +20,7 @@ from starlette.types import Scope
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, bearer, same_key
 from .capacity import CapacityMonitor
-from .component import Configured, ReloadError
+from .component import Component, Part, ReloadError
 from .config import GatewayConfig
 from .fleet import connections
 from .health import HealthMonitor
@@ -37,7 +37,7 @@ log = logging.getLogger("fairserve.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 
-class Gateway:
+class Gateway(Part):
     """What one app instance holds: config, scheduler (policy + backends), metrics, the upstream client."""
 
     def __init__(self, cfg: GatewayConfig) -> None:
@@ -75,14 +75,31 @@ class Gateway:
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
         self.reloading = asyncio.Lock()  # one reload at a time
 
-    def parts(self) -> list[Configured]:
-        """Every part that takes its settings from the configuration, in the order they apply a new one (the
-        scheduler first: the pools a backend change makes take its new tenant tree)."""
-        parts: list[Configured] = [self.sched, self.health, self.capacity, self.metrics, self.stalls, self.throttle]
-        return [*parts, self.proxy, self.tokenize, self]
+    def parts(self) -> list[Component]:
+        """Every part, in start order, which is also the order they apply a new configuration: the scheduler first
+        (the shared state is joined before anything is served; the pools a backend change makes take its new tenant
+        tree), the proxy last (stopped first, it lets the requests cut at the end of the drain settle)."""
+        snapshots: list[Component] = [self.snapshots] if self.snapshots is not None else []
+        parts: list[Component] = [self.sched, self, self.health, self.capacity, *snapshots, self.metrics, self.stalls]
+        return [*parts, self.throttle, self.tokenize, self.proxy]
 
-    def check(self, old: GatewayConfig, new: GatewayConfig) -> None:
-        """Keys and tenants apply live."""
+    async def start(self) -> None:
+        """Its own part: the clients are opened as they are used."""
+
+    async def stop(self) -> None:
+        """The clients to the backends are closed (after the parts that use them have stopped)."""
+        await self.client.aclose()
+        await self.upstream.aclose()
+
+    async def serve(self) -> None:
+        """Start every part, in order."""
+        for part in self.parts():
+            await part.start()
+
+    async def close(self) -> None:
+        """Stop every part, in reverse order."""
+        for part in reversed(self.parts()):
+            await part.stop()
 
     def configure(self, cfg: GatewayConfig) -> None:
         """The keys and tenants of the requests from now on, and the upstream hop's timeouts and connections."""

@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 from ..core import Account, LedgerView, Listener, Request, TenantView
 from ..core.account import parents
 from ..tenancy import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity
+from .component import Part
 
 if TYPE_CHECKING:
     from ..core import Ledger
@@ -123,7 +124,7 @@ class LevelQueues(Listener):
         self.level(req.priority or 0).queued -= 1
 
 
-class GatewayMetrics:
+class GatewayMetrics(Part):
     def __init__(self, window_s: float = METRICS_WINDOW_S) -> None:
         self.activity = TenantActivity(window_s)
         self.tenants: dict[str, TenantStats] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from typing import Any
 
 from starlette.responses import Response
@@ -19,6 +20,7 @@ from ..api.protocol import parse_json
 from ..api.streaming import connection_of, shutting_down
 from ..tenancy import model_refused, priority_message
 from .body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
+from .component import Part
 from .config import GatewayConfig
 from .failures import Failed, retry_after
 from .pipe import Buffers
@@ -51,7 +53,7 @@ class Client:
         return self.gone or (self.conn is not None and self.conn.disconnected)
 
 
-class Proxy:
+class Proxy(Part):
     def __init__(self, sched: Scheduler, upstream: Any, stalls: StallWatch | None = None) -> None:
         self.sched = sched
         self.upstream = upstream
@@ -66,6 +68,13 @@ class Proxy:
         """The limits and model access of the requests from now on."""
         self.cfg = cfg
         self.allowed_models = cfg.allowed_models()  # tenants limited to some models
+
+    async def stop(self) -> None:
+        """The requests cut off at the end of the server's drain are still sending their last event and settling:
+        at most 2 s more for them."""
+        deadline = time.monotonic() + 2.0
+        while sum(map(len, self.sched.pools.ledgers)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def _error(
         self,

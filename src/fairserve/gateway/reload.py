@@ -5,7 +5,7 @@ price of its arrival), the backends (gateway/fleet.py: added ones serve at once,
 to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from then on), and the
 limits read at each request, in two phases over every part (gateway/component.py): each checks the new
 configuration, then each configures itself from it. What only a restart can change (each such key says so and why
-where it is declared, `config.restart_only`: the listening socket, the policy and its ledgers, the shared state, the
+where it is declared, `key(restart=...)`: the listening socket, the policy and its ledgers, the shared state, the
 HTTP server's own settings, ...) is refused, as is a file that cannot be read (read off
 the event loop, bounded in size and time: api/config.py) or does not validate, with one line naming the keys or the
 file and why, and the running configuration is kept.
@@ -25,14 +25,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..api.keys import reload_keys
 from . import fleet, retree
-from .component import Configured, ReloadError
+from .component import Component, ReloadError
 from .config import LIVE, RESTART, GatewayConfig
 from .dispatch import UnknownModel
 from .ticket import Ending
 
 if TYPE_CHECKING:
-    from .capacity import CapacityMonitor
     from .health import HealthMonitor
     from .scheduler import Scheduler
 
@@ -47,20 +47,20 @@ class Gateway(Protocol):
     cfg: GatewayConfig
     sched: Scheduler
     health: HealthMonitor
-    capacity: CapacityMonitor
     reloading: asyncio.Lock
 
-    def parts(self) -> list[Configured]:
-        """Every part that takes its settings from the configuration, in the order they apply a new one."""
+    def parts(self) -> list[Component]:
+        """Every part, in the order they apply a new configuration."""
 
 
 def check(gw: Gateway, new: GatewayConfig) -> None:
-    """Phase one: ReloadError if `new` changes a key only a restart applies (`config.restart_only`), or a part
-    refuses it."""
+    """Phase one: ReloadError if `new` changes a key only a restart applies (declared with `key(restart=...)`), or
+    a part refuses it."""
     old = gw.cfg
-    changed = [k for k in type(old).model_fields if k not in LIVE and getattr(old, k) != getattr(new, k)]
+    _, restart = reload_keys(type(old))  # NOTE: from the fields' declarations, whatever keys the model has
+    changed = [k for k in restart if getattr(old, k) != getattr(new, k)]
     if changed:
-        reasons = [RESTART[k] for k in changed]
+        reasons = [restart[k] for k in changed]
         why = "; ".join(f"{k}: {r}" for k, r in zip(changed, reasons, strict=True)) if len(changed) > 1 else reasons[0]
         raise ReloadError(f"{', '.join(changed)} changed: only a restart applies that ({why})")
     for part in gw.parts():
@@ -77,10 +77,7 @@ def apply(gw: Gateway, new: GatewayConfig, change: fleet.Change) -> str:
     first, *rest = gw.parts()
     first.configure(new)
     unserved = fleet.apply(sched, change) if change else []
-    if change:
-        gw.capacity.follow()
-        gw.capacity.start()
-    for part in rest:
+    for part in rest:  # NOTE: after the backends' change: capacity scrapes the adaptive ones it left
         part.configure(new)
     for t in unserved:  # NOTE: now that the pools are consistent; each answers 404 to its client
         err = UnknownModel(t.model or "", sched.pools.served())

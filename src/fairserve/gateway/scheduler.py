@@ -69,7 +69,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._wakeup: asyncio.TimerHandle | None = None
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/health.py)
-        # shared with other replicas through Redis (gateway/shared_state.py); the app starts and stops it
+        # shared with other replicas through Redis (gateway/shared_state.py), joined by `start`
         self.shared = (
             SharedState(
                 StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s),
@@ -377,6 +377,22 @@ class Scheduler:
         self.tenants[:] = [t.name for t in cfg.tenants]  # NOTE: in place: the admin API reads this list
         self.use_quotas(cfg.quotas())
         self.cfg = cfg
+
+    async def start(self) -> None:
+        """Join the replicas' shared state (it syncs in a task of its own: the request path never waits on Redis),
+        and keep the quotas' use there."""
+        if self.shared is not None:
+            await self.shared.start()
+            if self.quota_gate is not None:
+                self.quota_gate.use_redis(self.shared)
+
+    async def stop(self) -> None:
+        """The quotas' last settles, then leave the shared state and close the usage log."""
+        if self.quota_gate is not None:
+            await self.quota_gate.drain()
+        if self.shared is not None:
+            await self.shared.stop()
+        self.usage.close()
 
     def set_weight(self, tenant: str, weight: float) -> None:
         for ledger in self.pools.ledgers:

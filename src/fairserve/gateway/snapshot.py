@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Ledger
+from .component import Part
 
 log = logging.getLogger("fairserve.gateway")
 FORMAT = "fairserve-gateway-snapshot/1"
@@ -122,8 +123,8 @@ def restore(path: str, ledger: Ledger, configured: dict[str, float]) -> int:
     return len(checked)
 
 
-class Snapshots:
-    """Restores at construction; `start()` writes every `interval_s` (0: never), `save()` once (at shutdown)."""
+class Snapshots(Part):
+    """Restores at construction; from `start()` writes every `interval_s` (0: never), and once more at `stop()`."""
 
     def __init__(self, path: str, ledger: Ledger, configured: dict[str, float], interval_s: float) -> None:
         self.path, self.ledger, self.configured, self.interval_s = path, ledger, configured, interval_s
@@ -147,13 +148,15 @@ class Snapshots:
             except OSError as e:
                 log.error("snapshot %s not written: %s", self.path, e)
 
-    def start(self) -> None:
+    async def start(self) -> None:
         if self.interval_s > 0:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """The periodic writes end; the last state is written (the requests have settled)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self.save()

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .component import Part
+
 if TYPE_CHECKING:
     from .config import GatewayConfig
 
@@ -53,7 +55,7 @@ class Watched:
     behind_from: int = 0  # `accepted` then
 
 
-class StallWatch:
+class StallWatch(Part):
     def __init__(self, timeout_s: float, min_rate: float) -> None:
         self._set(timeout_s, min_rate)
         self._streams: set[Watched] = set()
@@ -121,7 +123,8 @@ class StallWatch:
         with contextlib.suppress(Exception):
             w.transport.abort()
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """No more sweeps (the streams have ended)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -16,6 +16,7 @@ from ..api.body import DISCONNECTED, ClientGone, read_body
 from ..api.errors import error_response
 from ..api.protocol import parse_json
 from ..tenancy.access import model_refused
+from .component import Part
 from .config import GatewayConfig
 from .proxy import passthrough
 from .scheduler import Scheduler, UnknownModel
@@ -24,7 +25,7 @@ from .upstream import UpstreamError
 TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 
 
-class Tokenize:
+class Tokenize(Part):
     def __init__(
         self, sched: Scheduler, upstream: Any, allowed_models: Callable[[], dict[str, frozenset[str]]]
     ) -> None:

@@ -6,39 +6,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
-from ..api.config import Strict, check_listen
+from ..api.config import check_listen
 from ..api.config import load_config as _load
+from ..api.keys import key
 from ..api.protocol import MAX_INT
 from ..core import check_policy
-from ..tenancy import MAX_COST, GroupConfig, TenantConfig, TenantsMixin, check_tenants
+from ..tenancy import ServerConfig, check_tenants
 
 ENGINES = ("transformers",)
 
 
-class ServeConfig(TenantsMixin, Strict):
-    listen: str = "127.0.0.1:8000"
-    engine: Literal["transformers"] = "transformers"
-    model: str = "tiny-random"  # a preset (tiny-random, small-random) or a local model directory
-    served_model_name: str | None = None  # the name /v1/models lists (default: `model`)
-    tenants: list[TenantConfig] = Field(default_factory=list)  # none: no API keys, one tenant "anonymous"
-    groups: list[GroupConfig] = Field(default_factory=list)  # weights and priorities of the tenant tree's groups
-    policy: str = "vtc"  # the engine's scheduler; "fifo": transformers' own, no accounts
-    w_p: float = Field(1.0, ge=0, le=MAX_COST)
-    w_q: float = Field(2.0, ge=0, le=MAX_COST)
-    admin_key: str | None = None
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    default_max_tokens: int = Field(256, ge=1, le=MAX_INT)
-    client_timeout_s: float = Field(30.0, gt=0, le=3600)  # a client's request headers, and its body, each (408)
-    drain_timeout_s: float = Field(30.0, ge=0, le=3600)  # SIGTERM: in-flight requests get this long to finish
-    metrics_key: str | None = None  # Bearer key required by /metrics (default: open)
-    # engine sizing (transformers' ContinuousBatchingConfig); the KV pool holds num_blocks × page_size tokens
-    num_blocks: int = Field(512, ge=1)
-    page_size: int = Field(32, ge=4)
-    max_batch_tokens: int = Field(512, ge=1)
-    max_requests_per_batch: int = Field(64, ge=1)
-    seed: int = 0  # of the random presets' weights
+class ServeConfig(ServerConfig):
+    listen: str = key("127.0.0.1:8000", help="address to serve on", metavar="HOST:PORT")
+    engine: Literal["transformers"] = key("transformers", help="the inference engine")
+    model: str = key(
+        "tiny-random",
+        help="tiny-random or small-random: a random Llama built locally; or a local Hugging Face model directory "
+        "(never downloaded)",
+        metavar="NAME_OR_DIR",
+    )
+    served_model_name: str | None = key(
+        None, help="the model name /v1/models lists", metavar="NAME", shown="the model's"
+    )
+    policy: str = key("vtc", help="the engine's scheduler", metavar="P")
+    default_max_tokens: int = key(256, help="max_tokens when a request sets none", ge=1, le=MAX_INT)
+    # NOTE: engine sizing (transformers' ContinuousBatchingConfig); the KV pool holds num_blocks × page_size tokens
+    num_blocks: int = key(512, help="KV-cache blocks", ge=1)
+    page_size: int = key(32, help="tokens per block (the pool: blocks × size)", ge=4)
+    max_batch_tokens: int = key(512, help="tokens per forward pass", ge=1)
+    max_requests_per_batch: int = key(64, help="requests per forward pass", ge=1)
+    seed: int = key(0, help="seed of the random presets' weights")
 
     _listen = field_validator("listen")(classmethod(lambda cls, v: check_listen(v)))
 

@@ -14,15 +14,12 @@ from .config import (
     GroupConfig,
     KeyOwners,
     QuotaConfig,
+    ServerConfig,
     TenantConfig,
-    TenantsMixin,
-    add_server_arguments,
     check_tenants,
-    flag_overrides,
     key_digest,
     parse_tenant,
     tenants_from_flags,
-    tree_overrides,
 )
 from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
 from .priority import priority_message, refused_priority
@@ -30,7 +27,6 @@ from .priority import priority_message, refused_priority
 __all__ = [
     "MAX_COST",
     "MAX_OWNER_KEYS",
-    "flag_overrides",
     "TENANT_FAMILIES",
     "JAIN_HELP",
     "METRICS_WINDOW_S",
@@ -42,9 +38,8 @@ __all__ = [
     "GroupConfig",
     "KeyOwners",
     "QuotaConfig",
+    "ServerConfig",
     "TenantConfig",
-    "TenantsMixin",
-    "add_server_arguments",
     "admin_denied",
     "admin_router",
     "bearer",
@@ -58,5 +53,4 @@ __all__ = [
     "scope_bearer",
     "model_refused",
     "tenants_from_flags",
-    "tree_overrides",
 ]

@@ -1,4 +1,4 @@
-"""Model access (`models = [...]` on a tenant or a group, `TenantsMixin.allowed_models`): the one check the gateway
+"""Model access (`models = [...]` on a tenant or a group, `ServerConfig.allowed_models`): the one check the gateway
 and `fairserve serve` share, and its 403 message, which names what the tenant may use."""
 
 from __future__ import annotations

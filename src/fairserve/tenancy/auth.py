@@ -106,6 +106,12 @@ class AuthThrottle:
         """From the next failure on (the failures counted so far are kept)."""
         self.limit, self.window_s = cfg.auth_failure_limit, cfg.auth_failure_window_s
 
+    async def start(self) -> None:
+        """Nothing runs of its own: failures are counted as requests come."""
+
+    async def stop(self) -> None:
+        """Nothing to end."""
+
     def blocked(self, address: str | None, key: str | None = None) -> float:
         """Seconds until a request from `address` with `key` is no longer refused (unless its key is valid); 0: not
         refused."""

@@ -1,20 +1,21 @@
 """Tenants in a server's config and on its command line: `TenantConfig` (a path, API keys, weight, priority and
 the priorities its requests may name) and `GroupConfig` (a group of the tenant tree: weight, priority), the checks
-across them, what a config derives from them (`TenantsMixin`: the ledger's weights, priorities and allowed values),
-and the `--tenant` / `--group` flags. The gateway and `fairserve serve` share all of it."""
+across them, the keys every server takes and what a config derives from them (`ServerConfig`: the ledger's
+weights, priorities and allowed values), and the `--tenant` / `--group` flags' readers. The gateway and `fairserve
+serve` share all of it."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from ..api.config import MAX_PROBLEMS, Strict
+from ..api.keys import key
 from ..core import MAX_WEIGHT, MIN_WEIGHT
 from ..core.account import parents
 
@@ -188,12 +189,57 @@ class KeyOwners:
         return isinstance(key, str) and self.get(key) is not None
 
 
-class TenantsMixin:
-    """What a config with `listen`, `tenants` and `admin_key` derives (the gateway's and `fairserve serve`'s)."""
+SERVER_START = "the HTTP server's, set when it starts"
 
+
+class ServerConfig(Strict):
+    """The keys every server in front of a ledger takes (the gateway's `GatewayConfig`, `fairserve serve`'s
+    `ServeConfig`), declared once, and what a config derives from its tenants and groups."""
+
+    # NOTE: `listen` and `policy` are each server's own: their defaults and checks differ
     listen: str
-    tenants: list[TenantConfig]
-    groups: list[GroupConfig]
+    tenants: list[TenantConfig] = key(
+        default_factory=list,
+        help="a tenant (a name, or a path org/team/name in the tenant tree) and its API key; a repeated path adds a "
+        "key",
+        flag="--tenant",
+        metavar="PATH:KEY[:WEIGHT]",
+        read=lambda flags: tenants_from_flags(flags),
+        shown="none: no API keys, one tenant `anonymous`",
+    )
+    groups: list[GroupConfig] = key(
+        default_factory=list,
+        help="a group of the tenant tree (a prefix of tenants' paths): its weight and priority (lower first)",
+        flag="--group",
+        metavar="PATH:WEIGHT[:PRIORITY]",
+        read=lambda flags: groups_from_flags(flags),
+        doc="`name` (a prefix of tenants' paths), `weight` (1), `priority` (none: its parent's, else 0), `models` "
+        "(none: any): the model ids its tenants may use; `quota` (none): on its tenants' use in total, see "
+        "[Quotas](#quotas)",
+    )
+    w_p: float = key(1.0, help="cost of a prompt token (0 to 1e6)", ge=0, le=MAX_COST, allow_inf_nan=False)
+    w_q: float = key(2.0, help="cost of an output token (0 to 1e6)", ge=0, le=MAX_COST, allow_inf_nan=False)
+    admin_key: str | None = key(
+        None,
+        help="Bearer key of the admin API",
+        metavar="KEY",
+        shown="none (admin API off)",
+        restart="the admin API takes it at start",
+    )
+    max_body_bytes: int = key(4 * 1024 * 1024, help="largest request body", shown="4 MiB", ge=1)
+    client_timeout_s: float = key(
+        30.0,
+        help="a client's request line and headers, and then its body, must each arrive within this (408)",
+        restart=SERVER_START,
+        gt=0,
+        le=3600,
+    )
+    drain_timeout_s: float = key(
+        30.0, help="on SIGTERM/SIGINT, in-flight requests get this long to finish", restart=SERVER_START, ge=0, le=3600
+    )
+    metrics_key: str | None = key(
+        None, help="Bearer key that /metrics requires", metavar="KEY", shown="none (/metrics is open)"
+    )
 
     @property
     def host(self) -> str:
@@ -288,9 +334,9 @@ def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
     """Repeating a name adds keys to that tenant (`--tenant a:k1 --tenant a:k2:2`)."""
     tenants: dict[str, dict[str, Any]] = {}
     for text in flags:
-        name, key, weight = parse_tenant(text)
+        name, api_key, weight = parse_tenant(text)
         t = tenants.setdefault(name, {"name": name, "api_keys": []})
-        t["api_keys"].append(key)
+        t["api_keys"].append(api_key)
         if weight is not None:
             t["weight"] = weight
     return list(tenants.values())
@@ -315,55 +361,3 @@ def groups_from_flags(flags: list[str]) -> list[dict[str, Any]]:
                 raise ValueError(f"bad --group {text!r}: priority {parts[2]!r} is not an integer") from None
         out.append(group)
     return out
-
-
-def tree_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys `--tenant` and `--group` give (each replaces the file's list)."""
-    out: dict[str, Any] = {}
-    if args.tenant:
-        out["tenants"] = tenants_from_flags(args.tenant)
-    if args.group:
-        out["groups"] = groups_from_flags(args.group)
-    return out
-
-
-def flag_overrides(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
-    """The config keys the command line's scalar flags set: each flag's `dest` is its key (a list flag such as
-    `--tenant` has its own reader)."""
-    return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
-
-
-def add_server_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags `fairserve gateway` and `fairserve serve` share: tenants, costs, admin key, body size, the client
-    and drain timeouts, the /metrics key."""
-    p.add_argument(
-        "--tenant",
-        action="append",
-        metavar="PATH:KEY[:WEIGHT]",
-        help="a tenant (a name, or a path org/team/name in the tenant tree) and its API key; repeat",
-    )
-    p.add_argument(
-        "--group",
-        action="append",
-        metavar="PATH:WEIGHT[:PRIORITY]",
-        help="a group of the tenant tree (a prefix of tenants' paths): its weight and priority (lower first); repeat",
-    )
-    p.add_argument("--w-p", type=float, metavar="W", help="cost of a prompt token (default 1)")
-    p.add_argument("--w-q", type=float, metavar="W", help="cost of an output token (default 2)")
-    p.add_argument("--admin-key", metavar="KEY", help="Bearer key of the admin API (default: admin API off)")
-    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body (default 4 MiB)")
-    p.add_argument(
-        "--client-timeout",
-        dest="client_timeout_s",
-        type=float,
-        metavar="S",
-        help="a client's request headers, and its body, must each arrive within this (30)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        dest="drain_timeout_s",
-        type=float,
-        metavar="S",
-        help="on SIGTERM, in-flight requests get this long, then end with an error (30)",
-    )
-    p.add_argument("--metrics-key", metavar="KEY", help="Bearer key /metrics requires (default: /metrics is open)")
