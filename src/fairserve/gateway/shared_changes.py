@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import Account, Ledger, Listener, Request
-from .sync_codec import CHANGES, WHOLE, Charge, SyncAnswer
+from .sync_codec import CHANGES, WHOLE, Charge, SyncAnswer, Weight
 
 log = logging.getLogger("fairserve.gateway.state")
 
@@ -33,6 +33,17 @@ class Backlog:
     mode: str
     backlogged: list[str]
     unbacklogged: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """A batch's additive part, sent but not answered: sent again, unchanged, until answered."""
+
+    number: int
+    charges: list[Charge]
+    weights: list[Weight]
+    snap: dict[Account, tuple[float, float]]  # the values of the nodes it charges, as it charges them
+    reset: bool
 
 
 class Changes(Listener):

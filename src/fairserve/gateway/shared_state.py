@@ -53,12 +53,11 @@ import asyncio
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..core import Account, Ledger, Request
 from .config import redact
-from .shared_changes import Changes
+from .shared_changes import Changes, Unanswered
 from .shared_heads import BackendSlot, Head, HeadOrder, Pools, pool_key
 from .shared_link import (
     DEFAULT_HOLD_S,
@@ -74,7 +73,6 @@ from .sync_codec import (
     WHOLE,
     Arg,
     BatchHead,
-    Charge,
     LeaseAsk,
     StarvedHead,
     SyncAnswer,
@@ -100,17 +98,6 @@ __all__ = [
 ]
 
 PULL = 8  # at most this many tenants changed elsewhere per answer (the rest come with the next syncs)
-
-
-@dataclass(frozen=True, slots=True)
-class Unanswered:
-    """A batch's additive part, sent but not answered: sent again, unchanged, until answered."""
-
-    number: int
-    charges: list[Charge]
-    weights: list[Weight]
-    snap: dict[Account, tuple[float, float]]  # the values of the nodes it charges, as it charges them
-    reset: bool
 
 
 class SharedState(HeadOrder, Link):

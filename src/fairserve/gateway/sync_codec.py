@@ -18,6 +18,8 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cache
+from operator import attrgetter
 from typing import Any
 
 Arg = str | int | float  # an argument as the link sends it (it writes each as the Redis client would)
@@ -147,23 +149,37 @@ def _arg(v: Any) -> Arg:
     return v
 
 
+def _getter(cls: Any) -> tuple[Any, bool]:
+    """A row's values in its fields' order (one call), and whether any of them needs `_arg` (None, a bool)."""
+    fs = fields(cls)
+    return attrgetter(*(f.name for f in fs)), any(f.type not in ("str", "int", "float") for f in fs)
+
+
+# NOTE: per class, once: a sync lays out a few dozen rows, and Python's work per row is what it costs here
+_GET = {cls: _getter(cls) for cls in (BatchHead, *(s.row for s in SECTIONS if s.row is not None))}
+
+
 def row_args(row: Any) -> list[Arg]:
     """One row's arguments (a `Charge`, a `LeaseAsk`, ...), in its fields' order."""
-    return [_arg(getattr(row, f.name)) for f in fields(row)]
+    get, mixed = _GET[type(row)]
+    return list(map(_arg, get(row))) if mixed else list(get(row))
 
 
 def encode(batch: SyncBatch) -> list[Arg]:
     """The script's ARGV for `batch`, in the layout above."""
-    h = batch.head
-    out = [_arg(getattr(h, name)) for name in HEAD]
+    out = row_args(batch.head)
     for s in SECTIONS:
         rows = getattr(batch, s.name)
-        names = s.fields
         if s.single:
-            out.append(json.dumps([_arg(getattr(r, n)) for r in rows for n in names]) if rows else "")
+            out.append(json.dumps([x for r in rows for x in row_args(r)]) if rows else "")
             continue
         out.append(len(rows))
-        out.extend(rows if not names else (_arg(getattr(r, n)) for r in rows for n in names))
+        if s.row is None:
+            out.extend(rows)
+            continue
+        get, mixed = _GET[s.row]
+        for r in rows:
+            out.extend(map(_arg, get(r)) if mixed else get(r))
     return out
 
 
@@ -192,12 +208,19 @@ _READ = {  # a field's type (as written on its class) -> how its argument or ans
 }
 
 
+@cache
+def _readers(cls: Any) -> tuple[Any, ...]:
+    return tuple(_READ[str(f.type)] for f in fields(cls))
+
+
 def _row(cls: Any, items: Sequence[Any]) -> Any:
-    return cls(*(_READ[str(f.type)](v) for f, v in zip(fields(cls), items, strict=True)))
+    return cls(*[read(v) for read, v in zip(_readers(cls), items, strict=True)])
 
 
 def _rows(cls: Any, flat: Sequence[Any]) -> tuple[Any, ...]:
-    n = len(fields(cls))
+    n = len(_readers(cls))
+    if len(flat) % n:
+        raise ValueError(f"{len(flat)} items are not rows of {n} ({cls.__name__})")
     return tuple(_row(cls, flat[k : k + n]) for k in range(0, len(flat), n))
 
 
@@ -288,11 +311,12 @@ class SyncAnswer:
         r = dict(zip(ANSWER, reply, strict=True))
         nodes = []
         for t, v in zip(r["tenants"], r["values"], strict=True):
+            name = t.decode() if isinstance(t, bytes) else str(t)
             if v is None:
-                nodes.append(NodeValues(_text(t), None, None))
+                nodes.append(NodeValues(name, None, None))
             else:
-                c, s = _text(v).split(" ")
-                nodes.append(NodeValues(_text(t), float(c), float(s)))
+                c, s = (v.decode() if isinstance(v, bytes) else str(v)).split(" ")
+                nodes.append(NodeValues(name, float(c), float(s)))
         weights = tuple(
             Weight(_text(t), float(w)) for t, w in zip(r["weighted"], r["weights"], strict=True) if w is not None
         )
