@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairserve.gateway.redis_scripts import SYNC_LUA, SYNC_TEMPLATE
+from fairserve.gateway.redis_scripts import ANSWER_LUA, SYNC_LUA, SYNC_TEMPLATE
 from fairserve.gateway.sync_codec import (
     ANSWER,
     HEAD,
@@ -180,13 +180,16 @@ def test_the_script_reads_the_sections_in_the_layouts_order():
 
 
 def test_the_script_reads_every_argument_and_answers_every_part_at_the_layouts_places():
-    """Every head argument, every field of a section's row, every part of the answer and every field of its rows is
-    read or written at a `$section.field` place (a one-field section is read in turn, `nxt()`)."""
+    """Every head argument, every field of a section's row and every field of the answer's rows is read or written at
+    a `$section.field` place (a one-field section is read in turn, `nxt()`); the answer's parts are returned in the
+    layout's order."""
     used = set(placeholders(SYNC_TEMPLATE))
-    wanted = {("head", f) for f in HEAD} | {("answer", p) for p in ANSWER}
+    wanted = {("head", f) for f in HEAD}
     wanted |= {(s.name, f) for s in SECTIONS if not s.single for f in s.fields}
     wanted |= {(k, f) for k, cls in ROWS.items() if k != "floor" for f in cls.__dataclass_fields__}
     assert sorted(wanted - used) == []
+    assert list(ANSWER_LUA) == list(ANSWER)  # the return is written from it, in the layout's order
+    assert SYNC_LUA.endswith(f"return {{{', '.join(ANSWER_LUA.values())}}}\n")
     assert "$" not in SYNC_LUA.replace(describe(), "")
     assert SYNC_LUA.startswith(describe())
 
