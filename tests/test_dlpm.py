@@ -7,9 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairserve.core import Ledger, check_policy, describe, make_policy, policy_names
-from fairserve.sim import EngineConfig, SimEngine
+from fairserve.core.dlpm import QUANTUM_REQUESTS
+from fairserve.metrics import summarize
+from fairserve.sim import EngineConfig, SimEngine, SimOptions, simulate
 from fairserve.sim.latency import get_latency_model
-from fairserve.workloads import Arrival
+from fairserve.workloads import Arrival, Workload
 
 pytestmark = pytest.mark.unit
 
@@ -146,7 +148,7 @@ def test_without_its_quantum_the_bound_breaks():
 def test_dlpm_deficits_refills_and_weights_exactly():
     from fairserve.core import LinearCost
 
-    policy = make_policy("dlpm")
+    policy = make_policy("dlpm:500")
     assert (policy.name, policy.quantum, policy.refills) == ("dlpm500", 500, 0)
     ledger = ledger_with("dlpm:100", {})
     ledger.set_weight("w", 2.0)
@@ -201,3 +203,37 @@ def test_lpm_ties_go_to_arrival_order_also_for_a_request_put_back():
     priced.arrive(0, "p", 10, 1, 0.0)
     priced.pop()
     assert priced.accounts["p"].service == 30.0
+
+
+def private_prefixes(prefix: int, clients: int = 8, duration_s: int = 60) -> Workload:
+    """`clients` clients, each with its own `prefix`-token system prompt, a 64-token question and 32 output tokens,
+    one request a second each, staggered; the arrival times are the test's own."""
+    arrivals = [
+        Arrival(t + c / clients, f"client-{c}", prefix + 64, 32, ((f"system-{c}", prefix),))
+        for t in range(duration_s)
+        for c in range(clients)
+    ]
+    return Workload("private-prefixes", arrivals, float(duration_s))
+
+
+@pytest.mark.parametrize("prefix", [1000, 1500])
+def test_dlpm_as_typed_gets_the_locality_gain_where_the_pool_holds_half_the_prefixes(prefix):
+    """A quantum below one request's service makes DLPM round-robin (the old default, 500: about 1.1× VTC); the
+    derived one (QUANTUM_REQUESTS of the largest request) lets a client run several while its prefix is cached."""
+    w = private_prefixes(prefix)
+    pool = 4 * (prefix + 64 + 32)  # half of the 8 clients' requests, their prefixes included
+
+    def rate(policy: str) -> float:
+        opts = SimOptions(policy=policy, mode="paged", prefix_cache=True, kv_tokens=pool, latency="a10g-llama2-7b")
+        return summarize(simulate(w, opts).records, w.duration_s).service_per_s
+
+    vtc = rate("vtc")
+    assert rate("dlpm") >= 2.0 * vtc
+    assert rate("dlpm:500") < 1.3 * vtc  # what the default was
+    policy = make_policy("dlpm")
+    assert policy.name == "dlpm" and policy.derived
+    ledger = Ledger(policy)
+    ledger.arrive(0, "a", prefix + 64, 32, 0.0)
+    assert policy.quantum == QUANTUM_REQUESTS * (prefix + 64 + 2 * 32)  # w_p·prompt + w_q·max_tokens
+    ledger.arrive(1, "b", 10, 1, 0.0)
+    assert policy.quantum == QUANTUM_REQUESTS * (prefix + 64 + 2 * 32)  # a smaller request leaves it

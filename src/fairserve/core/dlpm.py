@@ -12,6 +12,12 @@ quanta in it, and a backlogged tenant's deficit stays within [-(w_p·L_in + w_q�
 most 2·(Q + w_p·L_in + w_q·M) (divided by the smaller weight, with weights). As Q shrinks, DLPM approaches VTC; as
 it grows, LPM.
 
+The quantum, when the spec gives none (`dlpm` as typed), is derived: QUANTUM_REQUESTS times the largest request cost
+seen so far (w_p·prompt + w_q·max_tokens with the linear cost), growing as larger requests arrive. A quantum below one
+request's cost makes DLPM round-robin, a new tenant's prefix evicted before its second request, and the locality gain
+is gone; a few requests' worth lets a tenant run several while its prefix is cached, whatever the prompt size, and the
+bound (with Q the largest quantum used) stays a few requests' service.
+
 The deficits live here, by tenant (as DRR's ring position does): O(tenants) per refill, and a `peek` reads the cached
 prefix of every waiting request of the tenants in credit (`lpm.longest_cached`)."""
 
@@ -27,15 +33,18 @@ from .policy import Capabilities, Policy
 from .registry import number, register
 from .request import Request
 
+QUANTUM_REQUESTS = 6  # the derived quantum: this many of the largest requests' service (docs/architecture.md)
+
 
 class DLPM(Policy):
     name = "dlpm"
     capabilities = Capabilities(orders_by_counter=True, uses_weights=True, keeps_counters=True, uses_prefix_cache=True)
 
-    def __init__(self, quantum: float = 500.0, cost: CostFunction | None = None) -> None:
+    def __init__(self, quantum: float | None = None, cost: CostFunction | None = None) -> None:
         super().__init__(cost)
-        self.quantum = _quantum(quantum)
-        self.name = f"dlpm{quantum:g}"
+        self.derived = quantum is None  # the quantum follows the largest request seen
+        self.quantum = 0.0 if quantum is None else _quantum(quantum)
+        self.name = "dlpm" if quantum is None else f"dlpm{quantum:g}"
         self._queues: dict[str, deque[Request]] = {}  # the backlogged tenants' queues, in the order they joined
         self._deficit: dict[str, float] = {}
         self.refills = 0  # rounds of quanta given (for tests and reports)
@@ -48,6 +57,9 @@ class DLPM(Policy):
         return -self.deficit(acct)
 
     def enqueue(self, req: Request, front: bool) -> None:
+        if self.derived:  # NOTE: before the tenant's first quantum is given
+            size = self.cost.total(req.prompt_tokens, req.max_tokens if req.max_tokens is not None else 1)
+            self.quantum = max(self.quantum, QUANTUM_REQUESTS * size, 1.0)
         tenant = req.account.tenant
         q = self._queues.get(tenant)
         if q is None:  # becomes backlogged: no hoarded credit
@@ -108,9 +120,9 @@ register(
     "dlpm",
     DLPM,
     "deficit longest prefix match (Cao et al. 2025): longest cached prefix among tenants in credit, quantum Q "
-    "(prefix cache only)",
+    f"(default: {QUANTUM_REQUESTS} times the largest request's service; prefix cache only)",
     argument="QUANTUM",
-    default="500",
     parse=lambda text: _quantum(number(float)(text)),
     build=lambda quantum, cost, seed: DLPM(quantum, cost=cost),
+    optional=True,  # NOTE: left out, the quantum is derived from the requests (QUANTUM_REQUESTS)
 )
