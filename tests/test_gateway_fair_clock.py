@@ -8,6 +8,8 @@ with a stated margin, and a negative control must fail the same check:
   in flight (4 slots of 20); FCFS breaks it;
 - two organisations, one of 10 users and one of 1, get equal service within the same bound; the same users without
   the organisations (flat VTC: ten shares of eleven to the first) break it;
+- tenants weighted 1 and 2 get service 1 to 2 (service / weight equal) within the bound divided by the smaller
+  weight, with VTC and VTC with prediction; the same tenants unweighted break it;
 - a priority-0 request arriving into a priority-1 backlog is dispatched at the first free slot; at one level it
   waits behind the backlog."""
 
@@ -151,6 +153,30 @@ def test_without_the_organisations_the_ten_users_take_ten_shares_of_eleven():
 
     r = run("vtc", flat, orgs, **tenants(flat))
     assert max(abs(g) for g in r.gaps) > 4 * BOUND, max(r.gaps, key=abs)
+
+
+# ---- weights ------------------------------------------------------------------------------------------------------
+WEIGHTS = {"alice": 1.0, "bob": 2.0}
+WEIGHTED = {"tenants": [{"name": t, "api_keys": [f"key-{t}"], "weight": w} for t, w in WEIGHTS.items()]}
+
+
+def per_weight(view: LedgerView) -> tuple[float, float] | None:
+    """alice's and bob's service divided by the weights 1 and 2, while both have something queued."""
+    a, b = view.tenants["alice"], view.tenants["bob"]
+    return (a.service / WEIGHTS["alice"], b.service / WEIGHTS["bob"]) if a.queued and b.queued else None
+
+
+@pytest.mark.parametrize("policy", ["vtc", "vtc-predict"])
+def test_weights_one_to_two_give_service_one_to_two_within_the_bound(policy):
+    # NOTE: weighted VTC's bound on service / weight is Theorem 4.4's divided by the smaller weight (1 here)
+    r = run(policy, TWO, per_weight, **WEIGHTED)
+    assert len(r.gaps) > 50 and max(abs(g) for g in r.gaps) <= BOUND / min(WEIGHTS.values()), max(r.gaps, key=abs)
+
+
+def test_without_the_weights_bob_gets_one_share_of_two_and_breaks_it():
+    # the negative control: the same check on the same tenants with equal weights
+    r = run("vtc", TWO, per_weight)
+    assert max(abs(g) for g in r.gaps) > 2 * BOUND, max(r.gaps, key=abs)
 
 
 # ---- priority levels ----------------------------------------------------------------------------------------------

@@ -224,13 +224,13 @@ def test_heap_selection_matches_brute_force_with_many_clients():
         p.add(req(n, f"c{rng.randrange(400)}", prompt=rng.randint(1, 50)))
 
 
-def test_selection_correct_with_100k_clients():
+def test_selection_correct_with_20k_clients():
     import random
 
     rng = random.Random(5)
     p = Ledger(VTC())
     n = 0
-    for c in range(100_000):
+    for c in range(20_000):
         for _ in range(2):
             n += 1
             p.add(req(n, f"c{c}", prompt=rng.randint(1, 1000)))

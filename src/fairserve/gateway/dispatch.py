@@ -98,17 +98,15 @@ def claim(
     backends: Collection[Backend],
     req: Request,
     tokens: int,
-    shared: SharedState | None = None,
-    tried: Collection[str] = (),
-    now: float | None = None,
+    shared: SharedState | None,
+    tried: Collection[str],
+    now: float,
 ) -> Backend | None:
-    """The capacity check: the least-loaded backend that is up (at `now`, by the scheduler's clock; default the
-    monotonic clock), has not failed `req` (`tried`) and has room for one more request of `tokens` capacity tokens,
-    which is then taken on it; None if there is none, or if shared state says another replica's tenant comes first."""
+    """The capacity check: the least-loaded backend that is up (at `now`, by the scheduler's clock), has not failed
+    `req` (`tried`) and has room for one more request of `tokens` capacity tokens, which is then taken on it; None if
+    there is none, or if shared state says another replica's tenant comes first."""
     if shared is not None and not shared.may_admit(req):
         return None
-    if now is None:
-        now = time.monotonic()
     room = [
         b for b in backends if b.url not in tried and b.down_until <= now and b.busy_until <= now and b.room_for(tokens)
     ]

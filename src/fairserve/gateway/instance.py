@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -138,7 +137,7 @@ class Gateway(Part):
                 "adaptive": b.cfg.adaptive,
                 **({"models": sorted(b.models)} if b.models is not None else {}),
                 **({"reason": b.reason} if b.reason else {}),
-                **({"busy_for_s": round(left, 3)} if (left := b.busy_until - time.monotonic()) > 0 else {}),
+                **({"busy_for_s": round(left, 3)} if (left := b.busy_until - self.sched.clock()) > 0 else {}),
             }
             for b in [*self.sched.backends, *draining]
         ]
