@@ -70,7 +70,7 @@ class Replica:
         self.admit()
 
     def _fits(self, req) -> bool:
-        req.item = claim(self.backends, req, req.prompt_tokens, self.state)
+        req.item = claim(self.backends, req, req.prompt_tokens, self.state, (), self.state.clock())
         return req.item is not None
 
     def admit(self) -> None:
