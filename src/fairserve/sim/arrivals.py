@@ -40,7 +40,7 @@ def run_offline(engine: SimEngine, reqs: list[SimRequest], until_s: float | None
                 clock.t = min(max(clock.t, upcoming), horizon)  # idle until the next arrival
         engine.arrivals = Arrivals()
         engine._sync()
-        step, now = engine.step, engine.now
+        step, now = engine.batch.step, engine.now
         records = [record_of(r, step, now) for r in reqs]
     finally:
         if collecting:

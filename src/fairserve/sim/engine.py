@@ -54,6 +54,9 @@ class SimEngine:
         self.observer = observer  # called after every prefill and decode step (the engine then moves step by step)
         self.clock = Clock(latency)
         self.batch = batch = Batch()
+        # NOTE: the batch's decode step, copied at each decode run: a plain attribute for readers per token (the
+        # emulator's delivery)
+        self.step = 0
         self.arrivals = Arrivals()
         self.prefills = self.preemptions = 0
         self._extra, self._wait, self._prefill_max = cfg.prompt_extra_tokens, cfg.wait_steps, cfg.prefill_tokens
@@ -86,14 +89,6 @@ class SimEngine:
     @property
     def busy_s(self) -> float:
         return self.clock.busy_s
-
-    @property
-    def step(self) -> int:
-        return self.batch.step
-
-    @step.setter
-    def step(self, step: int) -> None:
-        self.batch.step = step
 
     @property
     def kv_used(self) -> int:
@@ -330,7 +325,7 @@ class SimEngine:
         run, ends, horizon = clock.run, batch.ends, arrivals.horizon
         while True:
             done = run(n, steps, until, batch.kv_used)
-            batch.step = step = batch.step + done
+            self.step = batch.step = step = batch.step + done
             batch.kv_used += n * done
             self._waited += done
             if ends and ends[0][0] <= step:
