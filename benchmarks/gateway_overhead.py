@@ -4,13 +4,16 @@
 Reports, per path: latency of a whole short stream (p50/p99, ms) with one request at a time, and the most streamed
 requests per second with many at a time. Targets (issue 4): ≤ 1 ms p50 added, ≥ 0.8× direct throughput.
 Two gateways run side by side: as a user starts it (uvicorn's access log on) and with `--no-access-log`.
-Run: .venv/bin/python benchmarks/gateway_overhead.py [--requests 400] [--concurrency 32] [--rounds 5]
+`--base DIR`: a third gateway (with `--no-access-log`) runs DIR's checkout of fairserve (its `src/`), interleaved with
+the others, so that a change is measured against the code before it in one run.
+Run: .venv/bin/python benchmarks/gateway_overhead.py [--requests 400] [--concurrency 32] [--rounds 5] [--base DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import statistics
 import sys
@@ -59,13 +62,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
 
 
-def load_args(prog: str, doc: str, tenants: bool = False) -> argparse.Namespace | None:
+def load_args(prog: str, doc: str, tenants: bool = False, base: bool = False) -> argparse.Namespace | None:
     """--requests, --concurrency, --rounds (None, after one line on stderr, when one is below 1); with `tenants`,
     --tenants N,N,... too."""
     p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
+    if base:
+        p.add_argument("--base", type=Path, help="another checkout of fairserve, measured side by side")
     if tenants:
         p.add_argument("--tenants", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100, 1000, 10000])
     a = p.parse_args()
@@ -90,24 +95,33 @@ def table(first: str, rows: dict[str, list]) -> dict[str, tuple[float, float, fl
 
 
 def main() -> int:
-    a = load_args("gateway_overhead.py", __doc__)
+    a = load_args("gateway_overhead.py", __doc__, base=True)
     if a is None:
         return 2
     rows: dict[str, list] = {"direct": [], "gateway": [], "gateway --no-access-log": []}
     gateway_args = ["--tenant=a:key-a"]
+    if a.base is not None:
+        if not (a.base / "src" / "fairserve").is_dir():
+            print(f"gateway_overhead.py: --base {a.base}: no src/fairserve there", file=sys.stderr)
+            return 2
+        rows[f"gateway --no-access-log ({a.base})"] = []
     # NOTE: time scale 1e6 makes the emulated GPU instant, so what is measured is HTTP and scheduling
-    with serve("emulate", "--time-scale", "1000000") as emulator:
+    with serve("emulate", "--time-scale", "1000000") as emulator, contextlib.ExitStack() as stack:
         backend = f"--backend={emulator},max_requests=256"
-        with (
-            serve("gateway", backend, *gateway_args) as gateway,
-            serve("gateway", backend, *gateway_args, "--no-access-log") as quiet,
-        ):
-            for _ in range(a.rounds):  # interleaved, so all paths see the same machine
-                for name, url in zip(rows, (emulator, gateway, quiet), strict=True):
-                    rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
+        urls = [
+            emulator,
+            stack.enter_context(serve("gateway", backend, *gateway_args)),
+            stack.enter_context(serve("gateway", backend, *gateway_args, "--no-access-log")),
+        ]
+        if a.base is not None:
+            env = {"PYTHONPATH": str(a.base.resolve() / "src")}
+            urls.append(stack.enter_context(serve("gateway", backend, *gateway_args, "--no-access-log", env=env)))
+        for _ in range(a.rounds):  # interleaved, so all paths see the same machine
+            for name, url in zip(rows, urls, strict=True):
+                rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
     stats = table("path", rows)
     d = stats["direct"]
-    for name in ("gateway", "gateway --no-access-log"):
+    for name in list(rows)[1:]:
         g = stats[name]
         print(
             f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct"

@@ -42,9 +42,7 @@ import resp  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
-from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
-from fairserve.gateway.shared_state import PULL  # noqa: E402
-from fairserve.gateway.sync_codec import (  # noqa: E402
+from fairserve.gateway.shared.codec import (
     AT,
     CHANGES,
     HEAD,
@@ -58,6 +56,8 @@ from fairserve.gateway.sync_codec import (  # noqa: E402
     leave,
     row_args,
 )
+from fairserve.gateway.shared.scripts import SYNC_LUA  # noqa: E402
+from fairserve.gateway.shared.state import PULL  # noqa: E402
 
 PREFIX = "load"
 BACKENDS = ("http://b0", "http://b1")

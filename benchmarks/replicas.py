@@ -39,10 +39,10 @@ from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
 from fairserve.core import Ledger, make_policy  # noqa: E402
-from fairserve.gateway.config import BackendConfig  # noqa: E402
-from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
-from fairserve.gateway.scheduler import Backend  # noqa: E402
-from fairserve.gateway.shared_state import SharedState, StateSettings  # noqa: E402
+from fairserve.gateway.dispatch.pools import Backend  # noqa: E402
+from fairserve.gateway.settings.backends import BackendConfig  # noqa: E402
+from fairserve.gateway.shared.scripts import SYNC_LUA  # noqa: E402
+from fairserve.gateway.shared.state import SharedState, StateSettings  # noqa: E402
 
 
 @dataclass

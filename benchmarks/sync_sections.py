@@ -32,7 +32,7 @@ from redis_load import SimReplica, seed  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 
 from fairserve.api.server import free_port  # noqa: E402
-from fairserve.gateway.redis_scripts import SYNC_LUA  # noqa: E402
+from fairserve.gateway.shared.scripts import SYNC_LUA  # noqa: E402
 
 # (section, the lines it ends before): each cut returns at the start of the first of them the script has (an older
 # script's line where it differs)
@@ -60,7 +60,7 @@ def cuts(script: str) -> dict[str, str]:
 def base_script(checkout: str) -> str:
     """The sync script of another checkout (its src/ imported in a process of its own)."""
     src = str(Path(checkout).resolve() / "src")
-    code = "import sys; from fairserve.gateway.redis_scripts import SYNC_LUA; sys.stdout.write(SYNC_LUA)"
+    code = "import sys; from fairserve.gateway.shared.scripts import SYNC_LUA; sys.stdout.write(SYNC_LUA)"
     return subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": src}, capture_output=True, text=True, check=True
     ).stdout

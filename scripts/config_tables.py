@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from fairserve.api.keys import in_doc
-from fairserve.gateway.config import GatewayConfig
+from fairserve.gateway.settings.config import GatewayConfig
 from fairserve.serve.config import ServeConfig
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

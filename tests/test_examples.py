@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fairserve.gateway.config import load_config as load_gateway
+from fairserve.gateway.settings.config import load_config as load_gateway
 from fairserve.serve.config import load_config as load_serve
 
 pytestmark = pytest.mark.integration

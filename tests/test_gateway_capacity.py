@@ -1,5 +1,6 @@
-"""Adaptive capacity (gateway/capacity.py): reading vLLM, SGLang and llama.cpp /metrics, the AIMD rule, the scrape
-loop on a scheduler, the flags, and the limit adapting in a running gateway (a fake backend, then the emulator)."""
+"""Adaptive capacity (gateway/dispatch/capacity.py): reading vLLM, SGLang and llama.cpp /metrics, the AIMD rule, the
+scrape loop on a scheduler, the flags, and the limit adapting in a running gateway (a fake backend, then the emulator).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 
 import httpx
 import pytest
+from fairserve.gateway.dispatch.capacity import CapacityMonitor, Reading, next_limit, parse_metrics
 from fastapi.responses import PlainTextResponse
 from support.gateway import (
     HTTP,
@@ -23,17 +25,12 @@ from support.gateway import (
 )
 from support.processes import serve as serve_process
 
-from fairserve.gateway.capacity import (
-    CapacityMonitor,
-    Reading,
-    next_limit,
-    parse_metrics,
-)
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending
 from fairserve.gateway.cli import add_parser, config_from_args
-from fairserve.gateway.config import parse_backend
-from fairserve.gateway.footprint import Footprint
-from fairserve.gateway.prometheus import GatewayMetrics
-from fairserve.gateway.scheduler import Ending, Scheduler
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
+from fairserve.gateway.settings.backends import parse_backend
 
 pytestmark = pytest.mark.integration
 

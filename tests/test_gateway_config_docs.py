@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fairserve.api.keys import add_flags, flag_overrides, in_doc, key, reload_keys, table
-from fairserve.gateway import reload as reload_module
 from fairserve.gateway.cli import add_parser
 from fairserve.gateway.component import ReloadError
-from fairserve.gateway.config import LIVE, RESTART, GatewayConfig, build_config
+from fairserve.gateway.settings import reload as reload_module
+from fairserve.gateway.settings.config import LIVE, RESTART, GatewayConfig, build_config
 from fairserve.serve.config import ServeConfig
 
 pytestmark = pytest.mark.unit

@@ -23,9 +23,10 @@ import pytest
 from support.gateway import config
 
 from fairserve.core import LedgerView, theorem_bound
-from fairserve.gateway.footprint import Footprint
-from fairserve.gateway.prometheus import GatewayMetrics
-from fairserve.gateway.scheduler import Ending, Scheduler, Ticket
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending, Ticket
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
-"""The backend set changing under the scheduler (gateway/fleet.py), in-process: per_model ledgers follow their models
-through a reload (counters carried over, none lost or counted twice where pools merge), a request that fails on a
+"""The backend set changing under the scheduler (gateway/dispatch/fleet.py), in-process: per_model ledgers follow their
+models through a reload (counters carried over, none lost or counted twice where pools merge), a request that fails on a
 removed backend is routed again, and a queued request whose model no backend serves any more gets a 404."""
 
 from __future__ import annotations
@@ -8,15 +8,16 @@ import asyncio
 
 import httpx
 import pytest
+from fairserve.gateway.dispatch.fleet import apply, plan
 from support.gateway import ADMIN, FakeBackend, auth, chat_body, metric, wait_until
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app, load_config
-from fairserve.gateway.config import build_config
-from fairserve.gateway.fleet import apply, plan
-from fairserve.gateway.footprint import Footprint
-from fairserve.gateway.prometheus import GatewayMetrics
-from fairserve.gateway.scheduler import Ending, Scheduler
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
+from fairserve.gateway.settings.config import build_config
 
 pytestmark = pytest.mark.integration
 

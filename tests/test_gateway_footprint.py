@@ -1,4 +1,4 @@
-"""A request's footprint (gateway/footprint.py) is what it holds on its quota: at least what the backend then
+"""A request's footprint (gateway/admission/footprint.py) is what it holds on its quota: at least what the backend then
 reports for every shape of request, and a tenant firing many such requests at once ends at most one footprint
 past its quota.
 
@@ -196,7 +196,7 @@ def test_what_a_request_holds_is_at_least_what_the_backend_reports(shape):
 )
 def test_a_tenant_firing_at_once_ends_at_most_one_footprint_past_its_quota(shape, limit):
     """20 requests at once against a quota that fits a few: the quota is overshot by at most the footprint of the
-    one let through last (gateway/quota.py), not by a multiple of the limit."""
+    one let through last (gateway/quota/book.py), not by a multiple of the limit."""
     path, body = SHAPES[shape]
     engine = Engine()
     with running_server(engine.app) as url, running_server(create_app(gateway_config(url, limit))) as gw:

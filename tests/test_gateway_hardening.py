@@ -18,7 +18,7 @@ from support.redis_server import redis_server
 from fairserve.api.server import running_server
 from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
 from fairserve.gateway import create_app
-from fairserve.gateway.config import redact
+from fairserve.gateway.settings.urls import redact
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def test_a_snapshot_keeps_counters_service_and_admin_weights_across_a_restart(tm
 
 def test_a_snapshot_keeps_a_groups_admin_weight_unless_the_config_changed_it(tmp_path):
     from fairserve.core import Ledger, make_policy
-    from fairserve.gateway.snapshot import document, restore, write
+    from fairserve.gateway.shared.snapshot import document, restore, write
 
     path = str(tmp_path / "tree.snapshot")
     configured = {"org/a": 1.0, "org/b": 1.0, "solo": 1.0, "org": 2.0}

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from support.gateway import config
 
-from fairserve.gateway.config import build_config, load_config
-from fairserve.gateway.footprint import Footprint
-from fairserve.gateway.prometheus import GatewayMetrics
-from fairserve.gateway.scheduler import Ending, Scheduler, UnknownModel
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending
+from fairserve.gateway.dispatch.pools import UnknownModel
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
+from fairserve.gateway.settings.config import build_config, load_config
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +181,7 @@ def test_the_multi_model_example_of_the_docs_loads_and_routes(tmp_path):
 
 
 def test_tokenize_is_capped_in_concurrency_per_tenant():
-    from fairserve.gateway.tokenize import Tokenize
+    from fairserve.gateway.http.tokenize import Tokenize
 
     class Held:
         """An upstream whose answers wait until released."""

@@ -19,7 +19,7 @@ from support.redis_server import redis_server
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
-from fairserve.gateway.footprint import Footprint
+from fairserve.gateway.admission.footprint import Footprint
 
 pytestmark = pytest.mark.integration
 
@@ -230,9 +230,10 @@ def test_quotas_hold_while_redis_answers_nothing_and_its_use_is_counted_when_it_
 def test_a_quota_call_redis_cannot_answer_is_answered_from_the_replicas_own_count_with_one_warning(caplog):
     from types import SimpleNamespace
 
+    from fairserve.gateway.quota.book import Cost, Exhausted, Hold
+    from fairserve.gateway.quota.gate import QuotaGate
+
     from fairserve.core import LinearCost
-    from fairserve.gateway.quota import Cost, Exhausted, Hold
-    from fairserve.gateway.quota_gate import QuotaGate
     from fairserve.tenancy import QuotaConfig
 
     async def lost(*args, **kw):

@@ -18,8 +18,8 @@ from fairserve.api.protocol import MAX_INT
 from fairserve.api.server import free_port, running_server
 from fairserve.core import Ledger, make_policy
 from fairserve.gateway import build_config, create_app
-from fairserve.gateway.body import usage_of
-from fairserve.gateway.config import redact, redact_text
+from fairserve.gateway.http.body import usage_of
+from fairserve.gateway.settings.urls import redact, redact_text
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_redact_removes_credentials_from_urls_and_text():
     ],
 )
 def test_a_refused_url_is_shown_without_its_credentials(key, value):
-    from fairserve.gateway.config import build_config
+    from fairserve.gateway.settings.config import build_config
 
     backend = {"url": value} if key == "backends.0.url" else {"url": "http://b:1"}
     if key == "backends.0.metrics_url":

@@ -23,10 +23,10 @@ from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_un
 from fairserve.api.keys import key, reload_keys
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app, load_config
-from fairserve.gateway import reload as reload_module
-from fairserve.gateway.config import GatewayConfig, build_config
-from fairserve.gateway.reload import LIVE, RESTART, ReloadError
-from fairserve.gateway.scheduler import Scheduler
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.settings import reload as reload_module
+from fairserve.gateway.settings.config import GatewayConfig, build_config
+from fairserve.gateway.settings.reload import LIVE, RESTART, ReloadError
 
 pytestmark = pytest.mark.integration
 

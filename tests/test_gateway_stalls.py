@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from fairserve.gateway.relay.stalls import StallWatch, Watched
 from support.gateway import FakeBackend, auth, chat_body, config, stream_request, wait_until
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
-from fairserve.gateway.stalls import StallWatch, Watched
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_a_tenant_that_does_not_read_cannot_hold_the_backend(reader):
 
 
 def test_with_the_defaults_unread_streams_free_their_slots_at_generation_speed():
-    """The gateway reads a backend as fast as it generates, into the stream's buffer (gateway/pipe.py): streams
+    """The gateway reads a backend as fast as it generates, into the stream's buffer (gateway/relay/pipe.py): streams
     that read nothing hold the backend's slots only while they generate (2 s each here), not until the write
     timeout (60 s by default) cuts them, so the other tenant is served within seconds and no stream is cut."""
     slots, heavy, light = 8, 12, 4

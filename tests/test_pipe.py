@@ -1,12 +1,11 @@
-"""The buffer between a stream's backend and its client (gateway/pipe.py): its bounds, per stream and in total."""
+"""The buffer between a stream's backend and its client (gateway/relay/pipe.py): its bounds, per stream and in total."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-
-from fairserve.gateway.pipe import Buffers, Pipe
+from fairserve.gateway.relay.pipe import Buffers, Pipe
 
 pytestmark = pytest.mark.unit
 

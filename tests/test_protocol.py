@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from fairserve.api.protocol import MAX_INT, BadRequest, parse_call, parse_json, parse_request, sse
 from fairserve.api.tokens import MESSAGE_TOKENS, estimate_tokens
-from fairserve.gateway.body import BodyError, parse_body, upstream_body
-from fairserve.gateway.footprint import DEFAULT_MAX_TOKENS, Footprint
+from fairserve.gateway.admission.footprint import DEFAULT_MAX_TOKENS, Footprint
+from fairserve.gateway.http.body import BodyError, parse_body, upstream_body
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Quotas (gateway/quota.py, quota_store.py): UTC windows, the hold that bounds the overshoot, roll-over with an
+"""Quotas (gateway/quota/book.py, quota_store.py): UTC windows, the hold that bounds the overshoot, roll-over with an
 injected clock, the same rules shared by two replicas in a real redis-server, and each replica's own part written
 back when that Redis lost its data."""
 
@@ -10,12 +10,11 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import redis.asyncio as aioredis
+from fairserve.gateway.quota.book import Cost, Exhausted, Hold, Quota, QuotaBook, window
+from fairserve.gateway.quota.store import RedisQuotaStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.redis_server import redis_server
-
-from fairserve.gateway.quota import Cost, Exhausted, Hold, Quota, QuotaBook, window
-from fairserve.gateway.quota_store import RedisQuotaStore
 
 pytestmark = pytest.mark.integration
 
@@ -164,7 +163,7 @@ def test_two_replicas_share_a_quota_in_redis():
 
 
 def test_each_replica_writes_its_own_part_back_after_redis_lost_its_data():
-    from fairserve.gateway.quota_store import DataLost, MirroredStore, OwnUse
+    from fairserve.gateway.quota.store import DataLost, MirroredStore, OwnUse
 
     with redis_server() as server:
 

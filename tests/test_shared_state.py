@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support.redis_server import redis_server
 from support.state_replicas import Clock, Replica, prefix, run, started
 
-from fairserve.gateway.shared_state import PULL, SharedStateError
+from fairserve.gateway.shared.state import PULL, SharedStateError
 
 pytestmark = pytest.mark.integration
 

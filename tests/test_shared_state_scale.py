@@ -8,7 +8,7 @@ from support.redis_server import redis_server
 from support.state_replicas import Clock, Replica, prefix, run, started
 
 from fairserve.core import Ledger, make_policy
-from fairserve.gateway.shared_state import PULL
+from fairserve.gateway.shared.state import PULL
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The sync's wire format (gateway/sync_codec.py): a batch and an answer survive their encoder and decoder, the
+"""The sync's wire format (gateway/shared/codec.py): a batch and an answer survive their encoder and decoder, the
 arguments are where the layout (and the script before the layout was written down) puts them, and the sync script
 reads every argument and writes every answer part at the places the layout gives, in the layout's order."""
 
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairserve.gateway.redis_scripts import ANSWER_LUA, SYNC_LUA, SYNC_TEMPLATE
-from fairserve.gateway.sync_codec import (
+from fairserve.gateway.shared.codec import (
     ANSWER,
     HEAD,
     ROWS,
@@ -33,6 +32,7 @@ from fairserve.gateway.sync_codec import (
     leave,
     placeholders,
 )
+from fairserve.gateway.shared.scripts import ANSWER_LUA, SYNC_LUA, SYNC_TEMPLATE
 
 pytestmark = pytest.mark.unit
 

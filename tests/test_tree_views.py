@@ -113,7 +113,7 @@ def test_top_and_bench_show_the_tree_and_score_it(tmp_path, capsys):
 
 
 def test_replicas_compare_two_tenants_where_their_paths_part():
-    from fairserve.gateway.shared_heads import parting
+    from fairserve.gateway.shared.heads import parting
 
     assert parting("a", "b") == ("a", "b")  # a flat list: the tenants themselves
     assert parting("x/y/z", "x/w") == ("x/y", "x/w")

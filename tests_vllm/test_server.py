@@ -214,11 +214,11 @@ def test_gateway_names_the_tenant_to_the_engine(vllm_server, tmp_path):
 
 def test_the_gateways_footprint_bounds_what_vllm_reports(vllm_server, model_dir):
     """For each shape of request, the output bound of the footprint the gateway holds on a quota
-    (gateway/footprint.py) is what vLLM generates for the body the gateway sends it, every output to its bound
+    (gateway/admission/footprint.py) is what vLLM generates for the body the gateway sends it, every output to its bound
     (`ignore_eos`): every prompt of a list times `n`, and `default_max_tokens` sent when the client sets none; a
     completion's prompt, counted with the model's own tokenizer, is at least what vLLM counts."""
     from fairserve.api.tokens import token_counter
-    from fairserve.gateway.body import parse_body, upstream_body
+    from fairserve.gateway.http.body import parse_body, upstream_body
 
     url, _ = vllm_server
     count = token_counter(f"hf:{model_dir / 'tokenizer.json'}")

@@ -10,9 +10,9 @@ import itertools
 from collections.abc import AsyncIterator
 
 from fairserve.core import Ledger, make_policy
-from fairserve.gateway.config import BackendConfig
-from fairserve.gateway.scheduler import Backend, claim
-from fairserve.gateway.shared_state import SharedState, StateSettings
+from fairserve.gateway.dispatch.pools import Backend, claim
+from fairserve.gateway.settings.backends import BackendConfig
+from fairserve.gateway.shared.state import SharedState, StateSettings
 
 _prefixes = itertools.count()
 

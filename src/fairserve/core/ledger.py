@@ -32,7 +32,7 @@ QUEUED, RUNNING = RequestState.QUEUED, RequestState.RUNNING
 
 
 class Peers(Protocol):
-    """Other processes sharing the counters (gateway/shared_state.py), plugged in by `Ledger(..., peers=)`."""
+    """Other processes sharing the counters (gateway/shared/state.py), plugged in by `Ledger(..., peers=)`."""
 
     def attach(self, ledger: Ledger) -> None:
         """The ledger whose counters are shared (ValueError if its policy cannot share them)."""

@@ -166,11 +166,12 @@ class TenantTree:
     def apply_remote(
         self, tenant: str, counter: float, service: float, weight: float | None = None, groups: bool = True
     ) -> None:
-        """`tenant`'s counter, service (and weight) as another process computed them (shared state across gateway
-        replicas: gateway/shared_state.py, a file snapshot: gateway/snapshot.py): they replace the local values, and
-        the difference in service moves the groups above as a charge here would. With `groups=False` the groups
-        above are left alone (their own values come from elsewhere too), and `tenant` may name a group. Unsupported
-        for a policy that cannot take counters from elsewhere; ValueError for a weight out of range."""
+        """`tenant`'s counter, service (and weight) as another process computed them (shared state across
+        gateway replicas: gateway/shared/state.py, a file snapshot: gateway/shared/snapshot.py): they replace
+        the local values, and the difference in service moves the groups above as a charge here would. With
+        `groups=False` the groups above are left alone (their own values come from elsewhere too), and `tenant`
+        may name a group. Unsupported for a policy that cannot take counters from elsewhere; ValueError for a
+        weight out of range."""
         if not self.policy.capabilities.shares_counters:
             raise Unsupported(f"policy {self.policy.name!r} cannot share its counters")
         if weight is not None:

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import BackendConfig, GatewayConfig, TenantConfig, build_config, load_config
+from .settings.backends import BackendConfig
+from .settings.config import GatewayConfig, TenantConfig, build_config, load_config
 
 if TYPE_CHECKING:
-    from .app import create_app
+    from .http.app import create_app
 
 __all__ = ["create_app", "GatewayConfig", "BackendConfig", "TenantConfig", "build_config", "load_config"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":
-        from .app import create_app
+        from .http.app import create_app
 
         return create_app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

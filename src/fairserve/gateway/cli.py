@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api.keys import add_flags, flag_overrides
 from ..core import describe
-from .config import GatewayConfig, load_config
+from .settings.config import GatewayConfig, load_config
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api.server import check_listen_free, server_options
-    from .app import create_app
+    from .http.app import create_app
 
     cfg = config_from_args(args)
     if args.engine_env:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.state is not None:
         import asyncio
 
-        from .shared_state import SharedStateError, probe
+        from .shared.state import SharedStateError, probe
 
         try:
             asyncio.run(probe(cfg.state))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .config import GatewayConfig
+    from .settings.config import GatewayConfig
 
 
 class ReloadError(ValueError):

@@ -1,6 +1,6 @@
 """What one gateway instance holds (`Gateway`): config, scheduler (policy + backends), metrics, the upstream client,
 the monitors; who a request is from (`identify`), `/healthz`'s report and the union of the backends' models. The
-routes over it are in gateway/app.py."""
+routes over it are in gateway/http/app.py."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ from starlette.types import Scope
 
 from ..api.protocol import models_list
 from ..tenancy import AuthThrottle, bearer, same_key
-from .capacity import CapacityMonitor
+from .admission.scheduler import Scheduler
 from .component import Component, Part, ReloadError
-from .config import GatewayConfig
-from .fleet import connections
-from .health import HealthMonitor
-from .prometheus import GatewayMetrics
-from .proxy import Proxy
-from .reload import reload as reload_config
-from .scheduler import Scheduler
-from .snapshot import Snapshots
-from .stalls import StallWatch
-from .tokenize import Tokenize
-from .upstream import Upstream
+from .dispatch.capacity import CapacityMonitor
+from .dispatch.fleet import connections
+from .dispatch.health import HealthMonitor
+from .http.tokenize import Tokenize
+from .metrics.prometheus import GatewayMetrics
+from .relay.proxy import Proxy
+from .relay.stalls import StallWatch
+from .relay.upstream import Upstream
+from .settings.config import GatewayConfig
+from .settings.reload import reload as reload_config
+from .shared.snapshot import Snapshots
 
 log = logging.getLogger("fairserve.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
@@ -113,7 +113,8 @@ class Gateway(Part):
         self.cfg = cfg
 
     async def reload(self) -> str:
-        """Re-read and apply the configuration (gateway/reload.py); ReloadError (one line) when it is refused."""
+        """Re-read and apply the configuration (gateway/settings/reload.py); ReloadError (one line) when it is
+        refused."""
         assert self.load is not None
         try:
             line = await reload_config(self, self.load)

@@ -57,7 +57,7 @@ def key_digest(key: str) -> str:
 
 class QuotaConfig(Strict):
     """`quota = { tokens = N, service = S, per = "day" }` on a tenant or a group: raw prompt + output tokens and/or
-    weighted service per UTC hour, day or calendar month (gateway/quota.py)."""
+    weighted service per UTC hour, day or calendar month (gateway/quota/book.py)."""
 
     per: Literal["hour", "day", "month"]
     tokens: int | None = Field(None, gt=0, strict=True)

@@ -1,0 +1,1 @@
+"""What the gateway reports: /metrics (Prometheus) and the usage log."""

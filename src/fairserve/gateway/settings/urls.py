@@ -1,0 +1,52 @@
+"""URLs as the gateway shows them: credentials hidden (`redact`, `redact_text`), and the checks of the URLs a
+config names."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+# NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
+_SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|api_key|apikey|key|auth)=)[^&;#\s]*")
+
+
+def redact(url: str) -> str:
+    """`url` as it may be shown, logged or used as a label: any `user:password@` replaced by `***@`, the value of a
+    query parameter that may hold a secret (`?password=...`) by `***`. A malformed URL (`redis:/:pw@host`) is masked
+    from its scheme to its last `@`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    if "@" in parts.netloc:
+        url = urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+    elif "@" in url:  # NOTE: not a URL urlsplit understands: whatever precedes an @ may be a credential
+        head, _, tail = url.rpartition("@")
+        scheme, sep, _ = head.partition(":")
+        url = (scheme + sep if sep and scheme.isalnum() else "") + "***@" + tail
+    return _SECRET_PARAM.sub(r"\1***", url)
+
+
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*:(?://)?)[^\s@'\"]*@")
+
+
+def redact_text(text: str) -> str:
+    """`text` (an error message, a log line) with the credentials of every URL in it replaced by `***`, malformed
+    URLs and secret query parameters included."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+HTTP_URL = re.compile(r"^https?://[^/\s]+")
+REDIS_URL = re.compile(r"^(redis|rediss|unix)://\S+$")
+
+
+def checked_url(v: str, pattern: re.Pattern[str], what: str) -> str:
+    """`v` stripped, if it matches `pattern`; else ValueError naming `what` was expected (credentials hidden)."""
+    v = v.strip()
+    if not pattern.match(v):
+        raise ValueError(f"must be {what}, got {redact(v)!r}")
+    return v
+
+
+def has_credentials(url: str) -> bool:
+    return "@" in urlsplit(url).netloc
