@@ -11,7 +11,6 @@ import threading
 
 import httpx
 import pytest
-from fairserve.gateway.dispatch.capacity import CapacityMonitor, Reading, next_limit, parse_metrics
 from fastapi.responses import PlainTextResponse
 from support.gateway import (
     HTTP,
@@ -29,6 +28,7 @@ from fairserve.gateway.admission.footprint import Footprint
 from fairserve.gateway.admission.scheduler import Scheduler
 from fairserve.gateway.admission.ticket import Ending
 from fairserve.gateway.cli import add_parser, config_from_args
+from fairserve.gateway.dispatch.capacity import CapacityMonitor, Reading, next_limit, parse_metrics
 from fairserve.gateway.metrics.prometheus import GatewayMetrics
 from fairserve.gateway.settings.backends import parse_backend
 

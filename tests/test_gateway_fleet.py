@@ -8,7 +8,6 @@ import asyncio
 
 import httpx
 import pytest
-from fairserve.gateway.dispatch.fleet import apply, plan
 from support.gateway import ADMIN, FakeBackend, auth, chat_body, metric, wait_until
 
 from fairserve.api.server import running_server
@@ -16,6 +15,7 @@ from fairserve.gateway import create_app, load_config
 from fairserve.gateway.admission.footprint import Footprint
 from fairserve.gateway.admission.scheduler import Scheduler
 from fairserve.gateway.admission.ticket import Ending
+from fairserve.gateway.dispatch.fleet import apply, plan
 from fairserve.gateway.metrics.prometheus import GatewayMetrics
 from fairserve.gateway.settings.config import build_config
 

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from fairserve.gateway.relay.stalls import StallWatch, Watched
 from support.gateway import FakeBackend, auth, chat_body, config, stream_request, wait_until
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
+from fairserve.gateway.relay.stalls import StallWatch, Watched
 
 pytestmark = pytest.mark.integration
 

@@ -9,13 +9,13 @@ import json
 
 import httpx
 import pytest
-from fairserve.gateway.relay.failures import Failed
-from fairserve.gateway.relay.upstream import Upstream, UpstreamError
 from support.gateway import KEYS, FakeBackend, chat_body, gateway, serve
 from support.raw_sockets import chunk, raw_backend, sse_answer
 
 from fairserve.api.server import running_server
 from fairserve.gateway.dispatch.pools import Backend
+from fairserve.gateway.relay.failures import Failed
+from fairserve.gateway.relay.upstream import Upstream, UpstreamError
 from fairserve.gateway.settings.backends import BackendConfig
 
 pytestmark = pytest.mark.integration

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from fairserve.gateway.relay.pipe import Buffers, Pipe
 
 pytestmark = pytest.mark.unit

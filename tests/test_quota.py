@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import redis.asyncio as aioredis
-from fairserve.gateway.quota.book import Cost, Exhausted, Hold, Quota, QuotaBook, window
-from fairserve.gateway.quota.store import RedisQuotaStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.redis_server import redis_server
+
+from fairserve.gateway.quota.book import Cost, Exhausted, Hold, Quota, QuotaBook, window
+from fairserve.gateway.quota.store import RedisQuotaStore
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ import time
 
 import httpx
 import pytest
-from fairserve.gateway.dispatch.pools import Dispatch
 from support.gateway import ADMIN, FakeBackend, auth, config
 from support.redis_server import redis_server
 
 from fairserve.api.server import running_server
 from fairserve.gateway import create_app
+from fairserve.gateway.dispatch.pools import Dispatch
 
 pytestmark = pytest.mark.integration
 
