@@ -45,10 +45,8 @@ class Backend:
     down_until: float = 0.0  # down: skipped until then (inf: until a health check passes)
     reason: str = ""  # why it is down
     busy_until: float = 0.0  # it answered 429/503 with Retry-After: skipped until then (health checks keep it)
-    limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (gateway/dispatch/capacity.py)
-    token_limit: int | None = (
-        None  # in-flight token limit: max_inflight_tokens (with shared state: this replica's lease)
-    )
+    limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (dispatch/capacity.py)
+    token_limit: int | None = None  # in-flight token limit: max_inflight_tokens (with shared state: its lease)
 
     # the model ids it serves (None: not known yet, any) and their /v1/models entries
     models: frozenset[str] | None = None
