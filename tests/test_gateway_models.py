@@ -336,6 +336,8 @@ def test_responses_streamed_and_not_charged_from_their_events_and_usage(fleet):
     assert r.usage.output_tokens == 6 and r.output_text
     line = usage_line(fleet, "resp-1")
     assert (line["prompt_tokens"], line["output_tokens"]) == (r.usage.input_tokens, 6)
+    # NOTE: not streamed, its first output is its whole answer (it was null before)
+    assert line["ttft_s"] is not None and 0 <= line["queue_wait_s"] <= line["ttft_s"] <= line["duration_s"]
     assert line["service"] == r.usage.input_tokens + 2 * 6 and line["endpoint"] == "responses"
     deltas, completed = 0, None
     with c.responses.stream(

@@ -121,7 +121,7 @@ class Gateway(Part):
         except ReloadError as e:
             log.error("reload refused, the running configuration is kept: %s", e)
             raise
-        log.warning(line)
+        log.info(line)
         return line
 
     def backend_rows(self) -> list[dict[str, Any]]:

@@ -376,6 +376,8 @@ class Proxy(Part):
         if output is None:
             output = response_output_tokens(doc, kind, self.sched.count_tokens)
         t.ending = Ending("ok", prompt, output)
+        if t.first_token_at is None:  # NOTE: not streamed: its first output is its whole answer
+            t.first_token_at = self.sched.clock()
         return passthrough(resp, content, t.request_id)
 
 

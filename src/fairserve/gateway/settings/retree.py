@@ -46,7 +46,8 @@ def summary(old: GatewayConfig, new: GatewayConfig) -> str:
     """What a reload from `old` to `new` changes in the tree, for its log line."""
     before, after = {t.name for t in old.tenants}, {t.name for t in new.tenants}
     w0 = old.weights()
-    weights = sum(1 for path, w in new.weights().items() if w0.get(path) != w)
+    # NOTE: a node added or removed is not a weight changed
+    weights = sum(1 for path, w in new.weights().items() if path in w0 and w0[path] != w)
     p0, p1, a0, a1 = old.priorities(), new.priorities(), old.allowed(), new.allowed()
     nodes = set(p0) | set(p1) | set(a0) | set(a1)
     levels = sum(1 for n in nodes if p0.get(n) != p1.get(n) or set(a0.get(n, ())) != set(a1.get(n, ())))
