@@ -171,10 +171,10 @@ def test_the_multi_model_example_of_the_docs_loads_and_routes(tmp_path):
     async def go() -> None:
         s = Scheduler(cfg, GatewayMetrics())
         s.backends[0].serves([{"id": "llama-8b"}, {"id": "sql-lora", "parent": "llama-8b"}])  # its /v1/models
-        urls = {m: {b.url[-4:] for b in s.route(m).backends} for m in ("llama-8b", "sql-lora", "llama-70b")}
+        urls = {m: {b.url[-4:] for b in s.pools.route(m).backends} for m in ("llama-8b", "sql-lora", "llama-70b")}
         assert urls == {"llama-8b": {"8001", "8002"}, "sql-lora": {"8001"}, "llama-70b": {"8003"}}
         with pytest.raises(UnknownModel):
-            s.route("gpt-4o")
+            s.pools.route("gpt-4o")
         s.usage.close()
 
     asyncio.run(go())

@@ -6,9 +6,11 @@ import json
 import math
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,7 +117,8 @@ def test_metrics_key_protects_metrics_and_must_be_its_own():
 def test_healthz_is_503_while_no_backend_is_healthy_and_200_once_one_is():
     fake = FakeBackend()
     port = free_port()
-    app = create_app(config([f"http://127.0.0.1:{port}"], health_interval_s=0.1, queue_ttl_s=30))
+    # NOTE: fail_fast_s 30: the request waits for the backend to come back, which it does within that
+    app = create_app(config([f"http://127.0.0.1:{port}"], health_interval_s=0.1, queue_ttl_s=30, fail_fast_s=30))
     with running_server(app) as base:
         assert wait_until(lambda: HTTP.get(base + "/healthz").status_code == 503)
         for path in ("/healthz", "/health"):
@@ -129,6 +132,29 @@ def test_healthz_is_503_while_no_backend_is_healthy_and_200_once_one_is():
                 assert pending.result(30).status_code == 200
                 assert HTTP.get(base + "/health").status_code == 200
     assert fake.calls == 1  # no client request was spent finding out it was down
+
+
+def test_with_every_backend_down_a_request_fails_fast_saying_so():
+    """No backend of the pool up: a queued request fails `fail_fast_s` after the pool went down, a later one at
+    once, each a 503 `backend_unavailable` naming the backend, with a Retry-After (through the official client)."""
+    port = free_port()
+    app = create_app(config([f"http://127.0.0.1:{port}"], health_interval_s=0.1, queue_ttl_s=300, fail_fast_s=1))
+    with running_server(app) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="key-alice", max_retries=0, timeout=30)
+        assert wait_until(lambda: HTTP.get(base + "/healthz").status_code == 503)
+        down_at = time.monotonic()  # NOTE: within a check (0.1 s) of when the gateway saw it down
+        for waited_at_most in (1.0 + 1.0, 0.5):  # queued until the pool's second, then one arriving after it
+            t = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as err:
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            e = err.value
+            assert e.status_code == 503 and e.body["code"] == "backend_unavailable", e.body
+            assert f"127.0.0.1:{port}" in e.message and "unreachable" in e.message
+            assert int(e.response.headers["retry-after"]) >= 1
+            assert time.monotonic() - t < waited_at_most  # not queue_ttl_s (300 s)
+        assert time.monotonic() - down_at >= 0.9  # the first waited for the pool's second, not less
+        rows = {r["name"]: r for r in HTTP.get(base + "/admin/tenants", headers=ADMIN_H).json()["tenants"]}
+        assert rows["alice"]["queue_length"] == 0 and rows["alice"]["service"] == 0  # refunded, nothing left queued
 
 
 # ---- values that could overflow the accounting -----------------------------------------------------------------------

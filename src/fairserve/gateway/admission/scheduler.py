@@ -7,8 +7,8 @@ gateway/dispatch/capacity.py sets from the backend's /metrics. Dispatch runs on 
 frees. Everything here is synchronous, so it runs atomically on the event loop.
 
 Health (gateway/dispatch/health.py): a request whose backend was down or lost its connection before any output goes
-back to the queue without counting that backend as tried, so while no backend is up requests wait (up to
-`queue_ttl_s` from their arrival) instead of failing."""
+back to the queue without counting that backend as tried; while no backend of its pool is up it waits up to
+`fail_fast_s` (dispatch/unavailable.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from ...core.ledger import Ledger
 from ...tenancy import QuotaConfig, refused_priority
 from ..component import ReloadError
 from ..dispatch import fleet
-from ..dispatch.pools import Backend, Dispatch, Pool, UnknownModel
+from ..dispatch.pools import Backend, Dispatch, UnknownModel
+from ..dispatch.unavailable import FailFast
 from ..metrics.prometheus import GatewayMetrics
 from ..metrics.usage import UsageLog
 from ..quota.gate import QuotaGate
@@ -47,9 +48,7 @@ class Scheduler:
     def __init__(
         self, cfg: GatewayConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.cfg = cfg
-        self.metrics = metrics
-        self.clock = clock
+        self.cfg, self.metrics, self.clock = cfg, metrics, clock
         self.count_tokens = token_counter(cfg.tokenizer)
         self.tenants = [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
@@ -94,6 +93,7 @@ class Scheduler:
 
         self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model", clock)
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
+        self.fail_fast = FailFast(self)  # pools with no backend up fail their requests (dispatch/unavailable.py)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(
@@ -114,10 +114,6 @@ class Scheduler:
             request_id=request_id,
             kind=kind,
         )
-
-    def route(self, model: str | None) -> Pool:
-        """The pool that serves `model`; UnknownModel if none does."""
-        return self.pools.route(model)
 
     def queued_of(self, tenant: str) -> int:
         """`tenant`'s requests queued now, over every pool."""
@@ -202,6 +198,7 @@ class Scheduler:
         `queue_ttl_s` after its arrival) in vain."""
         if t.admitted.done():  # admitted at once: no timer
             return t.admitted.result()
+        self.fail_fast.check(t)  # PoolDown: its pool has had no backend up for fail_fast_s
         if timeout_s is None:
             timeout_s = max(0.0, t.deadline - self.clock())
         # NOTE: asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the client left) that
@@ -283,8 +280,10 @@ class Scheduler:
         """`b` is down: until a health check passes, or for `backend_cooldown_s` without active checks."""
         if b.healthy:
             log.warning("backend %s is down: %s", b.name, reason)
+            b.down_since = self.clock()
         b.healthy, b.reason = False, reason
         b.down_until = math.inf if self.cfg.health_interval_s > 0 else self.clock() + self.cfg.backend_cooldown_s
+        self.fail_fast.went_down(b)
 
     def _release(self, t: Ticket) -> None:
         b, t.backend = t.backend, None

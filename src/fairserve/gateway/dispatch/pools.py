@@ -44,6 +44,7 @@ class Backend:
     healthy: bool = True  # the last health check or attempt reached it
     down_until: float = 0.0  # down: skipped until then (inf: until a health check passes)
     reason: str = ""  # why it is down
+    down_since: float = 0.0  # when it last went down (the scheduler's clock)
     busy_until: float = 0.0  # it answered 429/503 with Retry-After: skipped until then (health checks keep it)
     limit: int = 0  # in-flight request limit: max_inflight_requests, or adaptive (dispatch/capacity.py)
     token_limit: int | None = None  # in-flight token limit: max_inflight_tokens (with shared state: its lease)

@@ -71,7 +71,7 @@ class Tokenize(Part):
         if (message := model_refused(self.allowed_models(), tenant, model)) is not None:
             return self._error(403, message, "model_not_allowed", rid, "model")
         try:
-            pool = self.sched.route(model)
+            pool = self.sched.pools.route(model)
         except UnknownModel as e:
             return self._error(404, str(e), "model_not_found", rid, "model")
         now = time.monotonic()

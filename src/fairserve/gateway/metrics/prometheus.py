@@ -49,6 +49,7 @@ OUTCOMES = (
     "queue_full",
     "insufficient_quota",
     "timeout",
+    "backend_unavailable",
     "client_disconnected",
     "client_stalled",
     "backend_error",

@@ -23,6 +23,7 @@ from ..admission.scheduler import Scheduler
 from ..admission.ticket import Ending, Ticket
 from ..component import Part
 from ..dispatch.pools import Backend, UnknownModel
+from ..dispatch.unavailable import PoolDown
 from ..http.body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from ..quota.book import Exhausted
 from ..quota.gate import insufficient_quota
@@ -228,6 +229,10 @@ class Proxy(Part):
             except UnknownModel as e:  # NOTE: a reload removed the last backend that served its model
                 t.ending = Ending("model_not_found", refund=True)
                 return await self._error(t, 404, str(e), "model_not_found", param="model")(scope, receive, send)
+            except PoolDown as e:  # NOTE: no backend of its pool has been up for fail_fast_s
+                t.ending = Ending("backend_unavailable", refund=True)
+                retry = {"Retry-After": str(e.retry_after_s)}
+                return await self._error(t, 503, str(e), "backend_unavailable", headers=retry)(scope, receive, send)
             if backend is None:
                 t.ending = Ending("timeout", refund=True)
                 response = self._error(

@@ -132,6 +132,16 @@ class GatewayConfig(ServerConfig):
         metavar="NAME",
         read=list,
     )
+    fail_fast_s: float = key(
+        5.0,
+        help="a request whose pool has had no backend up this long fails with 503 backend_unavailable, queued ones "
+        "too, instead of waiting out queue_ttl_s; 0: they wait",
+        ge=0,
+        le=3600,
+        doc="a request whose pool has had no backend up this long fails with 503 `backend_unavailable` (naming the "
+        "backends and why they are down, with `Retry-After`), the queued ones together, instead of waiting out "
+        "`queue_ttl_s`; 0: they wait. See [Health](#health)",
+    )
     backend_cooldown_s: float = key(
         2.0, help="without active health checks: an unreachable backend is skipped this long", ge=0
     )
