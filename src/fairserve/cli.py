@@ -7,14 +7,16 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import __version__
 from .argtypes import positive
-from .core import check_nodes, describe, make_cost, parse_priorities, parse_weights
-from .metrics import Summary, summarize, summary_table
-from .sim import LATENCY_MODELS, SimOptions, SimResult, hit_rate, hit_rates, simulate
-from .workloads import ALL_WORKLOADS, TRACE_FORMATS, WorkloadError, get_workload, load_trace
+
+if TYPE_CHECKING:
+    from .metrics import Summary
+    from .sim import SimOptions, SimResult
+
+# NOTE: the simulator, the metrics and the workloads (numpy with them) are imported by the command that runs them,
+# so that `fairserve --version` and `--help` answer at once
 
 
 class CliError(Exception):
@@ -23,23 +25,68 @@ class CliError(Exception):
 
 # subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
 SERVICES = ("emulate", "gateway", "serve", "bench", "sweep")
+# every subcommand's one line in `fairserve --help` (each parser says the same: tests/test_cli_startup.py)
+SUMMARIES = {
+    "simulate": "run a workload on the simulated continuous-batching engine",
+    "reproduce": "run the paper's evaluation and write figures and a report",
+    "emulate": "serve an OpenAI-compatible API backed by the simulated engine, in real time",
+    "gateway": "serve a fair OpenAI-compatible gateway in front of OpenAI-compatible servers",
+    "serve": "serve an OpenAI-compatible API from a real engine scheduled by VTC",
+    "bench": "replay a workload against an OpenAI-compatible endpoint and measure fairness",
+    "sweep": "run a grid of simulations in parallel (locally or on Ray); tables and figures over seeds",
+    "top": "per-tenant rates, counters and queues of a gateway or serve, live in the terminal",
+}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `command` naming a subcommand, the parsers of the packages in SERVICES (and
-    `top`) other than that one are left out: importing them (their web frameworks and HTTP clients) is most of a
-    command's start-up, and only `--help` and an unknown command list them all."""
+class _Version(argparse.Action):
+    """--version, with the installed version read only when asked (importlib.metadata costs ~0.1 s)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from . import __version__
+
+        print(f"fairserve {__version__}")
+        parser.exit()
+
+
+def build_parser(command: str | None = None, *, outline: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; with `command` naming a subcommand, the other subcommands are outlines (their name
+    and one line, for `--help` and the usage line), not parsers: importing what builds them (the simulator's
+    policies and workloads, web frameworks and HTTP clients) is most of a command's start-up. `outline` makes every
+    subcommand an outline (`fairserve --help`, `--version`, an unknown command)."""
     p = argparse.ArgumentParser(
         prog="fairserve",
         description="Fair sharing of an LLM server among many clients.",
         epilog="Exit status: 0 done; 1 failed while running; 2 refused to start (bad flags, config or files, a port "
         "in use, an unreachable target or Redis); 130 interrupted. See the README.",
     )
-    p.add_argument("--version", action="version", version=f"fairserve {__version__}")
+    p.add_argument("--version", action=_Version, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
+    full = [] if outline else list(SUMMARIES) if command not in SUMMARIES else [command]
+    for name in SUMMARIES:
+        if name not in full:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
+        elif name == "simulate":
+            _simulate_parser(sub)
+        elif name == "reproduce":
+            _reproduce_parser(sub)
+        elif name == "top":
+            importlib.import_module("fairserve.top").add_parser(sub)
+        else:
+            importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
+    return p
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:
+    from .core import describe
+    from .sim import LATENCY_MODELS
+    from .workloads import ALL_WORKLOADS, TRACE_FORMATS
+
     s = sub.add_parser(
         "simulate",
-        help="run a workload on the simulated continuous-batching engine",
+        help=SUMMARIES["simulate"],
         description="Run a workload on the simulated engine and print per-client service, response times and fairness.",
     )
     src = s.add_mutually_exclusive_group(required=True)
@@ -104,9 +151,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
 
+
+def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "reproduce",
-        help="run the paper's evaluation and write figures and a report",
+        help=SUMMARIES["reproduce"],
         description="Reproduce the experiments of 'Fairness in Serving Large Language Models' on the "
         "simulated engine: one PNG per figure, report.md and report.html.",
     )
@@ -122,13 +171,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     r.add_argument("--trace", metavar="FILE", help="a trace to use as the `real` workload")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
-    known = command in (*SERVICES, "top", *sub.choices)
-    for name in SERVICES:
-        if not known or command == name:
-            importlib.import_module(f"fairserve.{name}.cli").add_parser(sub)
-    if not known or command == "top":
-        importlib.import_module("fairserve.top").add_parser(sub)
-    return p
 
 
 def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
@@ -144,10 +186,13 @@ def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[st
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(next((t for t in argv if not t.startswith("-")), None))
+    command = next((t for t in argv if not t.startswith("-")), None)
+    parser = build_parser(command, outline=command not in SUMMARIES)
     if unknown := unknown_options(parser, argv):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args = parser.parse_args(argv)
+    from .workloads import WorkloadError  # NOTE: here, not at the top: `--help` and `--version` have exited
+
     try:
         if args.command in SERVICES:
             return importlib.import_module(f"fairserve.{args.command}.cli").run(args)
@@ -163,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from .core import check_nodes, make_cost, parse_priorities, parse_weights
+    from .metrics import jain_window, summarize
+    from .metrics.difference import print_work_limit
+    from .sim import simulate
+    from .workloads import get_workload, load_trace
+
     if args.trace:
         if not Path(args.trace).is_file():
             raise CliError(f"trace file not found: {args.trace}")
@@ -193,9 +244,12 @@ def _simulate(args: argparse.Namespace) -> int:
     for spec, options in zip(policies, runs, strict=True):
         result = simulate(workload, options, weights=weights, priorities=priorities)
         duration = result.end_s if args.drain else workload.duration_s
-        summary = summarize(result.records, duration, args.w_p, args.w_q, weights, cost=cost)
+        work, window = print_work_limit(len(result.records)), jain_window(duration)
+        summary = summarize(
+            result.records, duration, args.w_p, args.w_q, weights, window_s=window, cost=cost, work_limit=work
+        )
         print()
-        print(format_summary(result, summary))
+        print(format_summary(result, summary, window))
         if args.json:
             out = Path(args.json)
             if len(policies) > 1:
@@ -207,6 +261,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def options_from(args: argparse.Namespace, policy: str, **overrides: Any) -> SimOptions:
     """The run's `SimOptions` from the engine flags `simulate` and `sweep` share, checked (ValueError, one line)."""
+    from .sim import SimOptions
+
     values = {
         "policy": policy,
         "latency": args.profile,
@@ -244,7 +300,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_summary(result: SimResult, s: Summary) -> str:
+def format_summary(result: SimResult, s: Summary, window_s: float = 60.0) -> str:
+    from .metrics import summary_table
+    from .sim import hit_rate, hit_rates
+
     cfg = result.config
     rules = ""
     if cfg.preempt_delta is not None:
@@ -255,7 +314,7 @@ def format_summary(result: SimResult, s: Summary) -> str:
         f"policy {result.ledger.policy.name}  (engine: {cfg.mode}, KV pool {cfg.kv_tokens:,} tokens{rules}, "
         f"simulated {s.duration_s:.0f} s)"
     )
-    table = summary_table(s, title)
+    table = summary_table(s, title, window_s)
     if result.cached_tokens is None:
         return table
     rates = hit_rates(result.records, result.cached_tokens)
@@ -267,6 +326,8 @@ def format_summary(result: SimResult, s: Summary) -> str:
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
+    from .sim import hit_rate, hit_rates
+
     doc: dict[str, Any] = {
         "summary": {
             "policy": result.ledger.policy.name,

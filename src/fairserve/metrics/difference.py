@@ -47,6 +47,13 @@ def backlogged_difference(
 
 WORK_PER_EVENT = 40.0  # the exact search's default budget: points read per event (runs, grid points, bends)
 MIN_WORK = 1e6  # ... and at least this many (a fraction of a second), so small cases are always exact
+# `fairserve simulate`'s summary: a budget linear in records, so that printing it costs a fraction of the run; where
+# it stops short the summary says so and prints the proven bracket (the library's default is the one above)
+PRINT_WORK_PER_RECORD, PRINT_MIN_WORK = 10.0, 2e5
+
+
+def print_work_limit(records: int) -> float:
+    return max(PRINT_WORK_PER_RECORD * records, PRINT_MIN_WORK)
 
 
 @dataclass(frozen=True)

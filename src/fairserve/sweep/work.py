@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..core import make_cost
-from ..metrics import summarize
+from ..metrics import jain_window, summarize
 from ..sim import simulate
 from ..workloads import Workload, find_arena_trace, get_workload, load_trace
 from .spec import Options, Point, Source
@@ -81,7 +81,8 @@ def execute(task: Task) -> dict[str, Any]:
     cost = make_cost(run.cost, run.w_p, run.w_q, run.w_cached)
     start = time.perf_counter()
     result = simulate(workload, run, weights=weights)
-    s = summarize(result.records, workload.duration_s, run.w_p, run.w_q, weights, cost=cost)
+    window = jain_window(workload.duration_s)  # NOTE: a run shorter than 60 s gets an index too (as `simulate`)
+    s = summarize(result.records, workload.duration_s, run.w_p, run.w_q, weights, window_s=window, cost=cost)
     ttft = np.array([r.first_token_s - r.arrival_s for r in result.records if r.first_token_s is not None])
     metrics = {
         "throughput_tok_s": s.output_tokens_per_s,

@@ -47,6 +47,8 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
     if name in PREFIX_WORKLOADS:
         return make_prefix_workload(name, seed=seed, duration_s=duration_s)
     if name != REAL:
+        if name not in WORKLOADS:  # NOTE: here, where every name is known (synthetic.py knows its own only)
+            raise WorkloadError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOADS)}")
         return make_workload(name, seed=seed, duration_s=duration_s)
     path = find_arena_trace()
     if path is None:
