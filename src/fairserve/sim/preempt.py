@@ -12,6 +12,8 @@ per-tenant running-memory cap. See docs/preemption.md.
   TOKENS of the pool (prompt + max_tokens each); a tenant with nothing running may always start one. Admission
   follows the policy's order strictly, so a capped tenant's next request stops the round as a request that does not
   fit does.
+
+The rule that picks the victims, `fair_victims`, is the core's (core/preemption.py): the vLLM plugin runs it too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
-from ..core.account import Account
 from ..core.ledger import Ledger
+from ..core.preemption import fair_victims
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -86,33 +88,6 @@ class RunningCap:
 
     def __call__(self, budget: Budget) -> Callable[[SimRequest], bool]:
         return Capped(budget.try_add, self.cap, self.tenants, self.extra)
-
-
-def fair_victims(
-    head: SimRequest,
-    running: Iterable[SimRequest],
-    accounts: Mapping[str, Account],
-    delta: float,
-    preempt_max: int,
-    fits: Callable[[SimRequest, list[SimRequest]], bool],
-) -> list[SimRequest]:
-    """The running requests to preempt so that `head` (the policy's next request, which did not fit) is admitted:
-    requests of tenants whose counter exceeds head's tenant's by more than `delta`, not yet preempted `preempt_max`
-    times, the highest counter first and the newest first within one counter, as few as make `fits(head, victims)`
-    true. Empty if even all of them would not make it fit (removing running requests never makes a fit fail)."""
-    floor = accounts[head.tenant].counter + delta
-    candidates = [
-        r
-        for r in reversed(list(running))  # admission order: the newest first
-        if r.tenant != head.tenant and accounts[r.tenant].counter > floor and r.fair_preemptions < preempt_max
-    ]
-    if not candidates or not fits(head, candidates):
-        return []
-    candidates.sort(key=lambda r: -accounts[r.tenant].counter)  # NOTE: stable: the newest first within a counter
-    for n in range(1, len(candidates)):
-        if fits(head, candidates[:n]):
-            return candidates[:n]
-    return candidates
 
 
 class NoPreemption:
