@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from unittest import mock
 
 from fairserve.core import Ledger, make_policy
+from fairserve.gateway.admission import scheduler as scheduler_module
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending, Ticket
 from fairserve.gateway.dispatch.pools import Backend, claim
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
 from fairserve.gateway.settings.backends import BackendConfig
 from fairserve.gateway.shared.state import SharedState, StateSettings
 
@@ -114,3 +122,161 @@ async def started(redis, n: int = 2, **kw) -> AsyncIterator[list[Replica]]:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+# ---- gateway replicas stepped on the test's clock -----------------------------------------------------------------
+async def _stepped() -> None:
+    """In place of the sync task and the wake-up listener: the test steps the syncs (`Stepped.step`)."""
+
+
+def _shared_state(prefix: str, clock: Clock, hold_s: float) -> Callable[..., SharedState]:
+    """What the scheduler builds its shared state with: the real `SharedState` on the test's clock and key prefix,
+    its syncs left to the test (no sync task, no listener: an early sync the replica asks for, `waiting`, is made at
+    the next step)."""
+
+    def make(settings: StateSettings, *args, **kw) -> SharedState:
+        state = SharedState(dataclasses.replace(settings, prefix=prefix, hold_s=hold_s), *args, clock=clock, **kw)
+        state._run = state._listen = _stepped  # type: ignore[method-assign]
+        return state
+
+    return make
+
+
+@dataclass
+class Stream:
+    """A closed-loop client: `tenant` keeps `n` requests outstanding through replica `replica`."""
+
+    replica: int
+    tenant: str
+    n: int
+    start: int = 0  # the step its client starts at
+
+
+@dataclass
+class _Outstanding:
+    sched: Scheduler
+    ticket: Ticket
+    admitted: bool = False  # and charged its prompt
+    made: int = 0  # output tokens
+
+
+class Stepped:
+    """Gateway replicas as the gateway runs them, each its real `Scheduler` (ledger, dispatch, capacity check and,
+    with `cfg.state`, the real `SharedState` against a real redis-server), in front of backends the test plays step by
+    step on its own clock: every request running anywhere gets one output token per step of `step_s`, and ends at
+    `output` tokens. Each replica syncs every `every` steps (the sync interval Δ = every·step_s), in order, and at the
+    next step when it asked for an early sync. No sleep, no wall clock: a run is the same on any machine.
+
+    Without `cfg.state` the replicas are independent: each its own ledger and the whole of each backend's limit.
+
+    Measured after every step: `history`, what each tenant (and group) was charged over all replicas, from the
+    test's own tally (w_p·prompt at admission, w_q per output token); `queued`, each tenant's requests queued over
+    all replicas; `views`, each replica's counters as its ledger reads them (the shared ones, with shared state);
+    and at every step `running`, the requests in flight on each backend over all replicas."""
+
+    def __init__(
+        self, cfg, n: int, streams: list[Stream], prompt: int, output: int, step_s: float = 0.01, every: int = 2
+    ) -> None:
+        self.clock = Clock()
+        self.cfg, self.streams, self.prompt, self.output = cfg, streams, prompt, output
+        self.step_s, self.every = step_s, every
+        self.shared = cfg.state is not None
+        make = _shared_state(prefix(), self.clock, hold_s=0.0)
+        with mock.patch.object(scheduler_module, "SharedState", make):
+            self.replicas = [self._scheduler(cfg.model_copy(deep=True)) for _ in range(n)]
+        self.service: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []  # `service` after each step
+        self.running: dict[str, list[int]] = {b.url: [] for b in cfg.backends}  # per backend, at each step
+        self.views: list[list[dict[str, float]]] = []  # per step, per replica: node -> counter
+        self.queued: list[dict[str, int]] = []  # per step: tenant -> requests queued over all replicas
+        self.final: list[dict[str, float]] = []  # per replica, after the run: node -> service
+        self._out: list[_Outstanding] = []
+
+    def _scheduler(self, cfg) -> Scheduler:
+        metrics = GatewayMetrics()
+        sched = Scheduler(cfg, metrics, self.clock)
+        metrics.bind(sched)
+        return sched
+
+    def _charge(self, node: str, amount: float) -> None:
+        parts = node.split("/")
+        for k in range(1, len(parts) + 1):  # the tenant and every group above it
+            path = "/".join(parts[:k])
+            self.service[path] = self.service.get(path, 0.0) + amount
+
+    def _submit(self, sched: Scheduler, tenant: str) -> None:
+        t = sched.new_ticket(tenant, Footprint(self.prompt, self.output))
+        assert sched.submit(t) is None
+        self._out.append(_Outstanding(sched, t))
+
+    def _note_admitted(self) -> None:
+        for x in self._out:
+            if not x.admitted and x.ticket.admitted.done():
+                x.admitted = True
+                self._charge(x.ticket.tenant, self.cfg.w_p * self.prompt)
+
+    async def start(self) -> None:
+        for sched in self.replicas:
+            await sched.start()
+        self._arrive(0)
+
+    def _arrive(self, step: int) -> None:
+        for s in self.streams:
+            if s.start == step:
+                for _ in range(s.n):
+                    self._submit(self.replicas[s.replica], s.tenant)
+        self._note_admitted()
+
+    async def stop(self) -> None:
+        for sched in self.replicas:
+            await sched.stop()
+
+    async def step(self) -> None:
+        """One step: the backends make a token for every running request (those at `output` end, and their
+        clients send the next at once), then the syncs due."""
+        self.clock.advance(self.step_s)
+        running = [x for x in self._out if x.admitted]
+        for url, counts in self.running.items():
+            counts.append(sum(x.ticket.backend.url == url for x in running))
+        for x in running:
+            x.made += 1
+            x.sched.output(x.ticket, 1)
+            self._charge(x.ticket.tenant, self.cfg.w_q)
+        done = [x for x in running if x.made == self.output]
+        self._out = [x for x in self._out if x.made < self.output]
+        for x in done:
+            assert x.sched.close(x.ticket, Ending("ok", prompt=self.prompt, output=self.output))
+            self._submit(x.sched, x.ticket.tenant)
+        self._arrive(len(self.history) + 1)
+        if self.shared:
+            due = len(self.history) % self.every == 0
+            for sched in self.replicas:
+                state = sched.shared
+                if due or state._wake.is_set():
+                    state._wake.clear()
+                    assert await state.sync()
+            self._note_admitted()
+        self.history.append(dict(self.service))
+        views = [sched.view() for sched in self.replicas]
+        self.views.append([{n: v.counter for n, v in {**x.tenants, **x.groups}.items()} for x in views])
+        queued: dict[str, int] = {}
+        for x in views:
+            for n, v in x.tenants.items():
+                queued[n] = queued.get(n, 0) + v.queued
+        self.queued.append(queued)
+
+    async def run(self, steps: int) -> Stepped:
+        """`steps` steps, then (with shared state) every replica syncs twice, in order, so each has every charge:
+        `final` is then each replica's view of every node's service."""
+        await self.start()
+        try:
+            for _ in range(steps):
+                await self.step()
+            for _ in range(2 if self.shared else 0):
+                for sched in self.replicas:
+                    assert await sched.shared.sync()
+            views = [sched.view() for sched in self.replicas]
+            self.final = [{n: v.service for n, v in {**x.tenants, **x.groups}.items()} for x in views]
+        finally:
+            await self.stop()
+        return self
