@@ -1,4 +1,6 @@
-"""Several gateway replicas sharing state through a real redis-server: fairness, backend limits, faults.
+"""Several gateway replicas sharing state through a real redis-server, through HTTP: the wiring (counters, weights
+and backend limits shared, the share moving past a line derived from the workload, nothing lost) and faults. The
+bounds, shares and their negative controls are proven on the test's clock (test_replicas_clock.py).
 
 Two fake backends (limit 2 in flight each, counted at the backend itself) behind three replicas; the heavy tenant
 (alice) streams only through replica 1, the light tenant (bob) through replicas 2 and 3, both backlogged."""
@@ -8,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-from support.gateway import ADMIN, KEYS, FakeBackend, auth, chat_body, config, wait_until
+from support.gateway import ADMIN, KEYS, FakeBackend, admin_tenants, auth, chat_body, config, wait_until
 from support.processes import fairserve_process
 from support.redis_server import redis_server
 
@@ -95,16 +96,26 @@ async def stream(c: httpx.AsyncClient, base: str, tenant: str, got: dict[str, li
 
 
 async def drive(
-    placement: dict[str, list[tuple[str, int]]], seconds: float, outcomes: list[str] | None = None, during=None
+    placement: dict[str, list[tuple[str, int]]],
+    seconds: float,
+    outcomes: list[str] | None = None,
+    during=None,
+    tokens: int | None = None,
 ) -> dict[str, list[tuple[float, int]]]:
-    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], for `seconds` or until `during()` (run
-    meanwhile) returns, whichever is first. Returns each tenant's output tokens with their arrival times; `outcomes`
-    collects how each request ended (ok, or the error)."""
+    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], for `seconds`, until `during()` (run
+    meanwhile) returns, or until the tenants together received `tokens` output tokens, whichever is first (with
+    `tokens`, `seconds` is only a cap: AssertionError if it is reached first). Returns each tenant's output tokens
+    with their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
     got: dict[str, list[tuple[float, int]]] = {t: [] for t in placement}
     stop = [time.monotonic() + seconds]
 
+    def going() -> bool:
+        if tokens is not None and sum(n for xs in got.values() for _, n in xs) >= tokens:
+            return False
+        return time.monotonic() < stop[0]
+
     async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
-        while time.monotonic() < stop[0]:
+        while going():
             try:
                 status = await stream(c, base, tenant, got)
                 if outcomes is not None:
@@ -125,6 +136,8 @@ async def drive(
             await during()
             stop[0] = min(stop[0], time.monotonic())
         await asyncio.gather(*tasks)
+    if tokens is not None:
+        assert sum(n for xs in got.values() for _, n in xs) >= tokens, f"{tokens} tokens not served in {seconds} s"
     return got
 
 
@@ -141,69 +154,46 @@ def middle(got) -> tuple[float, float]:
 
 
 HEAVY, LIGHT = 8, 4  # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
+TARGET = 1200  # output tokens served in all: the run's end (an event, not a wall-clock window)
 
 
-def run_three(urls, state, spreads: list[tuple[float, float]] | None = None, seconds: float = 3.0) -> dict:
-    """Three replicas, heavy alice on the first, light bob on the other two, for `seconds`. With `spreads`, the
-    difference of the two tenants' virtual counters as a replica reads them (the shared ones) is sampled every 20 ms."""
-    with contextlib.ExitStack() as stack:
-        gws = [stack.enter_context(running_server(create_app(replica_config(urls, state)))) for _ in range(3)]
-
-        async def sample() -> None:
-            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
-                end = time.monotonic() + seconds
-                while time.monotonic() < end:
-                    rows = (await c.get(gws[1] + "/admin/tenants")).json()["tenants"]
-                    counters = {r["name"]: r["counter"] for r in rows}
-                    spreads.append((time.monotonic(), abs(counters["alice"] - counters["bob"])))
-                    await asyncio.sleep(0.02)
-
-        placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
-        got = asyncio.run(drive(placement, seconds, during=sample if spreads is not None else None))
-    return got
-
-
+# NOTE: these runs go through real HTTP on the wall clock, so they check the wiring: the replicas share counters and
+# the backends' limits, the share moves past a line derived from the workload, nothing is lost. The bound, the equal
+# shares and the negative controls (independent replicas: bob's share 2/3, backends at 3 x their limit) are proven on
+# the test's clock, with each replica's real scheduler and shared state (test_replicas_clock.py).
 def test_three_replicas_share_counters_and_backend_limits(redis, backends):
     apps, urls = backends
-    with running_server(create_app(replica_config(urls))) as one:  # the reference: one gateway
-        single = asyncio.run(drive({"alice": [(one, HEAVY)], "bob": [(one, 2 * LIGHT)]}, 3.0))
-    for a in apps:
-        assert a.peak <= LIMIT
-        a.peak = 0
-    spreads: list[tuple[float, float]] = []
-    # NOTE: twice as long as the others: a replica stalled by a loaded machine is made up for by the shared counters
-    # within the bound, so the share's error shrinks with the length of the window
-    shared = run_three(urls, redis.url, spreads, seconds=6.0)
-    peaks_shared = [a.peak for a in apps]
     for a in apps:
         a.peak = 0
-    independent = run_three(urls, None)
-    peaks_independent = [a.peak for a in apps]
-    s1, s3, s0 = (share(g, "bob", *middle(g)) for g in (single, shared, independent))
-    print(
-        f"bob share: one gateway {s1:.3f}, shared {s3:.3f}, independent {s0:.3f}; "
-        f"peaks {peaks_shared} {peaks_independent}"
-    )
-    # docs/gateway.md's bound while both are backlogged (the middle of the run): 2U + 2·Δ·S + (N + ⌈Δ·F⌉)·U, U the
-    # largest cost of one request (its prompt, at most 16 tokens, + w_q·TOKENS), S the service per second of both
-    # backends, F the requests ending per second
-    t0, t1 = middle(shared)
-    served = sum(n for xs in shared.values() for at, n in xs if t0 <= at < t1)
-    u, rate = 16 + 2 * TOKENS, 2 * served / (t1 - t0) * (16 + 2 * TOKENS) / (2 * TOKENS)
-    ending = served / TOKENS / (t1 - t0)
-    bound = 2 * u + 2 * 0.01 * rate + (3 + math.ceil(0.01 * ending)) * u
-    gaps = [gap for at, gap in spreads if t0 <= at < t1]
-    print(f"largest counter gap while both backlogged: {max(gaps, default=0):.0f} (bound {bound:.0f})")
-    assert abs(s1 - 0.5) < 0.05, s1  # VTC: both backlogged, equal service
-    # NOTE: each share against the goal, not against each other: two measurements differ by up to twice their noise
-    assert abs(s3 - 0.5) < 0.05, (s3, s1)  # shared state: as fair as one gateway
-    # NOTE: the negative control fails the same check the two above pass: without shared state bob, on two replicas,
-    # gets more than his share (0.58-0.61 measured, beside two CPU burners too; against the one gateway's 0.50-0.53,
-    # a difference of 0.05-0.10, so a margin against `s1` read both measurements' noise)
-    assert abs(s0 - 0.5) >= 0.05, (s0, s1)
-    assert max(peaks_shared) <= LIMIT, peaks_shared  # the limit holds over all replicas together...
-    assert max(peaks_independent) > LIMIT, peaks_independent  # ...which it does not without shared state
-    assert gaps and max(gaps) <= bound, (max(gaps), bound)
+    outcomes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        gws = [stack.enter_context(running_server(create_app(replica_config(urls, redis.url)))) for _ in range(3)]
+        placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
+        got = asyncio.run(drive(placement, 60.0, outcomes, tokens=TARGET))
+        # nothing lost: every request ended ok, and nothing is left queued or in flight on any replica
+        assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)
+        assert wait_until(
+            lambda: all(t["queue_length"] == 0 and t["in_flight"] == 0 for g in gws for t in admin_tenants(g).values())
+        ), [admin_tenants(g) for g in gws]
+
+        # the counters are shared: alice, served only through replica 1, is charged on every replica, and once the
+        # last charges are synced the three agree on both tenants
+        def views() -> list[dict[str, tuple[float, float]]]:
+            return [{n: (t["counter"], t["service"]) for n, t in admin_tenants(g).items()} for g in gws]
+
+        assert wait_until(lambda: (lambda v: v[0] == v[1] == v[2])(views())), views()
+        (one, *_), peaks = views(), [a.peak for a in apps]
+    assert one["alice"][1] > 0 and one["bob"][1] > 0, one
+    # the limit holds over all replicas together (without shared state each replica would take the whole of it)
+    assert max(peaks) <= LIMIT, peaks
+    # the share moves the right way, past the line between what the workload gives without shared state (bob's two
+    # replicas each hold the whole limit of both backends, twice alice's slots: 2 : 1) and what VTC gives (1 : 1):
+    # their geometric mean
+    line = 2**0.5
+    t0, t1 = middle(got)
+    ratio = share(got, "bob", t0, t1) / share(got, "alice", t0, t1)
+    print(f"bob : alice = {ratio:.2f} : 1 in the middle of the run (line {line:.2f}); peaks {peaks}")
+    assert ratio < line, ratio
 
 
 def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
@@ -413,7 +403,10 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
     """NVIDIA Dynamo's design notes measure a 4:1 class weighting collapsing to 163:162 with two routers when all
     of class A enters through one and all of class B through the other. Here each class is a group of the tenant
     tree (weights 4 and 1 on the groups, two tenants in each), class A through replica 1 and class B through
-    replica 2, both backlogged: class A's share of the service stays within 2.5 points of 0.8 (4:1)."""
+    replica 2, both backlogged: the wiring, through HTTP (the 4:1 within a bound, and its collapse without shared
+    counters or without the groups, are proven on the test's clock: test_replicas_clock.py). Class A's service moves
+    past the line between the 1:1 that equal streams give without the tree-aware shared counters and the weights'
+    4:1 (their geometric mean, 2:1), and a group's weight set on one replica holds on the other."""
     _, urls = backends
     cfg = build_config(
         {
@@ -432,7 +425,7 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
     try:
         with running_server(create_app(cfg)) as r1, running_server(create_app(cfg.model_copy(deep=True))) as r2:
             placement = {t: [(r1 if t.startswith("class-a") else r2, 4)] for t in DYNAMO}
-            got = asyncio.run(drive(placement, 6.0))
+            got = asyncio.run(drive(placement, 60.0, tokens=TARGET))
             # a group's weight set on one replica holds on the other
             admin = {"Authorization": f"Bearer {ADMIN}"}
             assert httpx.put(r1 + "/admin/nodes/class-b/weight", json={"weight": 2}, headers=admin).status_code == 200
@@ -441,7 +434,7 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
                 tree = httpx.get(r2 + "/admin/tree", headers=admin).json()["tree"]
                 return next(n["weight"] for n in tree if n["path"] == "class-b")
 
-            assert wait_until(lambda: weight_there() == 2, 2.0)
+            assert wait_until(lambda: weight_there() == 2, 10.0)
     finally:
         KEYS.clear()
         KEYS.update(keys)
@@ -450,10 +443,9 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
     t0, t1 = lo + 0.2 * (hi - lo), lo + 0.9 * (hi - lo)  # NOTE: after the ramp-up, before the streams stop
     a = sum(share(got, t, t0, t1) for t in DYNAMO if t.startswith("class-a"))
     ratio = a / (1 - a)
-    print(f"Dynamo case, two replicas: class A : class B = {ratio:.2f} : 1 (share {a:.3f})")
-    # NOTE: the share, not the ratio, within 2.5 points of 0.8: a / (1 - a) swings by 0.15 per point near 0.8
-    # (measured 0.790-0.817, ratios 3.76-4.46); without the tree-aware comparison a is about 0.49
-    assert abs(a - 0.8) <= 0.025, (ratio, a)
+    line = (4 * 1) ** 0.5
+    print(f"Dynamo case, two replicas: class A : class B = {ratio:.2f} : 1 (share {a:.3f}; line {line:.0f} : 1)")
+    assert ratio > line, (ratio, a)
 
 
 LIFT_TREE = {"org/g/u0": "k-g0", "org/h/u0": "k-h0"}  # sibling groups org/g and org/h, one tenant each
@@ -534,4 +526,5 @@ def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_e
     print(f"org/g counter {g_before:.0f} idle, {g_back:.0f} back (org/h {h_before:.0f}); org/g's share {share_g:.3f}")
     assert g_before < h_before / 10  # idle everywhere, its counter far below its sibling's...
     assert g_back >= h_before  # ...and lifted to it (or more: org/h's counter grew since) on coming back
-    assert abs(share_g - 0.5) < 0.06, share_g  # the weights from then on: no credit hoarded while idle
+    # NOTE: the wiring only: that the service then splits by the weights within the bound, and that without the lift
+    # it does not, is proven on the test's clock (test_replicas_clock.py)
