@@ -135,7 +135,10 @@ def _shared_state(prefix: str, clock: Clock, hold_s: float) -> Callable[..., Sha
     the next step)."""
 
     def make(settings: StateSettings, *args, **kw) -> SharedState:
-        state = SharedState(dataclasses.replace(settings, prefix=prefix, hold_s=hold_s), *args, clock=clock, **kw)
+        # NOTE: the interval the test steps is its own; the one set here only sizes the socket timeout (10 x it), so
+        # that a loaded machine's slow round trip is not read as Redis lost (0.5 s at 20 ms failed a run so)
+        settings = dataclasses.replace(settings, prefix=prefix, hold_s=hold_s, interval_s=60.0)
+        state = SharedState(settings, *args, clock=clock, **kw)
         state._run = state._listen = _stepped  # type: ignore[method-assign]
         return state
 
