@@ -74,9 +74,12 @@ def backends():
         yield apps, [stack.enter_context(running_server(a)) for a in apps]
 
 
-def replica_config(urls, state=None):
+def replica_config(urls, state=None, ttl_s: float = 1.0):
     return config(
-        [{"url": u, "max_inflight_requests": LIMIT} for u in urls], state=state, state_interval_s=0.01, state_ttl_s=1.0
+        [{"url": u, "max_inflight_requests": LIMIT} for u in urls],
+        state=state,
+        state_interval_s=0.01,
+        state_ttl_s=ttl_s,
     )
 
 
@@ -167,9 +170,13 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         a.peak = 0
     outcomes: list[str] = []
     with contextlib.ExitStack() as stack:
-        gws = [stack.enter_context(running_server(create_app(replica_config(urls, redis.url)))) for _ in range(3)]
+        # NOTE: the default TTL (3 s), not 1 s: beside two CPU burners a replica's syncs once timed out (0.5 s each)
+        # for longer than 1 s, and a replica degraded past its leases takes max(1, LIMIT // 3) of each backend: 3 in
+        # flight on a limit of 2, as docs/gateway.md says of Redis lost
+        gws = [stack.enter_context(running_server(create_app(replica_config(urls, redis.url, 3.0)))) for _ in range(3)]
         placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
         got = asyncio.run(drive(placement, 60.0, outcomes, tokens=TARGET))
+        degraded = [httpx.get(g + "/metrics").text.count("fairserve_gateway_shared_state_up 0") for g in gws]
         # nothing lost: every request ended ok, and nothing is left queued or in flight on any replica
         assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)
         assert wait_until(
@@ -185,7 +192,7 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         (one, *_), peaks = views(), [a.peak for a in apps]
     assert one["alice"][1] > 0 and one["bob"][1] > 0, one
     # the limit holds over all replicas together (without shared state each replica would take the whole of it)
-    assert max(peaks) <= LIMIT, peaks
+    assert max(peaks) <= LIMIT, (peaks, degraded)
     # the share moves the right way, past the line between what the workload gives without shared state (bob's two
     # replicas each hold the whole limit of both backends, twice alice's slots: 2 : 1) and what VTC gives (1 : 1):
     # their geometric mean
