@@ -176,3 +176,16 @@ def test_simulate_refuses_what_needs_a_prefix_cache_in_one_line(args, message, c
     assert main(["simulate", "--workload", "document", "--duration", "5", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode_cache", [("paged", True), ("paged", False)])
+def test_a_preempted_request_longer_than_the_prefill_budget_runs_again_alone(mode_cache):
+    """A request preempted for memory recomputes its prompt and the output it had: 3,066 + its output tokens are more
+    than the engine prefills at once (3,072), so it could never be admitted again ("nothing fits an empty engine").
+    It now prefills alone, with nothing running, in both engines, and every request finishes."""
+    mode, cache = mode_cache
+    arrivals = [Arrival(0.125 * i, f"c{i % 8}", 3064, 200, ((f"sys{i % 8}", 3000),)) for i in range(64)]
+    cfg = EngineConfig(kv_tokens=4 * 3096, mode=mode, prefix_cache=cache)
+    oracle, engine = run_both("dlpm:5000" if cache else "vtc", cfg, get_latency_model("a10g-llama2-7b"), arrivals)
+    assert engine.preemptions > 0 and len(engine.records) == len(arrivals)
+    assert engine.records == oracle.records and engine.preemptions == oracle.preemptions

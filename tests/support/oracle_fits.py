@@ -150,16 +150,18 @@ class CachedFits:
     def __init__(self, engine: StepEngine) -> None:
         self.engine, self.prefill_left = engine, engine.config.prefill_tokens
         self.slots = engine.config.running_max - len(engine.running)
+        self.alone = not engine.running  # nothing running, nothing taken yet: one request may exceed the budget
 
     def __call__(self, req: SimRequest) -> bool:
         cache, keys = self.engine.cache, self.engine.keys(req)
         assert cache is not None
         need = req.prompt_tokens + self.engine.extra + req.generated
         new = need - cache.hit(keys, need) * cache.block_tokens
-        if new > self.prefill_left or self.slots < 1 or cache.admit(keys, need, dry=True) is None:
+        if (new > self.prefill_left and not self.alone) or self.slots < 1 or cache.admit(keys, need, dry=True) is None:
             return False
         self.prefill_left -= new
         self.slots -= 1
+        self.alone = False
         return True
 
     def take(self, req: SimRequest) -> None:
@@ -178,14 +180,16 @@ class PagedFits:
             used = sum(r.prompt_tokens + self.extra + r.generated_at(engine.step) for r in running)
         self.free, self.prefill_left = cfg.kv_tokens - used, cfg.prefill_tokens
         self.slots = cfg.running_max - len(engine.running if running is None else running)
+        self.alone = not (engine.running if running is None else running)
 
     def __call__(self, req: SimRequest) -> bool:
         need = req.prompt_tokens + self.extra + req.generated
-        if need > self.prefill_left or need + 1 > self.free or self.slots < 1:
+        if (need > self.prefill_left and not self.alone) or need + 1 > self.free or self.slots < 1:
             return False
         self.free -= need + 1
         self.prefill_left -= need
         self.slots -= 1
+        self.alone = False
         return True
 
 

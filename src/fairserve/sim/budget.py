@@ -256,14 +256,17 @@ class PagedBudget:
         self.prefill_left = prefill_tokens
         self.slots = running_max - n_running
         self.extra = extra
+        # NOTE: a preempted request's prompt and recomputed output may exceed the prefill budget: it prefills alone
+        self.alone = n_running == 0
 
     def try_add(self, req: SimRequest) -> bool:
         need = req.prompt_tokens + self.extra + req.generated  # a preempted request recomputes what it had generated
-        if need > self.prefill_left or need + 1 > self.free or self.slots < 1:
+        if (need > self.prefill_left and not self.alone) or need + 1 > self.free or self.slots < 1:
             return False
         self.free -= need + 1
         self.prefill_left -= need
         self.slots -= 1
+        self.alone = False
         return True
 
     def take(self, req: SimRequest) -> None:

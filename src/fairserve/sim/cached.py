@@ -106,22 +106,25 @@ class BlockBudget:
     """An admission round in blocks: the cached prefix is reused, only the rest is taken (and only the rest counts
     against the prefill budget); an admitted request holds its blocks (`take`, `req.held`)."""
 
-    __slots__ = ("memory", "cache", "prefill_left", "slots")
+    __slots__ = ("memory", "cache", "prefill_left", "slots", "alone")
 
     def __init__(self, memory: CachedMemory, n_running: int) -> None:
         self.memory, self.cache = memory, memory.cache
         self.prefill_left = memory.prefill_max
         self.slots = memory.running_max - n_running
+        # NOTE: a preempted request's prompt and recomputed output may exceed the prefill budget: it prefills alone
+        self.alone = n_running == 0
 
     def try_add(self, req: SimRequest) -> bool:
         memory, cache = self.memory, self.cache
         need = req.prompt_tokens + memory.extra + req.generated  # a preempted request recomputes its output too
         keys = memory.keys_of(req)
         new = need - cache.cached_prefix(keys, need) * cache.block_tokens
-        if new > self.prefill_left or self.slots < 1 or not cache.fits(keys, need):
+        if (new > self.prefill_left and not self.alone) or self.slots < 1 or not cache.fits(keys, need):
             return False
         self.prefill_left -= new
         self.slots -= 1
+        self.alone = False
         if not req.admitted:
             req.cached_tokens = memory.cached_tokens(req)  # NOTE: before the ledger's pop, which charges them
         return True
