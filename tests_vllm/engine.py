@@ -62,6 +62,16 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
         {"num_gpu_blocks_override": 8, "block_size": 32, "max_model_len": 128, "scheduling_policy": "priority"},
         {"FAIRSERVE_PRIORITIES": "vic-lo=1"},
     ),
+    # preemption (tests_vllm/test_preemption.py): priority that preempts, fairness-triggered at a gap of 100
+    "preempt": (
+        True,
+        {"scheduling_policy": "priority"},
+        {
+            "FAIRSERVE_POLICY": "vtc:preempt-priority=1:preempt=100:preempt-max=1",
+            "FAIRSERVE_PRIORITIES": "pb=1",
+            "FAIRSERVE_ALLOWED_PRIORITIES": "pu=0|1",
+        },
+    ),
     # one LoRA slot for the adapters of the tests (tests_vllm/test_lora.py); the tenant is the adapter
     "lora": (True, LORA, {"FAIRSERVE_LORA_WAIT_STEPS": "4"}),  # test_lora.K
     "lora-default": (False, LORA, {}),

@@ -1,6 +1,7 @@
-"""Fairness-triggered preemption's rule, engine-agnostic (docs/preemption.md): which running requests to preempt so
-that the policy's next request is admitted. The simulator (sim/preempt.py) and the vLLM plugin
-(engines/vllm_preempt.py) both call `fair_victims`; each engine says what "fits" means for it."""
+"""Preemption's rules, engine-agnostic (docs/preemption.md): which running requests to preempt so that the policy's
+next request is admitted. The simulator (sim/preempt.py) and the vLLM plugin (engines/vllm_preempt.py) both call
+`fair_victims` (fairness-triggered preemption, `preempt=DELTA`); the plugin takes its victims for priority that
+preempts (`priority_victims`) and for memory (`victim_order`) from here too. Each engine says what "fits" means."""
 
 from __future__ import annotations
 
@@ -45,6 +46,46 @@ def fair_victims(
     if not candidates or not fits(head, candidates):
         return []
     candidates.sort(key=lambda r: -accounts[r.tenant].counter)  # NOTE: stable: the newest first within a counter
+    for n in range(1, len(candidates)):
+        if fits(head, candidates[:n]):
+            return candidates[:n]
+    return candidates
+
+
+class Leveled(Preemptible, Protocol):
+    """A running request with the priority level it runs at (0 the best) and its place in admission order."""
+
+    @property
+    def level(self) -> int: ...
+
+
+L = TypeVar("L", bound=Leveled)
+
+
+def victim_order(running: Iterable[L], accounts: Mapping[str, Account]) -> list[L]:
+    """`running` (in admission order) as victims are taken: the worst level first, within a level the tenant with
+    the highest counter first, within a tenant the newest request first."""
+    newest_first = list(reversed(list(running)))
+    # NOTE: stable: the newest first within one (level, counter)
+    return sorted(newest_first, key=lambda r: (-r.level, -accounts[r.tenant].counter))
+
+
+def priority_victims(
+    head: L,
+    running: Iterable[L],
+    accounts: Mapping[str, Account],
+    preempt_max: int,
+    fits: Callable[[L, list[L]], bool],
+) -> list[L]:
+    """Priority that preempts (`preempt-priority=1`): the running requests to preempt so that `head` (the policy's
+    next request, which did not fit) is admitted: requests of a level worse than head's (never an equal one: no
+    ping-pong), not yet preempted `preempt_max` times, in `victim_order`, as few as make `fits(head, victims)`
+    true. Empty if even all of them would not make it fit."""
+    candidates = victim_order(
+        (r for r in running if r.level > head.level and r.fair_preemptions < preempt_max), accounts
+    )
+    if not candidates or not fits(head, candidates):
+        return []
     for n in range(1, len(candidates)):
         if fits(head, candidates[:n]):
             return candidates[:n]

@@ -85,6 +85,8 @@ def describe(*, engine: bool = False, prefix_cache: bool = False) -> str:
 
 
 ENGINE_OPTIONS: dict[str, type] = {"preempt": float, "preempt-max": int, "running-cap": int}  # docs/preemption.md
+# NOTE: the vLLM plugin's own (docs/vllm.md); a number, so the options stay numbers: victim=counter|vllm is 1|0
+VLLM_OPTIONS: dict[str, dict[str, int]] = {"preempt-priority": {"0": 0, "1": 1}, "victim": {"vllm": 0, "counter": 1}}
 
 
 def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
@@ -99,8 +101,14 @@ def split_options(spec: str) -> tuple[str, dict[str, float | int]]:
             keep.append(part)
             continue
         key = key.strip().lower()
+        if key in VLLM_OPTIONS:
+            if text.strip().lower() not in VLLM_OPTIONS[key]:
+                raise ValueError(f"engine option {key!r} in {spec!r}: choose from {'|'.join(VLLM_OPTIONS[key])}")
+            options[key] = VLLM_OPTIONS[key][text.strip().lower()]
+            continue
         if key not in ENGINE_OPTIONS:
-            raise ValueError(f"unknown engine option {key!r} in {spec!r}; choose from: {', '.join(ENGINE_OPTIONS)}")
+            names = ", ".join([*ENGINE_OPTIONS, *VLLM_OPTIONS])
+            raise ValueError(f"unknown engine option {key!r} in {spec!r}; choose from: {names}")
         kind = ENGINE_OPTIONS[key]
         try:
             value = kind(text)

@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..core import Policy, check_policy, describe, make_policy, parse_priorities, parse_weights
+from ..core import Policy, describe, make_policy, parse_priorities, parse_weights
+from ..core.registry import PolicySpec, parse_spec
 from .queue import CLIENT_ARG
 from .vllm_tenants import DEFAULT_SOURCES, parse_sources
 
@@ -47,8 +48,10 @@ class VTCConfig:
             tenant_from=parse_sources(get("FAIRSERVE_TENANT_FROM"), "FAIRSERVE_TENANT_FROM"),
             lora_wait=_lora_wait(get("FAIRSERVE_LORA_WAIT_STEPS")),
         )
+        spec = config.spec()  # NOTE: parsed here, so a bad spec or option fails when the engine starts
+        config.preempt_options()
         if config.uses_priorities:
-            entry, _ = check_policy(config.policy)
+            entry = spec.entry
             if not entry.capabilities.tree:
                 raise ValueError(
                     f"FAIRSERVE_PRIORITIES / FAIRSERVE_ALLOWED_PRIORITIES: policy {config.policy!r} does not order "
@@ -61,14 +64,34 @@ class VTCConfig:
         """Whether any request can run at a priority other than 0."""
         return bool(self.priorities) or bool(self.allowed)
 
+    def spec(self) -> PolicySpec:
+        """FAIRSERVE_POLICY parsed (`core.registry.parse_spec`), its engine options included (`preempt=500`)."""
+        try:
+            spec = parse_spec(self.policy, engine_options=True, prefix_cache=True)
+        except ValueError as e:
+            raise ValueError(f"FAIRSERVE_POLICY: {e}") from None
+        if spec.entry.capabilities.uses_prefix_cache:
+            raise ValueError(
+                f"FAIRSERVE_POLICY={self.policy!r} orders by cached prefix, which the vLLM plugin does not feed it; "
+                f"use one of: {describe(engine=True)}"
+            )
+        return spec
+
+    def preempt_options(self) -> PreemptOptions:
+        spec = self.spec()
+        try:
+            return PreemptOptions.from_options(spec.options, spec.entry.capabilities.shares_counters, spec.name)
+        except ValueError as e:
+            raise ValueError(f"FAIRSERVE_POLICY={self.policy!r}: {e}") from None
+
     def make_policy(self) -> Policy:
-        entry, _ = check_policy(self.policy)
-        if entry.capabilities.rejects_at_arrival:
+        spec = self.spec()
+        if spec.entry.capabilities.rejects_at_arrival:
             raise ValueError(
                 f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
                 f"use a policy that only orders ({describe(engine=True)})"
             )
-        return make_policy(self.policy, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
+        return make_policy(spec, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
 
     def check_engine(self, scheduling_policy: str) -> None:
         """ValueError if vLLM's `--scheduling-policy` does not fit: with priority levels vLLM must pick its
@@ -124,3 +147,46 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     if not value >= 0:
         raise ValueError(f"{name} must be a number >= 0, got {text!r}")
     return value
+
+
+@dataclass(frozen=True)
+class PreemptOptions:
+    """The spec's options for the engine: `victim=counter|vllm`, `preempt-priority=1`, `preempt=DELTA`,
+    `preempt-max=K`."""
+
+    victim_by_counter: bool = True
+    priority: bool = False
+    delta: float | None = None
+    preempt_max: int = 1
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, float | int], counters: bool, policy: str) -> PreemptOptions:
+        """From a parsed spec's options (`core.registry.parse_spec`); `counters`: the policy keeps them.
+        ValueError for an option the engine cannot honour."""
+        if "running-cap" in options:
+            raise ValueError("running-cap= is the simulator's: the vLLM plugin has no per-tenant cap")
+        by_counter = bool(options.get("victim", 1 if counters else 0))
+        if by_counter and not counters:
+            raise ValueError(f"victim=counter compares tenants' counters: policy {policy!r} keeps none")
+        delta = options.get("preempt")
+        return cls(
+            victim_by_counter=by_counter,
+            priority=bool(options.get("preempt-priority", 0)),
+            delta=None if delta is None else float(delta),
+            preempt_max=int(options.get("preempt-max", 1)),
+        )
+
+    @property
+    def admits(self) -> bool:
+        """Whether a waiting request may preempt running ones."""
+        return self.priority or self.delta is not None
+
+    def describe(self) -> str:
+        parts = [f"victim={'counter' if self.victim_by_counter else 'vllm'}"]
+        if self.priority:
+            parts.append("preempt-priority=1")
+        if self.delta is not None:
+            parts.append(f"preempt={self.delta:g}")
+        if self.admits:
+            parts.append(f"preempt-max={self.preempt_max}")
+        return ":".join(parts)

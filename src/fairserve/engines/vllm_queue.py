@@ -93,6 +93,7 @@ class VTCRequestQueue:
         self._fresh: set[str] = set()  # popped for a first admission in this pass, not yet seen scheduled
         # the pass's hold (the LoRA-slot rule): what it matches is popped here, never shown to vLLM, put back after
         self._hold: Callable[[Any], bool] | None = None
+        self._closed = False  # for this pass: nothing is shown to vLLM (a step that preempted for memory)
         self._held: list[Any] = []
         self._pops: dict[str, int] = {}  # request id -> when it was popped in this pass (to put things back in order)
         self._clock = itertools.count()
@@ -180,6 +181,8 @@ class VTCRequestQueue:
                 self._forget(rid)
 
     def __bool__(self) -> bool:
+        if self._closed:
+            return False
         if self._hold is None:
             return len(self.engine_queue) > 0
         return self._head() is not None
@@ -195,16 +198,35 @@ class VTCRequestQueue:
         """For this pass only, the requests `held` matches are not shown to vLLM (they keep their place)."""
         self._hold = held
 
+    def hold_ids(self, ids: Iterable[str]) -> None:
+        """For this pass only, also hold back the requests with these ids (preempted ones: not re-admitted at once)."""
+        ids = frozenset(ids)
+        if not ids:
+            return
+        before = self._hold
+        self._hold = lambda r: r.request_id in ids or (before is not None and before(r))
+
+    def close_pass(self) -> None:
+        """For this pass only, show vLLM no waiting request."""
+        self._closed = True
+
+    def head(self) -> Any | None:
+        """The request vLLM would be shown next in this pass (None: none)."""
+        return None if self._closed else self._head()
+
     def end_pass(self) -> None:
         """vLLM's `schedule()` returned: what it popped this pass was scheduled or has been put back."""
         self._release(self._held)
         self._hold = None
+        self._closed = False
         self._fresh.clear()
         self._pops.clear()
 
     def _head(self) -> Any | None:
         """The policy's next request, once the ones held back in this pass are out of the way."""
         eq = self.engine_queue
+        if self._closed:
+            return None
         with eq.lock:
             item = eq.peek()
             hold = self._hold

@@ -25,6 +25,7 @@ from ..core import TenantView
 from .queue import CLIENT_ARG
 from .vllm_config import VTCConfig
 from .vllm_lora import LoRASlots
+from .vllm_preempt import Preemptor
 from .vllm_queue import VTCRequestQueue, prefilled_tokens
 from .vllm_tenants import tenant_of_request
 
@@ -56,6 +57,7 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
     class _VTCMixin(_SchedulerBase):
         fairserve: VTCRequestQueue
         fairserve_slots: LoRASlots | None  # the LoRA-slot rule, where the engine serves LoRA adapters
+        fairserve_preempt: Preemptor  # the spec's preemption options (vllm_preempt)
         waiting: Any  # vLLM's waiting queue, replaced by `fairserve`
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -72,10 +74,12 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
                 self.fairserve.on_refused = errors.add
             lora = getattr(self, "lora_config", None)
             self.fairserve_slots = LoRASlots(lora.max_loras, config.lora_wait) if lora is not None else None
+            self.fairserve_preempt = Preemptor(config.preempt_options(), self.fairserve)
+            self.fairserve_preempt.check(self, log)
             self.waiting = self.fairserve
             log.info(
                 "fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, priorities %s, allowed %s, "
-                "tenant from %s, client key %r%s)",
+                "tenant from %s, client key %r%s; preemption: %s)",
                 self.fairserve.policy.name,
                 self.fairserve.policy.cost.name,
                 config.weights or "none",
@@ -84,6 +88,7 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
                 ",".join(config.tenant_from),
                 config.client_key,
                 _slot_rule(lora, config.lora_wait),
+                self.fairserve_preempt.options.describe(),
             )
             if scheduling_policy == "priority" and not config.uses_priorities:
                 log.warning(
@@ -96,6 +101,7 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
             if slots is not None:
                 slots.begin(self.fairserve)
             try:
+                self.fairserve_preempt.before_pass(self)
                 output = super().schedule(*args, **kwargs)
             finally:
                 self.fairserve.end_pass()
@@ -112,6 +118,7 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
         def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
             result = super()._free_request(request, *args, **kwargs)
             self.fairserve.freed(request)
+            self.fairserve_preempt.forget(request.request_id)
             return result
 
         def fairserve_accounts(self) -> dict[str, TenantView]:
