@@ -202,9 +202,9 @@ def test_an_engine_refuses_preemption_without_counters_and_bad_settings():
 def test_engine_options_are_the_simulated_engines_only():
     entry, arg = check_policy("vtc-predict:oracle:preempt=10:preempt-max=2", engine_options=True)
     assert entry.name == "vtc-predict" and arg is not None
-    with pytest.raises(ValueError, match="apply to the simulated engine only"):
+    with pytest.raises(ValueError, match="apply to the engines that preempt"):
         check_policy("vtc:preempt=10")  # the gateway, serve, vLLM: no simulated batch to preempt
-    with pytest.raises(ValueError, match="apply to the simulated engine only"):
+    with pytest.raises(ValueError, match="apply to the engines that preempt"):
         make_policy("vtc:running-cap=100")
 
 

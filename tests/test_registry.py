@@ -148,7 +148,7 @@ def test_engine_options_are_parsed_after_the_argument_and_refused_with_one_line(
         with pytest.raises(ValueError) as e:
             split_options(bad)
         assert message in str(e.value), (bad, str(e.value))
-    with pytest.raises(ValueError, match=r"engine options \(preempt, running-cap\) apply to the simulated engine only"):
+    with pytest.raises(ValueError, match=r"engine options \(preempt, running-cap\) apply to the engines that preempt"):
         check_policy("vtc:preempt=5:running-cap=9")
     assert check_policy("vtc:preempt=5:running-cap=9", engine_options=True)[0].name == "vtc"
 

@@ -81,7 +81,14 @@ def test_the_sweep_takes_engine_options_and_the_prefix_cache():
 def test_simulate_names_the_real_reason_for_a_bad_engine_option(capsys):
     code = main(["simulate", "--workload", "overload", "--duration", "20", "--policy", "fcfs:preempt=500"])
     err = capsys.readouterr().err
-    assert code == 2 and "policy 'fcfs' keeps none; use vtc" in err and "simulated engine only" not in err
+    assert code == 2 and "policy 'fcfs' keeps none; use vtc" in err and "engines that preempt" not in err
+
+
+@pytest.mark.parametrize("option", ["victim=counter", "preempt-priority=1"])
+def test_the_vllm_plugins_options_are_refused_by_the_simulator_not_ignored(option, capsys):
+    code = main(["simulate", "--workload", "overload", "--duration", "20", "--policy", f"vtc:{option}"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"engine option '{option.split('=')[0]}' applies to the vLLM plugin only" in err
 
 
 def test_a_reproduce_run_is_a_simulate_run_with_the_same_options():

@@ -145,8 +145,8 @@ def parse_spec(spec: str, *, engine_options: bool = False, prefix_cache: bool = 
     policy, options = split_options(spec)
     if options and not engine_options:
         raise ValueError(
-            f"engine options ({', '.join(options)}) apply to the simulated engine only (fairserve simulate, sweep, "
-            "reproduce, emulate)"
+            f"engine options ({', '.join(options)}) apply to the engines that preempt: the simulated engine "
+            "(fairserve simulate, sweep, reproduce, emulate) and the vLLM plugin"
         )
     name, _, arg = policy.strip().partition(":")
     entry = _REGISTRY.get(name.lower())

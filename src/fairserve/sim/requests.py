@@ -65,6 +65,13 @@ class EngineConfig:
         `preempt-max`, `running-cap`."""
         if not options:
             return self
+        # NOTE: the vLLM plugin's options (core.registry.VLLM_OPTIONS): refused, not ignored, by this engine
+        vllm_only = [k for k in options if k in ("preempt-priority", "victim")]
+        if vllm_only:
+            raise ValueError(
+                f"engine option {vllm_only[0]!r} applies to the vLLM plugin only (docs/vllm.md); the simulated engine "
+                "takes preempt, preempt-max and running-cap"
+            )
         return replace(
             self,
             preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
