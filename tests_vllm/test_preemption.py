@@ -53,9 +53,9 @@ def test_priority_preempts_a_full_batch_and_outputs_are_unchanged(engines):
     batch = [Job(f"pp-b{i}", "pb/with", 16, 64, seed=i) for i in range(8)]  # level 1: their group pb
     urgent = Job("pp-u", "pu-with", 16, 16, at_step=10, seed=99)  # level 0
     with options(llm, replace(OFF, priority=True)) as p:
-        before = p.counts.priority
+        before = p.counts.for_priority
         run = drive(llm, [*batch, urgent])
-        assert p.counts.priority - before == 1
+        assert p.counts.for_priority - before == 1
         assert service(llm, ["pb/with", "pu-with"]) == expected_service([*batch, urgent], run.outputs)
     assert run.priority[urgent.rid] == 0 and run.priority[batch[0].rid] == 1
     assert run.admitted_at[urgent.rid] <= urgent.at_step + 1, run.admitted_at  # running within 2 steps

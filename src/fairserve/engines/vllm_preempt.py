@@ -60,9 +60,9 @@ class Running:
 
 @dataclass
 class Counts:
-    memory: int = 0  # requests the plugin preempted for memory, by counter
-    priority: int = 0  # for a waiting request of a better level
-    fairness: int = 0  # for a waiting request of a tenant DELTA below
+    for_memory: int = 0  # requests the plugin preempted for memory, by counter
+    for_priority: int = 0  # for a waiting request of a better level
+    for_fairness: int = 0  # for a waiting request of a tenant DELTA below
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Preemptor:
                 need -= r.need
                 free += r.held
             if victims:
-                self.counts.memory += len(victims)
+                self.counts.for_memory += len(victims)
                 self._evict(sched, victims, now, count=False)
                 self.queue.close_pass()  # as vLLM: no admission in a step that preempted
                 return
@@ -135,11 +135,11 @@ class Preemptor:
         victims: list[Running] = []
         if self.options.priority:
             victims = priority_victims(head, running, accounts, self.options.preempt_max, fits)
-            self.counts.priority += len(victims)
+            self.counts.for_priority += len(victims)
         if not victims and self.options.delta is not None:
             level = [r for r in running if r.level == head.level]
             victims = fair_victims(head, level, accounts, self.options.delta, self.options.preempt_max, fits)
-            self.counts.fairness += len(victims)
+            self.counts.for_fairness += len(victims)
         if victims:
             self._evict(sched, victims, now, count=True)
 
