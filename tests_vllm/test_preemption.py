@@ -83,9 +83,9 @@ def test_fairness_preempts_for_a_tenant_far_below(engines):
     jobs = [Job(f"fp-h{i}", "fp/heavy", 16, 64, seed=i) for i in range(4)]
     light = Job("fp-l", "fp/light", 16, 16, at_step=12, seed=50)
     with options(llm, replace(OFF, delta=100.0)) as p:
-        before = p.counts.fairness
+        before = p.counts.for_fairness
         run = drive(llm, [*jobs, light])
-        assert p.counts.fairness - before == 1
+        assert p.counts.for_fairness - before == 1
         assert service(llm, ["fp/heavy", "fp/light"]) == expected_service([*jobs, light], run.outputs)
     assert run.admitted_at[light.rid] <= light.at_step + 1, run.admitted_at
     assert list(run.preempted.values()) == [1] and next(iter(run.preempted)) in {j.rid for j in jobs}
@@ -119,9 +119,9 @@ def test_memory_victims_are_the_highest_counter_tenants_at_the_worst_level(engin
     try:
         drive(llm, [Job("mv-w", "mv-b", 40, 20)])  # mv-b's counter first
         jobs = [Job("mv-b-0", "mv-b", 40, 60), Job("mv-b-1", "mv-b", 40, 60), Job("mv-a-0", "mv-a", 40, 60, at_step=2)]
-        before = sched.fairserve_preempt.counts.memory
+        before = sched.fairserve_preempt.counts.for_memory
         run = drive(llm, jobs)
-        assert sched.fairserve_preempt.counts.memory > before  # the plugin's count decided, before vLLM's rule
+        assert sched.fairserve_preempt.counts.for_memory > before  # the plugin's count decided, before vLLM's rule
         by_counter = list(seen)
         seen.clear()
         with options(llm, PreemptOptions(victim_by_counter=False)):
