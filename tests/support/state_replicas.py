@@ -8,12 +8,10 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from unittest import mock
 
 from fairserve.core import Ledger, make_policy
-from fairserve.gateway.admission import scheduler as scheduler_module
 from fairserve.gateway.admission.footprint import Footprint
 from fairserve.gateway.admission.scheduler import Scheduler
 from fairserve.gateway.admission.ticket import Ending, Ticket
@@ -125,24 +123,18 @@ def run(coro):
 
 
 # ---- gateway replicas stepped on the test's clock -----------------------------------------------------------------
-async def _stepped() -> None:
-    """In place of the sync task and the wake-up listener: the test steps the syncs (`Stepped.step`)."""
-
-
-def _shared_state(prefix: str, clock: Clock, hold_s: float) -> Callable[..., SharedState]:
-    """What the scheduler builds its shared state with: the real `SharedState` on the test's clock and key prefix,
-    its syncs left to the test (no sync task, no listener: an early sync the replica asks for, `waiting`, is made at
-    the next step)."""
+def _stepped_scheduler(prefix: str, clock: Clock, hold_s: float) -> type[Scheduler]:
+    """The gateway's `Scheduler` whose shared state is the real `SharedState` on the test's clock and key prefix, its
+    syncs left to the test (`stepped_timeout_s`: no sync task, no listener; an early sync the replica asks for,
+    `waiting`, is made at the next step)."""
 
     def make(settings: StateSettings, *args, **kw) -> SharedState:
-        # NOTE: the interval the test steps is its own; the one set here only sizes the socket timeout (10 x it), so
-        # that a loaded machine's slow round trip is not read as Redis lost (0.5 s at 20 ms failed a run so)
-        settings = dataclasses.replace(settings, prefix=prefix, hold_s=hold_s, interval_s=60.0)
-        state = SharedState(settings, *args, clock=clock, **kw)
-        state._run = state._listen = _stepped  # type: ignore[method-assign]
-        return state
+        # NOTE: a generous socket timeout, so that a loaded machine's slow round trip is not read as Redis lost (the
+        # 0.5 s of a 20 ms interval failed a run so)
+        settings = dataclasses.replace(settings, prefix=prefix, hold_s=hold_s, stepped_timeout_s=600.0)
+        return SharedState(settings, *args, clock=clock, **kw)
 
-    return make
+    return type("SteppedScheduler", (Scheduler,), {"shared_state": staticmethod(make)})
 
 
 @dataclass
@@ -184,9 +176,8 @@ class Stepped:
         self.cfg, self.streams, self.prompt, self.output = cfg, streams, prompt, output
         self.step_s, self.every = step_s, every
         self.shared = cfg.state is not None
-        make = _shared_state(prefix(), self.clock, hold_s=0.0)
-        with mock.patch.object(scheduler_module, "SharedState", make):
-            self.replicas = [self._scheduler(cfg.model_copy(deep=True)) for _ in range(n)]
+        self._kind = _stepped_scheduler(prefix(), self.clock, hold_s=0.0)
+        self.replicas = [self._scheduler(cfg.model_copy(deep=True)) for _ in range(n)]
         self.service: dict[str, float] = {}
         self.history: list[dict[str, float]] = []  # `service` after each step
         self.running: dict[str, list[int]] = {b.url: [] for b in cfg.backends}  # per backend, at each step
@@ -197,7 +188,7 @@ class Stepped:
 
     def _scheduler(self, cfg) -> Scheduler:
         metrics = GatewayMetrics()
-        sched = Scheduler(cfg, metrics, self.clock)
+        sched = self._kind(cfg, metrics, self.clock)
         metrics.bind(sched)
         return sched
 

@@ -45,12 +45,13 @@ class Scheduler:
     """`clock`: the seconds the scheduler and its dispatch read (arrivals, waits, cooldowns, deadlines); a test owns
     it by passing its own (the event loop's timers are asked for delays, never for times of this clock)."""
 
+    shared_state: Callable[..., SharedState] = SharedState  # NOTE: a test's subclass makes it on its own clock
+
     def __init__(
         self, cfg: GatewayConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.cfg, self.metrics, self.clock = cfg, metrics, clock
-        self.count_tokens = token_counter(cfg.tokenizer)
-        self.tenants = [t.name for t in cfg.tenants]
+        self.count_tokens, self.tenants = token_counter(cfg.tokenizer), [t.name for t in cfg.tenants]
         self.backends = [Backend(b) for b in cfg.backends]
         self.draining: list[Backend] = []  # removed by a reload, requests still in flight (dispatch/fleet.py)
         self.prices = cfg.price_table()
@@ -61,7 +62,7 @@ class Scheduler:
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/dispatch/health.py)
         # shared with other replicas through Redis (gateway/shared/state.py), joined by `start`
         self.shared = (
-            SharedState(
+            self.shared_state(
                 StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s),
                 self.backends,
                 tokens_of=lambda r: r.item.tokens,

@@ -42,6 +42,9 @@ class StateSettings:
     prefix: str = "fairserve"  # key prefix: one Redis can hold several independent gateway groups
     spare: int = DEFAULT_SPARE
     hold_s: float = DEFAULT_HOLD_S  # several times a degraded replica's retry period (RETRY_S) and interval_s
+    # no sync task or wake-up listener: whoever drives the replica calls `sync()` (a test stepping its own clock);
+    # the socket timeout is then this many seconds, not 10 intervals
+    stepped_timeout_s: float | None = None
 
 
 def _client(url: str, timeout_s: float, **kw: Any) -> Any:
@@ -104,7 +107,8 @@ class Link:
     async def start(self) -> None:
         """Connect and sync once; SharedStateError (one line) when Redis cannot be reached."""
         url = self.settings.url
-        self._client = _client(url, max(0.5, 10 * self.settings.interval_s), health_check_interval=0)
+        timeout = self.settings.stepped_timeout_s or max(0.5, 10 * self.settings.interval_s)
+        self._client = _client(url, timeout, health_check_interval=0)
         self._sync_script = self._client.register_script(SYNC_LUA)
         try:
             await _ping(self._client, url)
@@ -114,6 +118,8 @@ class Link:
         await self.sync()
         if not self.up:
             raise SharedStateError(f"the shared state at {redact(url)} did not answer a sync")
+        if self.settings.stepped_timeout_s is not None:
+            return
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run())
         self._listener = loop.create_task(self._listen())
