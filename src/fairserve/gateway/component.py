@@ -6,6 +6,8 @@ configuration onto it; the keys only a restart applies are refused before either
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -28,6 +30,14 @@ class Component(Protocol):
 
     async def stop(self) -> None:
         """End its work, after the last request; the parts after it have stopped."""
+
+
+async def cancelled(task: asyncio.Task[None] | None) -> None:
+    """A part's own task (a loop that runs until stopped), cancelled and waited for; nothing if there is none."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class Part:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..component import Part
+from ..component import Part, cancelled
 from ..settings.config import GatewayConfig
 from ..settings.urls import redact, redact_text
 
@@ -170,9 +170,4 @@ class CapacityMonitor(Part):
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancelled(task)

@@ -21,7 +21,7 @@ import httpx
 
 from ...api.protocol import parse_json
 from ..admission.scheduler import Scheduler
-from ..component import Part, ReloadError
+from ..component import Part, ReloadError, cancelled
 from ..settings.config import GatewayConfig
 from .pools import Backend
 
@@ -52,10 +52,7 @@ class HealthMonitor(Part):
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancelled(self._task)
 
     async def check_backend(self, b: Backend) -> None:
         """One check of `b`, its result applied."""

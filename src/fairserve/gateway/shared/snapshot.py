@@ -18,7 +18,6 @@ A file that is not a snapshot stops the gateway at start with one line (move it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import Ledger
-from ..component import Part
+from ..component import Part, cancelled
 
 log = logging.getLogger("fairserve.gateway")
 FORMAT = "fairserve-gateway-snapshot/1"
@@ -154,9 +153,6 @@ class Snapshots(Part):
 
     async def stop(self) -> None:
         """The periodic writes end; the last state is written (the requests have settled)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancelled(task)
         self.save()
