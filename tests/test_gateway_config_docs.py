@@ -14,6 +14,7 @@ from fairserve.gateway.component import ReloadError
 from fairserve.gateway.settings import reload as reload_module
 from fairserve.gateway.settings.config import LIVE, RESTART, GatewayConfig, build_config
 from fairserve.serve.config import ServeConfig
+from fairserve.tenancy import ServerConfig
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +104,12 @@ def test_every_flag_of_the_command_line_reaches_its_key():
         "models",
         "tenants",
     ]  # --no-access-log, --backend, ...
+
+
+def test_the_tenants_key_is_declared_once_and_the_gateway_needs_one():
+    # NOTE: one declaration (tenancy.ServerConfig) serves both commands; `serve` may have none, the gateway may not
+    assert "tenants" in ServerConfig.__annotations__
+    assert "tenants" not in GatewayConfig.__annotations__ and "tenants" not in ServeConfig.__annotations__
+    with pytest.raises(ValueError, match="tenants: the gateway needs at least one tenant"):
+        build_config({"backends": BASE["backends"]})
+    assert ServeConfig().tenants == []

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..tenancy import TenantConfig
 from .settings.backends import BackendConfig
-from .settings.config import GatewayConfig, TenantConfig, build_config, load_config
+from .settings.config import GatewayConfig, build_config, load_config
 
 if TYPE_CHECKING:
     from .http.app import create_app

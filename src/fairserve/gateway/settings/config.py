@@ -16,7 +16,7 @@ from ...api.keys import key, reload_keys
 from ...api.protocol import MAX_INT
 from ...api.tokens import token_counter
 from ...core import CostFunction, LinearCost, check_policy, policy_names
-from ...tenancy import ServerConfig, TenantConfig, check_tenants, tenants_from_flags
+from ...tenancy import ServerConfig, check_tenants
 from ...tenancy.config import SERVER_START as _SERVER_START
 from ..admission.footprint import DEFAULT_MAX_TOKENS
 from .backends import BackendConfig, Price, parse_backend
@@ -58,19 +58,6 @@ class GatewayConfig(ServerConfig):
         '{"fairserve_client": TENANT}` to the forwarded body, so a vLLM running fairserve\'s `VTCScheduler` counts '
         "the gateway's tenants ([vllm.md](vllm.md)); `models` (`[]`: those it lists at `/v1/models`): the model ids "
         "it serves, see [Several models](#several-models)",
-    )
-    tenants: list[TenantConfig] = key(
-        help="a tenant (a name, or a path org/team/name in the tenant tree) and its API key; a repeated path adds a "
-        "key",
-        flag="--tenant",
-        metavar="PATH:KEY[:WEIGHT]",
-        read=tenants_from_flags,
-        min_length=1,
-        doc="`name` (a name, or a path `tier/org/name` in the tenant tree), `api_keys` and/or `api_key_sha256` (keys "
-        "given by their hex SHA-256, see [Tenants, keys and weights](#tenants-keys-and-weights)), `weight` (1), "
-        "`priority` (none: its group's), `priorities` (`[]`: the values its requests may name besides its own); see "
-        "[Tenant tree and priorities](#tenant-tree-and-priorities); `models` (none: any): the model ids it may use, "
-        "see [Model access](#model-access); `quota` (none): see [Quotas](#quotas)",
     )
     policy: str = key(
         "vtc",
@@ -321,6 +308,8 @@ class GatewayConfig(ServerConfig):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
+        if not self.tenants:  # NOTE: `fairserve serve` may have none (one tenant); the gateway names its tenants
+            raise ValueError("tenants: the gateway needs at least one tenant ([[tenants]], or --tenant PATH:KEY)")
         check_tenants(self.tenants, self.admin_key, self.groups)
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
