@@ -20,13 +20,12 @@ import httpx
 import pytest
 from support.gateway import ADMIN, HTTP, FakeBackend, chat_body, metric, wait_until
 
-from fairserve.api.keys import key, reload_keys
 from fairserve.api.server import free_port, running_server
 from fairserve.gateway import create_app, load_config
 from fairserve.gateway.admission.scheduler import Scheduler
 from fairserve.gateway.settings import reload as reload_module
-from fairserve.gateway.settings.config import GatewayConfig, build_config
-from fairserve.gateway.settings.reload import LIVE, RESTART, ReloadError
+from fairserve.gateway.settings.config import build_config
+from fairserve.gateway.settings.reload import ReloadError
 
 pytestmark = pytest.mark.integration
 
@@ -180,17 +179,6 @@ def test_sighup_reloads_a_gateway_process_and_a_broken_file_keeps_it_running(tmp
         assert len(refusals) == 2 and "not valid TOML" in refusals[0], text
         assert f"config file {path} cannot be read: it is a directory, not a regular file" in refusals[1]
         assert "Task exception" not in text and "Traceback" not in text, text
-
-
-def test_a_key_says_once_where_it_is_declared_whether_it_reloads_live():
-    class WithTwoMore(GatewayConfig):
-        throwaway_live_s: float = key(1.0, help="a throwaway key")
-        throwaway_restart: str = key("x", help="another", restart="it is read at start, in this test")
-
-    live, restart = reload_keys(WithTwoMore)
-    assert "throwaway_live_s" in live and restart["throwaway_restart"] == "it is read at start, in this test"
-    assert (live - {"throwaway_live_s"}, restart.keys() - {"throwaway_restart"}) == (LIVE, RESTART.keys())
-    assert RESTART["listen"] == "the socket is bound at start" and "tenants" in LIVE and not LIVE & set(RESTART)
 
 
 def test_a_reload_sets_no_part_s_attributes_from_outside_it():

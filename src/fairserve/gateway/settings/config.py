@@ -12,7 +12,7 @@ from pydantic import field_validator, model_validator
 from ...api.config import build_config as _build
 from ...api.config import check_listen
 from ...api.config import load_config as _load
-from ...api.keys import key, reload_keys
+from ...api.keys import key
 from ...api.protocol import MAX_INT
 from ...api.tokens import token_counter
 from ...core import CostFunction, LinearCost, check_policy, policy_names
@@ -370,6 +370,3 @@ def build_config(data: dict[str, Any]) -> GatewayConfig:
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """The file's keys, then `overrides` (e.g. from flags) on top; lists given as overrides replace the file's."""
     return _load(GatewayConfig, path, overrides)
-
-
-LIVE, RESTART = reload_keys(GatewayConfig)

@@ -31,13 +31,13 @@ from ..component import Component, ReloadError
 from ..dispatch import fleet
 from ..dispatch.pools import UnknownModel
 from . import retree
-from .config import LIVE, RESTART, GatewayConfig
+from .config import GatewayConfig
 
 if TYPE_CHECKING:
     from ..admission.scheduler import Scheduler
     from ..dispatch.health import HealthMonitor
 
-__all__ = ["LIVE", "RESTART", "ReloadError", "apply", "check", "reload"]
+__all__ = ["ReloadError", "apply", "check", "reload"]
 
 log = logging.getLogger("fairserve.gateway")
 
