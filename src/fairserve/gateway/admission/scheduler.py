@@ -92,7 +92,7 @@ class Scheduler:
         self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
         self.quotas = self.quota_gate  # NOTE: None while no quota is configured: the hot path asks nothing
 
-        self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model", clock)
+        self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model", clock, cfg.placement())
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
         self.fail_fast = FailFast(self)  # pools with no backend up fail their requests (dispatch/unavailable.py)
 
@@ -363,7 +363,7 @@ class Scheduler:
         retree.apply(self.pools.ledgers, self.cfg, cfg, self.set_weight)
         if cfg.tokenizer != self.cfg.tokenizer:
             self.count_tokens = token_counter(cfg.tokenizer)
-        self.prices = cfg.price_table()
+        self.prices, self.pools.placement = cfg.price_table(), cfg.placement()
         base = LinearCost(cfg.w_p, cfg.w_q)
         self.price = None if self.ledger.cost == base else base
         self.tenants[:] = [t.name for t in cfg.tenants]  # NOTE: in place: the admin API reads this list

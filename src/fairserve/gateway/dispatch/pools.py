@@ -34,6 +34,7 @@ from ...core import Ledger, Request, RequestState
 from ..settings.backends import BackendConfig
 from ..shared.heads import Head, pool_key
 from ..shared.state import SharedState
+from .placement import Placement
 
 
 @dataclass(eq=False)
@@ -164,9 +165,11 @@ class Dispatch:
         make_ledger: Callable[[], Ledger],
         per_model: bool,
         clock: Callable[[], float] = time.monotonic,
+        placement: Placement | None = None,
     ) -> None:
         self.backends = backends
         self.clock = clock  # the scheduler's
+        self.placement = placement or Placement()  # which of its pool's backends a request may go to
         self.per_model = per_model
         self._make = make_ledger
         self.ledgers: list[Ledger] = [make_ledger()]  # the fleet's (global), or the first pool's (per_model)
@@ -240,6 +243,7 @@ class Dispatch:
         headless = set(queued) if shared is not None and not self.strict else set()
         admitted: list[Request] = []
         passed: list[Request] = []  # popped only to look behind them; put back, as they were, at the end
+        full: set[Backend] = set()  # backends that failed a claim in this pass
         try:
             while room or headless:
                 req = ledger.peek()
@@ -247,8 +251,9 @@ class Dispatch:
                     break
                 t = req.item
                 pool: Pool = t.pool
-                if pool in room:
-                    t.backend = claim(pool.backends, req, t.tokens, shared, t.tried, now)
+                hand = self.placement.hand(req.tenant, pool.backends)
+                if pool in room and not full.issuperset(hand):
+                    t.backend = claim(hand, req, t.tokens, shared, t.tried, now)
                     if t.backend is not None:
                         ledger.pop()
                         pool.queued -= 1
@@ -257,7 +262,15 @@ class Dispatch:
                             room.discard(pool)
                             headless.discard(pool)
                         continue
-                    room.discard(pool)
+                    # NOTE: backends without room for it are full for the rest of the pass (the policy's order holds
+                    # among the requests that may go to them); a pool is passed over when all its backends are, or
+                    # when its request was held back for another reason (shared state, backends it failed on)
+                    if any(b.up(now) and b.room_for(t.tokens) for b in hand):
+                        room.discard(pool)
+                    else:
+                        full.update(hand)
+                        if full.issuperset(pool.backends):
+                            room.discard(pool)
                 if self.strict:
                     break
                 if pool in headless:

@@ -19,6 +19,7 @@ from ...core import CostFunction, LinearCost, check_policy, policy_names
 from ...tenancy import ServerConfig, check_tenants
 from ...tenancy.config import SERVER_START as _SERVER_START
 from ..admission.footprint import DEFAULT_MAX_TOKENS
+from ..dispatch.placement import Placement, parse_placement
 from .backends import BackendConfig, Price, parse_backend
 from .urls import REDIS_URL, checked_url
 
@@ -118,6 +119,15 @@ class GatewayConfig(ServerConfig):
         flag="--model",
         metavar="NAME",
         read=list,
+    )
+    dispatch: str = key(
+        "least_loaded",
+        help="which of its pool's backends a request may go to: least_loaded (any: the least-loaded with room), or "
+        "shard:K (its tenant's hand of K backends: a flooding tenant fills at most K)",
+        metavar="RULE",
+        doc="which of its pool's backends a request may go to: `least_loaded` (any; the least-loaded with room takes "
+        "it) or `shard:K` (shuffle sharding: its tenant's deterministic hand of K, so a tenant that floods fills "
+        "at most K backends); see [Dispatch](#dispatch)",
     )
     fail_fast_s: float = key(
         5.0,
@@ -268,6 +278,12 @@ class GatewayConfig(ServerConfig):
         check_policy(v)  # raises ValueError naming the valid policies
         return v
 
+    @field_validator("dispatch")
+    @classmethod
+    def _dispatch(cls, v: str) -> str:
+        parse_placement(v)  # raises ValueError saying what is accepted
+        return v
+
     @field_validator("health_path")
     @classmethod
     def _health_path(cls, v: str) -> str:
@@ -352,6 +368,10 @@ class GatewayConfig(ServerConfig):
         if self.scope is not None:
             return self.scope
         return "global" if self.state is not None or self.snapshot is not None else "per_model"
+
+    def placement(self) -> Placement:
+        """`dispatch`, parsed."""
+        return parse_placement(self.dispatch)
 
     def price_table(self) -> dict[str, CostFunction]:
         """By model id, its price (`prices."MODEL"`); other models cost the policy's w_p, w_q."""

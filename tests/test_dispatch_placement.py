@@ -1,0 +1,97 @@
+"""The gateway's `dispatch` rule (gateway/dispatch/placement.py): shuffle sharding deals each tenant a deterministic
+hand of K backends, stable as backends come and go, and a tenant whose hand is full holds up no other tenant."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+from support.gateway import config
+
+from fairserve.gateway.admission.footprint import Footprint
+from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.dispatch.placement import Placement, parse_placement
+from fairserve.gateway.metrics.prometheus import GatewayMetrics
+from fairserve.gateway.settings.config import build_config
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass(frozen=True)
+class B:
+    url: str
+
+
+URLS = [B(f"http://engine-{i}") for i in range(8)]
+
+
+def test_a_hand_is_k_backends_fixed_by_the_tenant_and_the_urls():
+    p = parse_placement("shard:2")
+    hands = {t: tuple(b.url for b in p.hand(t, URLS)) for t in (f"tenant-{i}" for i in range(200))}
+    assert all(len(set(h)) == 2 for h in hands.values())
+    assert hands == {t: tuple(b.url for b in Placement(2).hand(t, URLS)) for t in hands}  # a fresh one agrees
+    # every pair of backends is some tenant's hand: the hands spread (C(8, 2) = 28 pairs, 200 tenants)
+    assert len(set(hands.values())) >= 20
+    assert Placement().hand("x", URLS) == URLS and Placement(9).hand("x", URLS) == URLS
+
+
+def test_a_new_backend_changes_only_the_hands_that_rank_it_in():
+    p, q = Placement(2), Placement(2)
+    before = {t: {b.url for b in p.hand(t, URLS)} for t in (f"tenant-{i}" for i in range(300))}
+    after = {t: {b.url for b in q.hand(t, [*URLS, B("http://engine-8")])} for t in before}
+    moved = [t for t in before if before[t] != after[t]]
+    assert all(after[t] - before[t] == {"http://engine-8"} and len(before[t] - after[t]) == 1 for t in moved)
+    assert 0 < len(moved) < 0.4 * len(before)  # about K / (N + 1) = 2 / 9 of them
+
+
+@pytest.mark.parametrize("bad", ["shard", "shard:0", "shard:x", "round_robin", ""])
+def test_a_bad_rule_is_one_line(bad):
+    with pytest.raises(ValueError, match="dispatch must be least_loaded or shard:K"):
+        parse_placement(bad)
+    with pytest.raises(ValueError, match="dispatch must be"):
+        build_config({"backends": [{"url": "http://a"}], "tenants": [{"name": "a", "key": "k" * 8}], "dispatch": bad})
+
+
+def admitted_backends(rule: str) -> dict[str, list[str]]:
+    """Four backends of one request each; `flood` queues 8 requests, then `heavy` 2 (their hands of 2 are disjoint):
+    where each went."""
+
+    async def go() -> dict[str, list[str]]:
+        backends = [{"url": f"http://engine-{i}", "max_inflight_requests": 1} for i in range(4)]
+        metrics = GatewayMetrics()
+        s = Scheduler(config(backends, dispatch=rule), metrics)
+        metrics.bind(s)
+        tickets = [(t, s.new_ticket(t, Footprint(5, 5))) for t in ["flood"] * 8 + ["heavy"] * 2]
+        for _, ticket in tickets:
+            s.submit(ticket)
+        out: dict[str, list[str]] = {"flood": [], "heavy": []}
+        for tenant, ticket in tickets:
+            if ticket.admitted.done():
+                out[tenant].append(ticket.backend.url)
+        return out
+
+    return asyncio.run(go())
+
+
+def test_with_shard_a_flooding_tenant_fills_its_hand_only_and_the_other_is_served_at_once():
+    got = admitted_backends("shard:2")
+    hand = {b.url for b in Placement(2).hand("flood", [B(f"http://engine-{i}") for i in range(4)])}
+    assert sorted(got["flood"]) == sorted(hand)  # two of its eight: its hand's two slots
+    assert len(got["heavy"]) == 2 and not set(got["heavy"]) & hand  # NOTE: passed over the flood's queued requests
+    # negative control: least_loaded lets the flood take every backend, and the other tenant waits
+    every = admitted_backends("least_loaded")
+    assert len(every["flood"]) == 4 and every["heavy"] == []
+
+
+def test_dispatch_is_a_live_key():
+    from fairserve.api.keys import reload_keys
+    from fairserve.gateway.settings.config import GatewayConfig
+
+    live, _ = reload_keys(GatewayConfig)
+    assert "dispatch" in live
+    backends = [{"url": "http://a"}, {"url": "http://b"}]
+    s = Scheduler(config(backends), GatewayMetrics())
+    assert s.pools.placement.shard is None
+    s.configure(config(backends, dispatch="shard:1"))
+    assert s.pools.placement.shard == 1
