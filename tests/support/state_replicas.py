@@ -245,10 +245,9 @@ class Stepped:
         if self.shared:
             due = len(self.history) % self.every == 0
             for sched in self.replicas:
-                state = sched.shared
-                if due or state._wake.is_set():
-                    state._wake.clear()
-                    assert await state.sync()
+                early = sched.shared.take_early_sync()  # NOTE: taken (cleared) also when a sync is due anyway
+                if due or early:
+                    assert await sched.shared.sync()
             self._note_admitted()
         self.history.append(dict(self.service))
         views = [sched.view() for sched in self.replicas]

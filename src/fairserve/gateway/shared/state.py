@@ -291,6 +291,14 @@ class SharedState(HeadOrder, Link):
                 ok = await self._sync()
             return ok
 
+    def take_early_sync(self) -> bool:
+        """Whether an early sync was asked for since this was last called (`waiting`, or another replica's
+        wake-up), and the request cleared. For a driver that makes the syncs itself (`StateSettings.
+        stepped_timeout_s`: no sync task takes the request): it calls `sync()` when this says True."""
+        asked = self._wake.is_set()
+        self._wake.clear()
+        return asked
+
     async def _sync(self) -> bool:
         args, snap, keeps = self._args()
         reset = self._unanswered is not None and self._unanswered.reset
