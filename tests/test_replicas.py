@@ -1,6 +1,7 @@
 """Several gateway replicas sharing state through a real redis-server, through HTTP: the wiring (counters, weights
-and backend limits shared, the share moving past a line derived from the workload, nothing lost) and faults. The
-bounds, shares and their negative controls are proven on the test's clock (test_replicas_clock.py).
+and backend limits shared, the share moving past a line derived from the workload, nothing lost). The bounds, shares
+and their negative controls are proven on the test's clock (test_replicas_clock.py); the faults (Redis unreachable,
+stopped and restarted, a replica killed) are in test_replicas_faults.py.
 
 Two fake backends (limit 2 in flight each, counted at the backend itself) behind three replicas; the heavy tenant
 (alice) streams only through replica 1, the light tenant (bob) through replicas 2 and 3, both backlogged."""
@@ -9,56 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-from support.gateway import ADMIN, KEYS, FakeBackend, admin_tenants, auth, chat_body, config, wait_until
-from support.processes import fairserve_process
+from support.gateway import ADMIN, KEYS, admin_tenants, wait_until
 from support.redis_server import redis_server
+from support.state_replicas import HEAVY, LIGHT, LIMIT, counted_backends, drive, replica_config, stream
 
-from fairserve.api.server import free_port, running_server
+from fairserve.api.server import running_server
 from fairserve.gateway import build_config, create_app
 
 pytestmark = pytest.mark.integration
-
-LIMIT = 2  # per backend
-TOKENS = 8  # per request
-DELAY_S = 0.01  # per token
-
-
-class Counted:
-    """An ASGI app that counts its POSTs in flight, until the answer is complete: its last byte, or a stream's
-    `[DONE]` (what follows is the server closing the response, after the client was answered in full)."""
-
-    def __init__(self, app) -> None:
-        self.app, self.now, self.peak = app, 0, 0
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        self.now += 1
-        self.peak = max(self.peak, self.now)
-        open_ = [True]
-
-        async def counted_send(message):
-            if (
-                open_[0]
-                and message["type"] == "http.response.body"
-                and (not message.get("more_body") or b"[DONE]" in message.get("body", b""))
-            ):
-                open_[0] = False
-                self.now -= 1
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counted_send)
-        finally:
-            if open_[0]:
-                self.now -= 1
 
 
 @pytest.fixture(scope="module")
@@ -69,79 +32,8 @@ def redis():
 
 @pytest.fixture(scope="module")
 def backends():
-    apps = [Counted(FakeBackend(delay_s=DELAY_S).app) for _ in range(2)]
-    with contextlib.ExitStack() as stack:
-        yield apps, [stack.enter_context(running_server(a)) for a in apps]
-
-
-def replica_config(urls, state=None, ttl_s: float = 1.0):
-    return config(
-        [{"url": u, "max_inflight_requests": LIMIT} for u in urls],
-        state=state,
-        state_interval_s=0.01,
-        state_ttl_s=ttl_s,
-    )
-
-
-async def stream(c: httpx.AsyncClient, base: str, tenant: str, got: dict[str, list[tuple[float, int]]]) -> int:
-    """One streamed request of `tenant` through the gateway at `base`: its output tokens go to `got[tenant]` with
-    their arrival times. Returns the status."""
-    async with c.stream(
-        "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
-    ) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                doc = json.loads(line[6:])
-                n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
-                if n:
-                    got[tenant].append((time.monotonic(), n))
-        return r.status_code
-
-
-async def drive(
-    placement: dict[str, list[tuple[str, int]]],
-    seconds: float,
-    outcomes: list[str] | None = None,
-    during=None,
-    tokens: int | None = None,
-) -> dict[str, list[tuple[float, int]]]:
-    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], for `seconds`, until `during()` (run
-    meanwhile) returns, or until the tenants together received `tokens` output tokens, whichever is first (with
-    `tokens`, `seconds` is only a cap: AssertionError if it is reached first). Returns each tenant's output tokens
-    with their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
-    got: dict[str, list[tuple[float, int]]] = {t: [] for t in placement}
-    stop = [time.monotonic() + seconds]
-
-    def going() -> bool:
-        if tokens is not None and sum(n for xs in got.values() for _, n in xs) >= tokens:
-            return False
-        return time.monotonic() < stop[0]
-
-    async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
-        while going():
-            try:
-                status = await stream(c, base, tenant, got)
-                if outcomes is not None:
-                    outcomes.append("ok" if status == 200 else f"{tenant}: status {status}")
-            except httpx.HTTPError as e:
-                if outcomes is not None:
-                    outcomes.append(f"{tenant}: {type(e).__name__}")
-                return  # NOTE: its gateway is gone (the killed replica): this stream stops
-
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as c:
-        tasks = [
-            asyncio.create_task(worker(c, base, t))
-            for t, where in placement.items()
-            for base, n in where
-            for _ in range(n)
-        ]
-        if during is not None:
-            await during()
-            stop[0] = min(stop[0], time.monotonic())
-        await asyncio.gather(*tasks)
-    if tokens is not None:
-        assert sum(n for xs in got.values() for _, n in xs) >= tokens, f"{tokens} tokens not served in {seconds} s"
-    return got
+    with counted_backends() as pair:
+        yield pair
 
 
 def share(got, tenant: str, t0: float, t1: float) -> float:
@@ -156,7 +48,6 @@ def middle(got) -> tuple[float, float]:
     return lo + (hi - lo) * 0.25, lo + (hi - lo) * 0.75
 
 
-HEAVY, LIGHT = 8, 4  # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
 TARGET = 1200  # output tokens served in all: the run's end (an event, not a wall-clock window)
 
 
@@ -222,185 +113,6 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
         rows = [httpx.get(g + "/healthz").json()["shared_state"]["backends"] for g in (g1, g2)]
         assert [[x["limit_requests"] for x in r] for r in rows] == [[LIMIT, LIMIT]] * 2, rows
         assert all(sum(r[j]["lease_requests"] for r in rows) <= LIMIT for j in range(2)), rows
-
-
-def gateway_process(urls, state: str):
-    """A gateway replica in its own process (tests/processes.py), sharing `state`."""
-    return fairserve_process(
-        "gateway",
-        "--state",
-        state,
-        "--state-interval",
-        "0.01",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--admin-key",
-        ADMIN,
-        *(x for u in urls for x in ("--backend", f"{u},max_requests={LIMIT}")),
-        *(x for n, k in KEYS.items() for x in ("--tenant", f"{n}:{k}")),
-    )
-
-
-def test_unreachable_redis_at_start_is_one_line_and_exit_2(backends):
-    _, urls = backends
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fairserve",
-            "gateway",
-            "--listen",
-            f"127.0.0.1:{free_port()}",  # NOTE: not the default 8080, which a README recipe may hold meanwhile
-            "--state",
-            f"redis://127.0.0.1:{free_port()}/0",
-            "--backend",
-            urls[0],
-            "--tenant",
-            "alice:key-alice",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fairserve: error: cannot reach the shared state at redis://")
-
-
-def test_a_killed_replica_frees_its_capacity_and_the_others_keep_serving(redis, backends):
-    apps, urls = backends
-    state = f"{redis.url[:-1]}1"  # a database of its own
-    for a in apps:
-        a.peak = 0
-    with contextlib.ExitStack() as stack:
-        (g1, p1), (g2, _), (g3, _) = (stack.enter_context(gateway_process(urls, state)) for _ in range(3))
-        outcomes: list[str] = []
-
-        peaks_before: list[int] = []
-
-        async def kill_replica_1():
-            await asyncio.sleep(1.0)
-            p1.kill()  # no goodbye: its leases must expire (TTL 3 s)
-            async with httpx.AsyncClient() as c:
-                # NOTE: from the moment the live replicas' leases hold every slot, bob alone must fill both backends
-                for _ in range(100):
-                    docs = [(await c.get(g + "/healthz")).json()["backends"] for g in (g2, g3)]
-                    if [sum(x[j]["limit_requests"] for x in docs) for j in range(2)] == [LIMIT, LIMIT]:
-                        break
-                    await asyncio.sleep(0.05)
-            peaks_before.extend(a.peak for a in apps)
-            for a in apps:
-                a.peak = 0
-
-        placement = {"alice": [(g1, HEAVY)], "bob": [(g2, LIGHT), (g3, LIGHT)]}
-        asyncio.run(drive(placement, 6.0, outcomes, kill_replica_1))
-        bob_ok = [o for o in outcomes if o == "ok"]
-        assert len(bob_ok) > 20
-        # every bob request ended ok; the only failures are alice's streams cut by the kill, one per stream
-        failed = [o for o in outcomes if o != "ok"]
-        assert len(failed) <= HEAVY and all(o.startswith("alice: ") for o in failed), failed
-        # after the TTL the dead replica's leases no longer count: the two live ones hold each backend's whole limit
-        # (idle now: their spare), and bob got more than the half he had while alice was served
-        leases = [httpx.get(g + "/healthz").json()["backends"] for g in (g2, g3)]
-        assert [sum(x[j]["limit_requests"] for x in leases) for j in range(2)] == [LIMIT, LIMIT], leases
-        # NOTE: slots in use, not tokens per second: a rate would measure the machine's load as much as the leases
-        assert [a.peak for a in apps] == [LIMIT, LIMIT], "bob alone did not fill both backends in the last second"
-        assert max(peaks_before) <= LIMIT  # over the whole run, the hand-over included
-        # NOTE: the dead replica leaves the live set at its next expiry sweep: wait for it, within a bound
-        assert wait_until(
-            lambda: (lambda st: st["up"] and st["replicas"] == 2)(httpx.get(g2 + "/healthz").json()["shared_state"]),
-            timeout_s=5.0,
-        ), httpx.get(g2 + "/healthz").json()
-
-
-async def until(check, timeout_s: float, what: str) -> float:
-    """Wait for the async `check()` to hold, polling every 20 ms; the seconds it took (AssertionError past the
-    bound)."""
-    t0 = time.monotonic()
-    while not await check():
-        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s} s: {what}"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - t0
-
-
-def test_redis_stopped_and_restarted_mid_run(redis, backends):
-    apps, urls = backends
-    with contextlib.ExitStack() as stack:
-        gws = [stack.enter_context(running_server(create_app(replica_config(urls, redis.url)))) for _ in range(3)]
-        outcomes: list[str] = []
-        seen: dict[str, object] = {}
-
-        async def bounce_redis():
-            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN}"}) as c:
-
-                async def state(g: str) -> dict:
-                    return (await c.get(g + "/healthz")).json()["shared_state"]
-
-                async def tenants(g: str) -> dict[str, dict]:
-                    return {t["name"]: t for t in (await c.get(g + "/admin/tenants")).json()["tenants"]}
-
-                async def served(least: float) -> bool:
-                    """Alice backlogged on replica 1 and bob on replica 2, each charged `least` more there."""
-                    one, two = await tenants(gws[0]), await tenants(gws[1])
-                    now = one["alice"]["counter"], two["bob"]["counter"]
-                    seen.setdefault("from", now)
-                    return (
-                        one["alice"]["queue_length"] > 0
-                        and two["bob"]["queue_length"] > 0
-                        and min(b - a for a, b in zip(seen["from"], now, strict=True)) >= least
-                    )
-
-                async def all_degraded() -> bool:
-                    return all([(await state(g))["degraded"] for g in gws])
-
-                async def all_up_within_limit() -> bool:
-                    return all([(await state(g))["up"] for g in gws]) and all(a.now <= LIMIT for a in apps)
-
-                async def converged() -> bool:
-                    # NOTE: every replica read within one sync interval or so: their views are compared
-                    seen["counters"] = [
-                        {n: t["counter"] for n, t in rows.items()}
-                        for rows in await asyncio.gather(*(tenants(g) for g in gws))
-                    ]
-                    return close(seen["counters"])
-
-                await until(lambda: served(300), 10.0, "both tenants served, backlogged")
-                await asyncio.to_thread(redis.stop)
-                await until(all_degraded, 5.0, "every replica degraded")
-                del seen["from"]
-                await until(lambda: served(300), 10.0, "both tenants served while Redis is down")
-                seen["healthz"] = (await c.get(gws[0] + "/healthz")).json()
-                seen["metrics"] = (await c.get(gws[0] + "/metrics")).text
-                await asyncio.to_thread(redis.start)
-                # NOTE: while Redis was down each replica used max(1, 2 // 3) of a backend (up to 3 in flight, which
-                # may still run at the restart); once every replica is back no lease grows beyond what it has in
-                # flight (`hold_s`), so the limit holds again from when the overshoot has ended (test_shared_state
-                # checks the moment of the restart itself, step by step)
-                await until(all_up_within_limit, 5.0, "every replica up, the backends within their limit")
-                seen["converged_s"] = await until(converged, 5.0, "the counters converged")
-                # NOTE: from when the replicas have synced back (the first syncs after the restart re-establish the
-                # leases; a loaded machine once saw a backend at 3 there): a second more of load within the limit
-                for a in apps:
-                    a.peak = a.now
-                await asyncio.sleep(1.0)
-
-        def close(counters: list[dict[str, float]]) -> bool:
-            """Every replica sees both counters within the bound of docs/gateway.md (2U + what one replica's
-            unflushed charges add: here U = 5 + 2 x 8 = 21 per request, about 16 per 20 ms of service), and the
-            replicas agree on the global counters."""
-            alice = [x["alice"] for x in counters]
-            return all(abs(x["alice"] - x["bob"]) <= 80 for x in counters) and max(alice) - min(alice) <= 40
-
-        placement = {"alice": [(gws[0], HEAVY)], "bob": [(gws[1], LIGHT), (gws[2], LIGHT)]}
-        asyncio.run(drive(placement, 20.0, outcomes, bounce_redis))
-        print(f"counters converged {seen['converged_s']:.2f} s after every replica was back: {seen['counters']}")
-        assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)  # no request failed
-        assert max(a.peak for a in apps) <= LIMIT, [a.peak for a in apps]
-        assert seen["healthz"]["status"] == "ok" and seen["healthz"]["shared_state"]["degraded"]
-        assert "fairserve_gateway_shared_state_up 0.0" in seen["metrics"]
-        assert all(httpx.get(g + "/healthz").json()["shared_state"]["up"] for g in gws)
-        assert "fairserve_gateway_shared_state_up 1.0" in httpx.get(gws[0] + "/metrics").text
 
 
 DYNAMO = {"class-a/u0": "k-a0", "class-a/u1": "k-a1", "class-b/u0": "k-b0", "class-b/u1": "k-b1"}

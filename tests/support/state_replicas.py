@@ -1,6 +1,8 @@
-"""Replicas of the shared state as objects in one process, for the tests against a real redis-server
-(tests/test_shared_state*.py): a ledger, backends and a link to Redis, admitting with the gateway's own capacity
-check, and a clock the tests step."""
+"""Replicas of the shared state, for the tests against a real redis-server: as objects in one process
+(tests/test_shared_state*.py: a ledger, backends and a link to Redis, admitting with the gateway's own capacity check,
+and a clock the tests step), as the gateway's own schedulers stepped on the test's clock (`Stepped`,
+tests/test_replicas_clock.py), and as gateways through HTTP in front of fake backends that count what they hold in
+flight (`Counted`, `drive`: tests/test_replicas.py, tests/test_replicas_faults.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,14 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
+import httpx
+
+from fairserve.api.server import running_server
 from fairserve.core import Ledger, make_policy
 from fairserve.gateway.admission.footprint import Footprint
 from fairserve.gateway.admission.scheduler import Scheduler
@@ -19,6 +26,7 @@ from fairserve.gateway.dispatch.pools import Backend, claim
 from fairserve.gateway.metrics.prometheus import GatewayMetrics
 from fairserve.gateway.settings.backends import BackendConfig
 from fairserve.gateway.shared.state import SharedState, StateSettings
+from support.gateway import FakeBackend, auth, chat_body, config
 
 _prefixes = itertools.count()
 
@@ -273,3 +281,132 @@ class Stepped:
         finally:
             await self.stop()
         return self
+
+
+# ---- gateway replicas through HTTP --------------------------------------------------------------------------------
+LIMIT = 2  # requests in flight per backend, over all replicas
+TOKENS = 8  # output tokens per request
+DELAY_S = 0.01  # per token
+HEAVY, LIGHT = 8, 4  # streams: heavy alice on replica 1; light bob, this many on each of replicas 2 and 3
+
+
+class Counted:
+    """A fake backend's ASGI app that counts its POSTs in flight, until the answer is complete: its last byte, or a
+    stream's `[DONE]` (what follows is the server closing the response, after the client was answered in full);
+    `peak`, the most at once since the test last set it. `fake`: the backend (`fake.paused` stalls its streams)."""
+
+    def __init__(self, fake: FakeBackend) -> None:
+        self.fake, self.app, self.now, self.peak = fake, fake.app, 0, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        open_ = [True]
+
+        async def counted_send(message):
+            if (
+                open_[0]
+                and message["type"] == "http.response.body"
+                and (not message.get("more_body") or b"[DONE]" in message.get("body", b""))
+            ):
+                open_[0] = False
+                self.now -= 1
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted_send)
+        finally:
+            if open_[0]:
+                self.now -= 1
+
+
+@contextlib.contextmanager
+def counted_backends(n: int = 2) -> Iterator[tuple[list[Counted], list[str]]]:
+    """`n` fake backends (a token every `DELAY_S`), each `Counted`, served on loopback: (the apps, their URLs)."""
+    apps = [Counted(FakeBackend(delay_s=DELAY_S)) for _ in range(n)]
+    with contextlib.ExitStack() as stack:
+        yield apps, [stack.enter_context(running_server(a)) for a in apps]
+
+
+def replica_config(urls: list[str], state: str | None = None, ttl_s: float = 1.0):
+    """A gateway replica's config: `urls` at `LIMIT` each, sharing `state` (syncs every 10 ms)."""
+    return config(
+        [{"url": u, "max_inflight_requests": LIMIT} for u in urls],
+        state=state,
+        state_interval_s=0.01,
+        state_ttl_s=ttl_s,
+    )
+
+
+async def stream(c: httpx.AsyncClient, base: str, tenant: str, got: dict[str, list[tuple[float, int]]]) -> int:
+    """One streamed request of `tenant` (`TOKENS` output tokens) through the gateway at `base`: its output tokens go
+    to `got[tenant]` with their arrival times. Returns the status."""
+    async with c.stream(
+        "POST", base + "/v1/chat/completions", json=chat_body(TOKENS, stream=True), headers=auth(tenant)
+    ) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                doc = json.loads(line[6:])
+                n = sum(bool(ch["delta"].get("content")) for ch in doc["choices"])
+                if n:
+                    got[tenant].append((time.monotonic(), n))
+        return r.status_code
+
+
+async def drive(
+    placement: dict[str, list[tuple[str, int]]],
+    seconds: float,
+    outcomes: list[str] | None = None,
+    during: Callable[[], Awaitable[None]] | None = None,
+    tokens: int | None = None,
+) -> dict[str, list[tuple[float, int]]]:
+    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], for `seconds`, until `during()` (run
+    meanwhile) returns, or until the tenants together received `tokens` output tokens, whichever is first (with
+    `tokens`, `seconds` is only a cap: AssertionError if it is reached first). Returns each tenant's output tokens
+    with their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
+    got: dict[str, list[tuple[float, int]]] = {t: [] for t in placement}
+    stop = [time.monotonic() + seconds]
+
+    def going() -> bool:
+        if tokens is not None and sum(n for xs in got.values() for _, n in xs) >= tokens:
+            return False
+        return time.monotonic() < stop[0]
+
+    async def worker(c: httpx.AsyncClient, base: str, tenant: str) -> None:
+        while going():
+            try:
+                status = await stream(c, base, tenant, got)
+                if outcomes is not None:
+                    outcomes.append("ok" if status == 200 else f"{tenant}: status {status}")
+            except httpx.HTTPError as e:
+                if outcomes is not None:
+                    outcomes.append(f"{tenant}: {type(e).__name__}")
+                return  # NOTE: its gateway is gone (the killed replica): this stream stops
+
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as c:
+        tasks = [
+            asyncio.create_task(worker(c, base, t))
+            for t, where in placement.items()
+            for base, n in where
+            for _ in range(n)
+        ]
+        if during is not None:
+            await during()
+            stop[0] = min(stop[0], time.monotonic())
+        await asyncio.gather(*tasks)
+    if tokens is not None:
+        assert sum(n for xs in got.values() for _, n in xs) >= tokens, f"{tokens} tokens not served in {seconds} s"
+    return got
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
+    """Wait for the async `check()` to hold, polling every 20 ms; the seconds it took (AssertionError past the
+    bound, which is an upper bound on a condition that normally holds within milliseconds to a second: a loaded
+    machine only makes it slower)."""
+    t0 = time.monotonic()
+    while not await check():
+        assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s} s: {what}"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - t0
