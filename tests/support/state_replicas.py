@@ -362,10 +362,10 @@ async def drive(
     during: Callable[[], Awaitable[None]] | None = None,
     tokens: int | None = None,
 ) -> dict[str, list[tuple[float, int]]]:
-    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], for `seconds`, until `during()` (run
-    meanwhile) returns, or until the tenants together received `tokens` output tokens, whichever is first (with
-    `tokens`, `seconds` is only a cap: AssertionError if it is reached first). Returns each tenant's output tokens
-    with their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
+    """Closed-loop streams: `placement[tenant]` = [(gateway URL, streams)], until `during()` (run meanwhile, its
+    waits on conditions) returns, or until the tenants together received `tokens` output tokens; `seconds` is only a
+    cap on either, an upper bound (AssertionError if it is reached first). Returns each tenant's output tokens with
+    their arrival times; `outcomes` collects how each request ended (ok, or the error)."""
     got: dict[str, list[tuple[float, int]]] = {t: [] for t in placement}
     stop = [time.monotonic() + seconds]
 
@@ -392,10 +392,17 @@ async def drive(
             for base, n in where
             for _ in range(n)
         ]
-        if during is not None:
-            await during()
-            stop[0] = min(stop[0], time.monotonic())
-        await asyncio.gather(*tasks)
+        if during is None:
+            await asyncio.gather(*tasks)
+        else:
+            try:
+                async with asyncio.timeout(seconds):
+                    await during()
+            except TimeoutError:
+                raise AssertionError(f"during() not done in {seconds} s") from None
+            finally:
+                stop[0] = min(stop[0], time.monotonic())  # NOTE: also when during() failed: the streams end
+                await asyncio.gather(*tasks)
     if tokens is not None:
         assert sum(n for xs in got.values() for _, n in xs) >= tokens, f"{tokens} tokens not served in {seconds} s"
     return got
@@ -410,3 +417,25 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: st
         assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s} s: {what}"
         await asyncio.sleep(0.02)
     return time.monotonic() - t0
+
+
+def settled(metrics: str) -> dict[str, dict[str, float]]:
+    """What one replica settled per tenant, from its /metrics text: {tenant: {"ok": requests that ended ok,
+    "prompt": prompt tokens, "output": output tokens}} (its own requests only: these are not shared)."""
+    out: dict[str, dict[str, float]] = {}
+    names = {
+        "fairserve_gateway_prompt_tokens_total": "prompt",
+        "fairserve_gateway_output_tokens_total": "output",
+        "fairserve_gateway_requests_total": "ok",
+    }
+    for line in metrics.splitlines():
+        key, _, value = line.rpartition(" ")
+        name, _, labels = key.partition("{")
+        if name not in names or 'tenant="' not in labels:
+            continue
+        if name == "fairserve_gateway_requests_total" and 'outcome="ok"' not in labels:
+            continue
+        tenant = labels.split('tenant="', 1)[1].split('"', 1)[0]
+        row = out.setdefault(tenant, {"ok": 0.0, "prompt": 0.0, "output": 0.0})
+        row[names[name]] += float(value)
+    return out
