@@ -71,7 +71,8 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         # nothing lost: every request ended ok, and nothing is left queued or in flight on any replica
         assert outcomes and all(o == "ok" for o in outcomes), set(outcomes)
         assert wait_until(
-            lambda: all(t["queue_length"] == 0 and t["in_flight"] == 0 for g in gws for t in admin_tenants(g).values())
+            lambda: all(t["queue_length"] == 0 and t["in_flight"] == 0 for g in gws for t in admin_tenants(g).values()),
+            30.0,
         ), [admin_tenants(g) for g in gws]
 
         # the counters are shared: alice, served only through replica 1, is charged on every replica, and once the
@@ -79,7 +80,7 @@ def test_three_replicas_share_counters_and_backend_limits(redis, backends):
         def views() -> list[dict[str, tuple[float, float]]]:
             return [{n: (t["counter"], t["service"]) for n, t in admin_tenants(g).items()} for g in gws]
 
-        assert wait_until(lambda: (lambda v: v[0] == v[1] == v[2])(views())), views()
+        assert wait_until(lambda: (lambda v: v[0] == v[1] == v[2])(views()), 30.0), views()
         (one, *_), peaks = views(), [a.peak for a in apps]
     assert one["alice"][1] > 0 and one["bob"][1] > 0, one
     # the limit holds over all replicas together (without shared state each replica would take the whole of it)
@@ -102,13 +103,8 @@ def test_admin_weight_on_one_replica_holds_on_all(redis, backends):
             g1 + "/admin/tenants/bob/weight", json={"weight": 3.0}, headers={"Authorization": f"Bearer {ADMIN}"}
         )
         assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 1.0
-        while True:
-            doc = httpx.get(g2 + "/admin/tenants", headers={"Authorization": f"Bearer {ADMIN}"}).json()
-            if {t["name"]: t["weight"] for t in doc["tenants"]}["bob"] == 3.0:
-                break
-            assert time.monotonic() < deadline, "the weight did not reach the other replica within 1 s"
-            time.sleep(0.02)
+        # NOTE: within two sync intervals (20 ms) normally; 30 s is only an upper bound, for a loaded machine
+        assert wait_until(lambda: admin_tenants(g2)["bob"]["weight"] == 3.0, 30.0), admin_tenants(g2)
         # /healthz under --state: each backend's limit over all replicas, and this replica's lease of it
         rows = [httpx.get(g + "/healthz").json()["shared_state"]["backends"] for g in (g1, g2)]
         assert [[x["limit_requests"] for x in r] for r in rows] == [[LIMIT, LIMIT]] * 2, rows
@@ -153,7 +149,7 @@ def test_dynamo_case_skewed_ingress_keeps_class_weights_4_to_1(redis, backends):
                 tree = httpx.get(r2 + "/admin/tree", headers=admin).json()["tree"]
                 return next(n["weight"] for n in tree if n["path"] == "class-b")
 
-            assert wait_until(lambda: weight_there() == 2, 10.0)
+            assert wait_until(lambda: weight_there() == 2, 30.0)
     finally:
         KEYS.clear()
         KEYS.update(keys)
@@ -204,7 +200,8 @@ def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_e
     def tokens(tenant: str, since: float = 0.0) -> int:
         return sum(n for at, n in got[tenant] if at >= since)
 
-    async def until(check, timeout_s: float) -> None:
+    async def until(check, timeout_s: float = 30.0) -> None:
+        """Wait for `check()`: an upper bound on what takes a second or two on a quiet machine."""
         deadline = time.monotonic() + timeout_s
         while not check():
             assert time.monotonic() < deadline, "condition not met in time"
@@ -223,13 +220,13 @@ def test_a_group_idle_on_every_replica_comes_back_lifted_to_its_sibling_served_e
                 return node(tree, "org/g")["counter"], node(tree, "org/h")["counter"]
 
             tasks = [asyncio.create_task(worker(r2, h)) for _ in range(STREAMS)]
-            await until(lambda: tokens(h) >= 600, 30.0)  # org/h alone: its counter far above idle org/g's
+            await until(lambda: tokens(h) >= 600)  # org/h alone: its counter far above idle org/g's
             g_before, h_before = await counters(r1)
             t0 = time.monotonic()  # org/g's streams start: both backlogged from here
             tasks += [asyncio.create_task(worker(r1, g)) for _ in range(STREAMS)]
-            await until(lambda: tokens(g, t0) > 0, 10.0)
+            await until(lambda: tokens(g, t0) > 0)
             g_back, _ = await counters(r1)
-            await until(lambda: tokens(g, t0) + tokens(h, t0) >= 800, 30.0)
+            await until(lambda: tokens(g, t0) + tokens(h, t0) >= 800)
             stop.set()
             await asyncio.gather(*tasks)
         return g_before, h_before, g_back, tokens(g, t0) / (tokens(g, t0) + tokens(h, t0))
