@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -150,6 +151,39 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--drain", action="store_true", help="run until every request is done, not to the duration")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", metavar="OUT", help="write the summary and every request record as JSON")
+    add_fleet_flags(s)
+
+
+def add_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The fleet's flags (docs/fleet.md), which `simulate` and `sweep` share."""
+    f = p.add_argument_group("a fleet of engines behind the gateway's dispatch (docs/fleet.md)")
+    f.add_argument(
+        "--engines", type=positive(int, "a whole number"), metavar="N", help="N engines behind one dispatcher"
+    )
+    f.add_argument(
+        "--dispatch",
+        metavar="RULE",
+        help="least_loaded (default: any engine, the least-loaded with room) or shard:K (each tenant a hand of K)",
+    )
+    f.add_argument("--autoscale", metavar="MIN:MAX", help="scale the fleet between MIN and MAX engines")
+    f.add_argument(
+        "--scale-wait",
+        type=positive(float, "a number"),
+        metavar="S",
+        help="ask for an engine when the oldest queued request has waited S seconds (default: 10)",
+    )
+    f.add_argument(
+        "--scale-delay",
+        type=positive(float, "a number", zero=True),
+        metavar="S",
+        help="a new engine's start-up (default: 60)",
+    )
+    f.add_argument(
+        "--scale-idle",
+        type=positive(float, "a number", zero=True),
+        metavar="S",
+        help="let an engine go after S seconds idle (default: 60)",
+    )
 
 
 def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
@@ -276,7 +310,12 @@ def options_from(args: argparse.Namespace, policy: str, **overrides: Any) -> Sim
         "w_cached": args.w_cached,
         "seed": args.seed,
         "drain": args.drain,
+        "engines": args.engines,
+        "dispatch": args.dispatch or "least_loaded",
+        "autoscale": args.autoscale,
     }
+    scaling = {"scale_wait_s": args.scale_wait, "scale_delay_s": args.scale_delay, "scale_idle_s": args.scale_idle}
+    values |= {k: v for k, v in scaling.items() if v is not None}
     return SimOptions(**(values | overrides)).check()
 
 
@@ -315,6 +354,8 @@ def format_summary(result: SimResult, s: Summary, window_s: float = 60.0) -> str
         f"simulated {s.duration_s:.0f} s)"
     )
     table = summary_table(s, title, window_s)
+    if result.fleet is not None:
+        table += "\n" + format_fleet(result.fleet)
     if result.cached_tokens is None:
         return table
     rates = hit_rates(result.records, result.cached_tokens)
@@ -323,6 +364,27 @@ def format_summary(result: SimResult, s: Summary, window_s: float = 60.0) -> str
     clients = sorted({r.client for r in result.records})
     lines += [f"  {c:<20} {rates[c]:6.1%}" if c in rates else f"  {c:<20} (nothing admitted)" for c in clients]
     return table + "\n" + "\n".join(lines)
+
+
+def format_fleet(fleet: Any) -> str:
+    """The fleet's engines: when each was up, how busy, what it served; and the cost in engine-seconds."""
+    lines = [
+        f"fleet: {len(fleet.engines)} engines, dispatch {fleet.dispatch}, {fleet.engine_seconds:,.0f} engine-seconds",
+        f"  {'engine':<10} {'up (s)':>15} {'busy (s)':>9} {'requests':>9} {'service':>12}",
+    ]
+    for e in fleet.engines:
+        up = f"{e.started_s:.0f}-{'' if e.stopped_s is None else f'{e.stopped_s:.0f}'}"
+        lines.append(f"  {e.name:<10} {up:>15} {e.busy_s:9.0f} {e.requests:9,} {e.service:12,.0f}")
+    return "\n".join(lines)
+
+
+def fleet_json(fleet: Any) -> dict[str, Any]:
+    return {
+        "dispatch": fleet.dispatch,
+        "engine_seconds": fleet.engine_seconds,
+        "engines": [dataclasses.asdict(e) for e in fleet.engines],
+        "engines_over_time": [{"t": t, "engines": n} for t, n in fleet.counts],
+    }
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
@@ -340,6 +402,8 @@ def write_json(path: Path, result: SimResult, summary: Summary) -> None:
         },
         "requests": [r.to_dict() for r in result.records],
     }
+    if result.fleet is not None:
+        doc["summary"]["fleet"] = fleet_json(result.fleet)
     if result.cached_tokens is not None:
         doc["summary"]["prefix_cache"] = {
             "block_tokens": result.config.block_tokens,

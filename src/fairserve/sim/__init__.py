@@ -99,6 +99,9 @@ def simulate(
         weights=weights if weights is not None else workload.weights,
         priorities=priorities if priorities is not None else workload.priorities,
     )
-    engine = SimEngine(ledger, model, config)
     horizon = None if options.drain else (options.until_s if options.until_s is not None else workload.duration_s)
-    return engine.run(workload.arrivals, until_s=horizon)
+    if options.fleet:
+        from .fleet import Fleet
+
+        return Fleet(ledger, model, config, *options.fleet_parts()).run(workload.arrivals, until_s=horizon)
+    return SimEngine(ledger, model, config).run(workload.arrivals, until_s=horizon)

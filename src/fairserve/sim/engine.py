@@ -73,6 +73,7 @@ class SimEngine:
         self._next_try = 0  # no admission can succeed before this step (until the next event)
         self._refused: Request | None = None  # the policy's next request, which did not fit at the last try
         self.just_finished: list[SimRequest] = []  # requests that finished in the last `advance()` / `advance_to()`
+        self._to_finish = False  # `advance_to(..., to_finish=True)`: the router loop returns after a finish
 
     def _use(self, rule: ChargeAtEnd) -> None:
         """Charge by `rule` from now on, with the forecast it names."""
@@ -155,16 +156,24 @@ class SimEngine:
         self.just_finished.clear()
         return self._advance(0)
 
-    def advance_to(self, t: float) -> None:
+    def advance_to(self, t: float, to_finish: bool = False) -> None:
         """Every iteration of the router loop that starts before `t` seconds: afterwards `now` >= t (past it by less
         than the last step), or the engine is idle and `now` = t (where it is, for an infinite t). `just_finished`
-        holds the requests that finished."""
+        holds the requests that finished. `to_finish`: stop also after the first iteration in which a request
+        finished (a fleet's dispatcher then fills the room it left: sim/fleet.py)."""
+        if not self.advance_until(at_or_after(t), to_finish):
+            self.clock.idle_until(t)
+
+    def advance_until(self, until: int, to_finish: bool = False) -> bool:
+        """`advance_to` a tick; False if the engine went idle first (its clock then stays where the work ended)."""
         self.just_finished.clear()
-        until = at_or_after(t)
+        self._to_finish = to_finish
         while self.clock.t < until:
             if not self._advance(until):
-                self.clock.idle_until(t)
+                return False
+            if to_finish and self.just_finished:
                 break
+        return True
 
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""
@@ -224,7 +233,7 @@ class SimEngine:
                 self._try(until)
             else:
                 self._decode(until)
-            if clock.t >= until or self.observer:
+            if clock.t >= until or self.observer or self._to_finish and self.just_finished:
                 return True
 
     def _try(self, until: int) -> None:

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.cost import make_cost
 from ..core.policy import Policy
 from ..core.registry import PolicySpec, parse_spec
+from .autoscale import Scaling, parse_autoscale
 from .prefix_cache import DEFAULT_BLOCK_TOKENS
 from .requests import Mode
+
+if TYPE_CHECKING:
+    from ..gateway.dispatch.placement import Placement
 
 MODES = ("reserve", "paged")
 
@@ -33,6 +37,18 @@ class SimOptions:
     seed: int = 0  # the policy's random draws (`vtc-predict:oracle±X`)
     drain: bool = False  # run until every request is done, not to the workload's duration
     until_s: float | None = None  # stop here instead of at the workload's duration (unless `drain`)
+    # a fleet (sim/fleet.py): this many engines behind the gateway's dispatch; None: one engine, no dispatcher
+    engines: int | None = None
+    dispatch: str = "least_loaded"  # the fleet's dispatch rule: least_loaded or shard:K (gateway/dispatch/placement.py)
+    autoscale: str | None = None  # "MIN:MAX": the fleet scales between them (sim/autoscale.py)
+    scale_wait_s: float = 10.0  # ask for an engine when the oldest queued request has waited this long
+    scale_delay_s: float = 60.0  # a new engine takes requests this long after it is asked for
+    scale_idle_s: float = 60.0  # let an engine go after this long with nothing in flight
+
+    @property
+    def fleet(self) -> bool:
+        """A fleet behind a dispatcher, rather than the one engine."""
+        return self.engines is not None or self.autoscale is not None
 
     @cached_property
     def spec(self) -> PolicySpec | None:
@@ -56,11 +72,36 @@ class SimOptions:
                 f"policy {self.policy!r}: the prefix cache does not combine with {', '.join(spec.options)}="
             )
         make_cost(self.cost, self.w_p, self.w_q, self.w_cached)
+        if self.fleet:
+            self.fleet_parts()
+        elif self.dispatch != "least_loaded":
+            raise ValueError("--dispatch places requests on a fleet: give --engines N or --autoscale MIN:MAX")
         if isinstance(self.latency, str):
             from .latency import get_latency_model
 
             get_latency_model(self.latency)
         return self
+
+    def fleet_parts(self) -> tuple[int, Placement, Scaling | None]:
+        """The fleet's engines at start, its dispatch rule and its scaling, checked (ValueError, one line)."""
+        from ..gateway.dispatch.placement import parse_placement  # NOTE: here: the gateway's package loads pydantic
+
+        spec = self.spec
+        if spec is not None and spec.options:
+            raise ValueError(
+                f"policy {self.policy!r}: {', '.join(spec.options)}= act inside one engine; a fleet's engines run what "
+                "the dispatcher sends them in arrival order (drop --engines, or the option)"
+            )
+        if spec is not None and spec.entry.capabilities.uses_prefix_cache:
+            raise ValueError(f"policy {self.policy!r} orders by an engine's prefix cache: it does not run a fleet")
+        if self.engines is not None and self.engines < 1:
+            raise ValueError(f"--engines must be >= 1, got {self.engines}")
+        scaling = None
+        if self.autoscale is not None:
+            low, high = parse_autoscale(self.autoscale)
+            scaling = Scaling(low, high, self.scale_wait_s, self.scale_delay_s, self.scale_idle_s)
+        start = self.engines if self.engines is not None else scaling.low if scaling else 1
+        return start, parse_placement(self.dispatch), scaling
 
     def to_dict(self) -> dict[str, Any]:
         """The options as plain values (a built policy, latency model or cost function by its name)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from operator import attrgetter
-from typing import Literal
+from typing import Any, Literal
 
 from ..core.ledger import Ledger
 from ..core.request import Request, RequestState
@@ -125,6 +125,7 @@ class SimResult:
     config: EngineConfig
     fair_preemptions: int = 0  # of `preemptions`, those for fairness (EngineConfig.preempt_delta)
     cached_tokens: list[int] | None = None  # prefix cache: per record, its prompt tokens served from the cache
+    fleet: Any = None  # `--engines`: the fleet's `FleetReport` (sim/fleet.py): its engines, their cost
 
 
 def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str | None:
