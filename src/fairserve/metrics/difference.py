@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .curves import ServiceCurve
+from .curves import Curves, covered, group_starts, ranges, run_arrays
 
 
 def backlogged_difference(
@@ -67,7 +67,7 @@ class BackloggedDifference:
 
 
 def largest_backlogged_difference(
-    curves: dict[str, ServiceCurve],
+    curves: Curves,
     runs: dict[str, np.ndarray],
     weights: dict[str, float] | None = None,
     work_limit: float | None = None,
@@ -91,66 +91,18 @@ def largest_backlogged_difference(
     bracket, exact=False.
     """
     weights = weights or {}
-    names = [c for c in curves if len(runs.get(c, ())) > 0]
-    if len(names) < 2:
+    client, start, end = run_arrays(curves, runs)  # clients are indices into curves.names from here on
+    if len(client) == 0 or client[0] == client[-1]:  # sorted: fewer than two clients have runs
         return BackloggedDifference(0.0, None, 0.0, True)
-    n_t = len(curves[names[0]].times)
-    wt = np.array([weights.get(c, 1.0) for c in names])
-    client = np.concatenate([np.full(len(runs[c]), i) for i, c in enumerate(names)])
-    start = np.concatenate([runs[c][:, 0] for c in names])
-    end = np.concatenate([runs[c][:, 1] for c in names])
-    # the reference ρ: service of backlogged clients per unit of their weight, accumulated on the grid
-    points, values, bends, bent_parts = [], [], [], []
-    busy_service, busy_weight = np.zeros(n_t + 1), np.zeros(n_t + 1)
-    for i, c in enumerate(names):
-        rs, curve = runs[c], curves[c]
-        lo, hi = curve.changes
-        spans = [np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
-        ch = np.unique(np.concatenate(spans)) if spans else np.zeros(0)
-        ch = ch.astype(np.int64)
-        ch = ch[(ch >= 1) & (ch < n_t)]
-        pts = np.unique(np.concatenate((ch, ch - 1, rs.ravel())))
-        v = curve.at(pts) / wt[i]
-        points.append(pts)
-        values.append(v)
-        if curve.bends is None:
-            bends.append(pts)
-            bent_parts.append(v)
-        else:
-            b_pts = np.unique(np.concatenate((curve.bends, rs.ravel())))
-            b_pts = b_pts[(b_pts >= 0) & (b_pts < n_t)]
-            bends.append(b_pts)
-            bent_parts.append(curve.at(b_pts) / wt[i])
-        j = np.searchsorted(rs[:, 0], ch, side="right") - 1
-        busy = (j >= 0) & (rs[np.maximum(j, 0), 1] >= ch)
-        k = np.searchsorted(pts, ch)
-        np.add.at(busy_service, ch[busy], (v[k] - v[k - 1])[busy] * wt[i])
-        np.add.at(busy_weight, rs[:, 0], wt[i])
-        np.add.at(busy_weight, rs[:, 1] + 1, -wt[i])
-    busy_weight = np.cumsum(busy_weight)[:n_t]
-    rho = np.cumsum(np.where(busy_weight > 0, busy_service[:n_t] / np.where(busy_weight > 0, busy_weight, 1), 0))
-    gain_all, rise, fall = np.empty(len(start)), np.empty(len(start)), np.empty(len(start))
-    at, scale = 0, float(np.abs(rho).max(initial=0.0))
-    for i, c in enumerate(names):
-        pts, v = points[i], values[i]
-        u = v - rho[pts]
-        scale = max(scale, float(np.abs(v).max(initial=0.0)))
-        for s, e in runs[c].tolist():
-            a, b = np.searchsorted(pts, s), np.searchsorted(pts, e, side="right")
-            w = u[a:b]
-            rise[at] = np.max(w - np.minimum.accumulate(w))
-            fall[at] = np.max(np.maximum.accumulate(w) - w)
-            gain_all[at] = v[b - 1] - v[a] if curves[c].monotone else np.inf
-            at += 1
-    keys = np.concatenate([i * (n_t + 1) + pts for i, pts in enumerate(bends)])
-    bent = np.concatenate(bent_parts)
-    slack = 1e-8 * (scale + 1.0)  # NOTE: float rounding of the bounds, far above their few ulps
+    n_t = len(curves.times)
+    setup = _Bounds(curves, client, start, end, np.array([weights.get(c, 1.0) for c in curves.names]))
+    wt, rise, fall, keys, bent, slack = setup.wt, setup.rise, setup.fall, setup.keys, setup.bent, setup.slack
     # the largest fall of a run of another client: the top fall, or the runner-up from a different client
     order_fall = np.argsort(-fall, kind="stable")
     top = order_fall[0]
     other = next((r for r in order_fall if client[r] != client[top]), top)
     fall_else = np.where(client == client[top], fall[other], fall[top])
-    ub = np.minimum(gain_all, rise + fall_else)
+    ub = np.minimum(setup.gain_all, rise + fall_else)
     by_start = np.argsort(start, kind="stable")
     sorted_start = start[by_start]
     if work_limit is None:
@@ -170,7 +122,7 @@ def largest_backlogged_difference(
         keep = hi > lo
         cand, lo, hi = cand[keep], lo[keep], hi[keep]
         work += n_cand / 16 + len(cand)
-        ends = curves[names[f]].at(np.concatenate((lo, hi))) / wt[f]
+        ends = curves.at(f, np.concatenate((lo, hi))) / wt[f]
         bound = np.minimum(ends[len(lo) :] - ends[: len(lo)], rise[r] + fall[cand])
         maybe = bound + slack >= best
         if not maybe.any():
@@ -185,29 +137,94 @@ def largest_backlogged_difference(
             a, b, g = int(lo[p]), int(hi[p]), int(client[cand[p]])
             # exactly, on every grid point of the stretch, as `backlogged_difference` reads it
             if mine is None:
-                mine = curves[names[f]].at(np.arange(s, e + 1)) / wt[f]
+                mine = curves.at(f, np.arange(s, e + 1)) / wt[f]
                 work += e - s + 1
-            d = mine[a - s : b - s + 1] - curves[names[g]].at(np.arange(a, b + 1)) / wt[g]
+            d = mine[a - s : b - s + 1] - curves.at(g, np.arange(a, b + 1)) / wt[g]
             gain = float(np.max(d - np.minimum.accumulate(d)))
             work += b - a + 1
-            a_name, b_name = sorted((names[f], names[g]))
+            a_name, b_name = sorted((curves.names[f], curves.names[g]))
             key = (a_name, b_name)
             if gain > best or (gain == best and pair is not None and key < pair):
                 best, pair = gain, key
     return BackloggedDifference(best, pair, best, True)
 
 
+class _Bounds:
+    """The search's set-up, all runs at once: per run, gain_all = Δu_f(r) (inf where the curve may fall), rise and
+    fall (of u - ρ); the curves per unit weight where they bend (`keys` = client * (n_t + 1) + grid point, sorted,
+    and `bent`, their values); and `slack`, what float rounding may take from a bound."""
+
+    def __init__(self, curves: Curves, client: np.ndarray, start: np.ndarray, end: np.ndarray, wt: np.ndarray) -> None:
+        n_t, span = len(curves.times), len(curves.times) + 1
+        self.wt = wt
+        first_key, last_key = client * span + start, client * span + end
+        has_runs = np.zeros(len(curves.names), dtype=bool)
+        has_runs[client] = True
+        req = has_runs[curves.client]
+        who, lo, hi = curves.client[req], curves.first_at[req], np.minimum(curves.done_at[req], n_t - 1)
+        # the points read: where a curve may change (ch: from a request's first token to after its latest, within
+        # [1, n_t)), the points before those, and the runs' ends; intervals [max(lo, 1) - 1, hi] merged per client
+        lo = np.maximum(lo, 1)
+        some = lo <= hi
+        pts = covered(
+            np.concatenate((who[some] * span + lo[some] - 1, first_key, last_key)),
+            np.concatenate((who[some] * span + hi[some], first_key, last_key)),
+        )
+        at, grid = pts // span, pts % span
+        raw = curves.at(at, grid)
+        v = raw / wt[at]
+        # the reference ρ: service of backlogged clients per unit of their weight, accumulated on the grid; a
+        # client's service between its consecutive points is counted where it was backlogged
+        same = np.flatnonzero(at[1:] == at[:-1]) + 1
+        j = np.searchsorted(first_key, pts[same], side="right") - 1
+        busy = same[(j >= 0) & (last_key[np.maximum(j, 0)] >= pts[same])]
+        busy_service = np.bincount(grid[busy], weights=raw[busy] - raw[busy - 1], minlength=n_t)
+        w_run = wt[client]
+        busy_weight = np.cumsum(
+            np.bincount(start, weights=w_run, minlength=n_t + 1)
+            - np.bincount(end + 1, weights=w_run, minlength=n_t + 1)
+        )[:n_t]
+        some_weight = busy_weight > 0
+        rho = np.cumsum(np.where(some_weight, busy_service / np.where(some_weight, busy_weight, 1), 0))
+        # per run: its points (its ends among them), u - ρ there, its largest rise and fall
+        a, b = np.searchsorted(pts, first_key), np.searchsorted(pts, last_key, side="right")
+        inside = ranges(a, b)
+        heads = np.cumsum(b - a) - (b - a)
+        seg = np.repeat(np.arange(len(a)), b - a)
+        u = v[inside] - rho[grid[inside]]
+        self.rise, self.fall = _rise_by_segment(u, seg, heads), _rise_by_segment(-u, seg, heads)
+        self.gain_all = np.where(curves.monotone[client], v[b - 1] - v[a], np.inf)
+        scale = max(float(np.abs(rho).max(initial=0.0)), float(np.abs(v).max(initial=0.0)))
+        self.slack = 1e-8 * (scale + 1.0)  # NOTE: float rounding of the bounds, far above their few ulps
+        if not curves.linear:
+            self.keys, self.bent = pts, v
+            return
+        # linear cost: the points where a sampled curve may bend (it is linear in between), and the runs' ends
+        i1, i2 = curves.first_at[req], curves.last_at[req]
+        bends = np.concatenate((i1 - 1, i1, i2 - 1, i2))
+        inside_grid = (bends >= 0) & (bends < n_t)
+        keys = np.sort(np.concatenate((np.tile(who, 4)[inside_grid] * span + bends[inside_grid], first_key, last_key)))
+        self.keys = keys[group_starts(keys)]
+        self.bent = curves.at(self.keys // span, self.keys % span) / wt[self.keys // span]
+
+
+def _rise_by_segment(x: np.ndarray, seg: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """For consecutive segments of `x` (`seg`: each position's segment, 0, 1, ...; `heads`: where each begins, none
+    empty): max over i <= j in the segment of x[j] - x[i]. Each segment is shifted below all the ones before it, so
+    one running minimum serves them all; the shift rounds x to the spacing of its size, added back to the result so
+    that it stays an upper bound."""
+    if len(heads) == 0:
+        return np.zeros(0)
+    shift = 4.0 * (float(np.abs(x).max(initial=0.0)) + 1.0)
+    shifted = x - shift * seg
+    rise = shifted - np.minimum.accumulate(shifted)
+    return np.maximum.reduceat(rise, heads) + 2 * np.spacing(shift * len(heads))
+
+
 @dataclass(frozen=True)
 class _Gains:
     gain: np.ndarray
     work: int
-
-
-def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """concatenate(arange(a, b) for a, b in zip(starts, stops)), vectorized."""
-    lens = stops - starts
-    ends = np.cumsum(lens)
-    return np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - lens - starts, lens)
 
 
 def _gains_where_bent(
@@ -224,18 +241,13 @@ def _gains_where_bent(
     for who in (np.full(len(partners), f), partners):
         a = np.searchsorted(keys, who * span + lo)
         b = np.searchsorted(keys, who * span + hi, side="right")
-        at = _ranges(a, b)
+        at = ranges(a, b)
         parts.append(np.column_stack((np.repeat(seg, b - a), keys[at] - np.repeat(who * span, b - a))))
     both = np.concatenate(parts)
     both = both[np.argsort(both[:, 0] * span + both[:, 1], kind="stable")]
     s, x = both[:, 0], both[:, 1]
     d = _interpolate(keys, values, f * span + x) - _interpolate(keys, values, partners[s] * span + x)
-    # segmented running minimum: each segment shifted below all the ones before it
-    shift = 4.0 * (float(np.abs(d).max(initial=0.0)) + 1.0)
-    shifted = d - shift * s
-    rise = shifted - np.minimum.accumulate(shifted)
-    first = np.searchsorted(s, seg)
-    return _Gains(np.maximum.reduceat(rise, first) if len(first) else np.zeros(0), len(d))
+    return _Gains(_rise_by_segment(d, s, np.searchsorted(s, seg)), len(d))
 
 
 def _interpolate(keys: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from ..core.account import SEP, parents
 from ..core.cost import CostFunction, LinearCost
 from ..core.fairness import jain_index
 from ..records import RequestRecord
-from .curves import ServiceCurve, backlog_runs, by_client, prepare_curves, time_grid
+from .curves import Curves, backlog_runs, by_client, covered, group_starts, prepare_curves, run_arrays, time_grid
 from .difference import largest_backlogged_difference
 
 
@@ -143,68 +143,68 @@ def windowed_jain(
 
 
 def backlogged_jain(
-    curves: dict[str, ServiceCurve],
+    curves: Curves,
     runs: dict[str, np.ndarray],
     times: np.ndarray,
     window_s: float = 60.0,
     weights: dict[str, float] | None = None,
 ) -> np.ndarray:
-    """`windowed_jain` without the clients x times arrays. A client counts in a window when its runs cover 90% of
-    the window's grid points: whole windows inside a run are counted with a difference array, the few windows a
-    run only touches one by one. Service is read only in windows where a client's curve changes (from its first
-    token to its latest), elsewhere it adds 0 to both sums. O(events log events)."""
-    weights = weights or {}
+    """`windowed_jain` without the clients x times arrays, all clients at once in time O(events log events). A
+    client counts in a window when its runs cover 90% of the window's grid points (`_counted`). Service is read
+    only in windows where a client's curve changes (from its first token to its latest), elsewhere it adds 0 to
+    both sums."""
     k = _window_size(times, window_s)
     n_windows = len(range(0, len(times) - k, k))
     if n_windows == 0:
         return np.array([])
-    inside = np.zeros(n_windows + 1, dtype=np.int64)  # difference array: clients backlogged all window long
-    touched: dict[int, int] = {}  # window -> clients backlogged >= 90% of it, partly
-    at_w, xs = [], []
-    for c, curve in curves.items():
-        rs = runs[c]
-        full_lo = np.minimum(-(-rs[:, 0] // k), n_windows)
-        full_hi = np.minimum((rs[:, 1] - k) // k, n_windows - 1)
-        full = full_lo <= full_hi
-        np.add.at(inside, full_lo[full], 1)
-        np.add.at(inside, full_hi[full] + 1, -1)
-        partial: dict[int, int] = {}
-        for s, e, flo, fhi, f in zip(
-            rs[:, 0].tolist(), rs[:, 1].tolist(), full_lo.tolist(), full_hi.tolist(), full.tolist(), strict=False
-        ):
-            for w in range(max(0, -(-(s - k) // k)), min(n_windows - 1, e // k) + 1):
-                if not (f and flo <= w <= fhi):
-                    partial[w] = partial.get(w, 0) + min(e, w * k + k) - max(s, w * k) + 1
-        counted = {w for w, n in partial.items() if n / (k + 1) >= 0.9}
-        for w in counted:
-            touched[w] = touched.get(w, 0) + 1
-        first, last = curve.changes
-        lo = np.maximum(np.maximum(first, 1) - 1, 0) // k
-        hi = np.minimum((np.maximum(last, 1) - 1) // k, n_windows - 1)
-        spans = [np.arange(a, b + 1) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
-        ws = np.unique(np.concatenate(spans)) if spans else np.zeros(0)
-        ws = ws.astype(np.int64)
-        if len(ws) == 0:
-            continue
-        if len(rs) == 0:
-            continue
-        j = np.searchsorted(rs[:, 0], ws * k, side="right") - 1
-        whole = (j >= 0) & (rs[np.maximum(j, 0), 1] >= ws * k + k)
-        ws = ws[whole | np.isin(ws, list(counted))]
-        v = curve.at(np.concatenate((ws * k + k, ws * k)))
-        at_w.append(ws)
-        x = v[: len(ws)] - v[len(ws) :]
-        # NOTE: a curve's ramp formula leaves float noise (~1e-16 of its size) where no service happened: not service
-        x[np.abs(x) <= 1e-9 * np.abs(v[: len(ws)])] = 0.0
-        xs.append(x / weights.get(c, 1.0))
-    n = np.cumsum(inside[:-1])
-    for w, m in touched.items():
-        n[w] += m
-    at_w_all = np.concatenate(at_w) if at_w else np.zeros(0, dtype=np.int64)
-    x = np.concatenate(xs) if xs else np.zeros(0)
-    total = np.bincount(at_w_all, weights=x, minlength=n_windows)
-    total_sq = np.bincount(at_w_all, weights=x * x, minlength=n_windows)
+    client, s, e = run_arrays(curves, runs)
+    if len(s) == 0:  # no client was ever backlogged
+        return np.full(n_windows, np.nan)
+    n, counted = _counted(client, s, e, k, n_windows)
+    # windows where a client's curve may change, merged per client: client * n_windows + window
+    lo = (np.maximum(curves.first_at, 1) - 1) // k
+    hi = np.minimum((np.maximum(curves.done_at, 1) - 1) // k, n_windows - 1)
+    some = lo <= hi
+    key = covered(curves.client[some] * n_windows + lo[some], curves.client[some] * n_windows + hi[some])
+    c, w = key // n_windows, key % n_windows
+    # ... those where it counts: backlogged all window long (in the last run that starts by the window's start), or
+    # counted among the windows its runs cover partly
+    span = len(times) + 1
+    j = np.maximum(np.searchsorted(client * span + s, c * span + w * k, side="right") - 1, 0)
+    whole = (client[j] == c) & (s[j] <= w * k) & (e[j] >= w * k + k)
+    keep = whole | (np.append(counted, -1)[np.searchsorted(counted, key)] == key)
+    c, w = c[keep], w[keep]
+    v = curves.at(np.concatenate((c, c)), np.concatenate((w * k + k, w * k)))
+    x = v[: len(w)] - v[len(w) :]
+    # NOTE: a curve's ramp formula leaves float noise (~1e-16 of its size) where no service happened: not service
+    x[np.abs(x) <= 1e-9 * np.abs(v[: len(w)])] = 0.0
+    x = x / np.array([(weights or {}).get(name, 1.0) for name in curves.names])[c]
+    total = np.bincount(w, weights=x, minlength=n_windows)
+    total_sq = np.bincount(w, weights=x * x, minlength=n_windows)
     return np.where(n >= 2, _jain(total, total_sq, n), np.nan)
+
+
+def _counted(client: np.ndarray, s: np.ndarray, e: np.ndarray, k: int, n_windows: int) -> tuple[np.ndarray, np.ndarray]:
+    """For runs [s, e] (sorted by client, then time), how many clients count in each window w (grid points
+    [w k, w k + k]): backlogged at 90% of its points. The windows inside a run (ceil(s / k) to floor(e / k) - 1)
+    count with a difference array; a run covers only part of at most two, ceil(s / k) - 1 and floor(e / k), whose
+    covered points are summed per client. Returns the counts and, as client * n_windows + w (sorted), the windows
+    that a client's runs cover partly and in which it counts."""
+    lo, hi = -(-s // k), e // k
+    full_lo, full_hi = np.minimum(lo, n_windows), np.minimum(hi - 1, n_windows - 1)
+    full = full_lo <= full_hi
+    inside = np.bincount(full_lo[full], minlength=n_windows + 1)
+    inside -= np.bincount(full_hi[full] + 1, minlength=n_windows + 1)
+    w, r = np.concatenate((lo - 1, hi)), np.tile(np.arange(len(s)), 2)
+    part = np.concatenate((np.ones(len(s), dtype=bool), hi != lo - 1)) & (w >= 0) & (w < n_windows)
+    w, r = w[part], r[part]
+    key = client[r] * n_windows + w
+    order = np.argsort(key, kind="stable")
+    key, cover = key[order], (np.minimum(e[r], w * k + k) - np.maximum(s[r], w * k) + 1)[order]
+    first = group_starts(key)
+    covers = np.add.reduceat(cover, first) if len(first) else cover
+    counted = key[first][covers / (k + 1) >= 0.9]
+    return np.cumsum(inside[:-1]) + np.bincount(counted % n_windows, minlength=n_windows), counted
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:
