@@ -306,3 +306,17 @@ def test_engine_options_and_the_prefix_cache_are_swept(tmp_path):
     assert main(["sweep", *cached, "--out", str(tmp_path / "c"), "--jobs", "1", "--no-progress"]) == 0
     rows = {r["policy"]: r for r in table(tmp_path / "c" / "table.csv")}
     assert float(rows["dlpm"]["service_per_s_mean"]) > float(rows["vtc"]["service_per_s_mean"])
+
+
+def test_a_fleet_is_swept_with_its_cost(tmp_path):
+    """`--engines`, `--dispatch` and `--autoscale` reach every run; the table gives the fleet's engine-seconds."""
+    out = tmp_path / "f"
+    args = ["--policy", "vtc,fcfs", "--workload", "overload", "--duration", "30", "--no-figures", "--engines", "2"]
+    args += ["--dispatch", "shard:1", "--autoscale", "1:3", "--scale-delay", "5"]
+    assert main(["sweep", *args, "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
+    rows = {r["policy"]: r for r in table(out / "table.csv")}
+    # NOTE: two engines at start, at most three, for the run's 30 s or more
+    assert all(60 <= float(r["engine_seconds_mean"]) for r in rows.values())
+    spec = json.loads(next((out / "runs").glob("*.json")).read_text())["spec"]
+    assert (spec["engines"], spec["dispatch"], spec["autoscale"], spec["scale_delay_s"]) == (2, "shard:1", "1:3", 5.0)
+    assert main(["sweep", "--policy", "vtc", "--workload", "overload", "--dispatch", "shard:1", "--out", str(out)]) == 2

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import positive
+from ..cli import add_fleet_flags
 from ..core import describe
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
 from .spec import ENGINE_MODES, from_mapping, load_toml
@@ -74,6 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="weight of a prompt token served from the prefix cache (linear cost; default: --w-p)",
     )
     p.add_argument("--profile", metavar="NAME", help="latency model (default: the workload's)")
+    add_fleet_flags(p)
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--jobs",
@@ -111,6 +113,12 @@ def values_from(args: argparse.Namespace) -> dict[str, Any]:
         "prefix_cache": args.prefix_cache,
         "block_tokens": args.block_tokens,
         "w_cached": args.w_cached,
+        "engines": args.engines,
+        "dispatch": args.dispatch,
+        "autoscale": args.autoscale,
+        "scale_wait_s": args.scale_wait,
+        "scale_delay_s": args.scale_delay,
+        "scale_idle_s": args.scale_idle,
     }
     return values | {k: v for k, v in flags.items() if v is not None}
 

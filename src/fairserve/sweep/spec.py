@@ -84,6 +84,12 @@ class Options:
             "prefix_cache": (e.prefix_cache, False),
             "block_tokens": (e.block_tokens, DEFAULT_BLOCK_TOKENS),
             "w_cached": (e.w_cached, None),
+            "engines": (e.engines, None),
+            "dispatch": (e.dispatch, "least_loaded"),
+            "autoscale": (e.autoscale, None),
+            "scale_wait_s": (e.scale_wait_s, SimOptions.scale_wait_s),
+            "scale_delay_s": (e.scale_delay_s, SimOptions.scale_delay_s),
+            "scale_idle_s": (e.scale_idle_s, SimOptions.scale_idle_s),
         }
         return out | {k: v for k, (v, default) in later.items() if v != default}
 
@@ -345,7 +351,9 @@ def _options(values: Mapping[str, Any]) -> Options:
     w_cached = values.get("w_cached")
     if w_cached is not None and (isinstance(w_cached, bool) or not isinstance(w_cached, int | float) or w_cached < 0):
         raise SweepError(f"w_cached: expected a number >= 0, got {w_cached!r}")
+    fleet = _fleet(values)
     engine = SimOptions(
+        **fleet,
         cost=str(values.get("cost", "linear")),
         w_p=w_p,
         w_q=w_q,
@@ -356,6 +364,29 @@ def _options(values: Mapping[str, Any]) -> Options:
         block_tokens=block,
     )
     return Options(duration_s=_number(values, "duration", None), trace_format=fmt, engine=engine)
+
+
+def _fleet(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The fleet's keys (`engines`, `dispatch`, `autoscale`, `scale_wait_s`, `scale_delay_s`, `scale_idle_s`),
+    typed; their values are checked with the engine's options."""
+    out: dict[str, Any] = {}
+    engines = values.get("engines")
+    if engines is not None:
+        if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+            raise SweepError(f"engines: expected a whole number of engines > 0, got {engines!r}")
+        out["engines"] = engines
+    for key in ("dispatch", "autoscale"):
+        if values.get(key) is not None:
+            if not isinstance(values[key], str):
+                raise SweepError(f"{key}: expected a string, got {values[key]!r}")
+            out[key] = values[key]
+    for key in ("scale_wait_s", "scale_delay_s", "scale_idle_s"):
+        v = values.get(key)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise SweepError(f"{key}: expected a number of seconds >= 0, got {v!r}")
+            out[key] = float(v)
+    return out
 
 
 def _check(config: SweepConfig) -> None:

@@ -33,6 +33,7 @@ METRICS = (
     Metric("jain_index", "Jain's index", "{:.3f}", True),
     Metric("ttft_p90_s", "p90 time to first token (s)", "{:.2f}", True),
     Metric("ttft_mean_s", "mean time to first token (s)", "{:.2f}", False),
+    Metric("engine_seconds", "engine-seconds (a fleet's cost)", "{:,.0f}", False),
 )
 CI_NOTE = (
     "mean over seeds; ci95 = half-width of the 95% confidence interval of the mean "
@@ -72,7 +73,7 @@ def aggregate(points: Sequence[Point], results: dict[Point, dict[str, Any]]) -> 
     for p in points:
         groups.setdefault(p.group, []).append(results[p]["metrics"])
     return [
-        Row(g, len(runs), {m.name: mean_ci([r[m.name] for r in runs if r[m.name] is not None]) for m in METRICS})
+        Row(g, len(runs), {m.name: mean_ci([v for r in runs if (v := r.get(m.name)) is not None]) for m in METRICS})
         for g, runs in groups.items()
     ]
 
@@ -103,7 +104,7 @@ def write_runs_csv(points: Sequence[Point], records: dict[Point, dict[str, Any]]
     for p in points:
         r = records[p]["result"]
         extra = [r["kv_tokens_used"], r["requests"], r["finished"]]
-        w.writerow([*p.group, p.seed, *extra, *(_num(r["metrics"][m.name]) for m in METRICS), records[p]["key"]])
+        w.writerow([*p.group, p.seed, *extra, *(_num(r["metrics"].get(m.name)) for m in METRICS), records[p]["key"]])
     write_atomic(path, out.getvalue())
 
 

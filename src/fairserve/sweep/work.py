@@ -91,6 +91,7 @@ def execute(task: Task) -> dict[str, Any]:
         "jain_index": s.jain_index,
         "ttft_p90_s": float(np.percentile(ttft, 90)) if len(ttft) else None,
         "ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
+        "engine_seconds": result.fleet.engine_seconds if result.fleet is not None else None,
     }
     return {
         "metrics": metrics,
