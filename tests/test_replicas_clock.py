@@ -2,8 +2,8 @@
 (ledger, dispatch, capacity check) with the real `SharedState` against a real redis-server, in front of two backends
 the test plays step by step (every running request gets one output token per 10 ms step; each replica syncs every
 second step, Δ = 20 ms, and at the next step when it asks to sync early). No sleep, no wall clock: a run is the same
-on any machine, however loaded (tests/support/state_replicas.py, `Stepped`). tests/test_replicas.py checks the
-same wiring through HTTP.
+on any machine, however loaded (tests/support/state_replicas.py, `Stepped`). tests/test_replicas.py and
+tests/test_replicas_faults.py check the same wiring through HTTP.
 
 The bound on the service difference of two backlogged tenants (or nodes, per unit of weight) is docs/gateway.md's
 "Running several replicas", from the workload:
@@ -24,7 +24,11 @@ per second, N the replicas. Each claim has a negative control that must fail the
   tenants' own counters compared), they get 1:1;
 - a group idle on both replicas comes back (through the replica where none of its siblings is queued) lifted to its
   sibling served elsewhere: from then on the two split the service 1:1 within B(2); without the lift (LCF) it hoards
-  the credit it did not use."""
+  the credit it did not use;
+- Redis stopped mid-run (past the leases' TTL: the replicas independent, the light tenant ahead) and restarted empty:
+  nothing is lost or charged twice, and once every replica is back VTC pays the gap back at the full service rate,
+  so that from then on it stays within B(3), and the backends within their limit; while Redis stays down the same
+  check fails."""
 
 from __future__ import annotations
 
@@ -237,3 +241,67 @@ def test_without_the_lift_the_group_hoards_its_credit(redis):
     # the negative control: LCF, VTC without the lift: org/g takes everything until it caught up org/h's lead
     diffs = lift(redis, "lcf")
     assert max(map(abs, diffs)) > 4 * B2, max(diffs, key=abs)  # measured 3,036
+
+
+# ---- Redis stopped mid-run and restarted empty ---------------------------------------------------------------------
+DOWN, BACK, OUTAGE_STEPS = 300, 800, 2000  # Redis stops before step 300 and starts again (empty) before step 800
+TTL_STEPS = round(3.0 / STEP_S)  # the leases' TTL (state_ttl_s, 3 s): down for longer, the replicas are independent
+HOLD_S = 0.5  # the gateway's: a Redis that lost its data leases each replica only what it has in flight for this long
+
+
+@pytest.fixture(scope="module")
+def outage():
+    def one(back: int | None) -> Stepped:
+        with redis_server() as own:  # NOTE: a Redis of its own: the run stops it
+            config = cfg(["alice", "bob"], own.url)
+            stepped = Stepped(config, 3, THREE, PROMPT, OUTPUT, STEP_S, EVERY, HOLD_S, own, (DOWN, back))
+            return asyncio.run(stepped.run(OUTAGE_STEPS))
+
+    return {"back": one(BACK), "never": one(None)}
+
+
+def after_the_outage(r: Stepped) -> tuple[float, int, float, int]:
+    """The service gap (alice - bob) when Redis is back (or would be: step BACK); the step from which VTC has paid
+    it back: the hold, one request's output (what was admitted before ends), then the gap at the full service rate
+    (the replicas ahead defer to the one behind, which takes every slot); the largest gap from there to the end, in
+    the tally and as every replica's ledger reads it; and the most requests on a backend from one request's output
+    after the step Redis was back."""
+    at = r.rejoined if r.rejoined is not None else BACK
+    g = [h["alice"] - h["bob"] for h in r.history]
+    paid = at + round(HOLD_S / STEP_S) + OUTPUT + math.ceil(abs(g[at]) / (S * STEP_S))
+    assert paid < OUTAGE_STEPS - 500, paid  # NOTE: and a long stretch after it
+    worst = max(max(abs(x) for x in g[paid:]), max(abs(v["alice"] - v["bob"]) for vs in r.views[paid:] for v in vs))
+    busiest = max(max(n[at + OUTPUT :]) for n in r.running.values())
+    return g[at], paid, worst, busiest
+
+
+def test_after_redis_restarts_empty_nothing_is_lost_and_the_gap_is_back_within_the_bound(outage):
+    r = outage["back"]
+    assert r.rejoined is not None and r.rejoined <= BACK + EVERY, r.rejoined  # every replica back within a round
+    assert len(gaps(r, node("alice"), node("bob"))) == OUTAGE_STEPS  # both backlogged throughout
+    # nothing lost, nothing charged twice: every replica's shared service is what the backends served
+    assert all(f["alice"] == r.history[-1]["alice"] and f["bob"] == r.history[-1]["bob"] for f in r.final), r.final
+    # within the bound until Redis stopped; the outage made it uneven, by more than the bound (until the TTL each
+    # replica serves on the leases it held, then each takes max(1, LIMIT // 3) of each backend: bob, on two, 2/3)
+    assert max(abs(h["alice"] - h["bob"]) for h in r.history[:DOWN]) <= B3
+    gap, paid, worst, busiest = after_the_outage(r)
+    print(
+        f"gap {gap:.0f} when Redis was back (step {r.rejoined}); from step {paid} at most {worst:.0f} (bound {B3:.0f})"
+    )
+    assert abs(gap) > B3, gap  # measured 1,936
+    assert worst <= B3, worst  # measured 200
+    # the backends' limit: within it while each replica had its lease (until the TTL), and again from when what was
+    # admitted while the replicas were independent has ended
+    running = r.running.values()
+    assert max(max(n[: DOWN + TTL_STEPS]) for n in running) <= LIMIT
+    assert busiest <= LIMIT, busiest  # measured 2 (3 until 6 steps after Redis was back)
+
+
+def test_while_redis_stays_down_the_gap_is_not_back_within_the_bound(outage):
+    # the negative control: the same run, Redis never back: the replicas stay independent, the same check fails
+    r = outage["never"]
+    assert r.rejoined is None
+    gap, paid, worst, busiest = after_the_outage(r)
+    print(f"gap {gap:.0f} at step {BACK}; from step {paid} up to {worst:.0f} (bound {B3:.0f}); {busiest} on a backend")
+    assert worst > 4 * B3, worst  # measured 9,972 (alice's replica's own view; the tally's gap ends at -3,784)
+    assert busiest == 3 * max(1, LIMIT // 3), busiest  # each of the three replicas takes max(1, LIMIT // 3)

@@ -175,16 +175,40 @@ class Stepped:
     Measured after every step: `history`, what each tenant (and group) was charged over all replicas, from the
     test's own tally (w_p·prompt at admission, w_q per output token); `queued`, each tenant's requests queued over
     all replicas; `views`, each replica's counters as its ledger reads them (the shared ones, with shared state);
-    and at every step `running`, the requests in flight on each backend over all replicas."""
+    and at every step `running`, the requests in flight on each backend over all replicas.
+
+    `outage=(down, back)`: Redis (`redis`, the `RedisServer` at `cfg.state`) stops before step `down`, and starts
+    again, empty, before step `back` (None: it stays down). It stops while nothing is charged (the test's clock stands
+    still between steps): every replica first syncs until every charge is in Redis and read by every replica. While it
+    is down every sync must fail (each replica degrades as the gateway does: its lease until `cfg.state_ttl_s` after
+    its last answered sync, then `limit // replicas` of each backend); once it is back each replica syncs at every step
+    until it is answered (the first sync on a pooled connection may find it closed): `rejoined`, the step by which
+    every replica was. `hold_s`: how long a Redis that lost its data leases each replica only what it has in flight
+    (the gateway's default in an outage; 0 otherwise, as no run without one needs it)."""
 
     def __init__(
-        self, cfg, n: int, streams: list[Stream], prompt: int, output: int, step_s: float = 0.01, every: int = 2
+        self,
+        cfg,
+        n: int,
+        streams: list[Stream],
+        prompt: int,
+        output: int,
+        step_s: float = 0.01,
+        every: int = 2,
+        hold_s: float = 0.0,
+        redis=None,
+        outage: tuple[int, int | None] | None = None,
     ) -> None:
         self.clock = Clock()
         self.cfg, self.streams, self.prompt, self.output = cfg, streams, prompt, output
         self.step_s, self.every = step_s, every
         self.shared = cfg.state is not None
-        self._kind = _stepped_scheduler(prefix(), self.clock, hold_s=0.0)
+        assert outage is None or (self.shared and redis is not None and redis.url == cfg.state)
+        self.redis, self.outage = redis, outage
+        self.down = False  # Redis stopped
+        self._restarted = False  # Redis started again
+        self.rejoined: int | None = None  # the step by which every replica had synced with Redis again
+        self._kind = _stepped_scheduler(prefix(), self.clock, hold_s=hold_s)
         self.replicas = [self._scheduler(cfg.model_copy(deep=True)) for _ in range(n)]
         self.service: dict[str, float] = {}
         self.history: list[dict[str, float]] = []  # `service` after each step
@@ -236,6 +260,14 @@ class Stepped:
     async def step(self) -> None:
         """One step: the backends make a token for every running request (those at `output` end, and their
         clients send the next at once), then the syncs due."""
+        step = len(self.history)
+        if self.outage is not None and step == self.outage[0]:
+            await self._freeze()
+            self.redis.stop()
+            self.down = True
+        if self.outage is not None and step == self.outage[1]:
+            self.redis.start()  # NOTE: empty: no persistence
+            self.down, self._restarted = False, True
         self.clock.advance(self.step_s)
         running = [x for x in self._out if x.admitted]
         for url, counts in self.running.items():
@@ -252,10 +284,14 @@ class Stepped:
         self._arrive(len(self.history) + 1)
         if self.shared:
             due = len(self.history) % self.every == 0
+            rejoining = self._restarted and self.rejoined is None
             for sched in self.replicas:
                 early = sched.shared.take_early_sync()  # NOTE: taken (cleared) also when a sync is due anyway
-                if due or early:
-                    assert await sched.shared.sync()
+                if due or early or (rejoining and not sched.shared.up):
+                    ok = await sched.shared.sync()
+                    assert ok != self.down or rejoining, f"a sync {'answered' if ok else 'failed'} at step {step}"
+            if rejoining and all(sched.shared.up for sched in self.replicas):
+                self.rejoined = step
             self._note_admitted()
         self.history.append(dict(self.service))
         views = [sched.view() for sched in self.replicas]
@@ -266,6 +302,20 @@ class Stepped:
                 queued[n] = queued.get(n, 0) + v.queued
         self.queued.append(queued)
 
+    async def _freeze(self) -> None:
+        """Every replica syncs, in order, until every charge is in Redis and every replica has read it: two rounds in
+        which nothing was admitted (an answer may grow a lease, and a request admitted on it is charged its
+        prompt)."""
+        for _ in range(10):
+            before = sum(x.admitted for x in self._out)
+            for _ in range(2):
+                for sched in self.replicas:
+                    assert await sched.shared.sync()
+            self._note_admitted()
+            if sum(x.admitted for x in self._out) == before:
+                return
+        raise AssertionError("the replicas kept admitting while the clock stood still")
+
     async def run(self, steps: int) -> Stepped:
         """`steps` steps, then (with shared state) every replica syncs twice, in order, so each has every charge:
         `final` is then each replica's view of every node's service."""
@@ -273,7 +323,7 @@ class Stepped:
         try:
             for _ in range(steps):
                 await self.step()
-            for _ in range(2 if self.shared else 0):
+            for _ in range(2 if self.shared and not self.down else 0):
                 for sched in self.replicas:
                     assert await sched.shared.sync()
             views = [sched.view() for sched in self.replicas]
