@@ -7,6 +7,7 @@
     tenants (all but the five busiest), the share of the backlogged tenants (Jain's index) and the rejected.
 (c) Shuffle sharding: 8 engines, seven light tenants and one that floods; the light tenants' time to first token
     with shard:2 and least_loaded, with and without the flood.
+(d) Speed: 10,000 requests from 1,000 tenants on one engine, a fleet of one and a fleet of eight.
 
 Run: .venv/bin/python benchmarks/sim_fleet.py [--max 4] [--delay 30]
 """
@@ -97,6 +98,31 @@ def shard_table() -> None:
             print(f"| {policy} | {dispatch} | {cells[0]} | {cells[1]} |")
 
 
+def speed_table(rounds: int = 3) -> None:
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from scale import write_trace
+
+    from fairserve.workloads import load_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        w = load_trace(write_trace(Path(tmp) / "t.csv", 10_000, 1_000))
+    cases = {"one engine": {}, "a fleet of 1": {"engines": 1}, "a fleet of 8": {"engines": 8}}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    simulate(w, SimOptions(drain=True, engines=1))  # NOTE: the gateway's modules loaded before timing
+    for _ in range(rounds):
+        for name, opts in cases.items():
+            start = time.perf_counter()
+            simulate(w, SimOptions(drain=True, **opts))
+            times[name].append(time.perf_counter() - start)
+    print(f"\n(d) speed: 10,000 requests from 1,000 tenants (scale.py's trace), drained; median of {rounds} rounds\n")
+    print("| run | seconds |\n|---|---:|")
+    for name, v in times.items():
+        print(f"| {name} | {statistics.median(v):.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=4, help="the fleet's most engines (default: 4)")
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     bound_table()
     scaling_table(a.max, a.delay)
     shard_table()
+    speed_table()
     print(f"\n({time.perf_counter() - start:.0f} s)")
     return 0
 

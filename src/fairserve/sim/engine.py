@@ -25,11 +25,11 @@ from .arrivals import Arrivals, run_offline
 from .batch import NEVER, Batch
 from .charging import ChargeAtEnd, Charging, charging_rule
 from .clock import Clock
-from .latency import LatencyModel
+from .latency import LatencyModel, decode_lines
 from .memory import memory_model
 from .preempt import preemption_rules
 from .requests import EngineConfig, SimRequest, SimResult, sim_requests, too_large
-from .ticks import at_or_after, ticks
+from .ticks import at_or_after, run_ticks, ticks
 
 RUNNING, QUEUED = RequestState.RUNNING, RequestState.QUEUED
 
@@ -174,6 +174,19 @@ class SimEngine:
             if to_finish and self.just_finished:
                 break
         return True
+
+    def next_finish_tick(self) -> int | None:
+        """The tick at which the next request finishes, where nothing before it can change the run (nothing queued,
+        the pool holds, decode lines known, not stepwise); None otherwise, or with nothing running."""
+        batch = self.batch
+        n = len(batch.running)
+        if not n or self.ledger.num_queued or self._stepwise:
+            return None
+        steps = batch.next_finish() - batch.step
+        lines = decode_lines(self.latency, n)
+        if not lines or self.memory.room(n) < steps:
+            return None
+        return self.clock.t + run_ticks(lines, n, batch.kv_used, steps)
 
     def submit(self, req: SimRequest) -> None:
         """A request arrives (at `req.arrival_s`, which should not be later than `now`)."""

@@ -10,9 +10,11 @@ round, and requests wait in the fleet's queue, in the policy's order. The fair s
 are charged at dispatch, output tokens as they are decoded.
 
 The loop moves to the next event: an arrival (it joins the ledger), a finish, an engine ready or let go
-(sim/autoscale.py). At each the output decoded so far is charged and the dispatcher runs one admission pass; then
-the engine furthest behind runs to the next event or its first finish. Engines stay within one iteration of each
-other, so a decision reads charges at most one decode step ahead on another engine.
+(sim/autoscale.py). An engine with nothing queued whose pool holds knows the tick of its next finish
+(`SimEngine.next_finish_tick`) and moves there in one run; one with requests of its own queued steps ahead of the
+fleet's clock first, in turn. At an event every engine is brought to it (its clock then at most one decode step
+past it), the output decoded so far is charged, and the dispatcher runs one admission pass: a decision reads
+charges at most one decode step ahead on another engine.
 """
 
 from __future__ import annotations
@@ -158,33 +160,45 @@ class Fleet:
         i = 0
         while True:
             busy = [m for m in self.members if m.stopped_s is None and m.busy()]
-            t_engine = min((m.engine.clock.t for m in busy), default=FOREVER)
-            t_arrival = due[i] if i < len(reqs) else FOREVER
+            # NOTE: an engine with nothing queued whose pool holds knows the tick of its next finish, and runs there
+            # in one move when the fleet's next event comes; any other steps ahead of the fleet's clock, in turn
+            finish = {m: m.engine.next_finish_tick() for m in busy}
             t_scale = self._next_scaling()
-            t = min(t_engine, t_arrival, t_scale)
+            t = min(due[i] if i < len(reqs) else FOREVER, t_scale, *(k for k in finish.values() if k is not None))
+            stepping = [m for m in busy if finish[m] is None and m.engine.clock.t < min(t, horizon)]
+            if stepping:
+                m = min(stepping, key=lambda m: m.engine.clock.t)
+                others = min((o.engine.clock.t for o in stepping if o is not m), default=FOREVER)
+                self._run(m, min(t, max(others, m.engine.clock.t + 1), horizon))
+                if m.engine.just_finished:
+                    self._event(min(m.engine.clock.t, horizon))
+                continue
             if t >= FOREVER or t >= horizon:
                 break
-            self.t = max(self.t, t)
-            changed = False
             while i < len(reqs) and due[i] <= t:
                 self._arrive(reqs[i])
-                i, changed = i + 1, True
-            if t_scale <= t:
-                self._scale()
-                changed = True
-            if changed:
-                self._dispatch()
-            if t_engine <= t:
-                m = min(busy, key=lambda m: m.engine.clock.t)
-                others = min((o.engine.clock.t for o in busy if o is not m), default=FOREVER)
-                until = min(others, due[i] if i < len(reqs) else FOREVER, self._next_scaling(), horizon)
-                if not m.engine.advance_until(max(until, m.engine.clock.t + 1), to_finish=True):
-                    m.idle_since = seconds(m.engine.clock.t)
-                if m.engine.just_finished:
-                    self.t = max(self.t, min(m.engine.clock.t, horizon))
-                    self._finished(m)
-                    self._dispatch()
+                i += 1
+            self._event(t, scale=t_scale <= t)
         return self._result(reqs)
+
+    def _run(self, m: Member, until: int) -> None:
+        """`m`'s engine runs up to tick `until` or its first finish."""
+        if not m.engine.advance_until(until, to_finish=True):
+            m.idle_since = seconds(m.engine.clock.t)
+
+    def _event(self, t: int, scale: bool = False) -> None:
+        """At tick `t`: every engine is brought there and its finishes taken, the scaling rule acts, and the
+        dispatcher runs one pass over the charges up to date."""
+        self.t = max(self.t, t)
+        for m in self.members:
+            if m.stopped_s is None and m.busy() and m.engine.clock.t < self.t:
+                self._run(m, self.t)
+        for m in self.members:
+            if m.engine.just_finished:
+                self._finished(m)
+        if scale:
+            self._scale()
+        self._dispatch()
 
     def _arrive(self, r: SimRequest) -> None:
         cfg = self.config
@@ -240,6 +254,7 @@ class Fleet:
             b = r.item.backend
             b.requests -= 1
             b.tokens -= r.item.tokens
+        m.engine.just_finished.clear()  # NOTE: taken once
         if not m.running:
             m.idle_since = self.now
 
