@@ -11,6 +11,7 @@ from fairserve.metrics import (
     backlog_runs,
     backlogged_difference,
     backlogged_jain,
+    client_stats,
     largest_backlogged_difference,
     prepare_curves,
     time_grid,
@@ -126,3 +127,24 @@ def test_runs_difference_and_jain_on_many_clients_equal_each_client_computed_alo
         got_jain = backlogged_jain(prepare_curves(records, times), runs, times, window, weights)
         assert np.isfinite(got_jain).sum() > 5
         np.testing.assert_allclose(got_jain, want_jain, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("seed", "cost"), [(5, LinearCost(1.0, 2.0, w_cached=0.25)), (6, make_cost("profiled"))])
+def test_client_stats_on_many_clients_equal_each_client_computed_alone(seed: int, cost: CostFunction):
+    records, _ = many_clients(seed)
+    stats = client_stats(records, 100.0, cost=cost)
+    assert list(stats) == sorted(alone(records))
+    for c, rs in alone(records).items():
+        assert stats[c] == client_stats(rs, 100.0, cost=cost)[c]
+        served = [r for r in rs if r.first_token_s is not None]
+        response = [r.first_token_s - r.arrival_s for r in served]
+        assert (stats[c].requests, stats[c].rejected) == (len(rs), sum(r.status == "rejected" for r in rs))
+        assert stats[c].prompt_tokens == sum(r.prompt_tokens for r in served)
+        assert stats[c].service == sum(
+            cost.total(r.prompt_tokens, r.output_tokens) + cost.cached(r.prompt_tokens, r.cached_tokens) for r in served
+        )  # in record order, as the loop adds them
+        if served:
+            assert stats[c].response_mean_s == pytest.approx(np.mean(response), rel=1e-14)
+            assert (stats[c].response_p50_s, stats[c].response_p90_s) == tuple(np.percentile(response, [50, 90]))
+        else:
+            assert stats[c].response_mean_s is stats[c].response_p50_s is None

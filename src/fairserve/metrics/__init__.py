@@ -9,9 +9,9 @@ admitted. Comparisons between clients use service divided by the client's weight
 `summarize` costs O(events log events) in time and O(events) in memory: curves are read only where needed
 (`Curves`), backlog is kept as runs (`backlog_runs`), Jain's index is summed from runs (`backlogged_jain`) and the
 largest backlogged difference is found by a bounded exact search (`largest_backlogged_difference`), each for all
-clients at once (numpy over every client's events, not a loop over clients: a summary of 1,000 clients costs what
-one of 10 does). The dense clients x times functions (`service_curves`, `backlogged`, `backlogged_difference`,
-`windowed_jain`) serve figures and are the test oracles.
+clients at once (numpy calls over every client's events, not a few dozen calls per client). The dense clients x
+times functions (`service_curves`, `backlogged`, `backlogged_difference`, `windowed_jain`) serve figures and are
+the test oracles.
 """
 
 from .curves import (

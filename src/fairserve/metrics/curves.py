@@ -55,15 +55,12 @@ class Curves(Mapping[str, "ServiceCurve"]):
         self.done_at = np.searchsorted(times, last, side="right")
         self.requests = np.searchsorted(client, np.arange(len(index) + 1))  # client c's: requests[c] to requests[c + 1]
         self.linear = isinstance(h, LinearCost)
-        if isinstance(h, LinearCost):  # h.total(x, 1) and the ramp, w_q * (y - 1), for all requests at once
-            step = h.w_p * np.array([r.prompt_tokens for r in served], dtype=float) + h.w_q * 1
-            ramp = h.w_q * (np.array([r.output_tokens for r in served], dtype=float) - 1)
+        step = charges(h, served, np.ones(len(served), dtype=np.int64))
+        if isinstance(h, LinearCost):  # the ramp: w_q * (y - 1)
+            ramp = h.w_q * (np.array([r.output_tokens for r in served], dtype=np.int64) - 1)
         else:
-            step = np.array([h.total(r.prompt_tokens, 1) for r in served], dtype=float)
             ramp = np.zeros(len(served))
             self._served, self._first, self._last, self._h = served, first, last, h
-        cached = [i for i, r in enumerate(served) if r.cached_tokens]
-        step[cached] += [h.cached(served[i].prompt_tokens, served[i].cached_tokens) for i in cached]
         # NOTE: h is monotone in y (core/cost.py's contract); a price for cached tokens may be below the prompt's
         self.monotone = np.bincount(client[(step < 0) | (ramp < 0)], minlength=len(index)) == 0
         # the events: a request's step (with its ramp if that takes no time) and its ramp's start, its ramp's end
@@ -136,6 +133,19 @@ class ServiceCurve:
     def at(self, idx: np.ndarray) -> np.ndarray:
         """Accumulated service at the grid points `idx` (indices into `times`)."""
         return self.curves.at(self.index, idx)
+
+
+def charges(h: CostFunction, served: Sequence[RequestRecord], tokens: np.ndarray) -> np.ndarray:
+    """What each request is charged with `tokens` (ints) of its output: h(x, y) + h.cached(x, c), x its prompt, c
+    its cached prompt tokens, as the ledger charges (bit for bit); under the linear cost, all at once."""
+    if isinstance(h, LinearCost):
+        out = h.w_p * np.array([r.prompt_tokens for r in served], dtype=np.int64) + h.w_q * tokens
+    else:
+        out = np.array([h.total(r.prompt_tokens, y) for r, y in zip(served, tokens.tolist(), strict=True)])
+    out = out.astype(float)
+    cached = [i for i, r in enumerate(served) if r.cached_tokens]  # NOTE: h.cached(x, 0) is 0
+    out[cached] += [h.cached(served[i].prompt_tokens, served[i].cached_tokens) for i in cached]
+    return out
 
 
 def prepare_curves(

@@ -237,16 +237,15 @@ def _gains_where_bent(
     allows for it)."""
     span = n_t + 1
     seg = np.arange(len(partners))
-    parts = [np.column_stack((seg, lo)), np.column_stack((seg, hi))]
+    parts = [seg * span + lo, seg * span + hi]  # composite keys here: segment * span + grid point
     for who in (np.full(len(partners), f), partners):
         a = np.searchsorted(keys, who * span + lo)
         b = np.searchsorted(keys, who * span + hi, side="right")
-        at = ranges(a, b)
-        parts.append(np.column_stack((np.repeat(seg, b - a), keys[at] - np.repeat(who * span, b - a))))
-    both = np.concatenate(parts)
-    both = both[np.argsort(both[:, 0] * span + both[:, 1], kind="stable")]
-    s, x = both[:, 0], both[:, 1]
-    d = _interpolate(keys, values, f * span + x) - _interpolate(keys, values, partners[s] * span + x)
+        parts.append(keys[ranges(a, b)] + np.repeat((seg - who) * span, b - a))
+    both = np.sort(np.concatenate(parts), kind="stable")  # NOTE: stable (timsort): fast on sorted parts
+    s, x = both // span, both % span
+    mine = slice(*np.searchsorted(keys, [f * span, f * span + span]).tolist())  # f's own points: a smaller search
+    d = _interpolate(keys[mine] - f * span, values[mine], x) - _interpolate(keys, values, partners[s] * span + x)
     return _Gains(_rise_by_segment(d, s, np.searchsorted(s, seg)), len(d))
 
 

@@ -12,7 +12,7 @@ from ..core.account import SEP, parents
 from ..core.cost import CostFunction, LinearCost
 from ..core.fairness import jain_index
 from ..records import RequestRecord
-from .curves import Curves, backlog_runs, by_client, covered, group_starts, prepare_curves, run_arrays, time_grid
+from .curves import Curves, backlog_runs, charges, covered, group_starts, prepare_curves, run_arrays, time_grid
 from .difference import largest_backlogged_difference
 
 
@@ -149,10 +149,9 @@ def backlogged_jain(
     window_s: float = 60.0,
     weights: dict[str, float] | None = None,
 ) -> np.ndarray:
-    """`windowed_jain` without the clients x times arrays, all clients at once in time O(events log events). A
-    client counts in a window when its runs cover 90% of the window's grid points (`_counted`). Service is read
-    only in windows where a client's curve changes (from its first token to its latest), elsewhere it adds 0 to
-    both sums."""
+    """`windowed_jain` without the clients x times arrays, for all clients at once, O(events log events). Service is
+    read only in windows where a client counts (`_counted`) and its curve changes (from its first token to its
+    latest); elsewhere it adds 0 to both sums."""
     k = _window_size(times, window_s)
     n_windows = len(range(0, len(times) - k, k))
     if n_windows == 0:
@@ -167,10 +166,8 @@ def backlogged_jain(
     some = lo <= hi
     key = covered(curves.client[some] * n_windows + lo[some], curves.client[some] * n_windows + hi[some])
     c, w = key // n_windows, key % n_windows
-    # ... those where it counts: backlogged all window long (in the last run that starts by the window's start), or
-    # counted among the windows its runs cover partly
-    span = len(times) + 1
-    j = np.maximum(np.searchsorted(client * span + s, c * span + w * k, side="right") - 1, 0)
+    # ... where it counts: backlogged all window long (in its last run begun by then), or as `_counted` found
+    j = np.maximum(np.searchsorted(client * len(times) + s, c * len(times) + w * k, side="right") - 1, 0)
     whole = (client[j] == c) & (s[j] <= w * k) & (e[j] >= w * k + k)
     keep = whole | (np.append(counted, -1)[np.searchsorted(counted, key)] == key)
     c, w = c[keep], w[keep]
@@ -185,11 +182,10 @@ def backlogged_jain(
 
 
 def _counted(client: np.ndarray, s: np.ndarray, e: np.ndarray, k: int, n_windows: int) -> tuple[np.ndarray, np.ndarray]:
-    """For runs [s, e] (sorted by client, then time), how many clients count in each window w (grid points
-    [w k, w k + k]): backlogged at 90% of its points. The windows inside a run (ceil(s / k) to floor(e / k) - 1)
-    count with a difference array; a run covers only part of at most two, ceil(s / k) - 1 and floor(e / k), whose
-    covered points are summed per client. Returns the counts and, as client * n_windows + w (sorted), the windows
-    that a client's runs cover partly and in which it counts."""
+    """How many clients count in each window w (grid points [w k, w k + k]), backlogged at 90% of its points, from
+    runs [s, e] sorted by client then time; and, as client * n_windows + w, sorted, those a client's runs cover only
+    partly. The windows inside a run (ceil(s / k) to floor(e / k) - 1) count with a difference array; a run covers
+    part of at most two, ceil(s / k) - 1 and floor(e / k), whose covered points are summed per client."""
     lo, hi = -(-s // k), e // k
     full_lo, full_hi = np.minimum(lo, n_windows), np.minimum(hi - 1, n_windows - 1)
     full = full_lo <= full_hi
@@ -207,18 +203,7 @@ def _counted(client: np.ndarray, s: np.ndarray, e: np.ndarray, k: int, n_windows
     return np.cumsum(inside[:-1]) + np.bincount(counted % n_windows, minlength=n_windows), counted
 
 
-def _percentile(ordered: list[float], q: float) -> float | None:
-    """`np.percentile(x, q)` (its default, linear method, and its arithmetic, so bit for bit) of `ordered` (sorted):
-    a summary takes two per client, and numpy's call costs ~0.1 ms whatever the size."""
-    if not ordered:
-        return None
-    at = q / 100 * (len(ordered) - 1)
-    lo = int(at)
-    if lo >= len(ordered) - 1:
-        return ordered[-1]
-    a, b, t = ordered[lo], ordered[lo + 1], at - lo
-    diff = b - a
-    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+_STATUS = {"finished": 0, "rejected": 1, "unfinished": 2}
 
 
 def client_stats(
@@ -228,32 +213,59 @@ def client_stats(
     w_q: float = 2.0,
     cost: CostFunction | None = None,
 ) -> dict[str, ClientStats]:
+    """Each client's requests, tokens, service and times to first token (clients in name order). All clients at
+    once: sums with np.bincount, which adds each client's in record order as a loop over its requests would."""
     h = cost or LinearCost(w_p, w_q)
+    index: dict[str, int] = {}
+    who = np.array([index.setdefault(r.client, len(index)) for r in records], dtype=np.int64)
+    n = len(index)
+    status = np.array([_STATUS.get(r.status, 3) for r in records], dtype=np.int64)
+    by_status = np.bincount(who * 4 + status, minlength=4 * n).reshape(n, 4).T
+    output = np.bincount(who, weights=[r.output_tokens for r in records], minlength=n)
+    served_at = np.flatnonzero([r.first_token_s is not None for r in records])
+    served, c = [records[i] for i in served_at.tolist()], who[served_at]
+    prompt = np.bincount(c, weights=[r.prompt_tokens for r in served], minlength=n)
+    tokens = np.array([r.output_tokens for r in served], dtype=np.int64)
+    service = np.bincount(c, weights=charges(h, served, tokens), minlength=n)
+    response = np.array([r.first_token_s for r in served], dtype=float) - np.array([r.arrival_s for r in served])
+    count = np.bincount(c, minlength=n)
+    mean = np.bincount(c, weights=response, minlength=n) / np.maximum(count, 1)
+    ordered = response[np.lexsort((response, c))]  # client by client, each sorted
+    columns = (*by_status, prompt, output, service, count, mean, *(_percentiles(ordered, count, q) for q in (50, 90)))
+    rows = dict(zip(index, zip(*(column.tolist() for column in columns), strict=True), strict=True))
     out = {}
-    for client, rs in sorted(by_client(records).items()):
-        rt = np.array([r.first_token_s - r.arrival_s for r in rs if r.first_token_s is not None])
-        ordered = sorted(rt.tolist())
-        served = [r for r in rs if r.first_token_s is not None]
-        prompt = sum(r.prompt_tokens for r in served)
-        output = sum(r.output_tokens for r in rs)
-        service = sum(
-            h.total(r.prompt_tokens, r.output_tokens) + h.cached(r.prompt_tokens, r.cached_tokens) for r in served
-        )
-        out[client] = ClientStats(
-            client=client,
-            requests=len(rs),
-            finished=sum(r.status == "finished" for r in rs),
-            rejected=sum(r.status == "rejected" for r in rs),
-            unfinished=sum(r.status == "unfinished" for r in rs),
-            prompt_tokens=prompt,
-            output_tokens=output,
-            service=service,
-            service_rate=service / duration_s if duration_s > 0 else 0.0,
-            response_mean_s=float(rt.mean()) if len(rt) else None,
-            response_p50_s=_percentile(ordered, 50),
-            response_p90_s=_percentile(ordered, 90),
+    for name in sorted(rows):
+        finished, rejected, unfinished, other, prompt_n, output_n, svc, n_served, mean_s, p50_s, p90_s = rows[name]
+        out[name] = ClientStats(
+            client=name,
+            requests=finished + rejected + unfinished + other,
+            finished=finished,
+            rejected=rejected,
+            unfinished=unfinished,
+            prompt_tokens=int(prompt_n),
+            output_tokens=int(output_n),
+            service=svc,
+            service_rate=svc / duration_s if duration_s > 0 else 0.0,
+            response_mean_s=mean_s if n_served else None,
+            response_p50_s=p50_s if n_served else None,
+            response_p90_s=p90_s if n_served else None,
         )
     return out
+
+
+def _percentiles(ordered: np.ndarray, count: np.ndarray, q: float) -> np.ndarray:
+    """`np.percentile(x, q)` (its default, linear method, and its arithmetic, so bit for bit) of each client's x:
+    `ordered` holds them client by client, `count` each, sorted (numpy's call costs ~0.1 ms whatever the size, two a
+    client). Meaningless where the count is 0."""
+    pad = np.append(ordered, 0.0)  # NOTE: reads past a client's values land in the next client's or here; not used
+    start = np.cumsum(count) - count
+    at = q / 100 * (count - 1)
+    lo = np.floor(at).astype(np.int64)
+    a, b = pad[np.clip(start + lo, 0, len(ordered))], pad[np.clip(start + lo + 1, 0, len(ordered))]
+    t = at - lo
+    diff = b - a
+    inside = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    return np.where(lo >= count - 1, pad[np.clip(start + count - 1, 0, len(ordered))], inside)
 
 
 def summarize(
