@@ -42,7 +42,10 @@ setup = st.fixed_dictionaries(
             preempt_delta=st.sampled_from([None, 0.0, 0.0, 50.0, 400.0]),
             preempt_max=st.sampled_from([1, 3]),
             running_cap=st.sampled_from([None, None, 400, 1200]),
+            preempt_priority=st.sampled_from([False, False, True]),
         ),
+        # NOTE: levels for priority that preempts: a best, the others worse (c worst), or one level
+        "priorities": st.sampled_from([None, {"a": 0, "b": 1, "c": 2, "d": 1}]),
     }
 )
 
@@ -50,7 +53,8 @@ setup = st.fixed_dictionaries(
 def build(kind, s):
     policy = make_policy(s["policy"], cost=s["cost"])
     cfg = s["config"] if policy.capabilities.shares_counters else replace(s["config"], preempt_delta=None)
-    return kind(Ledger(policy, weights=s["weights"]), LATENCIES[s["latency"]], cfg)
+    priorities = s["priorities"] if policy.capabilities.tree and not s["tree"] else None
+    return kind(Ledger(policy, weights=s["weights"], priorities=priorities), LATENCIES[s["latency"]], cfg)
 
 
 def named(s, arrivals):
@@ -163,6 +167,23 @@ def test_a_tenant_holding_the_pool_is_preempted_for_a_waiting_one():
     assert fair.ledger.service == plain.ledger.service == {"a": 2 * (100 + 1800), "b": 100 + 1800}
     high = simulate(wl, "vtc:preempt=100000", latency=lat, drain=True)  # the gap never exceeds DELTA
     assert high.records == plain.records and high.fair_preemptions == 0
+
+
+def test_a_better_level_preempts_a_worse_one_and_an_equal_one_never_does():
+    """`preempt-priority=1` in the simulator: tenant low (level 1) fills the pool; high (level 0) arrives and is
+    admitted at the next try, low's newest request preempted for it (and finished later, charged once). Without the
+    option high waits for one of low's requests to end; at one level nobody is preempted."""
+    lat = ConstantLatency(prefill_s_fixed=0.01, decode_s=0.01)
+    arrivals = [Arrival(0.0, "low", 100, 900) for _ in range(2)] + [Arrival(1.0, "high", 100, 900)]
+    levels = {"low": 1, "high": 0}
+    wl = Workload("fill", arrivals, duration_s=100, kv_tokens=2100, priorities=levels)
+    plain = simulate(wl, "vtc", latency=lat, drain=True)
+    first = simulate(wl, "vtc:preempt-priority=1", latency=lat, drain=True)
+    assert plain.records[2].admit_s > 8 and first.records[2].admit_s < 1.2
+    assert first.fair_preemptions == first.preemptions == 1 and all(r.status == "finished" for r in first.records)
+    assert first.ledger.service == plain.ledger.service == {"low": 2 * (100 + 1800), "high": 100 + 1800}
+    flat = simulate(replace(wl, priorities=None), "vtc:preempt-priority=1", latency=lat, drain=True)
+    assert flat.preemptions == 0 and flat.records[2].admit_s > 8
 
 
 def test_the_cap_holds_a_tenant_to_its_share():

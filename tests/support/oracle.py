@@ -161,13 +161,39 @@ class StepEngine:
 
     def admit(self) -> bool:
         admitted = self.admit_round()
-        while self.config.preempt_delta is not None and self.ledger.num_queued and self.running:
+        cfg = self.config
+        while (cfg.preempt_delta is not None or cfg.preempt_priority) and self.ledger.num_queued and self.running:
             if self.eager:
                 self._sync()
-            if not self.fair_preempt():
+            if not (cfg.preempt_priority and self.priority_preempt()) and not (
+                cfg.preempt_delta is not None and self.fair_preempt()
+            ):
                 break
             admitted = self.admit_round() or admitted
         return admitted
+
+    def priority_preempt(self) -> bool:
+        """Plainly: the running requests of a level worse than the next request's, not preempted too often; the
+        worst level first, then the highest counter, then the newest; the shortest prefix of them whose removal lets
+        the next request fit is preempted (none if all of them would not do)."""
+        head = self.ledger.peek()
+        assert head is not None
+        counter = {t: a.counter for t, a in self.ledger.accounts.items()}
+        mine = head.priority or 0
+        newest_first = list(self.running)[::-1]
+        candidates = [
+            r for r in newest_first if (r.priority or 0) > mine and r.fair_preemptions < self.config.preempt_max
+        ]
+        candidates = sorted(candidates, key=lambda r: (-(r.priority or 0), -counter[r.tenant]))
+        for n in range(1, len(candidates) + 1):
+            gone = candidates[:n]
+            if self.fits([r for r in self.running if r not in gone])(head):  # type: ignore[arg-type]
+                for r in gone:
+                    r.fair_preemptions += 1
+                    self.fair_preemptions += 1
+                    self.preempt(r)
+                return True
+        return False
 
     def admit_round(self) -> bool:
         if self.eager:

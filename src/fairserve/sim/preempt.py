@@ -23,7 +23,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 from ..core.ledger import Ledger
-from ..core.preemption import fair_victims
+from ..core.preemption import fair_victims, priority_victims
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -48,11 +48,14 @@ def preemption_rules(
     that `cfg` names; `sync` brings the counters up to date, `preempt` evicts a running request (the engine's)."""
     extra = cfg.prompt_extra_tokens
     check: Check = budget_check if cfg.running_cap is None else RunningCap(cfg.running_cap, batch.tenants, extra)
-    if cfg.preempt_delta is None:
-        return check, NoPreemption()
-    if not ledger.policy.capabilities.shares_counters:
-        raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
-    return check, FairPreemption(ledger, batch, memory, cfg.preempt_delta, cfg.preempt_max, check, sync, preempt)
+    rules: list[NoPreemption] = []
+    if cfg.preempt_priority:
+        rules.append(PriorityPreemption(ledger, batch, memory, cfg.preempt_max, check, sync, preempt))
+    if cfg.preempt_delta is not None:
+        if not ledger.policy.capabilities.shares_counters:
+            raise ValueError(f"preemption compares tenants' counters: policy {ledger.policy.name!r} keeps none")
+        rules.append(FairPreemption(ledger, batch, memory, cfg.preempt_max, check, sync, preempt, cfg.preempt_delta))
+    return check, rules[0] if len(rules) == 1 else Preemptions(rules) if rules else NoPreemption()
 
 
 class Capped:
@@ -100,24 +103,23 @@ class NoPreemption:
         return False
 
 
-class FairPreemption(NoPreemption):
-    """Fairness-triggered preemption (`preempt=DELTA`): the running requests `fair_victims` picks for the policy's
-    next request, as the batch `memory` has it less them, through the round's `check`. `sync` brings the counters up
-    to date; `preempt` is the engine's evict-and-recompute."""
+class Preempting(NoPreemption):
+    """A rule that preempts the running requests `victims` picks for the policy's next request, as the batch
+    `memory` has it less them, through the round's `check`. `sync` brings the counters up to date; `preempt` is the
+    engine's evict-and-recompute; a request is preempted `preempt_max` times at most."""
 
     def __init__(
         self,
         ledger: Ledger,
         batch: Batch,
         memory: ReserveMemory | PagedMemory,
-        delta: float,
         preempt_max: int,
         check: Check,
         sync: Callable[[], None],
         preempt: Callable[[SimRequest], None],
     ) -> None:
         self.ledger, self.batch, self.memory = ledger, batch, memory
-        self.delta, self.preempt_max, self.check = delta, preempt_max, check
+        self.preempt_max, self.check = preempt_max, check
         self.sync, self.evict = sync, preempt
         self.count = 0
 
@@ -127,13 +129,60 @@ class FairPreemption(NoPreemption):
         self.sync()
         head = cast("SimRequest | None", self.ledger.peek())  # NOTE: the engine's ledger holds only SimRequests
         assert head is not None
-        victims = fair_victims(head, self.batch.running, self.ledger.accounts, self.delta, self.preempt_max, self._fits)
+        victims = self.victims(head)
         for r in victims:
             r.fair_preemptions += 1
             self.count += 1
             self.evict(r)
         return bool(victims)
 
+    def victims(self, head: SimRequest) -> list[SimRequest]:
+        raise NotImplementedError
+
     def _fits(self, req: SimRequest, without: list[SimRequest]) -> bool:
         """Would `req` be admitted into the batch as it is, less the requests `without`?"""
         return self.check(self.memory.budget_without(without))(req)
+
+
+class FairPreemption(Preempting):
+    """Fairness-triggered preemption (`preempt=DELTA`): the running requests `fair_victims` picks."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        batch: Batch,
+        memory: ReserveMemory | PagedMemory,
+        preempt_max: int,
+        check: Check,
+        sync: Callable[[], None],
+        preempt: Callable[[SimRequest], None],
+        delta: float,
+    ) -> None:
+        super().__init__(ledger, batch, memory, preempt_max, check, sync, preempt)
+        self.delta = delta
+
+    def victims(self, head: SimRequest) -> list[SimRequest]:
+        return fair_victims(head, self.batch.running, self.ledger.accounts, self.delta, self.preempt_max, self._fits)
+
+
+class PriorityPreemption(Preempting):
+    """Priority that preempts (`preempt-priority=1`): the running requests of worse levels than the policy's next
+    request that `priority_victims` picks (the worst level, the highest counter, the newest first; never an equal
+    level)."""
+
+    def victims(self, head: SimRequest) -> list[SimRequest]:
+        return priority_victims(head, self.batch.running, self.ledger.accounts, self.preempt_max, self._fits)
+
+
+class Preemptions(NoPreemption):
+    """Several rules in turn (priority first, then fairness): the first that preempts wins the round."""
+
+    def __init__(self, rules: list[NoPreemption]) -> None:
+        self.rules = rules
+
+    @property
+    def count(self) -> int:  # type: ignore[override]
+        return sum(r.count for r in self.rules)
+
+    def preempt(self) -> bool:
+        return any(r.preempt() for r in self.rules)

@@ -31,6 +31,7 @@ class EngineConfig:
     preempt_delta: float | None = None  # preempt at a counter gap above this (sim/preempt.py); None: never
     preempt_max: int = 1  # times one request may be preempted for fairness
     running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
+    preempt_priority: bool = False  # a waiting request of a better level preempts running ones of worse levels
     prefix_cache: bool = False  # paged mode: KV blocks shared by prompts with a common prefix (sim/prefix_cache.py)
     block_tokens: int = DEFAULT_BLOCK_TOKENS  # tokens per KV block of the prefix cache
 
@@ -50,8 +51,8 @@ class EngineConfig:
                 raise ValueError("the prefix cache needs the paged engine (mode 'paged')")
             if not 1 <= self.block_tokens <= self.kv_tokens // 2:
                 raise ValueError(f"block_tokens must be between 1 and kv_tokens / 2, got {self.block_tokens}")
-            if self.preempt_delta is not None or self.running_cap is not None:
-                raise ValueError("the prefix cache does not combine with preempt= or running-cap=")
+            if self.preempt_delta is not None or self.running_cap is not None or self.preempt_priority:
+                raise ValueError("the prefix cache does not combine with preempt=, preempt-priority= or running-cap=")
 
     @property
     def pool_tokens(self) -> int:
@@ -62,21 +63,21 @@ class EngineConfig:
 
     def with_options(self, options: Mapping[str, float | int]) -> EngineConfig:
         """This engine with a policy spec's engine options (`core.registry.split_options`): `preempt`,
-        `preempt-max`, `running-cap`."""
+        `preempt-max`, `running-cap`, `preempt-priority`."""
         if not options:
             return self
-        # NOTE: the vLLM plugin's options (core.registry.VLLM_OPTIONS): refused, not ignored, by this engine
-        vllm_only = [k for k in options if k in ("preempt-priority", "victim")]
-        if vllm_only:
+        # NOTE: the vLLM plugin's own victim rule (core.registry.VLLM_OPTIONS): refused, not ignored, by this engine
+        if "victim" in options:
             raise ValueError(
-                f"engine option {vllm_only[0]!r} applies to the vLLM plugin only (docs/vllm.md); the simulated engine "
-                "takes preempt, preempt-max and running-cap"
+                "engine option 'victim' applies to the vLLM plugin only (docs/vllm.md); the simulated engine takes "
+                "preempt, preempt-max, preempt-priority and running-cap"
             )
         return replace(
             self,
             preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
             preempt_max=int(options.get("preempt-max", self.preempt_max)),
             running_cap=int(options["running-cap"]) if "running-cap" in options else self.running_cap,
+            preempt_priority=bool(options.get("preempt-priority", self.preempt_priority)),
         )
 
     @cached_property
@@ -107,6 +108,11 @@ class SimRequest(Request):
     first_token_s: float | None = None
     finish_s: float | None = None
     last_token_s: float | None = None
+
+    @property
+    def level(self) -> int:
+        """The priority level it runs at (0 the best; `core.preemption.Leveled`)."""
+        return self.priority or 0
 
     def generated_at(self, step: int) -> int:
         """Output tokens produced by decode step `step` (the prefill produced one)."""
