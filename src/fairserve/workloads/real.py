@@ -1,6 +1,6 @@
 """The paper's `real` workload: the Chatbot Arena trace (27 clients, 1,500 requests, 10 minutes); and `get_workload`,
-which serves every named workload: the synthetic ones, `real`, `lower-bound` (§4.1.1's construction) and those
-with shared prefixes (`workloads/prefixed.py`).
+which serves every named workload: the synthetic ones, `real`, `lower-bound` (§4.1.1's construction), those
+with shared prefixes (`workloads/prefixed.py`) and `flood` (a fleet's flooding tenant, `workloads/flood.py`).
 
 The trace ships with fairserve (`workloads/data/`; from the paper's artifact, Apache-2.0: see NOTICE).
 `$FAIRSERVE_ARENA_TRACE` points at another copy instead; a path that does not exist is an error, not a fallback.
@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from .base import Workload, WorkloadError
+from .flood import FLOOD, flood_workload
 from .prefixed import PREFIX_WORKLOADS, make_prefix_workload
 from .synthetic import WORKLOADS, make_workload
 from .traces import load_trace
@@ -46,6 +47,8 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
         )
     if name in PREFIX_WORKLOADS:
         return make_prefix_workload(name, seed=seed, duration_s=duration_s)
+    if name == FLOOD:
+        return flood_workload(seed=seed, duration_s=duration_s)
     if name != REAL:
         if name not in WORKLOADS:  # NOTE: here, where every name is known (synthetic.py knows its own only)
             raise WorkloadError(f"unknown workload {name!r}; valid names: {', '.join(ALL_WORKLOADS)}")
@@ -64,4 +67,4 @@ def get_workload(name: str, seed: int = 0, duration_s: float | None = None) -> W
     return w
 
 
-ALL_WORKLOADS = (*WORKLOADS, LOWER_BOUND, REAL, *PREFIX_WORKLOADS)
+ALL_WORKLOADS = (*WORKLOADS, LOWER_BOUND, REAL, *PREFIX_WORKLOADS, FLOOD)
