@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fairserve.records import RequestRecord
 from fairserve.reproduce.experiments import ALL_EXPERIMENTS
-from fairserve.reproduce.runs import RunOutput, RunSpec, run
+from fairserve.reproduce.runs import FLEET, RunOutput, RunSpec, run
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "reproduce_records.json"
 
@@ -41,6 +41,7 @@ def key(spec: RunSpec, quick: bool) -> str:
     mode += "" if spec.kv_tokens is None else f" kv={spec.kv_tokens}"
     mode += " prefix-cache" if spec.prefix_cache else ""
     mode += "" if spec.w_cached is None else f" w_cached={spec.w_cached:g}"
+    mode += "".join(f" {k}={getattr(spec, k)}" for k in (*FLEET, "without") if getattr(spec, k) is not None)
     return f"{spec.workload} {spec.policy} cost={spec.cost}{weighted}{flat}{mode}{' quick' if quick else ''}"
 
 

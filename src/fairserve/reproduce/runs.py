@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +15,16 @@ from ..records import RequestRecord
 from ..sim import SimOptions, simulate
 from ..sim.requests import Mode
 from ..workloads import PREFIX_WORKLOADS, Arrival, Workload, get_workload, load_trace
+from ..workloads.flood import FLOOD
 
 REAL = "real"
+FLEET = (
+    "engines",
+    "dispatch",
+    "autoscale",
+    "scale_wait_s",
+    "scale_delay_s",
+)  # a fleet's options: RunSpec's and SimOptions'
 # --quick halves durations (at least 240 s), except where the claim needs the whole run: `increase` only overloads
 # the server in its last third, `dist-shift` needs the phase after the shift, and `real` is a fixed trace.
 QUICK_DURATION_S = {"increase": 600.0, "dist-shift": 600.0, REAL: 600.0}
@@ -34,14 +42,34 @@ class RunSpec:
     kv_tokens: int | None = None  # the KV pool; None: the workload's
     prefix_cache: bool = False  # paged mode: the prefix cache (sim/cached.py)
     w_cached: float | None = None  # the linear cost's price of a prompt token served from the cache; None: w_p
+    # a fleet (sim/fleet.py, docs/fleet.md); all None: the one engine, no dispatcher
+    engines: int | None = None  # engines behind the gateway's dispatch (at start, with `autoscale`)
+    dispatch: str | None = None  # least_loaded (None) or shard:K
+    autoscale: str | None = None  # "MIN:MAX"
+    scale_wait_s: float | None = None  # None: SimOptions' default
+    scale_delay_s: float | None = None  # None: SimOptions' default
+    without: str | None = None  # a tenant left out of the workload: the same arrivals without its requests
 
     @property
     def name(self) -> str:
-        return self.label or (self.policy if self.mode == "reserve" else f"{self.policy} ({self.mode})")
+        """The label, or the policy with what sets the run apart: `vtc (paged)`, `vtc (8 engines, shard:2)`."""
+        if self.label:
+            return self.label
+        parts: list[str] = [] if self.mode == "reserve" else [self.mode]
+        if self.engines is not None:
+            parts.append(f"{self.engines} engine{'s' if self.engines != 1 else ''}")
+        parts += [p for p in (self.dispatch, self.autoscale and f"autoscale {self.autoscale}") if p]
+        if self.scale_wait_s is not None:
+            parts.append(f"wait {self.scale_wait_s:g} s")
+        if self.scale_delay_s is not None:
+            parts.append(f"start-up {self.scale_delay_s:g} s")
+        if self.without is not None:
+            parts.append(f"without {self.without}")
+        return f"{self.policy} ({', '.join(parts)})" if parts else self.policy
 
     def options(self) -> SimOptions:
-        """The run's engine options, as `fairserve simulate` and `sweep` take them."""
-        return SimOptions(
+        """The run's engine options, as `fairserve simulate` and `sweep` take them (a fleet's where set)."""
+        engine = SimOptions(
             policy=self.policy,
             cost=self.cost,
             mode=self.mode,
@@ -49,6 +77,8 @@ class RunSpec:
             prefix_cache=self.prefix_cache,
             w_cached=self.w_cached,
         )
+        fleet = {k: getattr(self, k) for k in FLEET if getattr(self, k) is not None}
+        return replace(engine, **fleet) if fleet else engine  # NOTE: SimOptions' defaults for those not set
 
 
 @dataclass
@@ -65,6 +95,9 @@ class RunOutput:
     fair_preemptions: int = 0  # of those, for fairness (`preempt=DELTA`)
     lost: int = 0  # requests neither finished nor still queued or running at the horizon (rejected)
     cached_tokens: list[int] | None = None  # with the prefix cache: per record, prompt tokens served from it
+    # a fleet's (sim/fleet.py `FleetReport`), as plain data: its cost, and (time, engines up or starting) at each change
+    engine_seconds: float | None = None
+    counts: list[tuple[float, int]] | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -98,9 +131,15 @@ class RunOutput:
         )
 
     @property
+    def engines(self) -> int:
+        """The most engines up or starting at once (1 without a fleet)."""
+        return max((n for _, n in self.counts), default=1) if self.counts else 1
+
+    @property
     def bound(self) -> float:
-        """Theorem 4.4's 2U = 2 max(w_p L_in, w_q M) for this run's pool and prompts (linear cost)."""
-        return theorem_bound(self.max_prompt, self.kv_tokens)
+        """Theorem 4.4's 2U = 2 max(w_p L_in, w_q M) for this run's pool and prompts (linear cost); for a fleet, M
+        is its engines' pools together (docs/fleet.md, "The fleet's bound"), at the most engines it had at once."""
+        return theorem_bound(self.max_prompt, self.kv_tokens * self.engines)
 
     def _memo(self, key, make):
         if key not in self._cache:
@@ -126,8 +165,8 @@ def load_workload(name: str, quick: bool, trace: str | None) -> Workload:
 
 
 def quick_duration(full_s: float, name: str) -> float:
-    if name in PREFIX_WORKLOADS:
-        return full_s  # NOTE: sized short already (reproduce/locality.py)
+    if name in PREFIX_WORKLOADS or name == FLOOD:
+        return full_s  # NOTE: sized short already (reproduce/locality.py, workloads/flood.py)
     return QUICK_DURATION_S.get(name, max(240.0, full_s / 2))
 
 
@@ -143,6 +182,8 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         workload = Workload(
             workload.name, flat, workload.duration_s, None, workload.kv_tokens, workload.latency_profile
         )
+    if spec.without is not None:
+        workload = replace(workload, arrivals=[a for a in workload.arrivals if a.client != spec.without])
     weights = workload.weights if spec.weighted else {}
     start = time.perf_counter()
     result = simulate(workload, spec.options(), weights=weights)
@@ -159,6 +200,8 @@ def run(spec: RunSpec, quick: bool = False, trace: str | None = None) -> RunOutp
         fair_preemptions=result.fair_preemptions,
         lost=len(workload.arrivals) - sum(r.status in ("finished", "unfinished") for r in result.records),
         cached_tokens=result.cached_tokens,
+        engine_seconds=result.fleet.engine_seconds if result.fleet else None,
+        counts=list(result.fleet.counts) if result.fleet else None,
     )
 
 
