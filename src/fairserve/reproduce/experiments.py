@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import locality, preemption, trees
+from . import fleet, locality, preemption, trees
 from .runs import RunSpec
 from .verdicts import (  # the rules behind each verdict, and the run sets they share with the catalogue
     A10G,
@@ -439,6 +439,8 @@ OWN_FINDINGS += _section(
 OWN_FINDINGS += _section(preemption.SECTION, preemption.SOURCE, "preemption_curve", preemption.EXPERIMENTS)
 OWN_FINDINGS += _section(locality.SECTION, locality.SOURCE, "locality_curve", locality.EXPERIMENTS[:1])
 OWN_FINDINGS += _section(locality.SECTION, locality.SOURCE, "", locality.EXPERIMENTS[1:])
+for _row, _figure in zip(fleet.EXPERIMENTS, fleet.FIGURES, strict=True):
+    OWN_FINDINGS += _section(fleet.SECTION, fleet.SOURCE, _figure, (_row,))
 ALL_EXPERIMENTS: tuple[Experiment, ...] = EXPERIMENTS + OWN_FINDINGS
 
 

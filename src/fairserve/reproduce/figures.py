@@ -300,6 +300,7 @@ def _tradeoff_figure(
     ylabel: str,
     references: Sequence[tuple[float, str]],
     goals: Mapping[str, tuple[float, float]],
+    log: bool = False,
 ) -> Figure:
     if not panels or not all(lines and all(lines.values()) for lines in panels.values()):
         raise ValueError("tradeoff: no curves to plot")
@@ -325,7 +326,10 @@ def _tradeoff_figure(
                 )
         for value, label in references:
             legend.setdefault(label, ax.axhline(value, color="black", linestyle="--", linewidth=1.2))
-        ax.set_ylim(bottom=0)
+        if log and all(p[2] > 0 for points in lines.values() for p in points):
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.set(title=panel, xlabel=xlabel)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel(ylabel)
@@ -343,8 +347,49 @@ def tradeoff(
     ylabel: str,
     references: Sequence[tuple[float, str]] = (),
     goals: Mapping[str, tuple[float, float]] | None = None,
+    log: bool = False,
 ) -> Path:
     """One panel per entry of `panels` (sharing y), one line per curve through its labelled points (x, y), a curve
     keeping its colour across panels; `references`: dashed horizontal lines; `goals`, per curve, the region
-    x >= x0, y <= y1 shaded in its colour."""
-    return _save(_tradeoff_figure(panels, title, xlabel, ylabel, references, goals or {}), path)
+    x >= x0, y <= y1 shaded in its colour; `log`: a logarithmic y axis (where every y is positive)."""
+    return _save(_tradeoff_figure(panels, title, xlabel, ylabel, references, goals or {}, log), path)
+
+
+def _steps_figure(
+    lines: Mapping[str, Sequence[tuple[float, float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    reference: tuple[float, str],
+) -> Figure:
+    if not lines or not all(lines.values()):
+        raise ValueError("steps: no lines to plot")
+    fig = Figure(figsize=(WIDTH_IN, 4.6), dpi=DPI)
+    ax = fig.add_subplot()
+    for i, (name, points) in enumerate(lines.items()):
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        # NOTE: offset a little each, so that lines at the same count stay apart
+        ax.step(
+            xs, np.asarray(ys) + 0.04 * i, where="post", color=_PALETTE[i % len(_PALETTE)], linewidth=1.6, label=name
+        )
+    ax.axhline(reference[0], color="black", linestyle="--", linewidth=1.2, label=reference[1])
+    ax.set_ylim(0, reference[0] + 0.8)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    _margins(fig, 1, 1, title.count("\n") + 1, 0, len(labels))
+    _legend_below(fig, handles, labels)
+    return fig
+
+
+def steps(
+    path: PathLike,
+    lines: Mapping[str, Sequence[tuple[float, float]]],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    reference: tuple[float, str],
+) -> Path:
+    """One step line per entry of `lines` through its (x, y) changes, each held until the next; `reference`: a
+    dashed horizontal line (value, label) that also tops the y axis."""
+    return _save(_steps_figure(lines, title, xlabel, ylabel, reference), path)

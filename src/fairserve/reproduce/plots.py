@@ -191,6 +191,38 @@ def _locality_curve(path, exp, runs, workload):
     )
 
 
+def _fleet_bound(path, exp, runs, workload):
+    from .fleet import POOL, bound_figure
+
+    figures.tradeoff(
+        path,
+        bound_figure(list(runs.values())),
+        _title(exp, workload, "largest backlogged difference vs the fleet's size"),
+        "engines (least-loaded)",
+        "largest backlogged difference (weighted tokens)",
+        log=True,
+    )
+    return (
+        f"The largest service difference between backlogged clients on `{workload}` against the number of engines "
+        f"(each with a {POOL:,}-token pool), under VTC and FCFS, beside the fleet's bound 2U with M = the engines' "
+        "pools together (log scale)."
+    )
+
+
+def _fleet_scaling(path, exp, runs, workload):
+    from .fleet import scaling_figure
+
+    lines, reference = scaling_figure(list(runs.values()))
+    figures.steps(
+        path, lines, _title(exp, workload, "engines up or starting, auto-scaled"), "time (s)", "engines", reference
+    )
+    return (
+        f"The engines up or starting over time in each policy's auto-scaled run on `{workload}` (an engine costs "
+        "from the moment it is asked for; lines offset a little to stay apart), with its engine-seconds; dashed: the "
+        "fixed fleet."
+    )
+
+
 _DRAW = {
     "service_rate": _service_rate,
     "response_time": _response_time,
@@ -204,5 +236,7 @@ _DRAW = {
     "group_service": _group_service,
     "preemption_curve": _preemption_curve,
     "locality_curve": _locality_curve,
+    "fleet_bound": _fleet_bound,
+    "fleet_scaling": _fleet_scaling,
 }
 _PER_WORKLOAD = {"service_rate", "response_time", "difference", "difference_by_policy", "group_service"}
