@@ -81,6 +81,30 @@ def scaling_table(high: int, delay: float) -> None:
             )
 
 
+def share_table(delay: float) -> None:
+    """The backlogged tenants' shares in the 60 s windows in which at least two are backlogged (90% of the window),
+    while the fleet scales 1:4: the largest deviation from the fair (equal) share."""
+    from fairserve.metrics import backlogged, service_curves, time_grid
+
+    print("\n(b2) shares across scaling events: autoscale 1:4, VTC, 60 s windows with >= 2 tenants backlogged\n")
+    print("| workload | windows | largest deviation from the fair share | engine-seconds (fixed 4) |")
+    print("|---|---:|---:|---:|")
+    for name in ("overload", "overload-multi"):
+        w = get_workload(name)
+        r = simulate(w, SimOptions(autoscale="1:4", scale_delay_s=delay, scale_wait_s=5.0))
+        times = time_grid(w.duration_s)
+        curves, busy = service_curves(r.records, times), backlogged(r.records, times)
+        worst, windows = 0.0, 0
+        for a in range(0, len(times) - 60, 60):
+            got = {c: curves[c][a + 60] - curves[c][a] for c in curves if busy[c][a : a + 61].mean() >= 0.9}
+            if len(got) >= 2:
+                fair = sum(got.values()) / len(got)
+                windows += 1
+                worst = max(worst, *(abs(v - fair) / fair for v in got.values()))
+        fixed = 4 * w.duration_s
+        print(f"| {name} | {windows} | {worst:.1%} | {r.fleet.engine_seconds:,.0f} ({fixed:,.0f}) |")
+
+
 def shard_table() -> None:
     light = [f"t{i}" for i in range(7)]
     calm = [Arrival(s + 0.1 * i, c, 200, 100) for s in range(0, 10) for i, c in enumerate(light)]
@@ -131,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     bound_table()
     scaling_table(a.max, a.delay)
+    share_table(a.delay)
     shard_table()
     speed_table()
     print(f"\n({time.perf_counter() - start:.0f} s)")
