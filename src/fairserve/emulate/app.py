@@ -16,6 +16,7 @@ from ..api.errors import error_response
 from ..api.handlers import install as install_error_handlers
 from ..api.protocol import DONE, BadRequest, Call, Reply, models_list, parse_call, parse_json, sse
 from ..api.streaming import EventStream
+from ..api.tokens import messages_text
 from ..core import DEFAULT_TENANT, RequestState
 from .config import EmulatorConfig, Fault
 from .driver import CLIENT_HEADER, POLL_S, Emulator, Job, TooLarge, wait_tokens
@@ -94,7 +95,9 @@ async def _serve(request: Request, em: Emulator, chat: bool) -> Response:
         prompt_tokens=call.prompt_tokens,
         include_usage=call.include_usage,
     )
-    job = em.submit(reply.id, request.headers.get(CLIENT_HEADER) or DEFAULT_TENANT, call.prompt_tokens, call.max_tokens)
+    client = request.headers.get(CLIENT_HEADER) or DEFAULT_TENANT
+    text = messages_text(list(call.messages)) if chat else call.prompt
+    job = em.submit(reply.id, client, call.prompt_tokens, call.max_tokens, text)
     if job.req.state is RequestState.REJECTED:
         em.close(job, "rejected")
         return error_response(429, f"Rejected by the engine's policy {em.config.policy!r}.", code="rate_limited")

@@ -86,6 +86,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--hang-rate", type=float, default=0.0, metavar="P", help="fraction never answered until the client disconnects"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the fault draw")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="paged engine: share the KV blocks of prompts with a common prefix (blocks hashed from the text or token "
+        "ids received), as vLLM's automatic prefix caching; /metrics reports vllm:prefix_cache_queries and _hits",
+    )
+    p.add_argument(
+        "--block-tokens", type=int, default=16, metavar="N", help="tokens per KV block of the prefix cache (16)"
+    )
     return p
 
 
@@ -105,6 +114,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         drop_rate=args.drop_rate,
         hang_rate=args.hang_rate,
         seed=args.seed,
+        prefix_cache=args.prefix_cache,
+        block_tokens=args.block_tokens,
     )
 
 

@@ -30,6 +30,8 @@ class EmulatorConfig:
     drop_rate: float = 0.0  # fraction whose connection is closed after half the tokens
     hang_rate: float = 0.0  # fraction never answered until the client disconnects
     seed: int = 0  # seeds the fault draw
+    prefix_cache: bool = False  # paged mode: KV blocks shared by prompts with a common prefix (the simulator's cache)
+    block_tokens: int = 16  # tokens per KV block of the prefix cache
 
     def __post_init__(self) -> None:
         for name in (*self.models, *self.loras):
@@ -43,6 +45,10 @@ class EmulatorConfig:
             raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale}")
         if isinstance(self.kv_tokens, bool) or not isinstance(self.kv_tokens, int) or self.kv_tokens < 2:
             raise ValueError(f"kv_tokens must be an integer >= 2, got {self.kv_tokens!r}")
+        if self.prefix_cache and self.engine_mode != "paged":
+            raise ValueError("--prefix-cache needs --engine-mode paged")
+        if isinstance(self.block_tokens, bool) or not isinstance(self.block_tokens, int) or self.block_tokens < 1:
+            raise ValueError(f"--block-tokens must be a whole number >= 1, got {self.block_tokens!r}")
         if self.engine_mode not in ENGINE_MODES:
             raise ValueError(f"engine mode must be one of {', '.join(ENGINE_MODES)}, got {self.engine_mode!r}")
         for name in ("error_rate", "drop_rate", "hang_rate"):

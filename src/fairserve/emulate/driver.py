@@ -21,11 +21,13 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from starlette.requests import Request
 
+from ..api.prefix import prefix_segments
 from ..core import Ledger, RequestState, make_policy
 from ..core.registry import split_options
 from ..sim import Mode, SimEngine, SimRequest, engine_config, get_latency_model
@@ -71,16 +73,16 @@ class Emulator:
         self.config = config
         # NOTE: the preset's whole server (its pool, longer tokenized prompts, per-client admission reserve)
         policy, options = split_options(config.policy)  # engine options: the simulator's (docs/preemption.md)
-        self.engine = SimEngine(
-            Ledger(make_policy(policy)),
-            get_latency_model(config.profile),
-            engine_config(config.profile, config.kv_tokens, cast(Mode, config.engine_mode)).with_options(options),
-        )
+        engine = engine_config(config.profile, config.kv_tokens, cast(Mode, config.engine_mode)).with_options(options)
+        if config.prefix_cache:
+            engine = replace(engine, prefix_cache=True, block_tokens=config.block_tokens)
+        self.engine = SimEngine(Ledger(make_policy(policy)), get_latency_model(config.profile), engine)
         self.draw_fault = FaultDraw(config)
         self.jobs: dict[str, Job] = {}  # by request id, most recent KEEP_JOBS (finished ones too)
         self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
         self.cancelled = 0  # requests cancelled in the engine (disconnect, drop, hang)
         self.prompt_tokens_total = 0  # of prefilled requests (counted at their first token)
+        self.prefix_queries = self.prefix_hits = 0  # prompt tokens looked up in the prefix cache, and found there
         self.generation_tokens_total = 0  # output tokens delivered
         self._live: dict[SimRequest, Job] = {}  # submitted, not yet finished or cancelled
         self._wake: asyncio.Event | None = None  # made in start(), on the serving loop
@@ -112,9 +114,12 @@ class Emulator:
         if why is not None:
             raise TooLarge(why)
 
-    def submit(self, id: str, client: str, prompt_tokens: int, max_tokens: int) -> Job:
+    def submit(
+        self, id: str, client: str, prompt_tokens: int, max_tokens: int, prompt: str | Sequence[int] = ""
+    ) -> Job:
         """A request arrives now. Its job's `req.state` is REJECTED if the policy refused it (rate limits).
-        It joins the engine at its clock: the end of the step in progress, or, idle, the wall clock's time."""
+        It joins the engine at its clock: the end of the step in progress, or, idle, the wall clock's time. With the
+        prefix cache, `prompt` (its text or token ids) names its blocks (api/prefix.py)."""
         self.check_fits(prompt_tokens, max_tokens)
         eng = self.engine
         if not eng.running and not eng.ledger.num_queued:
@@ -127,6 +132,8 @@ class Emulator:
             output_tokens=max_tokens,
             arrival_s=eng.now,
         )
+        if self.config.prefix_cache:
+            req.prefix = prefix_segments(prompt, prompt_tokens, self.config.block_tokens)
         job = Job(req)
         self.jobs[job.id] = job
         if len(self.jobs) > KEEP_JOBS:
@@ -205,6 +212,9 @@ class Emulator:
         if new > 0:
             if job.delivered == 0:
                 self.prompt_tokens_total += job.req.prompt_tokens
+                if self.config.prefix_cache:
+                    self.prefix_queries += job.req.prompt_tokens
+                    self.prefix_hits += job.req.cached_tokens
             self.generation_tokens_total += new
             job.delivered = produced
             job.changed.set()

@@ -37,6 +37,9 @@ class EmulatorCollector(Collector):
         )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", em.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", em.generation_tokens_total)
+        if em.config.prefix_cache:  # NOTE: vLLM's names: tokens looked up in the prefix cache, and found there
+            yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", em.prefix_queries)
+            yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", em.prefix_hits)
         outcomes = CounterMetricFamily("fairserve_emulator_requests", "Requests by how they ended.", labels=["outcome"])
         for outcome, n in sorted(em.outcomes.items()):
             outcomes.add_metric([outcome], n)
