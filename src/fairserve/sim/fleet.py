@@ -179,7 +179,7 @@ class Fleet:
                 self._arrive(reqs[i])
                 i += 1
             self._event(t, scale=t_scale <= t)
-        return self._result(reqs)
+        return self._result(reqs, until_s)
 
     def _run(self, m: Member, until: int) -> None:
         """`m`'s engine runs up to tick `until` or its first finish."""
@@ -295,9 +295,11 @@ class Fleet:
         self._place()
 
     # ---- the result ----------------------------------------------------------------------------------------------
-    def _result(self, reqs: list[SimRequest]) -> SimResult:
+    def _result(self, reqs: list[SimRequest], until_s: float | None) -> SimResult:
         self._charge()
         end = max([self.now, *(seconds(m.engine.clock.t) for m in self.members if m.stopped_s is None)])
+        # NOTE: a run to a horizon holds its engines to it (the cost counts them there), a drained one to its end
+        up_to = end if until_s is None else max(end, until_s)
         on = {copy: m.engine for m in self.members for copy in m.running}
         # NOTE: as the engine ran it (its times, its output), or as the fleet held it (queued: unfinished; rejected)
         ran = [r.item.copy if isinstance(r.item, Ticket) and r.item.copy is not None else r for r in reqs]
@@ -306,7 +308,7 @@ class Fleet:
             EngineReport(m.name, m.started_s, m.ready_s, m.stopped_s, m.engine.busy_s, m.requests, m.served)
             for m in self.members
         ]
-        cost = sum((m.stopped_s if m.stopped_s is not None else end) - m.started_s for m in self.members)
+        cost = sum((m.stopped_s if m.stopped_s is not None else up_to) - m.started_s for m in self.members)
         return SimResult(
             records,
             self.ledger,
