@@ -81,3 +81,17 @@ def test_the_prefix_cache_needs_the_paged_engine_and_whole_blocks():
         EmulatorConfig(prefix_cache=True)
     with pytest.raises(ValueError, match="--block-tokens must be a whole number >= 1"):
         EmulatorConfig(engine_mode="paged", prefix_cache=True, block_tokens=0)
+
+
+def test_a_workloads_declared_prefixes_become_text_that_shares_exactly_them():
+    from fairserve.api.prefix import prompt_text
+    from fairserve.bench.runner import request_body
+
+    seg = (("org", 32), ("org/sys-a", 48))
+    a, b = prompt_text(130, seg, "r1"), prompt_text(100, seg[:1] + (("org/sys-b", 48),), "r2")
+    assert (estimate_tokens(a), estimate_tokens(b)) == (130, 100)
+    da, db = block_digests(a, 130, B), block_digests(b, 100, B)
+    assert da[:2] == db[:2] and not set(da[2:]) & set(db[2:])  # the 32 shared tokens: two blocks, no more
+    assert prompt_text(130, seg, "r1") == a and prompt_text(130, seg, "r3")[: 80 * CHARS_PER_TOKEN] == a[: 80 * 4]
+    arrival = Arrival(0.0, "t", 130, 5, prefix=seg)
+    assert request_body(arrival, "chat", "m")["messages"][0]["content"] == prompt_text(130, seg, ("t", 0.0))

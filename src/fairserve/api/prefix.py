@@ -8,13 +8,16 @@ a shared text prefix gives the same leading blocks whatever follows it. The bloc
 count holds whole, and no more than the text has.
 
 `prefix_segments` gives them as the simulator's `Arrival.prefix` segments (id, tokens): the emulator's engine keys its
-prefix cache by them, exactly as the simulator does a workload's (sim/prefix_cache.py `prompt_keys`).
+prefix cache by them, exactly as the simulator does a workload's (sim/prefix_cache.py `prompt_keys`). The other way,
+`prompt_text` writes a workload's arrival as text that shares exactly its declared prefix with the other arrivals
+(what `fairserve bench` sends), so a server's prefix cache sees the prefixes the workload declares.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import random
+from collections.abc import Hashable, Sequence
 
 from .tokens import CHARS_PER_TOKEN
 
@@ -46,3 +49,33 @@ Segments = tuple[tuple[str, int], ...]
 def prefix_segments(prompt: str | Sequence[int], prompt_tokens: int, block_tokens: int) -> Segments:
     """`block_digests` as prefix segments of `block_tokens` tokens each."""
     return tuple((d, block_tokens) for d in block_digests(prompt, prompt_tokens, block_tokens))
+
+
+def prompt_text(prompt_tokens: int, prefix: Sequence[tuple[Hashable, int]] = (), own: Hashable = "") -> str:
+    """A prompt of `prompt_tokens` estimated tokens whose text is, segment by segment, fixed by `prefix`'s ids (a
+    workload's `Arrival.prefix`: each id names the whole prefix up to its segment's end), then by `own` for the rest:
+    two prompts share their text exactly as far as their declared prefixes agree."""
+    parts, used = [], 0
+    for name, tokens in prefix:
+        tokens = min(tokens, prompt_tokens - used)
+        if tokens <= 0:
+            break
+        parts.append(_text(("segment", name), tokens))
+        used += tokens
+    if used < prompt_tokens:
+        parts.append(_text(("own", own), prompt_tokens - used))
+    return "".join(parts)
+
+
+def _text(seed: Hashable, tokens: int) -> str:
+    """`tokens` x `CHARS_PER_TOKEN` characters of words drawn from `seed` (the same seed, the same text)."""
+    digest = hashlib.blake2b(repr(seed).encode(), digest_size=8).digest()
+    rng = random.Random(int.from_bytes(digest, "big"))
+    chars = tokens * CHARS_PER_TOKEN
+    words = []
+    size = 0
+    while size < chars:
+        w = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=3)) + " "
+        words.append(w)
+        size += len(w)
+    return "".join(words)[:chars]

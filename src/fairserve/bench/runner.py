@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..api.prefix import prompt_text
 from ..api.tokens import prompt_of
 from ..records import RequestRecord
 from ..workloads import Arrival
@@ -114,10 +115,12 @@ def request_body(a: Arrival, endpoint: str, model: str, xargs_key: str | None = 
     }
     if xargs_key:
         body["vllm_xargs"] = {xargs_key: a.client}
+    # NOTE: a workload that declares prefixes gets text that shares exactly them (a server's prefix cache sees them)
+    text = prompt_text(a.prompt_tokens, a.prefix, (a.client, a.arrival_s)) if a.prefix else prompt_of(a.prompt_tokens)
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt_of(a.prompt_tokens)}]
+        body["messages"] = [{"role": "user", "content": text}]
     else:
-        body["prompt"] = prompt_of(a.prompt_tokens)
+        body["prompt"] = text
     return body
 
 
