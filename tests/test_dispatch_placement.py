@@ -1,5 +1,6 @@
-"""The gateway's `dispatch` rule (gateway/dispatch/placement.py): shuffle sharding deals each tenant a deterministic
-hand of K backends, stable as backends come and go, and a tenant whose hand is full holds up no other tenant."""
+"""The gateway's `dispatch` rules (gateway/dispatch/placement.py, locality.py): shuffle sharding deals each tenant a
+deterministic hand of K backends, stable as backends come and go, and a tenant whose hand is full holds up no other
+tenant; prefix dispatch lets a request wait for the backend holding its prefix, overtaken within DELTA only."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from support.gateway import config
 
 from fairserve.gateway.admission.footprint import Footprint
 from fairserve.gateway.admission.scheduler import Scheduler
+from fairserve.gateway.admission.ticket import Ending
 from fairserve.gateway.dispatch.placement import Placement, parse_placement
 from fairserve.gateway.metrics.prometheus import GatewayMetrics
-from fairserve.gateway.settings.config import build_config
 
 pytestmark = pytest.mark.unit
 
@@ -47,10 +48,10 @@ def test_a_new_backend_changes_only_the_hands_that_rank_it_in():
 
 @pytest.mark.parametrize("bad", ["shard", "shard:0", "shard:x", "round_robin", ""])
 def test_a_bad_rule_is_one_line(bad):
-    with pytest.raises(ValueError, match="dispatch must be least_loaded or shard:K"):
+    with pytest.raises(ValueError, match="dispatch must be least_loaded, shard:K"):
         parse_placement(bad)
     with pytest.raises(ValueError, match="dispatch must be"):
-        build_config({"backends": [{"url": "http://a"}], "tenants": [{"name": "a", "key": "k" * 8}], "dispatch": bad})
+        config(["http://a"], dispatch=bad)
 
 
 def admitted_backends(rule: str) -> dict[str, list[str]]:
@@ -95,3 +96,58 @@ def test_dispatch_is_a_live_key():
     assert s.pools.placement.shard is None
     s.configure(config(backends, dispatch="shard:1"))
     assert s.pools.placement.shard == 1
+
+
+def test_locality_finds_the_backend_holding_the_longest_prefix_and_forgets_the_oldest():
+    from fairserve.gateway.dispatch.locality import Locality
+
+    near = Locality(blocks=4)
+    a, b = B("http://a"), B("http://b")
+    near.record("http://a", ["p1", "p2"])
+    near.record("http://b", ["p1", "p2", "p3"])
+    assert near.home(["p1", "p2", "p3", "x"], [a, b]) is b and near.home(["p1", "q"], [a, b]) is a  # tie: the first
+    assert near.home(["z"], [a, b]) is near.home(["z", "y"], [b, a])  # unseen: rendezvous by the first block
+    assert near.home([], [a, b]) is None
+    near.record("http://a", ["r1", "r2", "r3"])  # four kept: p1, the least recently sent, leaves a's record
+    assert near.matched("http://a", ["p1"]) == 0 and near.matched("http://a", ["p2", "q"]) == 1
+    assert near.matched("http://a", ["r1", "r2", "r3"]) == 3
+
+
+def prefix_pass(rule: str) -> dict[str, str | None]:
+    """Backends a and b, one request each. x's request (its prefix now at home on a) runs on a, y's bigger one on b.
+    Queued then, in the policy's order: x's second (home a: full; counter 40), y's second (a new prefix, its home by
+    hashing b; counter 400). When y's first ends, where each of the two went."""
+
+    async def go() -> dict[str, str | None]:
+        backends = [{"url": "http://a", "max_inflight_requests": 1}, {"url": "http://b", "max_inflight_requests": 1}]
+        s = Scheduler(config(backends, dispatch=rule), GatewayMetrics())
+        s.pools.locality.record("http://a", ["x1", "x2"])
+        x1, y1 = s.new_ticket("x", Footprint(40, 5)), s.new_ticket("y", Footprint(400, 5))
+        x1.prefix = ("x1", "x2")
+        s.submit(x1)
+        s.submit(y1)
+        assert (x1.backend.url, y1.backend.url) == ("http://a", "http://b")
+        x2, y2 = s.new_ticket("x", Footprint(40, 5)), s.new_ticket("y", Footprint(40, 5))
+        x2.prefix, y2.prefix = ("x1", "x2", "x3"), ("y1",)
+        s.submit(x2)
+        s.submit(y2)
+        s.close(y1, Ending("ok", 400, 0))
+        return {t: (k.backend.url if k.admitted.done() else None) for t, k in (("x", x2), ("y", y2))}
+
+    return asyncio.run(go())
+
+
+def test_prefix_dispatch_lets_a_request_wait_for_its_prefix_within_delta():
+    from fairserve.gateway.dispatch.locality import Locality
+
+    assert Locality().home(["y1"], [B("http://a"), B("http://b")]) == B("http://b")  # NOTE: the scenario relies on it
+    assert prefix_pass("prefix") == {"x": None, "y": "http://b"}  # x's waits for a, y's (within DELTA) goes home
+    # negative controls: least_loaded sends x's to b; with a DELTA of 100 y (counter 400) may not overtake x (40)
+    assert prefix_pass("least_loaded") == {"x": "http://b", "y": None}
+    assert prefix_pass("prefix:100") == {"x": "http://b", "y": None}
+
+
+def test_prefix_dispatch_is_refused_with_replicas():
+    assert config(["http://a"], dispatch="prefix").placement().prefix_delta == 4096
+    with pytest.raises(ValueError, match="dispatch: prefix works on one gateway"):
+        config(["http://a"], dispatch="prefix", state="redis://127.0.0.1:6379/0")

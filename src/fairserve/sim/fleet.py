@@ -27,8 +27,11 @@ from ..core import Ledger, make_policy
 from ..core.request import RequestState
 from .autoscale import Scaling
 from .engine import SimEngine
+from .prefix_cache import prompt_keys
 from .requests import EngineConfig, SimRequest, SimResult, record_of, sim_requests, too_large
 from .ticks import FOREVER, at_or_after, seconds
+
+BLOCK_TOKENS = 16  # prefix dispatch: the blocks of a request's prefix (the gateway's, gateway/dispatch/locality.py)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -50,6 +53,7 @@ class Ticket:
     tried: frozenset[str] = frozenset()
     backend: Any = None  # the engine's backend, once dispatched
     copy: SimRequest | None = None  # the request as its engine runs it
+    prefix: tuple[str, ...] = ()  # prefix dispatch: its prompt's blocks, named as the engines' caches name them
 
 
 @dataclass(eq=False)
@@ -206,7 +210,11 @@ class Fleet:
             r.state = REJECTED
             return
         pool = self.pools.route(None)
-        r.item = Ticket(r.prompt_tokens + cfg.prompt_extra_tokens + r.output_tokens, pool)
+        r.item = t = Ticket(r.prompt_tokens + cfg.prompt_extra_tokens + r.output_tokens, pool)
+        if self.pools.placement.prefix_delta is not None:
+            own = ("own", r.id) if r.continued_as is None else r.continued_as
+            keys = prompt_keys(r.prompt_tokens + cfg.prompt_extra_tokens, BLOCK_TOKENS, own, r.prefix)
+            t.prefix = tuple(f"{name}@{end}" for name, end in keys)
         if self.ledger.add(r, now=r.arrival_s):
             pool.queued += 1
             self._queue.append(r)

@@ -52,6 +52,7 @@ class Ticket:
     stalled: str = ""  # why its stream was cut for a client that does not read (gateway/relay/stalls.py)
     upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
     holding: asyncio.Task[Any] | None = None  # its quota hold, taken at its first dispatch (gateway/quota/gate.py)
+    prefix: tuple[str, ...] = ()  # prefix dispatch: its prompt's block digests (gateway/dispatch/locality.py)
 
     @property
     def tokens(self) -> int:

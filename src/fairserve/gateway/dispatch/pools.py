@@ -25,8 +25,9 @@ This is the place fleet-level dispatch grows (preemption across pools, locality)
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ from ...core import Ledger, Request, RequestState
 from ..settings.backends import BackendConfig
 from ..shared.heads import Head, pool_key
 from ..shared.state import SharedState
+from .locality import Locality
 from .placement import Placement
 
 
@@ -170,6 +172,7 @@ class Dispatch:
         self.backends = backends
         self.clock = clock  # the scheduler's
         self.placement = placement or Placement()  # which of its pool's backends a request may go to
+        self.locality = Locality()  # prefix dispatch: the prefixes sent to each backend
         self.per_model = per_model
         self._make = make_ledger
         self.ledgers: list[Ledger] = [make_ledger()]  # the fleet's (global), or the first pool's (per_model)
@@ -237,6 +240,8 @@ class Dispatch:
 
     def _pass(self, ledger: Ledger, shared: SharedState | None) -> list[Request]:
         now = self.clock()
+        if self.placement.prefix_delta is not None and shared is None and not self.strict:
+            return self._near(ledger, now, self.placement.prefix_delta)
         queued = [p for p in self.pools.values() if p.ledger is ledger and p.queued]
         room = {p for p in queued if p.has_room(now)}
         # NOTE: with shared state every pool's head is found (the replicas compare them), not only those with room
@@ -283,4 +288,57 @@ class Dispatch:
         finally:
             for req in reversed(passed):
                 ledger.unpop(req)
+        return admitted
+
+    def _near(self, ledger: Ledger, now: float, delta: float) -> list[Request]:
+        """The pass of prefix dispatch (`dispatch = "prefix:DELTA"`, gateway/dispatch/locality.py), in the policy's
+        order: a request whose prefix's home has room goes there; one whose home is full waits for it (popped, put
+        aside) while the requests admitted past it are of tenants whose counter is at most DELTA above its tenant's
+        (from the first one waiting); past that, and at the end of the pass, the waiting ones go to any backend of
+        their pool with room, the least-loaded. So no backend stays idle while a request could run on it, and a
+        request is overtaken for locality by at most DELTA of counter (docs/gateway.md: the bound)."""
+        admitted: list[Request] = []
+        popped: list[Request] = []  # in the order popped; those not admitted are put back, as they were, at the end
+        waiting: list[Request] = []  # popped: their home is full
+        floor, accounts = math.inf, ledger.accounts
+
+        def place(req: Request, hand: Sequence[Backend]) -> None:
+            t = req.item
+            t.backend = claim(hand, req, t.tokens, None, t.tried, now)
+            if t.backend is not None:
+                t.pool.queued -= 1
+                admitted.append(req)
+                self.locality.record(t.backend.url, t.prefix)
+
+        def release() -> None:
+            for w in waiting:
+                place(w, w.item.pool.backends)
+            waiting.clear()
+
+        try:
+            while (req := ledger.peek()) is not None:
+                if not any(b.up(now) and b.room_for(1) for b in self.backends):
+                    break  # NOTE: no backend has room for anything: the pass is over
+                t = req.item
+                backends = [b for b in t.pool.backends if b.up(now) and b.url not in t.tried]
+                counter = accounts[req.tenant].counter
+                if counter > floor + delta:
+                    release()  # NOTE: the ones waiting may be overtaken no further
+                    floor = math.inf
+                home = self.locality.home(t.prefix, backends) if t.prefix else None
+                ledger.pop()
+                popped.append(req)
+                if not any(b.room_for(t.tokens) for b in backends):
+                    continue  # its pool is full: looked behind
+                if home is not None and not home.room_for(t.tokens):
+                    floor = min(floor, counter)
+                    waiting.append(req)
+                    continue
+                place(req, [home] if home is not None else backends)
+            release()
+        finally:
+            done = set(admitted)
+            for req in reversed(popped):
+                if req not in done:
+                    ledger.unpop(req)
         return admitted

@@ -122,12 +122,14 @@ class GatewayConfig(ServerConfig):
     )
     dispatch: str = key(
         "least_loaded",
-        help="which of its pool's backends a request may go to: least_loaded (any: the least-loaded with room), or "
-        "shard:K (its tenant's hand of K backends: a flooding tenant fills at most K)",
+        help="which of its pool's backends a request may go to: least_loaded (any: the least-loaded with room), "
+        "shard:K (its tenant's hand of K backends: a flooding tenant fills at most K) or prefix[:DELTA] (the backend "
+        "holding its prompt's prefix, waited for within DELTA of counter)",
         metavar="RULE",
         doc="which of its pool's backends a request may go to: `least_loaded` (any; the least-loaded with room takes "
-        "it) or `shard:K` (shuffle sharding: its tenant's deterministic hand of K, so a tenant that floods fills "
-        "at most K backends); see [Dispatch](#dispatch)",
+        "it), `shard:K` (shuffle sharding: its tenant's deterministic hand of K, so a tenant that floods fills "
+        "at most K backends) or `prefix[:DELTA]` (the backend its prompt's prefix was last sent to, waited for while "
+        "those who overtake it are within DELTA of counter; without `state`); see [Dispatch](#dispatch)",
     )
     fail_fast_s: float = key(
         5.0,
@@ -330,6 +332,11 @@ class GatewayConfig(ServerConfig):
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
             raise ValueError("backend URLs must be unique")
+        if self.state is not None and self.placement().prefix_delta is not None:
+            raise ValueError(
+                "dispatch: prefix works on one gateway (each replica would keep its own record of "
+                "where prefixes went); with state use least_loaded or shard:K"
+            )
         if len({b.name for b in self.backends}) != len(urls):
             raise ValueError("backend URLs must differ in more than their credentials")
         if self.metrics_key is not None and (
