@@ -214,7 +214,7 @@ class Fleet:
         if self.pools.placement.prefix_delta is not None:
             own = ("own", r.id) if r.continued_as is None else r.continued_as
             keys = prompt_keys(r.prompt_tokens + cfg.prompt_extra_tokens, BLOCK_TOKENS, own, r.prefix)
-            t.prefix = tuple(f"{name}@{end}" for name, end in keys)
+            t.prefix = tuple(repr(k) for k in keys)  # NOTE: (the name of its prefix so far, its end)
         if self.ledger.add(r, now=r.arrival_s):
             pool.queued += 1
             self._queue.append(r)
