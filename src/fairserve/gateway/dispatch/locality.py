@@ -3,11 +3,11 @@
 The gateway keeps, per backend, the prefix blocks it recently sent there: each request's chained block digests
 (api/prefix.py: a digest per full block of 16 tokens of its text, each naming everything before it), in a record of
 the most recently used `DEFAULT_BLOCKS` per backend. A request's **home** is the backend whose record holds the
-longest run of its leading digests; a prefix seen nowhere gets a home by rendezvous hashing of its first block over
-the pool's backends, so new prefixes spread over the backends, each backend's cache holding a share of them, and
-every request of one prefix has the same home from the first (measured: spreading new prefixes by load instead
-found half the cache hits, the overflow of one prefix making homes of both backends). A request without a whole
-block has no home (least-loaded, as `least_loaded`).
+longest run of its leading digests; a prefix seen nowhere gets as home the backend whose record is the smallest, so
+new prefixes spread evenly over the backends, each backend's cache holding a share of them, and every later request
+of one prefix has the same home (measured in the simulated fleet: spreading new prefixes by load found half the
+cache hits, the overflow of one prefix making homes of both backends; hashing them split eight prefixes unevenly). A
+request without a whole block has no home (least-loaded, as `least_loaded`).
 
 The record is the gateway's own view, not the backend's cache: a backend that evicted a prefix is still its home
 until the record forgets it; sending it there again fills the cache again. The admission rule that uses the home,
@@ -16,7 +16,6 @@ and what it costs in fairness, is in gateway/dispatch/pools.py (`Dispatch._near`
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
@@ -54,7 +53,7 @@ class Locality:
 
     def home(self, digests: Sequence[str], backends: Sequence[B]) -> B | None:
         """The backend of `backends` whose record holds the longest run of `digests` from the first (the first such
-        on a tie), else the one rendezvous hashing of the first digest picks; None without digests or backends."""
+        on a tie), else the one whose record is the smallest; None without digests or backends."""
         if not digests or not backends:
             return None
         best, most = None, 0
@@ -64,8 +63,7 @@ class Locality:
                 best, most = b, n
         if best is not None:
             return best
-        first = digests[0]
-        return max(backends, key=lambda b: hashlib.blake2b(f"{first}\n{b.url}".encode(), digest_size=8).digest())
+        return min(backends, key=lambda b: len(self.sent.get(b.url, ())))
 
     def record(self, url: str, digests: Sequence[str]) -> None:
         """`digests` were sent to the backend at `url`: the most recently used there now."""
