@@ -148,3 +148,17 @@ def test_prefix_dispatch_is_refused_with_replicas():
     assert config(["http://a"], dispatch="prefix").placement().prefix_delta == 4096
     with pytest.raises(ValueError, match="dispatch: prefix works on one gateway"):
         config(["http://a"], dispatch="prefix", state="redis://127.0.0.1:6379/0")
+
+
+def test_a_bodys_prompt_blocks_are_the_texts_a_backend_caches():
+    from fairserve.api.prefix import prompt_text
+    from fairserve.gateway.dispatch.locality import prompt_digests
+
+    system = prompt_text(64, (("sys", 64),))  # four blocks of 16 tokens
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": "one question, then another"}]
+    a = prompt_digests({"messages": chat}, True, 80)
+    b = prompt_digests({"messages": [chat[0], {"role": "user", "content": "x" * 80}]}, True, 90)
+    assert len(a) >= 4 and a[:4] == b[:4]
+    ids = list(range(40))
+    assert prompt_digests({"prompt": ids}, False, 40)[:2] == prompt_digests({"prompt": [ids + [1]]}, False, 41)[:2]
+    assert prompt_digests({"prompt": 7}, False, 40) == ()

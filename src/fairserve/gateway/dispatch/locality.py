@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from ...api.prefix import block_digests
+from ...api.tokens import messages_text
 
 DEFAULT_BLOCKS = 65_536  # digests kept per backend (about 1M tokens of prompts at 16 tokens a block)
 BLOCK_TOKENS = 16  # tokens per block of a request's digests
@@ -73,3 +76,17 @@ class Locality:
             seen.move_to_end(d)
         while len(seen) > self.blocks:
             seen.popitem(last=False)
+
+
+def prompt_digests(body: dict[str, Any], chat: bool, prompt_tokens: int) -> tuple[str, ...]:
+    """A request body's prompt blocks (api/prefix.py): a chat's messages' text, a completion's prompt (its text or
+    token ids; of a list of prompts, the first)."""
+    if chat:
+        prompt: Any = messages_text(body.get("messages") or [])
+    else:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]
+    if not isinstance(prompt, str | list):
+        return ()
+    return tuple(block_digests(prompt, prompt_tokens, BLOCK_TOKENS))
