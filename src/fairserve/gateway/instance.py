@@ -53,7 +53,7 @@ class Gateway(Part):
         self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
-        self.tenant_names = frozenset(self.sched.tenants)
+        self.tenant_names = cfg.index().name_set
         limit = connections(cfg.backends, [])
         # NOTE: the gateway's own requests (health checks, model lists, metrics scrapes) are a few per backend at a
         # time: no cap, so backends a reload adds need no new client
@@ -102,8 +102,9 @@ class Gateway(Part):
 
     def configure(self, cfg: GatewayConfig) -> None:
         """The keys and tenants of the requests from now on, and the upstream hop's timeouts and connections."""
-        self.owners.replace(cfg.key_owners())
-        self.tenant_names = frozenset(t.name for t in cfg.tenants)
+        index = cfg.index()  # NOTE: made off the event loop by a reload
+        self.owners.replace(index.owners)
+        self.tenant_names = index.name_set
         self.upstream.configure(
             cfg.connect_timeout_s,
             cfg.chunk_timeout_s,

@@ -366,8 +366,8 @@ class Scheduler:
         self.prices, self.pools.placement = cfg.price_table(), cfg.placement()
         base = LinearCost(cfg.w_p, cfg.w_q)
         self.price = None if self.ledger.cost == base else base
-        self.tenants[:] = [t.name for t in cfg.tenants]  # NOTE: in place: the admin API reads this list
-        self.use_quotas(cfg.quotas())
+        self.tenants[:] = cfg.index().names  # NOTE: in place: the admin API reads this list
+        self.use_quotas(cfg.index().quotas)
         self.cfg = cfg
 
     async def start(self) -> None:

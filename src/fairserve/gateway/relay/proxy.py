@@ -69,7 +69,7 @@ class Proxy(Part):
     def configure(self, cfg: GatewayConfig) -> None:
         """The limits and model access of the requests from now on."""
         self.cfg = cfg
-        self.allowed_models = cfg.allowed_models()  # tenants limited to some models
+        self.allowed_models = cfg.index().allowed_models  # tenants limited to some models
 
     async def stop(self) -> None:
         """The requests cut off at the end of the server's drain are still sending their last event and settling:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..admission.scheduler import Scheduler
     from ..dispatch.health import HealthMonitor
 
-__all__ = ["ReloadError", "apply", "check", "reload"]
+__all__ = ["ReloadError", "apply", "check", "prepare", "reload"]
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -93,13 +93,23 @@ def apply(gw: Gateway, new: GatewayConfig, change: fleet.Change) -> str:
     return "config reloaded: " + line
 
 
+def prepare(old: GatewayConfig, load: Callable[[], GatewayConfig]) -> GatewayConfig:
+    """The new configuration read and validated, and what the parts derive from its tenants (`index()`) and the
+    tree's change from `old` (`retree.plan`) made with it: all O(tenants), on a thread, so that `apply` on the event
+    loop is O(what changed)."""
+    new = load()
+    new.index()
+    retree.plan(old, new)
+    return new
+
+
 async def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
     """Read, check, prepare (added backends checked) and apply; ReloadError (one line) when refused, the running
     configuration kept. One reload at a time."""
     async with gw.reloading:
         try:
             # NOTE: off the event loop: reading (bounded: api/config.py) and validating a large file take seconds
-            new = await asyncio.to_thread(load)
+            new = await asyncio.to_thread(prepare, gw.cfg, load)
         except (ValueError, OSError) as e:  # NOTE: OSError: a file a key names (ssl_certfile, ...) may be unreadable
             raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
         check(gw, new)
