@@ -215,12 +215,8 @@ def backlog_runs(records: Sequence[RequestRecord], times: np.ndarray) -> dict[st
     admitted = np.array([np.nan if r.admit_s is None else r.admit_s for r in records], dtype=float)
     admits = waits & ~np.isnan(admitted)
     n_t, span = len(times), len(times) + 1
-    keys = np.concatenate(
-        (
-            who[waits] * span + np.searchsorted(times, arrived[waits], side="left"),
-            who[admits] * span + np.searchsorted(times, admitted[admits], side="left"),
-        )
-    )
+    at = np.searchsorted(times, np.concatenate((arrived[waits], admitted[admits])), side="left")
+    keys = np.concatenate((who[waits], who[admits])) * span + at
     steps = np.repeat(np.array([1, -1], dtype=np.int64), [int(waits.sum()), int(admits.sum())])
     order = np.argsort(keys, kind="stable")
     keys, steps = keys[order], steps[order]

@@ -176,8 +176,7 @@ def backlogged_jain(
     # NOTE: a curve's ramp formula leaves float noise (~1e-16 of its size) where no service happened: not service
     x[np.abs(x) <= 1e-9 * np.abs(v[: len(w)])] = 0.0
     x = x / np.array([(weights or {}).get(name, 1.0) for name in curves.names])[c]
-    total = np.bincount(w, weights=x, minlength=n_windows)
-    total_sq = np.bincount(w, weights=x * x, minlength=n_windows)
+    total, total_sq = (np.bincount(w, weights=y, minlength=n_windows) for y in (x, x * x))
     return np.where(n >= 2, _jain(total, total_sq, n), np.nan)
 
 
@@ -203,9 +202,6 @@ def _counted(client: np.ndarray, s: np.ndarray, e: np.ndarray, k: int, n_windows
     return np.cumsum(inside[:-1]) + np.bincount(counted % n_windows, minlength=n_windows), counted
 
 
-_STATUS = {"finished": 0, "rejected": 1, "unfinished": 2}
-
-
 def client_stats(
     records: Sequence[RequestRecord],
     duration_s: float,
@@ -219,7 +215,8 @@ def client_stats(
     index: dict[str, int] = {}
     who = np.array([index.setdefault(r.client, len(index)) for r in records], dtype=np.int64)
     n = len(index)
-    status = np.array([_STATUS.get(r.status, 3) for r in records], dtype=np.int64)
+    code = {"finished": 0, "rejected": 1, "unfinished": 2}
+    status = np.array([code.get(r.status, 3) for r in records], dtype=np.int64)
     by_status = np.bincount(who * 4 + status, minlength=4 * n).reshape(n, 4).T
     output = np.bincount(who, weights=[r.output_tokens for r in records], minlength=n)
     served_at = np.flatnonzero([r.first_token_s is not None for r in records])
@@ -254,16 +251,14 @@ def client_stats(
 
 
 def _percentiles(ordered: np.ndarray, count: np.ndarray, q: float) -> np.ndarray:
-    """`np.percentile(x, q)` (its default, linear method, and its arithmetic, so bit for bit) of each client's x:
-    `ordered` holds them client by client, `count` each, sorted (numpy's call costs ~0.1 ms whatever the size, two a
-    client). Meaningless where the count is 0."""
-    pad = np.append(ordered, 0.0)  # NOTE: reads past a client's values land in the next client's or here; not used
+    """`np.percentile(x, q)` of each client's x, bit for bit (its default, linear method, and its arithmetic), from
+    `ordered`: each client's x in turn, `count` of them, sorted; meaningless where the count is 0."""
+    pad = np.append(ordered, 0.0)  # NOTE: a read past a client's values (count 0 or 1) is not used
     start = np.cumsum(count) - count
     at = q / 100 * (count - 1)
     lo = np.floor(at).astype(np.int64)
     a, b = pad[np.clip(start + lo, 0, len(ordered))], pad[np.clip(start + lo + 1, 0, len(ordered))]
-    t = at - lo
-    diff = b - a
+    t, diff = at - lo, b - a
     inside = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
     return np.where(lo >= count - 1, pad[np.clip(start + count - 1, 0, len(ordered))], inside)
 
