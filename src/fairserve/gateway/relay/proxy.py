@@ -22,9 +22,10 @@ from ...tenancy import model_refused, priority_message
 from ..admission.scheduler import Scheduler
 from ..admission.ticket import Ending, Ticket
 from ..component import Part
+from ..dispatch.locality import prompt_digests
 from ..dispatch.pools import Backend, UnknownModel
 from ..dispatch.unavailable import PoolDown
-from ..http.body import PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
+from ..http.body import CHAT, PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
 from ..quota.book import Exhausted
 from ..quota.gate import insufficient_quota
 from ..settings.config import GatewayConfig
@@ -121,6 +122,8 @@ class Proxy(Part):
             metrics.refused(tenant, "model_not_found")
             sched.usage.refused(request_id, tenant, parsed.model, kind, "model_not_found")
             return await self._error(request_id, 404, str(e), "model_not_found", param="model")(scope, receive, send)
+        if sched.pools.placement.prefix_delta is not None:  # NOTE: prefix dispatch places by the prompt's blocks
+            ticket.prefix = prompt_digests(parsed.body, kind == CHAT, parsed.footprint.prompt_tokens)
         refused = sched.submit(ticket, parsed.priority)
         if refused == "queue_full":
             return await self._error(
