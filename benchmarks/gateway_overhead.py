@@ -1,12 +1,20 @@
-"""Gateway overhead against the same emulator, measured side by side in one run: streamed requests sent directly to
-`fairserve emulate` and through `fairserve gateway` in front of it.
+"""Gateway overhead against the same emulator, measured side by side in one run: requests sent directly to
+`fairserve emulate` and through `fairserve gateway` in front of it, as a user starts it (defaults but the backend
+and one tenant).
 
-Reports, per path: latency of a whole short stream (p50/p99, ms) with one request at a time, and the most streamed
-requests per second with many at a time. Targets (issue 4): ≤ 1 ms p50 added, ≥ 0.8× direct throughput.
-Two gateways run side by side: as a user starts it (uvicorn's access log on) and with `--no-access-log`.
-`--base DIR`: a third gateway (with `--no-access-log`) runs DIR's checkout of fairserve (its `src/`), interleaved with
-the others, so that a change is measured against the code before it in one run.
-Run: .venv/bin/python benchmarks/gateway_overhead.py [--requests 400] [--concurrency 32] [--rounds 5] [--base DIR]
+Per path and round: non-streamed latency one request at a time (p50, p99, p99.9, max over every round's
+`--sequential` requests), the time to the first token of a stream one at a time (p50, p99), non-streamed requests/s
+with 32 and 128 at a time (`--concurrency`), and the gateway process's CPU time per request over the round (from
+/proc). One aiohttp client (on uvloop where installed), the emulated GPU made instant so that only HTTP and
+scheduling count; every path sees every round (interleaved), and the load average is printed beside the medians.
+Targets (issue 51): ≤ 0.5 ms p50 and ≤ 2 ms p99 added, p99.9 ≤ 10 ms (no collector pause), ≥ 0.8× direct throughput
+at 32 and 128, ≤ 0.35 ms of gateway CPU per request.
+`--base DIR`: the gateway of DIR's checkout of fairserve (its `src/`) side by side, so that a change is measured
+against the code before it; `--variant FLAGS` (repeatable): this tree's gateway with more flags (`--access-log`).
+`--tenants N`: the gateways configured with N tenants in a 3-level tree (benchmarks/config_scale.py's), requests from
+one of them.
+Run: .venv/bin/python benchmarks/gateway_overhead.py [--sequential 1000] [--requests 1000] [--concurrency 32,128]
+     [--rounds 5] [--base DIR] [--variant FLAGS] [--tenants N]
 """
 
 from __future__ import annotations
@@ -15,15 +23,18 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.processes import serve  # noqa: E402  (the loopback subprocess helper the tests use)
+from support.processes import fairserve_process, serve  # noqa: E402  (the loopback subprocess helpers of the tests)
 
 from fairserve.api.tokens import prompt_of  # noqa: E402
 
@@ -94,44 +105,174 @@ def table(first: str, rows: dict[str, list]) -> dict[str, tuple[float, float, fl
     return stats
 
 
+NONSTREAM = {"model": "m", "prompt": prompt_of(8), "max_tokens": 4}
+STREAM = {**NONSTREAM, "stream": True}
+
+
+async def run_path(url: str, key: str, sequential: int, requests: int, levels: list[int]) -> dict[str, Any]:
+    """One round on one path: latencies one at a time, then the rate at each concurrency level."""
+    import aiohttp
+
+    out: dict[str, Any] = {"latency": [], "ttft": [], "rate": {}}
+    headers = {"Authorization": f"Bearer {key}"}
+    target = url + "/v1/completions"
+    connector = aiohttp.TCPConnector(limit=max(levels))
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
+
+        async def plain() -> float:
+            t = time.perf_counter()
+            async with http.post(target, json=NONSTREAM) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {r.status}: {body[:300]!r}")
+            return time.perf_counter() - t
+
+        async def first_token() -> float:
+            t = time.perf_counter()
+            first = None
+            async with http.post(target, json=STREAM) as r:
+                async for line in r.content:
+                    if first is None and line.startswith(b"data: {"):
+                        first = time.perf_counter() - t
+            if r.status != 200 or first is None:
+                raise RuntimeError(f"{url}: HTTP {r.status}")
+            return first
+
+        for _ in range(50):
+            await plain()  # warm up
+        out["latency"] = [await plain() for _ in range(sequential)]
+        out["ttft"] = [await first_token() for _ in range(max(1, sequential // 4))]
+        for level in levels:
+            sem = asyncio.Semaphore(level)
+
+            async def limited(sem: asyncio.Semaphore) -> None:
+                async with sem:
+                    await plain()
+
+            t = time.perf_counter()
+            await asyncio.gather(*(limited(sem) for _ in range(requests)))
+            out["rate"][level] = requests / (time.perf_counter() - t)
+    out["requests"] = 50 + sequential + max(1, sequential // 4) + requests * len(levels)
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def big_config(path: Path, n: int) -> None:
+    """`n` tenants in a 3-level tree, as config_scale.py writes them (`tier{i%10}/org{i//100}/u{i}`, key `key-{i}`)."""
+    from config_scale import write_config
+
+    write_config(path, n)
+
+
 def main() -> int:
-    a = load_args("gateway_overhead.py", __doc__, base=True)
-    if a is None:
+    p = argparse.ArgumentParser(prog="gateway_overhead.py", description=__doc__.splitlines()[0])
+    p.add_argument("--sequential", type=int, default=1000, help="requests one at a time per path and round")
+    p.add_argument("--requests", type=int, default=1000, help="requests per concurrency level per path and round")
+    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[32, 128])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--base", type=Path, help="another checkout of fairserve, measured side by side")
+    p.add_argument("--variant", action="append", default=[], help="this tree's gateway with these flags too")
+    p.add_argument("--tenants", type=int, default=1)
+    a = p.parse_args()
+    if min(a.sequential, a.requests, a.rounds, *a.concurrency) < 1:
+        print("gateway_overhead.py: every count must be >= 1", file=sys.stderr)
         return 2
-    rows: dict[str, list] = {"direct": [], "gateway": [], "gateway --no-access-log": []}
-    gateway_args = ["--tenant=a:key-a"]
-    if a.base is not None:
-        if not (a.base / "src" / "fairserve").is_dir():
-            print(f"gateway_overhead.py: --base {a.base}: no src/fairserve there", file=sys.stderr)
-            return 2
-        rows[f"gateway --no-access-log ({a.base})"] = []
-    # NOTE: time scale 1e6 makes the emulated GPU instant, so what is measured is HTTP and scheduling
-    with serve("emulate", "--time-scale", "1000000") as emulator, contextlib.ExitStack() as stack:
+    if a.base is not None and not (a.base / "src" / "fairserve").is_dir():
+        print(f"gateway_overhead.py: --base {a.base}: no src/fairserve there", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if a.tenants > 1:
+            config = Path(tmp) / "gateway.toml"
+            big_config(config, a.tenants)
+            tenant_args, key = ["--config", str(config)], f"key-{a.tenants // 2}"
+        else:
+            tenant_args, key = ["--tenant=a:key-a"], "key-a"
+        # NOTE: time scale 1e6 makes the emulated GPU instant, so what is measured is HTTP and scheduling
+        # NOTE: with --base, the emulator is the base tree's (the same server for every path, whatever changes here)
+        where = {"PYTHONPATH": str(a.base.resolve() / "src")} if a.base is not None else None
+        emulator = stack.enter_context(serve("emulate", "--time-scale", "1000000", env=where))
         backend = f"--backend={emulator},max_requests=256"
-        urls = [
-            emulator,
-            stack.enter_context(serve("gateway", backend, *gateway_args)),
-            stack.enter_context(serve("gateway", backend, *gateway_args, "--no-access-log")),
-        ]
+        paths: dict[str, tuple[str, int | None]] = {"direct": (emulator, None)}
+
+        def gateway(*flags: str, env: dict[str, str] | None = None) -> tuple[str, int]:
+            url, proc = stack.enter_context(
+                fairserve_process("gateway", *tenant_args, backend, *flags, env=env, timeout_s=300)
+            )
+            return url, proc.pid
+
+        paths["fairserve"] = gateway()
         if a.base is not None:
-            env = {"PYTHONPATH": str(a.base.resolve() / "src")}
-            urls.append(stack.enter_context(serve("gateway", backend, *gateway_args, "--no-access-log", env=env)))
-        for _ in range(a.rounds):  # interleaved, so all paths see the same machine
-            for name, url in zip(rows, urls, strict=True):
-                rows[name].append(asyncio.run(measure(url, a.requests, a.concurrency)))
-    stats = table("path", rows)
-    d = stats["direct"]
-    for name in list(rows)[1:]:
-        g = stats[name]
-        print(
-            f"added by {name}: p50 {g[0] - d[0]:.2f} ms, p99 {g[1] - d[1]:.2f} ms; throughput {g[2] / d[2]:.2f}× direct"
-        )
-    found = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m)]
+            paths[f"fairserve at {a.base}"] = gateway(env={"PYTHONPATH": str(a.base.resolve() / "src")})
+        for flags in a.variant:
+            paths[f"fairserve {flags}"] = gateway(*flags.split())
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+        loads = []
+        names = list(paths)
+        for r in range(a.rounds):  # interleaved, so every path sees the same machine; the gateways' order rotated
+            loads.append(os.getloadavg()[0])
+            gateways = names[1:]
+            for name in [names[0], *gateways[r % len(gateways) :], *gateways[: r % len(gateways)]]:
+                url, pid = paths[name]
+                before = cpu_s(pid) if pid is not None else 0.0
+                got = run(run_path(url, key, a.sequential, a.requests, a.concurrency))
+                got["cpu_ms"] = (cpu_s(pid) - before) / got["requests"] * 1000 if pid is not None else None
+                rounds[name].append(got)
+    print_table(rounds, a.concurrency)
     print(
-        f"({a.rounds} rounds of {a.requests} requests; uvloop/httptools installed for uvicorn: "
-        f"{', '.join(found) or 'neither'})"
+        f"({a.rounds} rounds of {a.sequential} requests one at a time, {max(1, a.sequential // 4)} streams and "
+        f"{a.requests} at each concurrency; {a.tenants:,} tenant(s); load average at each round's start: median "
+        f"{statistics.median(loads):.2f}, {min(loads):.2f}-{max(loads):.2f}; client on "
+        f"{'uvloop' if run is not asyncio.run else 'asyncio'}; uvloop/httptools installed for uvicorn: "
+        f"{', '.join(m for m in ('uvloop', 'httptools') if importlib.util.find_spec(m)) or 'neither'})"
     )
     return 0
+
+
+def print_table(rounds: dict[str, list[dict[str, Any]]], levels: list[int]) -> None:
+    stats = {}
+    for name, runs in rounds.items():
+        lat = [x for r in runs for x in r["latency"]]
+        ttft = [x for r in runs for x in r["ttft"]]
+        cpu = [r["cpu_ms"] for r in runs if r["cpu_ms"] is not None]
+        stats[name] = {
+            "p50": pct(lat, 0.5),
+            "p99": pct(lat, 0.99),
+            "p999": pct(lat, 0.999),
+            "max": max(lat) * 1000,
+            "t50": pct(ttft, 0.5),
+            "t99": pct(ttft, 0.99),
+            **{f"r{n}": statistics.median(r["rate"][n] for r in runs) for n in levels},
+            "cpu": statistics.median(cpu) if cpu else None,
+        }
+    rates = " | ".join(f"req/s at {n}" for n in levels)
+    print(f"| path | p50 (ms) | p99 | p99.9 | max | TTFT p50 | TTFT p99 | {rates} | gateway CPU per request (ms) |")
+    print("|---|" + "---:|" * (7 + len(levels)))
+    for name, x in stats.items():
+        cells = [f"{x[k]:.2f}" for k in ("p50", "p99", "p999", "max", "t50", "t99")]
+        cells += [f"{x[f'r{n}']:.0f}" for n in levels]
+        cells.append(f"{x['cpu']:.3f}" if x["cpu"] is not None else "—")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print()
+    d = stats["direct"]
+    for name, x in list(stats.items())[1:]:
+        ratios = ", ".join(f"{x[f'r{n}'] / d[f'r{n}']:.2f}× at {n}" for n in levels)
+        print(
+            f"added by {name}: p50 {x['p50'] - d['p50']:.2f} ms, p99 {x['p99'] - d['p99']:.2f} ms, p99.9 "
+            f"{x['p999'] - d['p999']:.2f} ms, TTFT p50 {x['t50'] - d['t50']:.2f} ms, p99 {x['t99'] - d['t99']:.2f} ms;"
+            f" throughput {ratios} direct"
+        )
+    print()
 
 
 if __name__ == "__main__":

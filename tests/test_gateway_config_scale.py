@@ -77,7 +77,7 @@ def big(tenants: int, changed: int = 0, added: int = 0) -> GatewayConfig:
 def test_a_reload_puts_the_new_tree_in_place_reading_nothing_per_tenant(monkeypatch):
     async def go() -> None:
         gw = Gateway(big(200))
-        new = reload.prepare(gw.cfg, lambda: big(200, changed=3, added=2))
+        new = reload.prepare(gw, lambda: big(200, changed=3, added=2))
 
         def per_tenant(*_: Any) -> Any:
             raise AssertionError("O(tenants) work on the event loop")

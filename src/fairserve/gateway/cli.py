@@ -64,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(probe(cfg.state))
         except SharedStateError as e:  # NOTE: it cannot start: as bad input, exit 2 (README's table)
             raise ValueError(str(e)) from None
-    app = create_app(
-        cfg, lambda: config_from_args(args)
-    )  # NOTE: before the banner: a snapshot that cannot be restored stops it here
+    # NOTE: before the banner: a snapshot that cannot be restored stops it here
+    app = create_app(cfg, lambda: config_from_args(args), freeze=True)
     print(
         f"fairserve gateway: {_n(len(cfg.tenants), 'tenant')}, {_n(len(cfg.backends), 'backend')}, "
         f"policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",

@@ -73,6 +73,7 @@ class Gateway(Part):
         self.health = HealthMonitor(self.sched, self.client)
         self.load: Callable[[], GatewayConfig] | None = None  # re-reads the configuration (live reload)
         self.reloading = asyncio.Lock()  # one reload at a time
+        self.frozen = False  # what it holds is left out of the collector's passes (gateway/settings/pauses.py)
 
     def parts(self) -> list[Component]:
         """Every part, in start order, which is also the order they apply a new configuration: the scheduler first

@@ -21,6 +21,7 @@ from ...api.errors import error_response
 from ...tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key, scope_bearer
 from ..instance import Gateway
 from ..quota.gate import QuotaView
+from ..settings import pauses
 from ..settings.config import GatewayConfig
 from ..settings.reload import ReloadError
 from .body import PATHS
@@ -124,14 +125,19 @@ def _unauthorized(request_id: str | None = None) -> Response:
     )
 
 
-def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None = None) -> FastAPI:
-    """The app; `load` re-reads the configuration (the file with the same flags) for SIGHUP and POST /admin/reload."""
+def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None = None, freeze: bool = False) -> FastAPI:
+    """The app; `load` re-reads the configuration (the file with the same flags) for SIGHUP and POST /admin/reload;
+    `freeze` (a gateway in its own process): once started, and after each reload, what it holds is left out of the
+    collector's passes (gateway/settings/pauses.py)."""
     gw = Gateway(config)
     gw.load = load
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gw.serve()  # NOTE: every part in start order (Gateway.parts), stopped in reverse
+        if freeze:
+            pauses.settle()
+            gw.frozen = True
         hangup = load is not None and _on_hangup(gw)
         yield
         if hangup:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,7 +31,7 @@ from ..admission.ticket import Ending
 from ..component import Component, ReloadError
 from ..dispatch import fleet
 from ..dispatch.pools import UnknownModel
-from . import retree
+from . import pauses, retree
 from .config import GatewayConfig
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Gateway(Protocol):
     sched: Scheduler
     health: HealthMonitor
     reloading: asyncio.Lock
+    frozen: bool
 
     def parts(self) -> list[Component]:
         """Every part, in the order they apply a new configuration."""
@@ -93,30 +95,40 @@ def apply(gw: Gateway, new: GatewayConfig, change: fleet.Change) -> str:
     return "config reloaded: " + line
 
 
-def prepare(old: GatewayConfig, load: Callable[[], GatewayConfig]) -> GatewayConfig:
+def prepare(gw: Gateway, load: Callable[[], GatewayConfig]) -> GatewayConfig:
     """The new configuration read and validated, and what the parts derive from its tenants (`index()`) and the
-    tree's change from `old` (`retree.plan`) made with it: all O(tenants), on a thread, so that `apply` on the event
-    loop is O(what changed)."""
+    tree's change from the running one (`retree.plan`) made with it: all O(tenants), on a thread (under the reload's
+    lock: the running configuration stays), so that `apply` on the event loop is O(what changed)."""
     new = load()
     new.index()
-    retree.plan(old, new)
+    retree.plan(gw.cfg, new)  # NOTE: `gw`, not its config, is the argument: nothing outlives this call holding it
     return new
 
 
 async def reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
     """Read, check, prepare (added backends checked) and apply; ReloadError (one line) when refused, the running
-    configuration kept. One reload at a time."""
+    configuration kept. One reload at a time; no full collection while it runs, and what is alive frozen once it is
+    applied, where the gateway froze what it held at start (gateway/settings/pauses.py)."""
     async with gw.reloading:
-        try:
-            # NOTE: off the event loop: reading (bounded: api/config.py) and validating a large file take seconds
-            new = await asyncio.to_thread(prepare, gw.cfg, load)
-        except (ValueError, OSError) as e:  # NOTE: OSError: a file a key names (ssl_certfile, ...) may be unreadable
-            raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-        check(gw, new)
-        change = fleet.plan(gw.sched, new.backends)
-        gw.health.configure(new)  # NOTE: the new path and timeout for the checks of added backends
-        try:
-            await gw.health.check_all(change.added)
-        finally:
-            gw.health.configure(gw.cfg)
-        return apply(gw, new, change)
+        with pauses.building(gw.frozen):
+            return await _reload(gw, load)
+
+
+async def _reload(gw: Gateway, load: Callable[[], GatewayConfig]) -> str:
+    try:
+        # NOTE: off the event loop: reading (bounded: api/config.py) and validating a large file take seconds
+        new = await asyncio.to_thread(prepare, gw, load)
+    except (ValueError, OSError) as e:  # NOTE: OSError: a file a key names (ssl_certfile, ...) may be unreadable
+        raise ReloadError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    check(gw, new)
+    change = fleet.plan(gw.sched, new.backends)
+    gw.health.configure(new)  # NOTE: the new path and timeout for the checks of added backends
+    try:
+        await gw.health.check_all(change.added)
+    finally:
+        gw.health.configure(gw.cfg)
+    old = gw.cfg
+    line = apply(gw, new, change)
+    if sys.getrefcount(old) == 2:  # NOTE: this function holds it, and the call's argument: nothing else does
+        await asyncio.to_thread(old.release)  # NOTE: freed a tenant at a time, off the event loop
+    return line

@@ -44,7 +44,8 @@ def _plan(old: GatewayConfig, new: GatewayConfig) -> Retree:
         for n in dict.fromkeys([*p0, *p1, *a0, *a1])
         if p0.get(n) != p1.get(n) or set(a0.get(n, ())) != set(a1.get(n, ()))
     ]
-    line = f"{len(after.names)} tenants ({len(added)} added, {len(before - after.name_set)} removed), {changed} "
+    removed = len(before) + len(added) - len(after.names)  # NOTE: no set difference: one long call holds the GIL
+    line = f"{len(after.names)} tenants ({len(added)} added, {removed} removed), {changed} "
     line += "weights changed" + (f", {len(levels)} priorities changed" if levels else "")
     return Retree(added, levels, weights, line)
 
