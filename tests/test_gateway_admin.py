@@ -222,10 +222,12 @@ def test_run_serves_with_uvicorn(monkeypatch, capsys):
     listen = ("--listen", f"127.0.0.1:{port}")
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", *listen)) == 0
     assert seen["host"] == "127.0.0.1" and seen["port"] == port and seen["app"].title == "fairserve gateway"
-    assert seen["access_log"] is True
+    assert seen["access_log"] is False  # off by default (issue 51): the usage log is the record of requests
     assert "1 tenant, 1 backend, policy vtc" in capsys.readouterr().err
+    assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--access-log", *listen)) == 0
+    assert seen["access_log"] is True
     assert gateway_cli.run(parse("--backend", "http://b:2", "--tenant", "t:k", "--no-access-log", *listen)) == 0
-    assert seen["access_log"] is False
+    assert seen["access_log"] is False  # the flag of before, still taken
 
 
 def test_forwarded_allow_ips_go_to_uvicorn_from_the_flag_or_the_file(monkeypatch, tmp_path):
@@ -248,10 +250,12 @@ def test_forwarded_allow_ips_go_to_uvicorn_from_the_flag_or_the_file(monkeypatch
 
 def test_access_log_from_the_file_and_the_flag(tmp_path):
     (tmp_path / "gw.toml").write_text(
-        'access_log = false\n[[backends]]\nurl = "http://a:1"\n[[tenants]]\nname = "t"\napi_keys = ["k"]\n'
+        'access_log = true\n[[backends]]\nurl = "http://a:1"\n[[tenants]]\nname = "t"\napi_keys = ["k"]\n'
     )
-    assert not gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"))).access_log
-    assert gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k")).access_log
+    assert gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"))).access_log
+    assert not gateway_cli.config_from_args(parse("--config", str(tmp_path / "gw.toml"), "--no-access-log")).access_log
+    assert not gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k")).access_log
+    assert gateway_cli.config_from_args(parse("--backend", "http://b:2", "--tenant", "t:k", "--access-log")).access_log
 
 
 def test_serve_refuses_quotas_with_one_line():

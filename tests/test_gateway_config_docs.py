@@ -100,12 +100,11 @@ def test_every_flag_of_the_command_line_reaches_its_key():
         if k != "prices" and f"--{k.removesuffix('_s').replace('_', '-')}" not in flags
     ]
     assert sorted(missing) == [
-        "access_log",
         "backends",
         "groups",
         "models",
         "tenants",
-    ]  # --no-access-log, --backend, ...
+    ]  # --backend, ...
 
 
 def test_the_tenants_key_is_declared_once_and_the_gateway_needs_one():

@@ -32,6 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     g.add_argument("--config", metavar="FILE", help="TOML config file (flags override its keys)")
     add_flags(g, GatewayConfig, more={"policy": describe()})
+    # NOTE: the access log was on by default before issue 51: the flag that turned it off is still taken
+    g.add_argument("--no-access-log", dest="access_log", action="store_false", default=None, help=argparse.SUPPRESS)
     g.add_argument(
         "--engine-env",
         action="store_true",
