@@ -63,7 +63,9 @@ class SimEngine:
         self.memory = memory = memory_model(cfg, batch, latency, self._preempt, ledger)
         self._check, self.preemption = preemption_rules(cfg, ledger, batch, memory, self._sync, self._preempt)
         # NOTE: no forecast of tries with preemption, the cap or the prefix cache's blocks
-        self._every_try = cfg.preempt_delta is not None or cfg.preempt_priority or cfg.running_cap is not None or memory.stepwise
+        self._every_try = (
+            cfg.preempt_delta is not None or cfg.preempt_priority or cfg.running_cap is not None or memory.stepwise
+        )
         self._stepwise = observer is not None or memory.stepwise  # one decode step at a time
         # NOTE: LAZY, and every arrival accepted: an arrival of a tenant with requests queued changes nothing a decode
         # run reads (`Arrivals.cut`)
