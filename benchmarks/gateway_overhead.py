@@ -113,35 +113,38 @@ async def run_path(url: str, key: str, sequential: int, requests: int, levels: l
     """One round on one path: latencies one at a time, then the rate at each concurrency level."""
     import aiohttp
 
-    out: dict[str, Any] = {"latency": [], "ttft": [], "rate": {}}
+    out: dict[str, Any] = {"latency": [], "ttft": [], "rate": {}, "errors": []}
     headers = {"Authorization": f"Bearer {key}"}
     target = url + "/v1/completions"
     connector = aiohttp.TCPConnector(limit=max(levels))
     async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
 
-        async def plain() -> float:
+        async def plain() -> float | None:
+            """Its latency, None (the answer kept in `errors`) when it is not a 200."""
             t = time.perf_counter()
             async with http.post(target, json=NONSTREAM) as r:
                 body = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"{url}: HTTP {r.status}: {body[:300]!r}")
+            if r.status != 200:
+                out["errors"].append(f"HTTP {r.status}: {body[:200]!r}")
+                return None
             return time.perf_counter() - t
 
-        async def first_token() -> float:
+        async def first_token() -> float | None:
             t = time.perf_counter()
-            first = None
+            first, body = None, b""
             async with http.post(target, json=STREAM) as r:
                 async for line in r.content:
+                    body += line if r.status != 200 else b""
                     if first is None and line.startswith(b"data: {"):
                         first = time.perf_counter() - t
             if r.status != 200 or first is None:
-                raise RuntimeError(f"{url}: HTTP {r.status}")
-            return first
+                out["errors"].append(f"stream HTTP {r.status}: {body[:200]!r}")
+            return first if r.status == 200 else None
 
         for _ in range(50):
             await plain()  # warm up
-        out["latency"] = [await plain() for _ in range(sequential)]
-        out["ttft"] = [await first_token() for _ in range(max(1, sequential // 4))]
+        out["latency"] = [x for _ in range(sequential) if (x := await plain()) is not None]
+        out["ttft"] = [x for _ in range(max(1, sequential // 4)) if (x := await first_token()) is not None]
         for level in levels:
             sem = asyncio.Semaphore(level)
 
@@ -229,6 +232,9 @@ def main() -> int:
                 got["cpu_ms"] = (cpu_s(pid) - before) / got["requests"] * 1000 if pid is not None else None
                 rounds[name].append(got)
     print_table(rounds, a.concurrency)
+    for name, runs in rounds.items():
+        if errors := [e for r in runs for e in r["errors"]]:
+            print(f"{name}: {len(errors)} requests not answered 200, e.g. {errors[0]}")
     print(
         f"({a.rounds} rounds of {a.sequential} requests one at a time, {max(1, a.sequential // 4)} streams and "
         f"{a.requests} at each concurrency; {a.tenants:,} tenant(s); load average at each round's start: median "

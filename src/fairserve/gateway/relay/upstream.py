@@ -75,9 +75,13 @@ class UpstreamResponse:
         else:
             timeout = max(0.0, self.first_byte_at - asyncio.get_running_loop().time())
         self._started = True
+        content = self._content
         try:
-            async with asyncio.timeout(timeout):
-                data = await self._content.readany()
+            if content.is_eof() or getattr(content, "_buffer", None):  # NOTE: it has arrived: nothing waits, no timer
+                data = await content.readany()
+            else:
+                async with asyncio.timeout(timeout):
+                    data = await content.readany()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise UpstreamError(_kind(e, True), str(e)) from None
         return data or None

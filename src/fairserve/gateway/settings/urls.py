@@ -3,6 +3,7 @@ config names."""
 
 from __future__ import annotations
 
+import functools
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -10,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 _SECRET_PARAM = re.compile(r"(?i)([?&;](?:password|passwd|pass|pwd|secret|token|api_key|apikey|key|auth)=)[^&;#\s]*")
 
 
+@functools.lru_cache(maxsize=1024)  # NOTE: a backend's name, read at each dispatch
 def redact(url: str) -> str:
     """`url` as it may be shown, logged or used as a label: any `user:password@` replaced by `***@`, the value of a
     query parameter that may hold a secret (`?password=...`) by `***`. A malformed URL (`redis:/:pw@host`) is masked
