@@ -208,6 +208,8 @@ def test_a_run_s_objects_leave_the_young_generation_without_a_collection_and_fro
     try:
         frozen = gc.get_freeze_count()
         run()
-        assert gc.get_freeze_count() == frozen > 0
+        # NOTE: neither unfrozen (the count would drop to 0) nor the run's objects frozen too (it would grow by
+        # thousands); a frozen object another thread lets go of leaves the count (a loaded run saw 2 fewer)
+        assert frozen - 100 <= gc.get_freeze_count() <= frozen and frozen > 100
     finally:
         gc.unfreeze()
