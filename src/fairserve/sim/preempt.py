@@ -106,7 +106,7 @@ class NoPreemption:
 class Preempting(NoPreemption):
     """A rule that preempts the running requests `victims` picks for the policy's next request, as the batch
     `memory` has it less them, through the round's `check`. `sync` brings the counters up to date; `preempt` is the
-    engine's evict-and-recompute; a request is preempted `preempt_max` times at most."""
+    engine's evict-and-recompute; a request is preempted `preempt_max` times at most; `delta`: fairness's gap."""
 
     def __init__(
         self,
@@ -117,8 +117,9 @@ class Preempting(NoPreemption):
         check: Check,
         sync: Callable[[], None],
         preempt: Callable[[SimRequest], None],
+        delta: float = 0.0,
     ) -> None:
-        self.ledger, self.batch, self.memory = ledger, batch, memory
+        self.ledger, self.batch, self.memory, self.delta = ledger, batch, memory, delta
         self.preempt_max, self.check = preempt_max, check
         self.sync, self.evict = sync, preempt
         # NOTE: an order that ignores charges is charged at the end (sim/charging.py): a sync here would split them
@@ -149,20 +150,6 @@ class Preempting(NoPreemption):
 
 class FairPreemption(Preempting):
     """Fairness-triggered preemption (`preempt=DELTA`): the running requests `fair_victims` picks."""
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        batch: Batch,
-        memory: ReserveMemory | PagedMemory,
-        preempt_max: int,
-        check: Check,
-        sync: Callable[[], None],
-        preempt: Callable[[SimRequest], None],
-        delta: float,
-    ) -> None:
-        super().__init__(ledger, batch, memory, preempt_max, check, sync, preempt)
-        self.delta = delta
 
     def victims(self, head: SimRequest) -> list[SimRequest]:
         return fair_victims(head, self.batch.running, self.ledger.accounts, self.delta, self.preempt_max, self._fits)
