@@ -34,11 +34,14 @@ def test_under_uvicorn_a_body_sent_with_its_headers_has_arrived():
         yield b"1}"
 
     with running_server(app) as url:
-        assert httpx.post(url, json={"a": 1}).status_code == 200
+        # NOTE: a body sent with its headers is usually read with them; on a loaded machine one may come in a
+        # read of its own, so the fast path must be taken at least once in a few tries (and never for a late body)
+        for _ in range(10):
+            assert httpx.post(url, json={"a": 1}).status_code == 200
 
         async def slow() -> int:
             async with httpx.AsyncClient() as c:
                 return (await c.post(url, content=later())).status_code
 
         assert asyncio.run(slow()) == 200
-    assert seen == [True, False]
+    assert any(seen[:10]) and seen[10] is False
