@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys
@@ -355,7 +354,7 @@ def format_summary(result: SimResult, s: Summary, window_s: float = 60.0) -> str
     )
     table = summary_table(s, title, window_s)
     if result.fleet is not None:
-        table += "\n" + format_fleet(result.fleet)
+        table += "\n" + result.fleet.text()
     if result.cached_tokens is None:
         return table
     rates = hit_rates(result.records, result.cached_tokens)
@@ -364,27 +363,6 @@ def format_summary(result: SimResult, s: Summary, window_s: float = 60.0) -> str
     clients = sorted({r.client for r in result.records})
     lines += [f"  {c:<20} {rates[c]:6.1%}" if c in rates else f"  {c:<20} (nothing admitted)" for c in clients]
     return table + "\n" + "\n".join(lines)
-
-
-def format_fleet(fleet: Any) -> str:
-    """The fleet's engines: when each was up, how busy, what it served; and the cost in engine-seconds."""
-    lines = [
-        f"fleet: {len(fleet.engines)} engines, dispatch {fleet.dispatch}, {fleet.engine_seconds:,.0f} engine-seconds",
-        f"  {'engine':<10} {'up (s)':>15} {'busy (s)':>9} {'requests':>9} {'service':>12}",
-    ]
-    for e in fleet.engines:
-        up = f"{e.started_s:.0f}-{'' if e.stopped_s is None else f'{e.stopped_s:.0f}'}"
-        lines.append(f"  {e.name:<10} {up:>15} {e.busy_s:9.0f} {e.requests:9,} {e.service:12,.0f}")
-    return "\n".join(lines)
-
-
-def fleet_json(fleet: Any) -> dict[str, Any]:
-    return {
-        "dispatch": fleet.dispatch,
-        "engine_seconds": fleet.engine_seconds,
-        "engines": [dataclasses.asdict(e) for e in fleet.engines],
-        "engines_over_time": [{"t": t, "engines": n} for t, n in fleet.counts],
-    }
 
 
 def write_json(path: Path, result: SimResult, summary: Summary) -> None:
@@ -403,7 +381,7 @@ def write_json(path: Path, result: SimResult, summary: Summary) -> None:
         "requests": [r.to_dict() for r in result.records],
     }
     if result.fleet is not None:
-        doc["summary"]["fleet"] = fleet_json(result.fleet)
+        doc["summary"]["fleet"] = result.fleet.to_dict()
     if result.cached_tokens is not None:
         doc["summary"]["prefix_cache"] = {
             "block_tokens": result.config.block_tokens,

@@ -20,7 +20,7 @@ charges at most one decode step ahead on another engine.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core import Ledger, make_policy
@@ -91,6 +91,26 @@ class FleetReport:
     engines: list[EngineReport]
     engine_seconds: float  # every engine from asked for to let go (or the run's end): the cost
     counts: list[tuple[float, int]]  # (time, engines up or starting) at each change
+
+    def text(self) -> str:
+        """The engines (when each was up, how busy, what it served) and the cost, as `fairserve simulate` prints."""
+        lines = [
+            f"fleet: {len(self.engines)} engines, dispatch {self.dispatch}, {self.engine_seconds:,.0f} engine-seconds",
+            f"  {'engine':<10} {'up (s)':>15} {'busy (s)':>9} {'requests':>9} {'service':>12}",
+        ]
+        for e in self.engines:
+            up = f"{e.started_s:.0f}-{'' if e.stopped_s is None else f'{e.stopped_s:.0f}'}"
+            lines.append(f"  {e.name:<10} {up:>15} {e.busy_s:9.0f} {e.requests:9,} {e.service:12,.0f}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `--json` writes it (`summary.fleet`)."""
+        return {
+            "dispatch": self.dispatch,
+            "engine_seconds": self.engine_seconds,
+            "engines": [asdict(e) for e in self.engines],
+            "engines_over_time": [{"t": t, "engines": n} for t, n in self.counts],
+        }
 
 
 class Fleet:
