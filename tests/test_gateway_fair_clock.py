@@ -9,7 +9,8 @@ with a stated margin, and a negative control must fail the same check:
 - two organisations, one of 10 users and one of 1, get equal service within the same bound; the same users without
   the organisations (flat VTC: ten shares of eleven to the first) break it;
 - tenants weighted 1 and 2 get service 1 to 2 (service / weight equal) within the bound divided by the smaller
-  weight, with VTC and VTC with prediction; the same tenants unweighted break it;
+  weight, with VTC and VTC with prediction; the same tenants unweighted break it; four tenants weighted 1:2:3:4
+  get service 1:2:3:4 within the same bound; the same four unweighted break it;
 - a priority-0 request arriving into a priority-1 backlog is dispatched at the first free slot; at one level it
   waits behind the backlog."""
 
@@ -178,6 +179,36 @@ def test_without_the_weights_bob_gets_one_share_of_two_and_breaks_it():
     # the negative control: the same check on the same tenants with equal weights
     r = run("vtc", TWO, per_weight)
     assert max(abs(g) for g in r.gaps) > 2 * BOUND, max(r.gaps, key=abs)
+
+
+FOUR = {f"t{w}": float(w) for w in (1, 2, 3, 4)}
+SPLIT = [(0.0, t) for t in FOUR for _ in range(EACH)]  # t1's requests queued first, t4's last
+
+
+def per_weight_spread(view: LedgerView) -> tuple[float, float] | None:
+    """The largest and smallest service / weight among the four tenants, while all four have something queued."""
+    rows = [view.tenants[t] for t in FOUR]
+    if not all(r.queued for r in rows):
+        return None
+    shares = [r.service / FOUR[t] for t, r in zip(FOUR, rows, strict=True)]
+    return max(shares), min(shares)
+
+
+def weighted(weights: dict[str, float]) -> dict:
+    return {"tenants": [{"name": t, "api_keys": [f"key-{t}"], "weight": w} for t, w in weights.items()]}
+
+
+def test_weights_one_two_three_four_split_service_one_two_three_four_within_the_bound():
+    r = run("vtc", SPLIT, per_weight_spread, **weighted(FOUR))
+    # NOTE: every pair's service / weight within Theorem 4.4's bound divided by the smaller weight (1 here)
+    assert len(r.gaps) > 50 and max(r.gaps) <= BOUND / min(FOUR.values()), max(r.gaps)
+    assert r.service == {t: EACH * COST for t in FOUR}  # nothing lost: each got its own in the end
+
+
+def test_the_same_four_tenants_unweighted_get_equal_service_and_break_it():
+    # the negative control: the same check with equal weights; t4 gets a quarter, not four tenths
+    r = run("vtc", SPLIT, per_weight_spread, **weighted(dict.fromkeys(FOUR, 1.0)))
+    assert max(r.gaps) > 2 * BOUND, max(r.gaps)
 
 
 # ---- priority levels ----------------------------------------------------------------------------------------------
