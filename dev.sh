@@ -57,7 +57,7 @@ vllm_tier() {
     fi
     # with the main suite's vLLM unit tests, whose check of the real classes runs only where vLLM is installed
     PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m pytest -p no:cacheprovider tests_vllm \
-        tests/test_vllm_queue.py tests/test_vllm_scheduler.py "$@"
+        tests/test_vllm_queue.py tests/test_vllm_scheduler.py tests/test_vllm_prefix.py "$@"
 }
 
 # ruff (lint and format) and mypy (the whole package; the core strictly), as CI runs them

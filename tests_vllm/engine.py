@@ -13,6 +13,7 @@ from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH
 
 W_P, W_Q = 1.0, 2.0  # FAIRSERVE_WP / FAIRSERVE_WQ defaults
 LORA: dict[str, Any] = {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
+PREFIX_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 24}
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,14 @@ class Job:
     at_step: int = 0  # added before this engine step (0: before the first)
     lora: str | None = None  # the LoRA adapter's name (a key of `drive`'s `loras`)
     seed: int | None = None  # of the prompt's tokens; default: the job's position
+    system: tuple[int, int] | None = None  # (tokens, seed) of a system prompt the prompt starts with, shared by seed
 
 
 @dataclass
 class Run:
     finished_at: dict[str, int] = field(default_factory=dict)  # request id -> engine step it finished in
     outputs: dict[str, int] = field(default_factory=dict)  # request id -> output tokens produced
+    cached: dict[str, int] = field(default_factory=dict)  # request id -> vLLM's num_cached_tokens (prefix cache)
     tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> the output token ids
     admitted: list[str] = field(default_factory=list)  # request ids in the order vLLM first scheduled them
     admitted_at: dict[str, int] = field(default_factory=dict)  # request id -> the engine step that was
@@ -77,6 +80,9 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
     "lora-default": (False, LORA, {}),
     # vLLM's own scheduler, automatic prefix caching: 23 usable blocks of 32 tokens (test_prefix_cache.py)
     "prefix-cache": (False, {"enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 24}, {}),
+    # fairserve over vLLM's prefix cache (test_dlpm.py): the same pool, DLPM with its quantum, VTC beside it
+    "dlpm": (True, PREFIX_ENGINE, {"FAIRSERVE_POLICY": "dlpm:600", "FAIRSERVE_W_CACHED": "0.25"}),
+    "vtc-prefix": (True, PREFIX_ENGINE, {"FAIRSERVE_W_CACHED": "0.25"}),
 }
 
 
@@ -154,7 +160,10 @@ def drive(
             i, job = pending.pop(0)
             extra = {} if job.client is None else {CLIENT_ARG: job.client}
             params = SamplingParams(max_tokens=job.max_tokens, ignore_eos=True, temperature=0.0, extra_args=extra)
-            prompt = {"prompt_token_ids": prompt_ids(job.prompt, i if job.seed is None else job.seed)}
+            token_ids = prompt_ids(job.prompt, i if job.seed is None else job.seed)
+            if job.system is not None:  # NOTE: the prompt's first tokens are the system prompt's
+                token_ids[: job.system[0]] = prompt_ids(job.system[0], job.system[1])
+            prompt = {"prompt_token_ids": token_ids}
             lora = None if job.lora is None else (loras or {})[job.lora]
             engine.add_request(job.rid, prompt, params, lora_request=lora, priority=job.priority)
         for rid, req in sched.requests.items():
@@ -190,6 +199,8 @@ def drive(
                 raise AssertionError(f"the engine did not finish in {max_steps} steps")
             for out in engine.step():
                 produced[out.request_id] = len(out.outputs[0].token_ids)
+                if out.num_cached_tokens:  # NOTE: set from the first output on
+                    run.cached[out.request_id] = out.num_cached_tokens
                 if out.finished and out.request_id not in run.outputs:
                     run.finished_at[out.request_id] = run.steps
                     run.outputs[out.request_id] = len(out.outputs[0].token_ids)

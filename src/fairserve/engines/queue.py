@@ -98,10 +98,17 @@ class EngineQueue(Generic[T]):
             req = self.ledger.peek()
             return None if req is None else req.item
 
-    def pop(self) -> T:
-        """Admit the request `peek()` returned; its prompt is charged (unless it is a resumed one)."""
+    def pop(self, cached_tokens: int | None = None) -> T:
+        """Admit the request `peek()` returned; its prompt is charged (unless it is a resumed one). `cached_tokens`:
+        how many of its prompt tokens the engine's prefix cache serves at this admission, priced by the cost's
+        `w_cached` (ignored for a resumed request, charged already)."""
         with self.lock:
-            return self.ledger.pop().item
+            if cached_tokens is None:
+                return self.ledger.pop().item
+            head = self.ledger.peek()
+            if head is not None and not head.admitted:
+                head.cached_tokens = cached_tokens  # NOTE: the core's contract: set before the pop that prices it
+            return self.ledger.pop(head).item
 
     # ---- progress -----------------------------------------------------------------------------------------------
     def output(self, request_id: str, tokens: int = 1) -> None:

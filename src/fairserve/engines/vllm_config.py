@@ -27,6 +27,7 @@ class VTCConfig:
     allowed: dict[str, frozenset[int]] | None = None  # by tenant: the priorities its requests may name
     tenant_from: tuple[str, ...] = DEFAULT_SOURCES  # where a request's tenant comes from, first found wins
     lora_wait: int | None = LORA_WAIT_STEPS  # None: the LoRA-slot rule is off
+    w_cached: float | None = None  # a prompt token served from vLLM's prefix cache (None: w_p, the paper's charge)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> VTCConfig:
@@ -41,6 +42,7 @@ class VTCConfig:
             weights=parse_weights(get("FAIRSERVE_WEIGHTS"), "FAIRSERVE_WEIGHTS"),
             w_p=_number(env, "FAIRSERVE_WP", 1.0),
             w_q=_number(env, "FAIRSERVE_WQ", 2.0),
+            w_cached=_number(env, "FAIRSERVE_W_CACHED", 0.0) if get("FAIRSERVE_W_CACHED") else None,
             cost=get("FAIRSERVE_COST") or None,
             client_key=get("FAIRSERVE_CLIENT_KEY") or CLIENT_ARG,
             priorities=parse_priorities(get("FAIRSERVE_PRIORITIES"), "FAIRSERVE_PRIORITIES"),
@@ -70,12 +72,12 @@ class VTCConfig:
             spec = parse_spec(self.policy, engine_options=True, prefix_cache=True)
         except ValueError as e:
             raise ValueError(f"FAIRSERVE_POLICY: {e}") from None
-        if spec.entry.capabilities.uses_prefix_cache:
-            raise ValueError(
-                f"FAIRSERVE_POLICY={self.policy!r} orders by cached prefix, which the vLLM plugin does not feed it; "
-                f"use one of: {describe(engine=True)}"
-            )
         return spec
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """Whether the policy orders by vLLM's prefix cache (`lpm`, `dlpm`): the engine must have it on."""
+        return self.spec().entry.capabilities.uses_prefix_cache
 
     def preempt_options(self) -> PreemptOptions:
         spec = self.spec()
@@ -89,9 +91,9 @@ class VTCConfig:
         if spec.entry.capabilities.rejects_at_arrival:
             raise ValueError(
                 f"FAIRSERVE_POLICY={self.policy!r} rejects requests, which vLLM's scheduler cannot do; "
-                f"use a policy that only orders ({describe(engine=True)})"
+                f"use a policy that only orders ({describe(engine=True, prefix_cache=True)})"
             )
-        return make_policy(spec, cost=self.cost, w_p=self.w_p, w_q=self.w_q)
+        return make_policy(spec, cost=self.cost, w_p=self.w_p, w_q=self.w_q, w_cached=self.w_cached)
 
     def check_engine(self, scheduling_policy: str) -> None:
         """ValueError if vLLM's `--scheduling-policy` does not fit: with priority levels vLLM must pick its

@@ -5,7 +5,8 @@ ledger's life cycle, a request's tenant and priority at arrival, and the hold of
 How engine events become the paper's charges (`EngineQueue` does the policy calls):
 
     Scheduler.add_request -> waiting.add_request      arrive()     counter lift for a client with nothing queued
-    waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request
+    waiting.pop_request (admission, or a skip)        pop()        prompt charged, once per request (the tokens
+                                                                   vLLM's prefix cache serves priced at w_cached)
     waiting.prepend_request(s), popped in this pass   unpop()      back to the front of its client, no lift; the
       and not scheduled (vLLM's skip)                              admission charge refunded (charged at the next pop)
     waiting.prepend_request(s), preempted (it ran)    preempted()  back to the front of its client: no charge, no lift
@@ -27,6 +28,7 @@ from typing import Any
 from ..core import DEFAULT_TENANT, Ledger, Policy, TenantView
 from .queue import CLIENT_ARG, EngineQueue
 from .vllm_config import VTCConfig
+from .vllm_prefix import cached_at_admission
 from .vllm_tenants import DEFAULT_SOURCES, path_problem, tenant_of_request
 
 logger = logging.getLogger(__name__)
@@ -137,7 +139,7 @@ class VTCRequestQueue:
             rid = head.request_id
             req = eq.request(rid)
             first = req is not None and not req.admitted
-            item = eq.pop()
+            item = eq.pop(cached_at_admission(head) if first else None)
             self._pops[rid] = next(self._clock)
             if first:
                 self._fresh.add(rid)

