@@ -24,7 +24,7 @@ class CliError(Exception):
 
 
 # subcommands that live in their own package: each has cli.add_parser(subparsers) and cli.run(args) -> int
-SERVICES = ("emulate", "gateway", "serve", "bench", "sweep")
+SERVICES = ("emulate", "gateway", "serve", "bench", "sweep", "profile")
 # every subcommand's one line in `fairserve --help` (each parser says the same: tests/test_cli_startup.py)
 SUMMARIES = {
     "simulate": "run a workload on the simulated continuous-batching engine",
@@ -35,6 +35,7 @@ SUMMARIES = {
     "bench": "replay a workload against an OpenAI-compatible endpoint and measure fairness",
     "sweep": "run a grid of simulations in parallel (locally or on Ray); tables and figures over seeds",
     "top": "per-tenant rates, counters and queues of a gateway or serve, live in the terminal",
+    "profile": "measure an engine's step times and write a profile file for --profile",
 }
 
 
@@ -124,7 +125,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="W",
         help="weight of a prompt token served from the prefix cache (linear cost; default: --w-p), for every policy",
     )
-    s.add_argument("--profile", metavar="NAME", help=f"latency model: {', '.join(LATENCY_MODELS)}")
+    s.add_argument(
+        "--profile",
+        metavar="NAME|FILE",
+        help=f"latency model: {', '.join(LATENCY_MODELS)}; or a profile file of a measured engine (fairserve profile)",
+    )
     s.add_argument("--kv-tokens", type=positive(int, "a whole number"), metavar="N", help="KV-cache pool in tokens")
     s.add_argument(
         "--engine-mode",

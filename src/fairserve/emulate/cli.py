@@ -34,8 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--profile",
         default=DEFAULT_LATENCY_PROFILE,
-        metavar="NAME",
-        help="latency profile: a10g-llama2-7b, constant, or MODEL@GPU (see `fairserve simulate`)",
+        metavar="NAME|FILE",
+        help="latency profile: a10g-llama2-7b, constant, MODEL@GPU (see `fairserve simulate`), or a profile file "
+        "of a measured engine (fairserve profile)",
     )
     p.add_argument(
         "--kv-tokens",

@@ -9,6 +9,7 @@ from ..core import Ledger, Policy, make_policy
 from ..workloads import DEFAULT_KV_TOKENS, Workload
 from .cached import hit_rate, hit_rates
 from .engine import SimEngine
+from .engine_profile import is_profile_path, load_engine_profile
 from .latency import (
     DEFAULT_LATENCY_PROFILE,
     LATENCY_MODELS,
@@ -40,7 +41,16 @@ def engine_config(
     profile: str = DEFAULT_LATENCY_PROFILE, kv_tokens: int | None = None, mode: Mode = "reserve"
 ) -> EngineConfig:
     """The engine of a named preset: its pool (unless `kv_tokens` is given) and its server's token-level effects
-    (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve)."""
+    (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve). A profile file's engine
+    brings its limits too: its batch cap (`max_num_seqs`) and prefill budget (`max_batched_tokens`)."""
+    if is_profile_path(profile):
+        measured = load_engine_profile(profile)
+        limits = EngineConfig(kv_tokens=kv_tokens if kv_tokens is not None else measured.kv_tokens, mode=mode)
+        return replace(
+            limits,
+            batch_max_tokens=measured.max_batched_tokens,
+            running_max=measured.max_num_seqs or limits.running_max,
+        )
     server = server_tokens(profile)
     return EngineConfig(
         kv_tokens=kv_tokens if kv_tokens is not None else default_kv_tokens(profile),

@@ -18,6 +18,8 @@ Presets (`get_latency_model`, names in `LATENCY_MODELS`); formulas and sources a
   preset's two token-level server effects (longer tokenized prompts, the per-adapter admission reserve).
 - "MODEL@GPU", e.g. "llama-2-13b@a100-80gb": `RooflineLatency` from `hardware.MODELS` x `hardware.GPUS`.
 - "constant": `ConstantLatency()`, for hand-checkable tests.
+- a path (`*.json`, or with a directory): the `LinearLatency` fitted to a measured engine's profile
+  (`sim/engine_profile.py`, written by `fairserve profile`), its KV pool the engine's.
 """
 
 from __future__ import annotations
@@ -354,6 +356,11 @@ def _roofline_pair(name: str) -> tuple[ModelSpec, GpuSpec]:
 
 
 def get_latency_model(name: str = DEFAULT_LATENCY_PROFILE) -> LatencyModel:
+    """A preset by name, or the model fitted to a profile file `fairserve profile` wrote (a path)."""
+    from .engine_profile import is_profile_path, load_engine_profile  # NOTE: it imports this module
+
+    if is_profile_path(name):
+        return load_engine_profile(name).latency()
     key = name.strip().lower()
     if key == DEFAULT_LATENCY_PROFILE:
         return A10G_LLAMA2_7B
@@ -366,7 +373,11 @@ def get_latency_model(name: str = DEFAULT_LATENCY_PROFILE) -> LatencyModel:
 
 def default_kv_tokens(name: str = DEFAULT_LATENCY_PROFILE) -> int:
     """KV-cache pool size in tokens: the paper's 10,000 for the profiled A10G (and "constant"); for a roofline
-    preset, (gpu memory * 0.9 - weight bytes) // kv_bytes_per_token."""
+    preset, (gpu memory * 0.9 - weight bytes) // kv_bytes_per_token; for a profile file, the engine's pool."""
+    from .engine_profile import is_profile_path, load_engine_profile
+
+    if is_profile_path(name):
+        return load_engine_profile(name).kv_tokens
     key = name.strip().lower()
     if key in (DEFAULT_LATENCY_PROFILE, "constant"):
         return DEFAULT_KV_TOKENS

@@ -29,6 +29,7 @@ class ProfileRow:
     batch_size: int
     prefill_s: float  # the whole batch's prefill pass = prefill_s_per_request * batch_size
     decode_step_s: float  # one decode step = decode_s_per_request * batch_size / output_len
+    prefill_fitted: bool = True  # False: the row measured decode steps only (its prefill column is held out)
 
     @property
     def prefill_tokens(self) -> int:
@@ -82,11 +83,13 @@ def _nnls_relative(features: list[list[float]], targets: list[float]) -> list[fl
 def fit_linear_latency(
     rows: Sequence[ProfileRow], name: str = DEFAULT_LATENCY_PROFILE, large_batch_from: int = OPERATING_MAX_BATCH
 ) -> LinearLatency:
-    """Prefill: every row. Decode: rows with output_len > 1 and batch <= large_batch_from (the operating range),
-    context = batch * (prompt + output/2); large_batch_s = the median excess of the larger-batch decode rows over
-    that plane (0 if there are none). The result is forward-only (no StepOverhead), as the profile timed it."""
+    """Prefill: every row that measured it (`prefill_fitted`). Decode: rows with output_len > 1 and batch <=
+    large_batch_from (the operating range), context = batch * (prompt + output/2); large_batch_s = the median excess
+    of the larger-batch decode rows over that plane (0 if there are none). The result is forward-only (no
+    StepOverhead), as the profile timed it."""
+    pre_rows = [r for r in rows if r.prefill_fitted]
     pre = _nnls_relative(
-        [[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in rows], [r.prefill_s for r in rows]
+        [[1.0, r.prefill_tokens, r.batch_size * r.prompt_len**2] for r in pre_rows], [r.prefill_s for r in pre_rows]
     )
     dec_rows = [r for r in rows if r.decode_fitted and r.batch_size <= large_batch_from]
     dec = _nnls_relative([[1.0, r.batch_size, r.context_tokens] for r in dec_rows], [r.decode_step_s for r in dec_rows])
@@ -129,6 +132,7 @@ def fit_errors(model: LatencyModel, rows: Sequence[ProfileRow]) -> list[dict[str
                 decode_model_s=dec,
                 decode_err=dec / r.decode_step_s - 1,
                 decode_fitted=r.decode_fitted,
+                prefill_fitted=r.prefill_fitted,
             )
         )
     return out

@@ -74,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="W",
         help="weight of a prompt token served from the prefix cache (linear cost; default: --w-p)",
     )
-    p.add_argument("--profile", metavar="NAME", help="latency model (default: the workload's)")
+    p.add_argument("--profile", metavar="NAME|FILE", help="latency model or profile file (default: the workload's)")
     add_fleet_flags(p)
     where = p.add_mutually_exclusive_group()
     where.add_argument(

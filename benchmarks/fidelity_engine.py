@@ -1,0 +1,249 @@
+"""The simulator against the engine in front of it: profile vLLM (its CPU build, the tiny model of the vLLM tier),
+run multi-tenant workloads on the real engine with fairserve's scheduler (VTC and FCFS), simulate the same arrivals
+from the profile alone, and compare.
+
+1. `fairserve profile --engine vllm` (in a worker process): the engine's step times, its pool and limits, a fitted
+   latency model. Nothing below is fitted: every workload is held out.
+2. Per policy, one engine (its own worker process, vLLM's engine core in it, async scheduling off as in the
+   profile) runs each workload in real time: requests added at their arrival times while the engine steps.
+3. The simulator runs the same arrivals (`--profile FILE`, paged mode, the engine's batch cap and prefill budget).
+
+Workloads are sized from the profile's capacity C (requests/s of 128 prompt + 64 output tokens at a full batch):
+`pair` (two tenants at 0.5C and 1.0C), `on-off` (0.4C steady, 1.2C on 5 s / off 5 s), `weighted` (two at 1.0C each,
+weights 1 and 2), `mix` (six tenants, Zipf rates totalling 1.3C, prompts 32–512 and outputs 16–128 tokens).
+
+Per workload and policy: total service rate (service done by the end of the arrivals, w_p = 1, w_q = 2, per
+second), the largest per-tenant share error, median and p90 TTFT, median end-to-end latency, each real against
+simulated. Targets (issue 49): rate within 5%, shares within 0.02, medians within 15%.
+
+Run (the venv of scripts/vllm_cpu_env.sh):
+    PYTHONPATH=src $(scripts/vllm_cpu_env.sh) benchmarks/fidelity_engine.py [--duration 20] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import numpy as np  # noqa: E402
+import vllm_cpu_model  # noqa: E402
+
+from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH  # noqa: E402
+from fairserve.metrics import service_curves  # noqa: E402
+from fairserve.records import RequestRecord  # noqa: E402
+from fairserve.sim import SimOptions, simulate  # noqa: E402
+from fairserve.sim.engine_profile import load_engine_profile  # noqa: E402
+from fairserve.workloads import Arrival, Workload  # noqa: E402
+
+ENGINE = {"max_num_seqs": 16, "max_model_len": 1024, "dtype": "float32", "enforce_eager": True}
+WEIGHTS = {"weighted-b": 2.0}
+
+
+# ---- workloads ------------------------------------------------------------------------------------------------------
+def capacity(profile_path: str) -> float:
+    """Requests/s of 128 + 64 tokens the engine finishes at a full batch, by its fitted model."""
+    prof = load_engine_profile(profile_path)
+    lat, b = prof.latency(), prof.max_num_seqs or 16
+    per_batch = lat.prefill_s([128] * b) + sum(lat.decode_step_s(b, b * (128 + k)) for k in range(64))
+    return b / per_batch
+
+
+def paced(client: str, rate: float, duration: float, rng: random.Random, on_off: float | None = None) -> list[Arrival]:
+    out, t = [], rng.uniform(0, 1 / rate)
+    while t < duration:
+        if on_off is None or int(t // on_off) % 2 == 0:
+            out.append(Arrival(t, client, 128, 64))
+        t += 1 / rate
+    return out
+
+
+def workloads(c: float, duration: float, seed: int) -> dict[str, list[Arrival]]:
+    rng = random.Random(seed)
+    mix = []
+    zipf = [1 / (k + 1) for k in range(6)]
+    for k, share in enumerate(zipf):
+        rate, t = 1.3 * c * share / sum(zipf), 0.0
+        while (t := t + rng.expovariate(rate)) < duration:
+            p = int(min(512, max(32, rng.lognormvariate(5.0, 0.7))))
+            o = int(min(128, max(16, rng.lognormvariate(3.8, 0.6))))
+            mix.append(Arrival(t, f"mix-{k}", p, o))
+    return {
+        "pair": paced("pair-a", 0.5 * c, duration, rng) + paced("pair-b", 1.0 * c, duration, rng),
+        "on-off": paced("onoff-a", 0.4 * c, duration, rng) + paced("onoff-b", 1.2 * c, duration, rng, on_off=5.0),
+        "weighted": paced("weighted-a", c, duration, rng) + paced("weighted-b", c, duration, rng),
+        "mix": mix,
+    }
+
+
+# ---- the real engine ------------------------------------------------------------------------------------------------
+def run_real(llm: Any, arrivals: list[Arrival], tag: str) -> list[dict[str, Any]]:
+    """The arrivals in real time on the engine; one record (as a dict) per request."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    pending = sorted(arrivals, key=lambda a: a.arrival_s)
+    recs: dict[str, dict[str, Any]] = {}
+    rng = random.Random(hash(tag) & 0xFFFF)
+    vocab = int(engine.vllm_config.model_config.get_vocab_size())
+    start = time.perf_counter()
+    i = 0
+    while i < len(pending) or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while i < len(pending) and pending[i].arrival_s <= now:
+            a = pending[i]
+            rid = f"{tag}-{i}"
+            params = SamplingParams(
+                max_tokens=a.output_tokens, ignore_eos=True, temperature=0.0, extra_args={CLIENT_ARG: a.client}
+            )
+            engine.add_request(
+                rid, {"prompt_token_ids": [rng.randrange(vocab) for _ in range(a.prompt_tokens)]}, params
+            )
+            recs[rid] = dict(client=a.client, arrival_s=a.arrival_s, prompt=a.prompt_tokens, max_tokens=a.output_tokens)
+            i += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, min(0.01, pending[i].arrival_s - now)))
+            continue
+        outs = engine.step()
+        t = time.perf_counter() - start
+        for out in outs:
+            r = recs[out.request_id]
+            n = len(out.outputs[0].token_ids)
+            if n and "first_s" not in r:
+                r["first_s"] = t
+            r["output"], r["last_s"] = n, t
+            if out.finished:
+                r["finish_s"] = t
+    return list(recs.values())
+
+
+def engine_worker(policy: str, jobs: list[tuple[str, list[Arrival]]], conn: Any) -> None:
+    from vllm import LLM
+
+    os.environ["FAIRSERVE_POLICY"] = policy
+    os.environ["FAIRSERVE_WEIGHTS"] = ",".join(f"{t}={w:g}" for t, w in WEIGHTS.items())
+    llm = LLM(
+        str(vllm_cpu_model.build(vllm_cpu_model.default_dir())),
+        seed=0,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+        scheduler_cls=SCHEDULER_PATH,
+        **ENGINE,
+    )
+    run_real(llm, [Arrival(0.0, "warm", 32, 4)] * 4, "warm")
+    conn.send({name: run_real(llm, arrivals, f"{policy}-{name}") for name, arrivals in jobs})
+
+
+def profile_worker(path: str, conn: Any) -> None:
+    from fairserve.profile import vllm as profiler
+
+    prof = profiler.profile(str(vllm_cpu_model.build(vllm_cpu_model.default_dir())), dict(ENGINE), 3, lambda _: None)
+    prof.write(path)
+    conn.send("done")
+
+
+def in_worker(target: Any, *args: Any) -> Any:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(*args, child))
+    proc.start()
+    got = parent.recv()
+    proc.join(60)
+    return got
+
+
+# ---- comparison -----------------------------------------------------------------------------------------------------
+def to_records(rows: list[dict[str, Any]]) -> list[RequestRecord]:
+    out = []
+    for k, r in enumerate(rows):
+        first = r.get("first_s")
+        out.append(
+            RequestRecord(
+                k,
+                r["client"],
+                r["arrival_s"],
+                first,
+                first,
+                r.get("finish_s"),
+                r.get("last_s"),
+                r["prompt"],
+                r.get("output", 0),
+                r["max_tokens"],
+                "finished" if "finish_s" in r else "unfinished",
+            )
+        )
+    return out
+
+
+def measures(records: list[RequestRecord], end_s: float) -> dict[str, Any]:
+    served = {c: float(v[-1]) for c, v in service_curves(records, np.array([0.0, end_s])).items()}
+    total = sum(served.values())
+    done = [r for r in records if r.finish_s is not None and r.first_token_s is not None]
+    ttft = [r.first_token_s - r.arrival_s for r in done]  # type: ignore[operator]
+    e2e = [r.finish_s - r.arrival_s for r in done]  # type: ignore[operator]
+    return {
+        "rate": total / end_s,
+        "shares": {c: v / total for c, v in served.items()},
+        "ttft_p50": statistics.median(ttft),
+        "ttft_p90": float(np.percentile(ttft, 90)),
+        "e2e_p50": statistics.median(e2e),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per workload")
+    ap.add_argument("--profile", help="a profile file to use instead of measuring one")
+    ap.add_argument("--policies", default="vtc,fcfs")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+
+    path = a.profile or str(Path(tempfile.mkdtemp()) / "vllm-cpu.json")
+    if not a.profile:
+        t0 = time.perf_counter()
+        in_worker(profile_worker, path)
+        print(f"profiled in {time.perf_counter() - t0:.0f} s: {path}")
+    c = capacity(path)
+    loads = workloads(c, a.duration, a.seed)
+    print(f"capacity C = {c:.1f} requests/s of 128 + 64 tokens; {a.duration:g} s of arrivals per workload")
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    real = {p: in_worker(engine_worker, p, list(loads.items())) for p in policies}
+
+    print(
+        "| workload | policy | rate real | sim | err | max share err | TTFT p50 real | sim | err | TTFT p90 err "
+        "| e2e p50 real | sim | err |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, arrivals in loads.items():
+        for p in policies:
+            r = measures(to_records(real[p][name]), a.duration)
+            wl = Workload(name, sorted(arrivals, key=lambda x: x.arrival_s), a.duration)
+            sim = simulate(wl, SimOptions(policy=p, latency=path, mode="paged", drain=True), weights=WEIGHTS)
+            s = measures(sim.records, a.duration)
+            share = max(abs(r["shares"][k] - s["shares"].get(k, 0.0)) for k in r["shares"])
+
+            def err(key: str, r: dict = r, s: dict = s) -> str:
+                return f"{s[key] / r[key] - 1:+.1%}"
+
+            print(
+                f"| {name} | {p} | {r['rate']:,.0f} | {s['rate']:,.0f} | {err('rate')} | {share:.3f} | "
+                f"{r['ttft_p50']:.2f} | {s['ttft_p50']:.2f} | {err('ttft_p50')} | {err('ttft_p90')} | "
+                f"{r['e2e_p50']:.2f} | {s['e2e_p50']:.2f} | {err('e2e_p50')} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
