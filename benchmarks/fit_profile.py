@@ -21,19 +21,12 @@ import numpy as np
 
 from fairserve.sim.latency import (
     A10G_FORWARD,
+    LINEAR_COEFFICIENTS,
     get_latency_model,
 )
 from fairserve.sim.profile_fit import PROFILE_FILENAME, fit_errors, fit_linear_latency, load_profile
 
-COEFFS = (
-    "prefill_fixed_s",
-    "prefill_per_token_s",
-    "prefill_per_sq_token_s",
-    "decode_fixed_s",
-    "decode_per_seq_s",
-    "decode_per_context_token_s",
-    "large_batch_s",
-)
+COEFFS = LINEAR_COEFFICIENTS
 
 
 def _pct(x: float) -> str:

@@ -29,19 +29,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .latency import LinearLatency
+from .latency import LINEAR_COEFFICIENTS, LinearLatency
 from .profile_fit import ProfileRow, fit_errors, fit_linear_latency
 
 SCHEMA = 1
 ROW_FIELDS = ("prompt_len", "output_len", "batch_size", "prefill_s", "decode_step_s")
-LATENCY_FIELDS = (
-    "prefill_fixed_s",
-    "prefill_per_token_s",
-    "prefill_per_sq_token_s",
-    "decode_fixed_s",
-    "decode_per_seq_s",
-    "decode_per_context_token_s",
-)
 
 
 @dataclass(frozen=True)
@@ -83,7 +75,7 @@ class EngineProfile:
             "max_num_seqs": self.max_num_seqs,
             "max_batched_tokens": self.max_batched_tokens,
             "rows": [asdict(r) for r in self.rows],
-            "latency": {k: getattr(fit, k) for k in LATENCY_FIELDS},
+            "latency": {k: getattr(fit, k) for k in LINEAR_COEFFICIENTS},
         }
 
     def write(self, path: str | Path) -> None:

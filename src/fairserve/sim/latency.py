@@ -40,6 +40,7 @@ __all__ = [
     "server_tokens",
     "ConstantLatency",
     "LinearLatency",
+    "LINEAR_COEFFICIENTS",
     "RooflineLatency",
     "ModelSpec",
     "GpuSpec",
@@ -161,6 +162,18 @@ class ConstantLatency:
         return ((ticks(self.decode_s), 0),)
 
 
+# the coefficients of a `LinearLatency`, in seconds (what a fit finds and a profile file records)
+LINEAR_COEFFICIENTS = (
+    "prefill_fixed_s",
+    "prefill_per_token_s",
+    "prefill_per_sq_token_s",
+    "decode_fixed_s",
+    "decode_per_seq_s",
+    "decode_per_context_token_s",
+    "large_batch_s",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LinearLatency:
     """prefill = fixed + per_token * sum(x) + per_sq_token * sum(x^2) + overhead.prefill_s   (attention ~ x^2)
@@ -181,18 +194,7 @@ class LinearLatency:
     _dec0: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check_non_negative(
-            self,
-            (
-                "prefill_fixed_s",
-                "prefill_per_token_s",
-                "prefill_per_sq_token_s",
-                "decode_fixed_s",
-                "decode_per_seq_s",
-                "decode_per_context_token_s",
-                "large_batch_s",
-            ),
-        )
+        _check_non_negative(self, LINEAR_COEFFICIENTS)
         object.__setattr__(self, "_pre0", self.prefill_fixed_s + self.overhead.prefill_s)
         object.__setattr__(self, "_dec0", self.decode_fixed_s + self.overhead.decode_s)
 
