@@ -17,6 +17,7 @@ from fairserve.api.server import running_server
 from fairserve.api.tokens import estimate_tokens
 from fairserve.bench import BenchRecord, endpoint_url, resolve_keys, run_bench
 from fairserve.bench.cli import add_parser, parse_keys, run
+from fairserve.metrics import summarize
 from fairserve.workloads import Arrival
 
 pytestmark = pytest.mark.integration
@@ -27,9 +28,9 @@ FIELDS = {"client", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "
 
 
 class Fake:
-    """Keys: "reject" → 429; "cut" → the connection drops after 2 chunks; "short" → ends after 2 chunks without
-    [DONE]; "nousage" → no usage chunk; "slow"/"fast" → other chunk delays. Usage reports prompt + 1000 so the
-    tests can tell usage from the requested length."""
+    """Keys: "reject" → 429; "queued" → 503 queue_timeout; "cut" → the connection drops after 2 chunks; "short" →
+    ends after 2 chunks without [DONE]; "nousage" → no usage chunk; "slow"/"fast" → other chunk delays. Usage
+    reports prompt + 1000 so the tests can tell usage from the requested length."""
 
     def __init__(self) -> None:
         self.seen: list[dict] = []
@@ -59,6 +60,9 @@ class Fake:
         )
         if key == "reject":
             return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error"}}, status_code=429)
+        if key == "queued":  # the gateway's answer to a request that waited queue_ttl_s without a backend
+            err = {"message": "the request waited 300 s in the queue", "type": "server_error", "code": "queue_timeout"}
+            return JSONResponse({"error": err}, status_code=503)
         chat = "messages" in body
         prompt = body["messages"][0]["content"] if chat else body["prompt"]
         n, delay = body["max_tokens"], DELAYS.get(key, DELAY_S)
@@ -181,6 +185,13 @@ def test_rejected_cut_short_and_timeout(fake):
     assert ok.status == "finished"
 
 
+def test_a_queue_timeout_waited_so_it_is_unfinished_not_rejected(fake):
+    _, url = fake
+    (queued,) = run_bench(url, [Arrival(0.0, "q", 8, 5)], {"q": "queued"}, timeout_s=5.0)
+    assert queued.status == "unfinished" and queued.http_status == 503 and "waited 300 s" in queued.error
+    assert summarize([queued], 1.0).clients["q"].rejected == 0
+
+
 def test_unreachable_target_is_rejected():
     with running_server(FastAPI()) as url:
         pass  # the port is closed again
@@ -258,6 +269,8 @@ def test_cli_table_json_and_plots(fake, tmp_path, capsys):
     ):
         assert word in text
     assert any(line.startswith("a ") for line in text.splitlines())
+    # 3.5 workload seconds at 10x, then up to the timeout (600 s) for the last answers: the wait is part of the run
+    assert "sent over about 0.35 s of wall time, then up to 600 s more for the last answers" in text
     doc = json.loads(out.read_text())
     assert set(doc) == {"summary", "requests"}
     assert set(doc["summary"]["clients"]) == {"a", "b"} and doc["summary"]["weights"] == {"a": 1.0, "b": 2.0}
@@ -381,3 +394,30 @@ def test_bench_places_requests_on_several_targets():
     assert pinned == [f"http://r{k}:{k}/v1/completions" for k in (2, 1, 1, 2)]  # a on r1, b on r2
     with pytest.raises(ValueError, match="placement"):
         place(targets, arrivals, "completions", "random")
+
+
+def test_wait_comes_before_the_admin_api_is_read(fake, monkeypatch, capsys):
+    # a gateway just started answers its admin API only once it is up: --wait must come first
+    import fairserve.bench.cli as bench_cli
+    from fairserve.cli import main
+
+    calls: list[str] = []
+    real_preflight = bench_cli.preflight
+    monkeypatch.setattr(bench_cli, "preflight", lambda *a, **k: calls.append("wait") or real_preflight(*a, **k))
+
+    def weights_read(*args, **kwargs):
+        calls.append("admin")
+        raise ValueError("--admin-key: stop here")
+
+    monkeypatch.setattr(bench_cli, "server_weights", weights_read)
+    _, url = fake
+    argv = ["bench", "--target", url, "--workload", "overload", "--duration", "1", "--keys", "*=k", "--no-progress"]
+    assert main([*argv, "--wait", "5", "--admin-key", "adm"]) == 2
+    assert calls == ["wait", "admin"] and "stop here" in capsys.readouterr().err
+
+
+def test_the_plots_label_names_each_target():
+    from fairserve.bench.cli import target_label
+
+    assert target_label("http://127.0.0.1:8081,http://127.0.0.1:8082/v1") == "127.0.0.1:8081, 127.0.0.1:8082"
+    assert target_label("http://gw:8080") == "gw:8080"

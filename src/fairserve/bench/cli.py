@@ -166,6 +166,11 @@ def load_workload(args: argparse.Namespace) -> Workload:
     return w
 
 
+def target_label(target: str) -> str:
+    """The plots' label for `--target`: each target's host:port (several targets: comma-separated)."""
+    return ", ".join(urlsplit(t.strip()).netloc or t.strip() for t in target.split(",") if t.strip())
+
+
 def run(args: argparse.Namespace) -> int:
     workload = load_workload(args)
     urls = place(args.target, workload.arrivals, args.endpoint, args.placement)
@@ -173,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
     clients = sorted({a.client for a in workload.arrivals})
     keys = parse_keys(args.keys)
     key_of = resolve_keys(keys, clients)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
+    pinned = (
+        dict(zip((a.client for a in workload.arrivals), urls, strict=True)) if args.placement == "by-client" else {}
+    )
+    listed = preflight(urls, key_of, pinned, max(0.0, args.wait))
+    # NOTE: after the wait: a gateway just started answers its admin API only once it is up
     admin_key = args.admin_key
     tree: dict[str, Node] = {}
     tenant_of: dict[str, str] = {}
@@ -183,16 +195,11 @@ def run(args: argparse.Namespace) -> int:
         tree = read_tree(args.target, admin_key)
     else:
         weights = parse_weights(args.weights) or workload.weights or {}
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"--json: folder not found: {Path(args.json).parent}")
-    pinned = (
-        dict(zip((a.client for a in workload.arrivals), urls, strict=True)) if args.placement == "by-client" else {}
-    )
-    listed = preflight(urls, key_of, pinned, max(0.0, args.wait))
     model = args.model or (listed[0] if listed else DEFAULT_MODEL)
     print(
         f"bench {workload.name}: {len(workload.arrivals)} requests from {len(clients)} clients over "
-        f"{workload.duration_s:g} s (about {workload.duration_s / args.time_scale:g} s of wall time) -> {url}",
+        f"{workload.duration_s:g} s (sent over about {workload.duration_s / args.time_scale:g} s of wall time, then "
+        f"up to {args.timeout:g} s more for the last answers) -> {url}",
         flush=True,
     )
     with _Bar(len(workload.arrivals), args.no_progress) as bar:
@@ -230,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(f"wrote {write_json(args.json, summary, records, meta)}")
     if args.plots:
-        label = urlsplit(args.target).netloc or args.target
+        label = target_label(args.target)
         paths = write_plots(args.plots, records, duration, label, f"bench {workload.name}")
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -9,7 +9,8 @@ with the simulator's. What is not observable from outside the server is approxim
 
 Status: "finished" (saw `[DONE]`, or a finish_reason before a clean end); "rejected" (an HTTP error status before
 any streaming, or no connection at all: the request was never accepted); "unfinished" (the stream was cut, ended
-early, reported an error event, or ran past `timeout_s` wall seconds).
+early, reported an error event, or ran past `timeout_s` wall seconds; or the server answered that it timed out in
+its queue, `queue_timeout`: it waited and was never served).
 """
 
 from __future__ import annotations
@@ -184,6 +185,18 @@ def _one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+WAITED_CODES = frozenset({"queue_timeout"})  # error codes of a request that waited in the queue and was not served
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def _error_message(body: bytes) -> str:
     try:
         err = json.loads(body).get("error")
@@ -219,7 +232,10 @@ async def _send(
                 ) as r:
                     http_status = r.status_code
                     if r.status_code >= 400:
-                        status, error = "rejected", f"HTTP {r.status_code}: {_error_message(await r.aread())}"
+                        body = await r.aread()
+                        # NOTE: a request that timed out in the server's queue waited: unfinished, not rejected
+                        status = "unfinished" if _error_code(body) in WAITED_CODES else "rejected"
+                        error = f"HTTP {r.status_code}: {_error_message(body)}"
                     else:
                         async for line in r.aiter_lines():
                             p.feed(line, clock())
