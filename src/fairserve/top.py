@@ -110,7 +110,10 @@ def render(data: dict[str, Any], target: str) -> Group:
         if len(backlogged) >= 2
         else f"backlogged: {', '.join(backlogged) or 'none'} (Jain's index and spread need two)"
     )
-    parts: list[Any] = [tenants, Text(fair), Text(f"service/s over {data['history']['window_s']:g} s", style="dim")]
+    history = data["history"]
+    # NOTE: after an idle gap the rates are over the gap, not the usual window
+    span = history.get("rate_span_s") or history["window_s"]
+    parts: list[Any] = [tenants, Text(fair), Text(f"service/s over the last {span:g} s", style="dim")]
     if data.get("tree"):
         parts.append(_tree(data["tree"], has_rates))
     if data.get("backends") is not None:

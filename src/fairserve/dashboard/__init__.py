@@ -31,6 +31,7 @@ class Sample:
     t: float  # monotonic seconds
     service: dict[str, float]  # tenant -> service received so far
     rate: dict[str, float] | None  # tenant -> service per second over the window before t (None: no sample in it)
+    span_s: float | None = None  # the seconds that rate is over: the window, or longer after an idle gap
 
 
 class History:
@@ -57,12 +58,12 @@ class History:
             first = s
         if first is None and self.samples:  # NOTE: after a gap: the rate over the gap, not the last one before it
             first = self.samples[-1]
-        rate = None
+        rate, dt = None, None
         if first is not None:
             dt = now - first.t
             # NOTE: reconciliation can take back a little service; a rate below zero would mean nothing
             rate = {t: max(0.0, (v - first.service[t]) / dt) for t, v in service.items() if t in first.service}
-        self.samples.append(Sample(now, service, rate))
+        self.samples.append(Sample(now, service, rate, dt))
         while now - self.samples[0].t > HISTORY_S:
             self.samples.popleft()
         self._rates = None
@@ -106,7 +107,13 @@ def snapshot(
         "backlogged": [t.tenant for t in view.backlogged if t.tenant in known],
         "counter_spread": view.counter_spread,
         "jain": view.jain,
-        "history": {"span_s": HISTORY_S, "window_s": RATE_WINDOW_S, "t": times, "rates": rates},
+        "history": {
+            "span_s": HISTORY_S,
+            "window_s": RATE_WINDOW_S,
+            "rate_span_s": _round(history.samples[-1].span_s),  # what the current rates are over (None: no rates)
+            "t": times,
+            "rates": rates,
+        },
         "backends": backends() if backends is not None else None,
     }
 
