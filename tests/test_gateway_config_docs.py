@@ -107,10 +107,11 @@ def test_every_flag_of_the_command_line_reaches_its_key():
     ]  # --backend, ...
 
 
-def test_the_tenants_key_is_declared_once_and_the_gateway_needs_one():
-    # NOTE: one declaration (tenancy.ServerConfig) serves both commands; `serve` may have none, the gateway may not
+def test_the_tenants_key_is_declared_once_and_none_means_keyless():
+    # NOTE: one declaration (tenancy.ServerConfig) serves both commands; with none, both serve one tenant, keyless
     assert "tenants" in ServerConfig.__annotations__
     assert "tenants" not in GatewayConfig.__annotations__ and "tenants" not in ServeConfig.__annotations__
-    with pytest.raises(ValueError, match="tenants: the gateway needs at least one tenant"):
-        build_config({"backends": BASE["backends"]})
+    keyless = build_config({"backends": BASE["backends"]})
+    assert keyless.keyless and [t.name for t in keyless.tenants] == ["anonymous"]
+    assert not build_config(BASE).keyless
     assert ServeConfig().tenants == []

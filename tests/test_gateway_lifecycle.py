@@ -87,3 +87,17 @@ def test_a_part_that_fails_to_start_stops_the_gateway_before_it_serves(tmp_path)
     with pytest.raises(RuntimeError, match="cannot start"):
         asyncio.run(gw.serve())
     assert started == []  # the parts after it were not started
+
+
+def test_a_reload_with_tenants_ends_keyless_mode_and_one_without_starts_it():
+    from fairserve.gateway.instance import Gateway
+    from fairserve.gateway.settings.config import build_config
+
+    backends = {"backends": [{"url": "http://a:1"}], "health_interval_s": 0}
+    keyed = build_config({**backends, "tenants": [{"name": "x", "api_keys": ["k"]}]})
+    gw = Gateway(build_config(backends))
+    assert gw._tenant(None, None) == gw._tenant("any", None) == "anonymous"
+    gw.configure(keyed)
+    assert gw._tenant(None, None) is None and gw._tenant("any", None) is None and gw._tenant("k", None) == "x"
+    gw.configure(build_config(backends))
+    assert gw._tenant("k", None) == "anonymous"

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ..api.keys import add_flags, flag_overrides
-from ..core import describe
+from ..core import DEFAULT_TENANT, describe
 from .settings.config import GatewayConfig, load_config
 
 
@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         f"policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",
         file=sys.stderr,
     )
+    if cfg.keyless:
+        print(
+            f"fairserve gateway: WARNING: no tenants configured: keyless mode, every request is served as the one "
+            f"tenant {DEFAULT_TENANT!r} with no API key checked (add [[tenants]] or --tenant NAME:KEY to share "
+            "fairly between clients)",
+            file=sys.stderr,
+        )
     # NOTE: the gateway's own lines (request ids, cut streams, backends up and down) at the chosen level too
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from ..api.protocol import models_list
+from ..core import DEFAULT_TENANT
 from ..tenancy import AuthThrottle, bearer, same_key
 from .admission.scheduler import Scheduler
 from .component import Component, Part, ReloadError
@@ -54,6 +55,7 @@ class Gateway(Part):
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
         self.tenant_names = cfg.index().name_set
+        self.keyless = cfg.keyless
         limit = connections(cfg.backends, [])
         # NOTE: the gateway's own requests (health checks, model lists, metrics scrapes) are a few per backend at a
         # time: no cap, so backends a reload adds need no new client
@@ -106,6 +108,7 @@ class Gateway(Part):
         index = cfg.index()  # NOTE: made off the event loop by a reload
         self.owners.replace(index.owners)
         self.tenant_names = index.name_set
+        self.keyless = cfg.keyless
         self.upstream.configure(
             cfg.connect_timeout_s,
             cfg.chunk_timeout_s,
@@ -188,6 +191,8 @@ class Gateway(Part):
         return tenant, rid if rid is not None and _REQUEST_ID.match(rid) else os.urandom(16).hex()
 
     def _tenant(self, key: str | None, claimed: str | None) -> str | None:
+        if self.keyless:  # NOTE: no tenants configured: everyone is the one tenant, no key asked
+            return DEFAULT_TENANT
         if key is None:
             return None
         owner = self.owners.get(key)

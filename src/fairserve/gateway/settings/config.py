@@ -7,7 +7,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import PrivateAttr, field_validator, model_validator
 
 from ...api.config import build_config as _build
 from ...api.config import check_listen
@@ -15,12 +15,13 @@ from ...api.config import load_config as _load
 from ...api.keys import key
 from ...api.protocol import MAX_INT
 from ...api.tokens import token_counter
-from ...core import CostFunction, LinearCost, check_policy, policy_names
-from ...tenancy import ServerConfig, check_tenants
+from ...core import DEFAULT_TENANT, CostFunction, LinearCost, check_policy
+from ...tenancy import ServerConfig, TenantConfig, check_tenants
 from ...tenancy.config import SERVER_START as _SERVER_START
 from ..admission.footprint import DEFAULT_MAX_TOKENS
 from ..dispatch.placement import Placement, parse_placement
 from .backends import BackendConfig, Price, parse_backend
+from .replicas import check_sharing
 from .urls import REDIS_URL, checked_url
 
 
@@ -42,7 +43,11 @@ def _backends(flags: list[str]) -> list[dict[str, Any]]:
     return [parse_backend(b) for b in flags]
 
 
+NO_KEY_DIGEST = "0" * 64  # the keyless tenant's "key": a SHA-256 no key has (its requests are told by no key)
+
+
 class GatewayConfig(ServerConfig):
+    _keyless: bool = PrivateAttr(default=False)
     listen: str = key(
         "127.0.0.1:8080", help="address to serve on", metavar="HOST:PORT", restart="the socket is bound at start"
     )
@@ -327,49 +332,32 @@ class GatewayConfig(ServerConfig):
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        if not self.tenants:  # NOTE: `fairserve serve` may have none (one tenant); the gateway names its tenants
-            raise ValueError("tenants: the gateway needs at least one tenant ([[tenants]], or --tenant PATH:KEY)")
+        if not self.tenants:  # NOTE: keyless: every request is the one tenant's, no key asked (instance.py)
+            self.tenants = [TenantConfig.model_validate({"name": DEFAULT_TENANT, "api_key_sha256": [NO_KEY_DIGEST]})]
+            self._keyless = True
         check_tenants(self.tenants, self.admin_key, self.groups)
         urls = [b.url for b in self.backends]
         if len(set(urls)) != len(urls):
             raise ValueError("backend URLs must be unique")
-        if self.state is not None and self.placement().prefix_delta is not None:
-            raise ValueError(
-                "dispatch: prefix works on one gateway (each replica would keep its own record of "
-                "where prefixes went); with state use least_loaded or shard:K"
-            )
         if len({b.name for b in self.backends}) != len(urls):
             raise ValueError("backend URLs must differ in more than their credentials")
         if self.metrics_key is not None and (
             self.metrics_key == self.admin_key or self.metrics_key in self.key_owners()
         ):
             raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
-        if self.state is not None:
-            entry, _ = check_policy(self.policy)
-            if not entry.capabilities.shares_counters:
-                sharing = ", ".join(n for n in policy_names() if check_policy(n)[0].capabilities.shares_counters)
-                raise ValueError(
-                    f"state: shared state needs a policy that shares its counters ({sharing}), not {self.policy!r}"
-                )
-            if self.snapshot is not None:
-                raise ValueError("snapshot: the shared state (state) keeps the counters already; give one or the other")
-            if any(b.adaptive for b in self.backends):
-                raise ValueError(
-                    "state: adaptive backends cannot be combined with shared state (leases use max_inflight_requests)"
-                )
-        if self.scope == "per_model" and (self.state is not None or self.snapshot is not None):
-            key = "state" if self.state is not None else "snapshot"
-            raise ValueError(
-                f'scope: "per_model" cannot be combined with {key} (it keeps one account per tenant): '
-                'use scope = "global", or one gateway (group) per model'
-            )
+        check_sharing(self)
         if self.ssl_keyfile is not None and self.ssl_certfile is None:
             raise ValueError("ssl_keyfile: needs ssl_certfile (the certificate) too")
-        for key in ("ssl_certfile", "ssl_keyfile"):
-            path = getattr(self, key)
+        for name in ("ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
             if path is not None and not Path(path).is_file():
-                raise ValueError(f"{key}: no such file: {path}")
+                raise ValueError(f"{name}: no such file: {path}")
         return self
+
+    @property
+    def keyless(self) -> bool:
+        """No tenants configured: every request is `DEFAULT_TENANT`'s, whatever key it has (or none)."""
+        return self._keyless
 
     @property
     def counter_scope(self) -> str:
