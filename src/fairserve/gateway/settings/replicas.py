@@ -3,15 +3,32 @@ the checks `GatewayConfig` runs when it is built, kept apart from its keys."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ...core import check_policy, policy_names
-
-if TYPE_CHECKING:
-    from .config import GatewayConfig
+from ..dispatch.placement import Placement
 
 
-def check_sharing(cfg: GatewayConfig) -> None:
+class Sharing(Protocol):
+    """What of a `GatewayConfig` the checks read (a protocol: config.py imports this module)."""
+
+    # NOTE: read-only properties, so that the config's own (narrower) field types fit
+    @property
+    def state(self) -> str | None: ...
+    @property
+    def snapshot(self) -> str | None: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def scope(self) -> str | None: ...
+    @property
+    def backends(self) -> Sequence[Any]: ...
+
+    def placement(self) -> Placement: ...
+
+
+def check_sharing(cfg: Sharing) -> None:
     """ValueError (one line) for what shared state or a snapshot cannot be combined with."""
     if cfg.state is not None and cfg.placement().prefix_delta is not None:
         raise ValueError(
