@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,16 +47,23 @@ OUTPUT_FIELD = {CHAT: "max_tokens", COMPLETIONS: "max_tokens", RESPONSES: "max_o
 
 
 def parse_body(
-    raw: bytes, kind: str, count: TokenCounter = estimate_tokens, default_max_tokens: int = DEFAULT_MAX_TOKENS
+    raw: bytes,
+    kind: str,
+    count: TokenCounter = estimate_tokens,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    aliases: Mapping[str, str] | None = None,
 ) -> Parsed:
     """The request, by `api`'s parsers in their lenient (proxy) mode: token-id prompts, any n and unknown
     fields pass through. Embeddings produce no output (capacity: their inputs); a responses body's stateful fields
-    (`previous_response_id`, `background`) are refused. Raises BodyError."""
+    (`previous_response_id`, `background`) are refused. A model named in `aliases` is replaced by the model it
+    stands for before anything else reads the body. Raises BodyError."""
     try:
         body, plain = orjson.loads(raw), True
     except orjson.JSONDecodeError:
         body, plain = parse_json(raw), False  # not plain UTF-8 JSON: re-encoded before it goes upstream
     kept = raw if plain else b""
+    if aliases and isinstance(body, dict) and isinstance(model := body.get("model"), str) and model in aliases:
+        body, kept = {**body, "model": aliases[model]}, b""  # NOTE: served as the model it names, re-encoded
     if kind == EMBEDDINGS:
         e = parse_embeddings(body, strict=False, count=count)
         return Parsed(

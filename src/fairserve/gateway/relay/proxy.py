@@ -104,7 +104,7 @@ class Proxy(Part):
             raw.headers["X-Request-Id"] = request_id
             return await raw(scope, receive, send)
         try:
-            parsed = parse_body(raw, kind, self.sched.count_tokens, self.cfg.default_max_tokens)
+            parsed = parse_body(raw, kind, self.sched.count_tokens, self.cfg.default_max_tokens, self.cfg.aliases)
         except BodyError as e:
             metrics.refused(tenant, "invalid")
             sched.usage.refused(request_id, tenant, None, kind, "invalid")

@@ -97,3 +97,21 @@ def parse_backend(text: str) -> dict[str, Any]:
         except ValueError:
             raise ValueError(f"bad --backend option {opt!r}: {value!r} is not a whole number") from None
     return out
+
+
+def parse_aliases(flags: list[str]) -> dict[str, str]:
+    """`--alias ALIAS=MODEL` (repeated) as the `aliases` table."""
+    pairs = [flag.partition("=") for flag in flags]
+    if bad := [f for f, (_, sep, model) in zip(flags, pairs, strict=True) if not sep or not model]:
+        raise ValueError(f"--alias {bad[0]!r}: expected ALIAS=MODEL")
+    return {alias.strip(): model.strip() for alias, _, model in pairs}
+
+
+def check_aliases(aliases: dict[str, str]) -> dict[str, str]:
+    """ValueError for an empty id, or an alias that names another alias (one step: an alias names a model)."""
+    for alias, model in aliases.items():
+        if not alias.strip() or not model.strip():
+            raise ValueError(f"aliases: a model id must not be empty ({alias!r} = {model!r})")
+        if model in aliases:
+            raise ValueError(f"aliases: {alias!r} names {model!r}, which is an alias itself")
+    return aliases

@@ -3,7 +3,6 @@ line naming the key, see `api.config`). Tenants, keys and weights are `tenancy`'
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,21 +19,9 @@ from ...tenancy import ServerConfig, TenantConfig, check_tenants
 from ...tenancy.config import SERVER_START as _SERVER_START
 from ..admission.footprint import DEFAULT_MAX_TOKENS
 from ..dispatch.placement import Placement, parse_placement
-from .backends import BackendConfig, Price, parse_backend
+from .backends import BackendConfig, Price, check_aliases, parse_aliases, parse_backend
 from .replicas import check_sharing
-from .urls import REDIS_URL, checked_url
-
-
-def _check_proxy(entry: str) -> None:
-    """ValueError unless `entry` is an IP address or a network (CIDR, host bits zero) as uvicorn reads them: it takes
-    anything else for a name that never matches."""
-    try:
-        ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
-    except ValueError:
-        raise ValueError(
-            f'each entry must be an IP address or a network like 10.0.0.0/8 (or the list be ["*"]), got {entry!r}'
-        ) from None
-
+from .urls import REDIS_URL, check_proxy, checked_url
 
 _JOINED = "the replicas' shared state is joined at start"
 
@@ -77,6 +64,15 @@ class GatewayConfig(ServerConfig):
         help="by model id, a model's token costs; other models cost w_p, w_q",
         flag=False,
         doc='a model\'s token costs, `prices."llama-70b" = { w_p = 4, w_q = 8 }`; other models cost `w_p`, `w_q`',
+    )
+    aliases: dict[str, str] = key(
+        default_factory=dict,
+        help="a model id a client may name for another",
+        flag="--alias",
+        metavar="ALIAS=MODEL",
+        read=parse_aliases,
+        doc='model ids a client may name for another, `aliases = { "gpt-4o" = "llama-3-8b" }`: the request is '
+        "served, routed, priced and logged as MODEL's (see [Several models](gateway.md#several-models))",
     )
     scope: Literal["per_model", "global"] | None = key(
         None,
@@ -305,6 +301,11 @@ class GatewayConfig(ServerConfig):
         token_counter(v)  # loads it now, so a bad name or file stops the gateway at start
         return v
 
+    @field_validator("aliases")
+    @classmethod
+    def _aliases(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_aliases(v)
+
     @field_validator("state")
     @classmethod
     def _state(cls, v: str | None) -> str | None:
@@ -320,7 +321,7 @@ class GatewayConfig(ServerConfig):
     def _proxies(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and v != ["*"]:
             for entry in v:
-                _check_proxy(entry)
+                check_proxy(entry)
         return v
 
     @field_validator("ssl_certfile", "ssl_keyfile", "snapshot", "usage_log")

@@ -1,9 +1,10 @@
-"""URLs as the gateway shows them: credentials hidden (`redact`, `redact_text`), and the checks of the URLs a
-config names."""
+"""URLs as the gateway shows them: credentials hidden (`redact`, `redact_text`), and the checks of the URLs and
+proxy addresses a config names."""
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -52,3 +53,14 @@ def checked_url(v: str, pattern: re.Pattern[str], what: str) -> str:
 
 def has_credentials(url: str) -> bool:
     return "@" in urlsplit(url).netloc
+
+
+def check_proxy(entry: str) -> None:
+    """ValueError unless `entry` is an IP address or a network (CIDR, host bits zero) as uvicorn reads them: it takes
+    anything else for a name that never matches."""
+    try:
+        ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+    except ValueError:
+        raise ValueError(
+            f'each entry must be an IP address or a network like 10.0.0.0/8 (or the list be ["*"]), got {entry!r}'
+        ) from None
