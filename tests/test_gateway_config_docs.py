@@ -86,12 +86,13 @@ def test_every_flag_of_the_command_line_reaches_its_key():
         ["gateway", "--backend", "http://127.0.0.1:9,max_requests=3", "--tenant", "org/a:k:2", "--group", "org:4:1"]
         + ["--model", "m1", "--model", "m2", "--no-access-log", "--trusted-proxy", "--state-ttl", "7"]
         + ["--client-buffer-bytes", "0", "--scope", "global", "--alias", "gpt-4o=m1"]
+        + ["--fallback", "m1=m2|m3"]
     )
     cfg = build_config(flag_overrides(args, GatewayConfig))
     assert cfg.backends[0].max_inflight_requests == 3 and cfg.tenants[0].weight == 2.0
     assert (cfg.groups[0].weight, cfg.groups[0].priority, cfg.models) == (4.0, 1, ["m1", "m2"])
     assert (cfg.access_log, cfg.trusted_proxy, cfg.state_ttl_s, cfg.client_buffer_bytes) == (False, True, 7.0, 0)
-    assert cfg.scope == "global" and cfg.aliases == {"gpt-4o": "m1"}
+    assert cfg.scope == "global" and cfg.aliases == {"gpt-4o": "m1"} and cfg.fallbacks == {"m1": ["m2", "m3"]}
     flags = {s for a in gateway._actions for s in a.option_strings}
     # NOTE: every key has a flag but the table of prices by model
     missing = [
@@ -102,6 +103,7 @@ def test_every_flag_of_the_command_line_reaches_its_key():
     assert sorted(missing) == [
         "aliases",
         "backends",
+        "fallbacks",
         "groups",
         "models",
         "tenants",

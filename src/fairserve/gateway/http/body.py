@@ -79,6 +79,11 @@ def parse_body(
     return Parsed(body, r.stream, r.include_usage, footprint, r.max_tokens, kept, r.priority, r.model, kind)
 
 
+def served_as(parsed: Parsed, model: str) -> Parsed:
+    """`parsed` for `model` instead of the one it names (a fallback): its body's `model` replaced, re-encoded."""
+    return replace(parsed, body={**parsed.body, "model": model}, raw=b"", model=model)
+
+
 def upstream_body(parsed: Parsed, engine_client: str | None = None, priority: int = 0) -> bytes:
     """The body sent to the backend: the client's, plus the output bound of its footprint when the client set none
     (so that the backend stops where the gateway's estimate does), plus `include_usage` for streams (the gateway

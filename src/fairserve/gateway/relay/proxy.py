@@ -17,18 +17,29 @@ from starlette.types import Receive, Scope, Send
 from ...api.body import DISCONNECTED, ClientGone, read_body
 from ...api.errors import error_response
 from ...api.protocol import parse_json
-from ...api.streaming import connection_of, shutting_down
+from ...api.streaming import shutting_down
 from ...tenancy import model_refused, priority_message
 from ..admission.scheduler import Scheduler
 from ..admission.ticket import Ending, Ticket
 from ..component import Part
 from ..dispatch.locality import prompt_digests
 from ..dispatch.pools import Backend, UnknownModel
-from ..dispatch.unavailable import PoolDown
-from ..http.body import CHAT, PATHS, BodyError, Parsed, parse_body, response_output_tokens, upstream_body, usage_of
+from ..dispatch.unavailable import PoolDown, fallback
+from ..http.body import (
+    CHAT,
+    PATHS,
+    BodyError,
+    Parsed,
+    parse_body,
+    response_output_tokens,
+    served_as,
+    upstream_body,
+    usage_of,
+)
 from ..quota.book import Exhausted
 from ..quota.gate import insufficient_quota
 from ..settings.config import GatewayConfig
+from .client import Client
 from .failures import Failed, retry_after
 from .pipe import Buffers
 from .stalls import StallWatch
@@ -40,20 +51,6 @@ log = logging.getLogger("fairserve.gateway")
 RETRYABLE = {408, 429}  # and every 5xx: another backend may do better
 WATCH_AFTER_S = 0.02  # when a request starts watching for its client's disconnect
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-
-
-class Client:
-    """The client's side of one request: whether it has gone (`left()`), and its connection where the server is
-    uvicorn (`api.streaming.connection_of`)."""
-
-    __slots__ = ("conn", "gone")
-
-    def __init__(self, send: Send) -> None:
-        self.conn = connection_of(send)
-        self.gone = False  # the watcher saw http.disconnect
-
-    def left(self) -> bool:
-        return self.gone or (self.conn is not None and self.conn.disconnected)
 
 
 class Proxy(Part):
@@ -109,6 +106,8 @@ class Proxy(Part):
             metrics.refused(tenant, "invalid")
             sched.usage.refused(request_id, tenant, None, kind, "invalid")
             return await self._error(request_id, 400, str(e), "invalid_request", param=e.param)(scope, receive, send)
+        if self.cfg.fallbacks and (model := fallback(sched.pools, parsed.model, self.cfg.fallbacks)) is not None:
+            parsed = served_as(parsed, model)  # NOTE: its own pool is down: served, checked and charged as `model`
         refusal = self.refusal(tenant, parsed, kind, request_id)
         if refusal is not None:
             return await refusal(scope, receive, send)

@@ -115,3 +115,24 @@ def check_aliases(aliases: dict[str, str]) -> dict[str, str]:
         if model in aliases:
             raise ValueError(f"aliases: {alias!r} names {model!r}, which is an alias itself")
     return aliases
+
+
+def parse_fallbacks(flags: list[str]) -> dict[str, list[str]]:
+    """`--fallback MODEL=OTHER[|OTHER]` (repeated) as the `fallbacks` table."""
+    out: dict[str, list[str]] = {}
+    for flag in flags:
+        model, sep, others = flag.partition("=")
+        if not sep or not others:
+            raise ValueError(f"--fallback {flag!r}: expected MODEL=OTHER[|OTHER]")
+        out[model.strip()] = [o.strip() for o in others.split("|")]
+    return out
+
+
+def check_fallbacks(fallbacks: dict[str, list[str]]) -> dict[str, list[str]]:
+    """ValueError for an empty id or list, or a model that is its own fallback."""
+    for model, others in fallbacks.items():
+        if not model.strip() or not others or not all(o.strip() for o in others):
+            raise ValueError(f"fallbacks: {model!r} needs a list of model ids, got {others!r}")
+        if model in others:
+            raise ValueError(f"fallbacks: {model!r} is among its own fallbacks")
+    return fallbacks

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ...api.config import build_config as _build
 from ...api.config import check_listen
@@ -19,7 +19,8 @@ from ...tenancy import ServerConfig, TenantConfig, check_tenants
 from ...tenancy.config import SERVER_START as _SERVER_START
 from ..admission.footprint import DEFAULT_MAX_TOKENS
 from ..dispatch.placement import Placement, parse_placement
-from .backends import BackendConfig, Price, check_aliases, parse_aliases, parse_backend
+from . import backends as served
+from .backends import BackendConfig, Price, parse_backend
 from .replicas import check_sharing
 from .urls import REDIS_URL, check_proxy, checked_url
 
@@ -70,9 +71,19 @@ class GatewayConfig(ServerConfig):
         help="a model id a client may name for another",
         flag="--alias",
         metavar="ALIAS=MODEL",
-        read=parse_aliases,
+        read=served.parse_aliases,
         doc='model ids a client may name for another, `aliases = { "gpt-4o" = "llama-3-8b" }`: the request is '
         "served, routed, priced and logged as MODEL's (see [Several models](gateway.md#several-models))",
+    )
+    fallbacks: dict[str, list[str]] = key(
+        default_factory=dict,
+        help="models to serve a model's requests instead while its backends are all down",
+        flag="--fallback",
+        metavar="MODEL=OTHER[|OTHER]",
+        read=served.parse_fallbacks,
+        doc="models to serve a model's requests instead while every backend of its pool is down, in order, "
+        '`fallbacks = { "llama-70b" = ["llama-8b"] }`: the first whose pool has a backend up serves it (see '
+        "[Several models](gateway.md#several-models))",
     )
     scope: Literal["per_model", "global"] | None = key(
         None,
@@ -301,10 +312,10 @@ class GatewayConfig(ServerConfig):
         token_counter(v)  # loads it now, so a bad name or file stops the gateway at start
         return v
 
-    @field_validator("aliases")
+    @field_validator("aliases", "fallbacks")
     @classmethod
-    def _aliases(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_aliases(v)
+    def _models(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return served.check_aliases(v) if info.field_name == "aliases" else served.check_fallbacks(v)
 
     @field_validator("state")
     @classmethod
