@@ -5,7 +5,8 @@ from the profile alone, and compare.
 1. `fairserve profile --engine vllm` (in a worker process): the engine's step times, its pool and limits, a fitted
    latency model. Nothing below is fitted: every workload is held out.
 2. Per policy, one engine (its own worker process, vLLM's engine core in it, async scheduling off as in the
-   profile) runs each workload in real time: requests added at their arrival times while the engine steps.
+   profile), warmed up on 5 s of the first workload, runs each workload in real time: requests added at their
+   arrival times while the engine steps.
 3. The simulator runs the same arrivals (`--profile FILE`, paged mode, the engine's batch cap and prefill budget).
 
 Workloads are sized from the profile's capacity C (requests/s of 128 prompt + 64 output tokens at a full batch):
@@ -143,7 +144,9 @@ def engine_worker(policy: str, jobs: list[tuple[str, list[Arrival]]], conn: Any)
         scheduler_cls=SCHEDULER_PATH,
         **ENGINE,
     )
-    run_real(llm, [Arrival(0.0, "warm", 32, 4)] * 4, "warm")
+    # NOTE: warmed up on the first workload's first 5 s, discarded: the first seconds of a new engine run slower
+    first = [a for a in jobs[0][1] if a.arrival_s < 5.0]
+    run_real(llm, [Arrival(a.arrival_s, "warm-" + a.client, a.prompt_tokens, a.output_tokens) for a in first], "warm")
     conn.send({name: run_real(llm, arrivals, f"{policy}-{name}") for name, arrivals in jobs})
 
 
