@@ -15,6 +15,7 @@ from fairserve.sim.latency import (
     DEFAULT_LATENCY_PROFILE,
     GPUS,
     LATENCY_MODELS,
+    LINEAR_COEFFICIENTS,
     MODELS,
     ConstantLatency,
     GpuSpec,
@@ -33,15 +34,7 @@ from fairserve.sim.ticks import TICKS_PER_S, step_ticks
 pytestmark = pytest.mark.unit
 
 PROFILE = Path(__file__).resolve().parents[2] / "shared" / "profiles" / PROFILE_FILENAME
-COEFFS = (
-    "prefill_fixed_s",
-    "prefill_per_token_s",
-    "prefill_per_sq_token_s",
-    "decode_fixed_s",
-    "decode_per_seq_s",
-    "decode_per_context_token_s",
-    "large_batch_s",
-)
+COEFFS = LINEAR_COEFFICIENTS
 ROOFLINE_NAMES = [n for n in LATENCY_MODELS if "@" in n]
 
 
