@@ -93,3 +93,28 @@ def test_the_queue_holds_back_victims_and_closes_for_a_pass():
     assert q.head() is None and not q and len(q) == 2
     q.end_pass()
     assert q and q.peek_request().request_id == "x-1"
+
+
+def test_with_room_for_any_step_the_pass_reads_nothing_of_the_running_set():
+    from types import SimpleNamespace
+
+    from fairserve.engines.vllm_preempt import Preemptor
+    from fairserve.engines.vllm_queue import VTCRequestQueue
+
+    asked: list[str] = []
+    kv = SimpleNamespace(
+        block_pool=SimpleNamespace(get_num_free_blocks=lambda: free),
+        get_block_ids=lambda rid: asked.append(rid) or ([1, 2],),
+    )
+    running = [
+        SimpleNamespace(request_id=f"r{i}", num_tokens_with_spec=40, num_output_placeholders=0, num_computed_tokens=39)
+        for i in range(4)
+    ]
+    sched = SimpleNamespace(running=running, kv_cache_manager=kv, max_num_scheduled_tokens=64, block_size=16)
+    p = Preemptor(opts("vtc"), VTCRequestQueue.from_config(VTCConfig()))
+    free = 64 // 16 + 2 * 4 + 1  # more than the step could take: its budget in blocks, two partial blocks each
+    p.before_pass(sched)
+    assert asked == []
+    free = 64 // 16 + 2 * 4  # at the edge: the running set is read (and here nothing is short: no victim)
+    p.before_pass(sched)
+    assert asked == ["r0", "r1", "r2", "r3"] and p.counts.for_memory == 0

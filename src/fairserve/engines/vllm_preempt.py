@@ -93,6 +93,12 @@ class Preemptor:
             return
         kv = sched.kv_cache_manager
         free = kv.block_pool.get_num_free_blocks()
+        # NOTE: a step's requests need at most its token budget in blocks, and two partial blocks each: with that
+        # much free no memory can run short, and only a head that may preempt needs the running set (an O(1) pass)
+        if not self.options.admits and free > sched.max_num_scheduled_tokens // sched.block_size + 2 * len(
+            sched.running
+        ):
+            return
         running = self._running(sched)
         need = sum(r.need for r in running)
         now = time.monotonic()
