@@ -15,7 +15,7 @@ from ..core import MAX_WEIGHT, MIN_WEIGHT, LedgerView, Unsupported, check_weight
 from ..core.account import nodes_of
 from ..dashboard import BackendRows, History, asset, snapshot, tree
 from .auth import bearer, same_key
-from .config import KeyOwners
+from .index import KeyOwners
 
 Owners = KeyOwners | dict[str, str]
 

@@ -6,7 +6,6 @@ serve` share all of it."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -18,6 +17,8 @@ from ..api.config import MAX_PROBLEMS, Strict
 from ..api.keys import key
 from ..core import MAX_WEIGHT, MIN_WEIGHT
 from ..core.account import SEP, parents
+from .flags import groups_from_flags, tenants_from_flags
+from .index import KeyOwners, TenantIndex, drain, key_digest
 
 _PART = r"[A-Za-z0-9_.@-]{1,64}"
 _NAME = re.compile(rf"^{_PART}(?:/{_PART}){{0,7}}$")  # a path of at most 8 levels: `tier/org/team/key`
@@ -49,11 +50,6 @@ def check_models(v: list[str] | None) -> list[str] | None:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def key_digest(key: str) -> str:
-    """The hex SHA-256 of an API key, as `api_key_sha256` gives it (`printf %s KEY | sha256sum`)."""
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class QuotaConfig(Strict):
@@ -181,32 +177,6 @@ def _groups_of(names: Iterable[str]) -> set[str]:
             out.add(group)
             cut = n.rfind(SEP, 0, cut)
     return out
-
-
-class KeyOwners:
-    """Which tenant owns an API key: those given in clear by a dict lookup, those given hashed (`api_key_sha256`) by
-    the lookup of the key's SHA-256 (only when some are configured: no hashing on the way of the others)."""
-
-    __slots__ = ("clear", "hashed")
-
-    def __init__(self, tenants: Sequence[TenantConfig]) -> None:
-        self.clear = {k: t.name for t in tenants for k in t.api_keys}
-        self.hashed = {d: t.name for t in tenants for d in t.api_key_sha256}
-
-    def get(self, key: str | None, default: str | None = None) -> str | None:
-        if key is None:
-            return default
-        owner = self.clear.get(key)
-        if owner is None and self.hashed:
-            owner = self.hashed.get(key_digest(key))
-        return owner if owner is not None else default
-
-    def replace(self, other: KeyOwners) -> None:
-        """Take `other`'s keys (a reload): whoever holds this object sees them at once."""
-        self.clear, self.hashed = other.clear, other.hashed
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key) is not None
 
 
 SERVER_START = "the HTTP server's, set when it starts"
@@ -365,81 +335,13 @@ class ServerConfig(Strict):
         """Free what this config holds per tenant a piece at a time (a live reload's old one, on a thread, once nothing
         else holds it): at once, 100,000 tenants take 50 ms in one go, in which no other thread (the event loop) runs;
         a piece at a time, the loop runs between them."""
-        _drain(self.tenants)
+        drain(self.tenants)
         memo = self._derived
         while memo:
             _, made = memo.popitem()
             if isinstance(made, TenantIndex):
-                _drain(made.names, made.owners.clear, made.owners.hashed, made.quotas, made.allowed_models)
+                drain(made.names, made.owners.clear, made.owners.hashed, made.quotas, made.allowed_models)
 
     def index(self) -> TenantIndex:
         """The tenants' names, key owners, quotas and model access, made once (`derived`)."""
         return self.derived("index", lambda: TenantIndex(self))
-
-
-class TenantIndex:
-    """What the requests read of a config's tenants, made once per config (`ServerConfig.index`): the names in
-    order and as a set, the keys' owners, the quotas and the tenants limited to some models. Read only."""
-
-    __slots__ = ("names", "name_set", "owners", "quotas", "allowed_models")
-
-    def __init__(self, cfg: ServerConfig) -> None:
-        self.names = [t.name for t in cfg.tenants]
-        self.name_set = frozenset(self.names)
-        self.owners = cfg.key_owners()
-        self.quotas = cfg.quotas()
-        self.allowed_models = cfg.allowed_models()
-
-
-def _drain(*parts: list[Any] | dict[Any, Any]) -> None:
-    """Empty each list or dict an item at a time (`ServerConfig.release`)."""
-    for part in parts:
-        while part:
-            part.popitem() if isinstance(part, dict) else part.pop()
-
-
-def parse_tenant(text: str) -> tuple[str, str, float | None]:
-    """`PATH:KEY[:WEIGHT]` → (path, key, weight or None)."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise ValueError(f"bad --tenant {text!r}: expected PATH:KEY or PATH:KEY:WEIGHT (PATH: a name or org/team/name)")
-    weight = None
-    if len(parts) == 3:
-        try:
-            weight = float(parts[2])
-        except ValueError:
-            raise ValueError(f"bad --tenant {text!r}: weight {parts[2]!r} is not a number") from None
-    return parts[0], parts[1], weight
-
-
-def tenants_from_flags(flags: list[str]) -> list[dict[str, Any]]:
-    """Repeating a name adds keys to that tenant (`--tenant a:k1 --tenant a:k2:2`)."""
-    tenants: dict[str, dict[str, Any]] = {}
-    for text in flags:
-        name, api_key, weight = parse_tenant(text)
-        t = tenants.setdefault(name, {"name": name, "api_keys": []})
-        t["api_keys"].append(api_key)
-        if weight is not None:
-            t["weight"] = weight
-    return list(tenants.values())
-
-
-def groups_from_flags(flags: list[str]) -> list[dict[str, Any]]:
-    """`--group PATH:WEIGHT[:PRIORITY]` → group tables (`pro:4:0`, `pro/acme:2`)."""
-    out = []
-    for text in flags:
-        parts = text.split(":")
-        if len(parts) not in (2, 3) or not parts[0]:
-            raise ValueError(f"bad --group {text!r}: expected PATH:WEIGHT or PATH:WEIGHT:PRIORITY")
-        group: dict[str, Any] = {"name": parts[0]}
-        try:
-            group["weight"] = float(parts[1])
-        except ValueError:
-            raise ValueError(f"bad --group {text!r}: weight {parts[1]!r} is not a number") from None
-        if len(parts) == 3:
-            try:
-                group["priority"] = int(parts[2])
-            except ValueError:
-                raise ValueError(f"bad --group {text!r}: priority {parts[2]!r} is not an integer") from None
-        out.append(group)
-    return out

@@ -1,0 +1,63 @@
+"""What the requests read of a configuration's tenants, made once per configuration (`ServerConfig.index`): the
+keys' owners (`KeyOwners`), the names, the quotas and the tenants limited to some models (`TenantIndex`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ServerConfig, TenantConfig
+
+
+class KeyOwners:
+    """Which tenant owns an API key: those given in clear by a dict lookup, those given hashed (`api_key_sha256`) by
+    the lookup of the key's SHA-256 (only when some are configured: no hashing on the way of the others)."""
+
+    __slots__ = ("clear", "hashed")
+
+    def __init__(self, tenants: Sequence[TenantConfig]) -> None:
+        self.clear = {k: t.name for t in tenants for k in t.api_keys}
+        self.hashed = {d: t.name for t in tenants for d in t.api_key_sha256}
+
+    def get(self, key: str | None, default: str | None = None) -> str | None:
+        if key is None:
+            return default
+        owner = self.clear.get(key)
+        if owner is None and self.hashed:
+            owner = self.hashed.get(key_digest(key))
+        return owner if owner is not None else default
+
+    def replace(self, other: KeyOwners) -> None:
+        """Take `other`'s keys (a reload): whoever holds this object sees them at once."""
+        self.clear, self.hashed = other.clear, other.hashed
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+
+class TenantIndex:
+    """What the requests read of a config's tenants, made once per config (`ServerConfig.index`): the names in
+    order and as a set, the keys' owners, the quotas and the tenants limited to some models. Read only."""
+
+    __slots__ = ("names", "name_set", "owners", "quotas", "allowed_models")
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.names = [t.name for t in cfg.tenants]
+        self.name_set = frozenset(self.names)
+        self.owners = cfg.key_owners()
+        self.quotas = cfg.quotas()
+        self.allowed_models = cfg.allowed_models()
+
+
+def drain(*parts: list[Any] | dict[Any, Any]) -> None:
+    """Empty each list or dict an item at a time (`ServerConfig.release`)."""
+    for part in parts:
+        while part:
+            part.popitem() if isinstance(part, dict) else part.pop()
+
+
+def key_digest(key: str) -> str:
+    """The hex SHA-256 of an API key, as `api_key_sha256` gives it (`printf %s KEY | sha256sum`)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
