@@ -14,6 +14,13 @@ from fairserve.engines.vllm_scheduler import CLIENT_ARG, SCHEDULER_PATH
 W_P, W_Q = 1.0, 2.0  # FAIRSERVE_WP / FAIRSERVE_WQ defaults
 LORA: dict[str, Any] = {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
 PREFIX_ENGINE: dict[str, Any] = {"enable_prefix_caching": True, "block_size": 32, "num_gpu_blocks_override": 24}
+# test_vllm_mode.py: steps of at most 64 tokens, 9 usable blocks of 32 tokens
+STEPS_ENGINE: dict[str, Any] = {
+    "max_num_batched_tokens": 64,
+    "block_size": 32,
+    "num_gpu_blocks_override": 10,
+    "max_model_len": 256,
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Run:
     admitted_at: dict[str, int] = field(default_factory=dict)  # request id -> the engine step that was
     priority: dict[str, int] = field(default_factory=dict)  # request id -> vLLM's `priority` once it was queued
     preempted: dict[str, int] = field(default_factory=dict)  # request id -> times vLLM preempted it
+    scheduled: list[dict[str, int]] = field(default_factory=list)  # per engine step: request id -> tokens scheduled
     steps: int = 0
     preemptions: int = 0
     service_at: list[dict[str, float]] = field(default_factory=list)  # each client's service after each step
@@ -83,6 +91,9 @@ CONFIGS: dict[str, tuple[bool, dict[str, Any], dict[str, str]]] = {
     # fairserve over vLLM's prefix cache (test_dlpm.py): the same pool, DLPM with its quantum, VTC beside it
     "dlpm": (True, PREFIX_ENGINE, {"FAIRSERVE_POLICY": "dlpm:600", "FAIRSERVE_W_CACHED": "0.25"}),
     "vtc-prefix": (True, PREFIX_ENGINE, {"FAIRSERVE_W_CACHED": "0.25"}),
+    # the simulator's vLLM mode against vLLM (test_vllm_mode.py), under VTC and FCFS
+    "steps": (True, STEPS_ENGINE, {}),
+    "steps-fcfs": (True, STEPS_ENGINE, {"FAIRSERVE_POLICY": "fcfs"}),
 }
 
 
@@ -182,6 +193,7 @@ def drive(
 
     def recording_schedule(*args: Any, **kwargs: Any) -> Any:
         out = schedule(*args, **kwargs)
+        run.scheduled.append({ids.get(k, k): n for k, n in out.num_scheduled_tokens.items()})
         for new in out.scheduled_new_reqs:
             rid = ids.get(new.req_id, new.req_id)
             if rid not in run.admitted_at:

@@ -83,6 +83,7 @@ def build_parser(command: str | None = None, *, outline: bool = False) -> argpar
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     from .core import describe
     from .sim import LATENCY_MODELS
+    from .sim.requests import MODES
     from .workloads import ALL_WORKLOADS, TRACE_FORMATS
 
     s = sub.add_parser(
@@ -134,8 +135,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--engine-mode",
         default="reserve",
-        choices=["reserve", "paged"],
-        help="reserve: the paper's conservative admission; paged: vLLM-like with preemption",
+        choices=MODES,
+        help="reserve: the paper's conservative admission; paged: vLLM-like with preemption; vllm: vLLM's own steps "
+        "(token budget, chunked prefill, its preemption; docs/latency.md)",
     )
     s.add_argument(
         "--prefix-cache",

@@ -9,9 +9,11 @@ from enum import StrEnum
 
 from ..core import check_policy
 from ..sim.latency import DEFAULT_LATENCY_PROFILE, get_latency_model
+from ..sim.requests import MODES
 from ..workloads import DEFAULT_KV_TOKENS
 
-ENGINE_MODES = ("reserve", "paged")
+# NOTE: the vllm mode runs offline only (sim/vllm_steps.py has no online API)
+ENGINE_MODES = tuple(m for m in MODES if m != "vllm")
 DEFAULT_MODEL = "fairserve-emulated"
 
 

@@ -19,12 +19,15 @@ from .latency import (
     server_tokens,
 )
 from .options import LEGACY, SimOptions
+from .prefix_cache import DEFAULT_BLOCK_TOKENS
 from .requests import EngineConfig, Mode, SimRequest, SimResult
+from .vllm_steps import VllmEngine
 
 __all__ = [
     "EngineConfig",
     "SimEngine",
     "SimOptions",
+    "VllmEngine",
     "SimRequest",
     "SimResult",
     "LatencyModel",
@@ -42,14 +45,19 @@ def engine_config(
 ) -> EngineConfig:
     """The engine of a named preset: its pool (unless `kv_tokens` is given) and its server's token-level effects
     (`latency.SERVER_TOKENS`: longer tokenized prompts, the per-client admission reserve). A profile file's engine
-    brings its limits too: its batch cap (`max_num_seqs`) and prefill budget (`max_batched_tokens`)."""
+    brings its limits too: its batch cap (`max_num_seqs`), its prefill budget or token budget per step
+    (`max_batched_tokens`), its KV block size and whether it chunks prefills (for `mode="vllm"`)."""
     if is_profile_path(profile):
         measured = load_engine_profile(profile)
-        limits = EngineConfig(kv_tokens=kv_tokens if kv_tokens is not None else measured.kv_tokens, mode=mode)
-        return replace(
-            limits,
+        settings = measured.engine.get("settings")
+        chunked = settings.get("chunked_prefill") if isinstance(settings, dict) else None
+        return EngineConfig(
+            kv_tokens=kv_tokens if kv_tokens is not None else measured.kv_tokens,
+            mode=mode,
             batch_max_tokens=measured.max_batched_tokens,
-            running_max=measured.max_num_seqs or limits.running_max,
+            running_max=measured.max_num_seqs or EngineConfig.running_max,
+            block_tokens=measured.block_tokens or DEFAULT_BLOCK_TOKENS,
+            chunked_prefill=chunked if isinstance(chunked, bool) else True,
         )
     server = server_tokens(profile)
     return EngineConfig(
@@ -114,4 +122,6 @@ def simulate(
         from .fleet import Fleet
 
         return Fleet(ledger, model, config, *options.fleet_parts()).run(workload.arrivals, until_s=horizon)
+    if config.mode == "vllm":
+        return VllmEngine(ledger, model, config).run(workload.arrivals, until_s=horizon)
     return SimEngine(ledger, model, config).run(workload.arrivals, until_s=horizon)

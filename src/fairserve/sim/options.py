@@ -14,12 +14,10 @@ from ..core.policy import Policy
 from ..core.registry import PolicySpec, parse_spec
 from .autoscale import Scaling, parse_autoscale
 from .prefix_cache import DEFAULT_BLOCK_TOKENS
-from .requests import Mode
+from .requests import MODES, Mode
 
 if TYPE_CHECKING:
     from ..gateway.dispatch.placement import Placement
-
-MODES = ("reserve", "paged")
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,7 @@ class SimOptions:
     policy: str | Policy = "vtc"  # a policy spec, engine options included (`vtc:preempt=500`), or a built policy
     latency: Any = None  # a latency preset's name or a `LatencyModel`; None: the workload's
     kv_tokens: int | None = None  # the KV pool; None: the workload's
-    mode: Mode = "reserve"  # reserve: the paper's conservative admission; paged: vLLM-like
+    mode: Mode = "reserve"  # reserve: the paper's conservative admission; paged: vLLM-like; vllm: vLLM's steps
     prefix_cache: bool = False  # paged mode: KV blocks shared by prompts with a common prefix
     block_tokens: int = DEFAULT_BLOCK_TOKENS  # tokens per KV block of the prefix cache
     cost: Any = None  # "linear" (None), "profiled" or a cost function
@@ -71,6 +69,11 @@ class SimOptions:
             raise ValueError(
                 f"policy {self.policy!r}: the prefix cache does not combine with {', '.join(spec.options)}="
             )
+        if spec is not None and self.mode == "vllm" and set(spec.options) - {"victim"}:
+            raise ValueError(
+                f"policy {self.policy!r}: {', '.join(set(spec.options) - {'victim'})}= act in the reserve and paged "
+                "modes; engine mode 'vllm' runs vLLM's own preemption (it takes victim=counter|vllm)"
+            )
         make_cost(self.cost, self.w_p, self.w_q, self.w_cached)
         if self.fleet:
             self.fleet_parts()
@@ -86,6 +89,8 @@ class SimOptions:
         """The fleet's engines at start, its dispatch rule and its scaling, checked (ValueError, one line)."""
         from ..gateway.dispatch.placement import parse_placement  # NOTE: here: the gateway's package loads pydantic
 
+        if self.mode == "vllm":
+            raise ValueError("a fleet's engines run in the reserve or paged mode (--engine-mode vllm runs one engine)")
         spec = self.spec
         if spec is not None and spec.options:
             raise ValueError(

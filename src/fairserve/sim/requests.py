@@ -16,7 +16,8 @@ from ..records import RequestRecord
 from ..workloads.base import DEFAULT_KV_TOKENS
 from .prefix_cache import DEFAULT_BLOCK_TOKENS, Held
 
-Mode = Literal["reserve", "paged"]
+Mode = Literal["reserve", "paged", "vllm"]
+MODES: tuple[Mode, ...] = ("reserve", "paged", "vllm")  # sim/engine.py runs the first two, sim/vllm_steps.py vLLM's
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,13 @@ class EngineConfig:
     running_cap: int | None = None  # most KV tokens (prompt + max_tokens) one tenant's running requests may reserve
     preempt_priority: bool = False  # a waiting request of a better level preempts running ones of worse levels
     prefix_cache: bool = False  # paged mode: KV blocks shared by prompts with a common prefix (sim/prefix_cache.py)
-    block_tokens: int = DEFAULT_BLOCK_TOKENS  # tokens per KV block of the prefix cache
+    block_tokens: int = DEFAULT_BLOCK_TOKENS  # tokens per KV block of the prefix cache, and of the vllm mode's pool
+    chunked_prefill: bool = True  # vllm mode: a prompt may be prefilled over several steps (sim/vllm_steps.py)
+    victim_by_counter: bool | None = None  # vllm mode's `victim=`; None: by counter where the policy shares them
 
     def __post_init__(self) -> None:
-        if self.mode not in ("reserve", "paged"):
-            raise ValueError(f"engine mode must be 'reserve' or 'paged', got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"engine mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.kv_tokens < 2:
             raise ValueError(f"kv_tokens must be >= 2, got {self.kv_tokens}")
         if self.prompt_extra_tokens < 0 or self.reserve_per_client_tokens < 0:
@@ -46,6 +49,14 @@ class EngineConfig:
             raise ValueError(f"preempt_delta must be >= 0, got {self.preempt_delta}")
         if self.preempt_max < 1 or (self.running_cap is not None and self.running_cap < 1):
             raise ValueError("preempt_max and running_cap must be >= 1")
+        if self.mode == "vllm":
+            if not 1 <= self.block_tokens <= self.kv_tokens // 2:
+                raise ValueError(f"block_tokens must be between 1 and kv_tokens / 2, got {self.block_tokens}")
+            if self.preempt_delta is not None or self.running_cap is not None or self.preempt_priority:
+                raise ValueError(
+                    "engine mode 'vllm' runs vLLM's own preemption: preempt=, preempt-priority= and running-cap= act "
+                    "in the reserve and paged modes"
+                )
         if self.prefix_cache:
             if self.mode != "paged":
                 raise ValueError("the prefix cache needs the paged engine (mode 'paged')")
@@ -56,8 +67,8 @@ class EngineConfig:
 
     @property
     def pool_tokens(self) -> int:
-        """The tokens a request may hold: the pool, in whole blocks with the prefix cache."""
-        if self.prefix_cache:
+        """The tokens a request may hold: the pool, in whole blocks with the prefix cache and in vllm mode."""
+        if self.prefix_cache or self.mode == "vllm":
             return self.kv_tokens // self.block_tokens * self.block_tokens
         return self.kv_tokens
 
@@ -68,10 +79,12 @@ class EngineConfig:
             return self
         # NOTE: the vLLM plugin's own victim rule (core.registry.VLLM_OPTIONS): refused, not ignored, by this engine
         if "victim" in options:
-            raise ValueError(
-                "engine option 'victim' applies to the vLLM plugin only (docs/vllm.md); the simulated engine takes "
-                "preempt, preempt-max, preempt-priority and running-cap"
-            )
+            if self.mode != "vllm" or len(options) > 1:
+                raise ValueError(
+                    "engine option 'victim' applies to the vLLM plugin (docs/vllm.md) and engine mode 'vllm' alone; "
+                    "the reserve and paged modes take preempt, preempt-max, preempt-priority and running-cap"
+                )
+            return replace(self, victim_by_counter=bool(options["victim"]))
         return replace(
             self,
             preempt_delta=float(options["preempt"]) if "preempt" in options else self.preempt_delta,
@@ -144,6 +157,15 @@ def too_large(cfg: EngineConfig, prompt_tokens: int, output_tokens: int) -> str 
             f"{output_tokens} max_tokens), but the engine's pool holds {pool}. "
             "Reduce the prompt or max_tokens."
         )
+    if cfg.mode == "vllm":
+        # NOTE: without chunks, a preempted request re-prefills its output too, in one step
+        if not cfg.chunked_prefill and prompt + output_tokens > cfg.prefill_tokens:
+            return (
+                f"This request needs {prompt + output_tokens} tokens in one step ({prompt} in the prompt + "
+                f"{output_tokens} max_tokens), but the engine schedules at most {cfg.prefill_tokens} tokens a step "
+                "without chunked prefill."
+            )
+        return None
     if prompt > cfg.prefill_tokens:
         return f"The prompt has {prompt} tokens; the engine prefills at most {cfg.prefill_tokens} at once."
     return None

@@ -18,8 +18,9 @@ from typing import Any
 from ..argtypes import positive
 from ..cli import add_fleet_flags
 from ..core import describe
+from ..sim.requests import MODES
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
-from .spec import ENGINE_MODES, from_mapping, load_toml
+from .spec import from_mapping, load_toml
 
 DEFAULT_OUT = "fairserve-sweep"
 
@@ -55,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--cost", choices=["linear", "profiled"], help="service cost function (default: linear)")
     p.add_argument("--w-p", type=float, help="weight of a prompt token (linear cost; default 1)")
     p.add_argument("--w-q", type=float, help="weight of an output token (linear cost; default 2)")
-    p.add_argument("--engine-mode", choices=ENGINE_MODES, help="admission: reserve (default) or paged")
+    p.add_argument("--engine-mode", choices=MODES, help="admission: reserve (default), paged or vllm (vLLM's steps)")
     p.add_argument(
         "--prefix-cache",
         action="store_true",

@@ -14,7 +14,7 @@ from typing import Any
 from ..core import check_nodes, parse_weights
 from ..sim.options import SimOptions
 from ..sim.prefix_cache import DEFAULT_BLOCK_TOKENS
-from ..sim.requests import Mode
+from ..sim.requests import MODES
 from ..workloads import ALL_WORKLOADS, TRACE_FORMATS
 
 
@@ -24,7 +24,6 @@ class SweepError(ValueError):
 
 Weights = tuple[tuple[str, float], ...]  # (tenant or group path, weight), sorted; None: the workload's own
 DEFAULT = "default"  # in `kv_tokens` and `weights`: the workload's own pool or weights
-ENGINE_MODES = ("reserve", "paged")
 KEYS = (
     "policies",
     "workloads",
@@ -337,9 +336,9 @@ def _options(values: Mapping[str, Any]) -> Options:
     if fmt not in TRACE_FORMATS:
         raise SweepError(f"trace_format: expected one of {', '.join(TRACE_FORMATS)}, got {fmt!r}")
     given = values.get("engine_mode", "reserve")
-    if given not in ENGINE_MODES:
-        raise SweepError(f"engine_mode: expected one of {', '.join(ENGINE_MODES)}, got {given!r}")
-    mode: Mode = "reserve" if given == "reserve" else "paged"
+    mode = next((m for m in MODES if m == given), None)
+    if mode is None:
+        raise SweepError(f"engine_mode: expected one of {', '.join(MODES)}, got {given!r}")
     w_p, w_q = _number(values, "w_p", 1.0), _number(values, "w_q", 2.0)
     assert w_p is not None and w_q is not None
     prefix_cache = values.get("prefix_cache", False)
