@@ -84,10 +84,15 @@ def test_simulate_names_the_real_reason_for_a_bad_engine_option(capsys):
     assert code == 2 and "policy 'fcfs' keeps none; use vtc" in err and "engines that preempt" not in err
 
 
-def test_the_vllm_plugins_victim_rule_is_refused_by_the_simulator_not_ignored(capsys):
+def test_the_vllm_plugins_victim_rule_is_refused_by_the_other_modes_not_ignored(capsys):
     code = main(["simulate", "--workload", "overload", "--duration", "20", "--policy", "vtc:victim=counter"])
     err = capsys.readouterr().err
-    assert code == 2 and "engine option 'victim' applies to the vLLM plugin only" in err
+    assert code == 2 and "applies to the vLLM plugin (docs/vllm.md) and engine mode 'vllm'" in err
+    args = ["simulate", "--workload", "overload", "--duration", "20", "--engine-mode", "vllm"]
+    assert main([*args, "--policy", "vtc:victim=vllm"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--policy", "vtc:preempt=500"]) == 2
+    assert "engine mode 'vllm' runs vLLM's own preemption" in capsys.readouterr().err
 
 
 def test_a_reproduce_run_is_a_simulate_run_with_the_same_options():
