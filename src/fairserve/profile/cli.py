@@ -149,4 +149,4 @@ def print_fit(prof: Any, path: str) -> None:
             else "| | (not measured)"
         )
         print(f"| {e['prompt_len']} | {e['batch_size']} | {pre} | {dec} |")
-    print(f"use it: fairserve simulate --profile {path} --engine-mode paged ... (its pool is the default --kv-tokens)")
+    print(f"use it: fairserve simulate --profile {path} --engine-mode vllm ... (its pool is the default --kv-tokens)")
