@@ -57,6 +57,7 @@ class RateGate:
         self.book = RateBook({}, clock=clock)
         self.estimate: RateBook | None = None  # with Redis: the same caps on this replica's own part
         self.local = False  # caps are enforced from this replica's own count: Redis cannot be reached
+        self._lost_at = 0.0  # the shared state's last answered sync when a call to Redis last failed
         self._own = OwnCounts()
         self._paths: dict[str, list[str]] = {}  # tenant -> the nodes of its path that have a cap
         self.configure(sched.cfg)
@@ -103,15 +104,19 @@ class RateGate:
         if not shared.up:
             return self._lose("the shared state (Redis) is degraded")
         if self.local:
+            if shared.last_sync == self._lost_at:  # NOTE: no sync has been answered since a call failed
+                return self.estimate
             self.local = False
             log.warning("rate caps are enforced in Redis again")
         return self.book
 
     def _lose(self, why: str) -> RateBook:
+        """Caps are enforced from this replica's own count until Redis answers a sync again."""
+        assert self.estimate is not None and self.sched.shared is not None
+        self._lost_at = self.sched.shared.last_sync
         if not self.local:
             log.warning("rate caps are enforced from this replica's own count while %s", why)
             self.local = True
-        assert self.estimate is not None
         return self.estimate
 
     async def count(self, tenant: str, tokens: int) -> Limited | None:
