@@ -1,7 +1,7 @@
 """Rate caps (gateway/rate/): fixed UTC minutes on an injected clock, Retry-After to the minute's end, a group's cap
 on its tenants in total, tokens over by at most one request's footprint, a refused request counted nowhere, the
 config's one-line errors, a reload's new caps on this minute's counts, and the replica's own count answering while
-Redis cannot be reached (one warning)."""
+Redis cannot be reached (one warning), until a sync is answered again (one line)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from fairserve.gateway import build_config
 from fairserve.gateway.admission.footprint import Footprint
-from fairserve.gateway.rate.caps import Count, Limited, RateBook, RateCap, minute
+from fairserve.gateway.rate.caps import Count, Limited, LocalCounts, RateBook, RateCap, minute
 from fairserve.gateway.rate.gate import RateGate
 from fairserve.gateway.rate.store import Estimate, OwnCounts
 
@@ -205,9 +205,14 @@ def test_while_redis_cannot_be_reached_the_replicas_own_count_answers_with_one_w
         assert isinstance(out, Limited) and out.used == 4
         doc = await gate.all_status()
         assert doc["estimated"] and doc["rates"]["org/alice"]["requests"]["used"] == 4
+        gate.book.store = LocalCounts()  # Redis answers again (here: a store that answers) ...
+        assert isinstance(await gate.count("org/alice", 1), Limited)  # ... but no sync was answered since
+        shared.last_sync = 6.0  # a sync answered: Redis decides again
+        assert await gate.count("org/alice", 1) is None and not gate.local
 
     with caplog.at_level("WARNING", "fairserve.gateway"):
         run(scenario())
     assert [r.message for r in caplog.records] == [
-        "rate caps are enforced from this replica's own count while Redis cannot be reached (ConnectionError)"
+        "rate caps are enforced from this replica's own count while Redis cannot be reached (ConnectionError)",
+        "rate caps are enforced in Redis again",
     ]

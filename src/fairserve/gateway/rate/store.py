@@ -76,6 +76,7 @@ class OwnCounts(LocalCounts):
         for key, total in zip(keys, totals, strict=True):
             own = self.counts.get(key) or Count()
             self.seen[key] = (total, Count(own.requests, own.tokens))
+        self.forget_before(keys[0][1])  # NOTE: reads alone (scrapes) move on to a new minute too
 
     def forget_before(self, start: int) -> None:
         if start > self.latest:
