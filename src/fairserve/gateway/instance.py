@@ -26,6 +26,7 @@ from .dispatch.fleet import connections
 from .dispatch.health import HealthMonitor
 from .http.tokenize import Tokenize
 from .metrics.prometheus import GatewayMetrics
+from .rate.gate import RateGate
 from .relay.proxy import Proxy
 from .relay.stalls import StallWatch
 from .relay.upstream import Upstream
@@ -69,7 +70,8 @@ class Gateway(Part):
             max_connections=limit,
             first_byte_timeout=cfg.request_timeout_s,
         )
-        self.proxy = Proxy(self.sched, self.upstream, self.stalls)
+        self.rates = RateGate(self.sched)  # per-minute caps, counted at arrival (gateway/rate/gate.py)
+        self.proxy = Proxy(self.sched, self.upstream, self.stalls, self.rates)
         self.tokenize = Tokenize(self.sched, self.upstream, lambda: self.proxy.allowed_models)
         self.capacity = CapacityMonitor(self.sched, self.client, cfg.metrics_interval_s)  # adaptive backends only
         self.health = HealthMonitor(self.sched, self.client)
@@ -80,9 +82,19 @@ class Gateway(Part):
     def parts(self) -> list[Component]:
         """Every part, in start order, which is also the order they apply a new configuration: the scheduler first
         (the shared state is joined before anything is served; the pools a backend change makes take its new tenant
-        tree), the proxy last (stopped first, it lets the requests cut at the end of the drain settle)."""
+        tree; the rate caps after it, in the Redis it joined), the proxy last (stopped first, it lets the requests cut
+        at the end of the drain settle)."""
         snapshots: list[Component] = [self.snapshots] if self.snapshots is not None else []
-        parts: list[Component] = [self.sched, self, self.health, self.capacity, *snapshots, self.metrics, self.stalls]
+        parts: list[Component] = [
+            self.sched,
+            self.rates,
+            self,
+            self.health,
+            self.capacity,
+            *snapshots,
+            self.metrics,
+            self.stalls,
+        ]
         return [*parts, self.throttle, self.tokenize, self.proxy]
 
     async def start(self) -> None:

@@ -61,6 +61,11 @@ class ServeConfig(ServerConfig):
                 f"quota (on {', '.join(sorted(quotas))}): `fairserve serve` does not enforce quotas; "
                 "put `fairserve gateway` in front of it"
             )
+        if rates := self.rates():
+            raise ValueError(
+                f"rate (on {', '.join(sorted(rates))}): `fairserve serve` does not enforce rate caps; "
+                "put `fairserve gateway` in front of it"
+            )
         return self
 
     @property

@@ -9,7 +9,7 @@ owns the ledger (the gateway's scheduler, an engine's queue): see `Accounts`.
 from .access import model_refused
 from .admin import MAX_OWNER_KEYS, Accounts, admin_denied, admin_router
 from .auth import AuthThrottle, bearer, metrics_denied, same_key, scope_bearer
-from .config import MAX_COST, GroupConfig, QuotaConfig, ServerConfig, TenantConfig, check_tenants
+from .config import MAX_COST, GroupConfig, QuotaConfig, RateConfig, ServerConfig, TenantConfig, check_tenants
 from .flags import parse_tenant, tenants_from_flags
 from .index import KeyOwners, key_digest
 from .metrics import JAIN_HELP, METRICS_WINDOW_S, SPREAD_HELP, TENANT_FAMILIES, TenantActivity, TenantCollector
@@ -29,6 +29,7 @@ __all__ = [
     "GroupConfig",
     "KeyOwners",
     "QuotaConfig",
+    "RateConfig",
     "ServerConfig",
     "TenantConfig",
     "admin_denied",

@@ -67,6 +67,21 @@ class QuotaConfig(Strict):
         return self
 
 
+class RateConfig(Strict):
+    """`rate = { requests = N, tokens = M }` on a tenant or a group: at most N requests and/or M tokens (each
+    request's footprint, prompt + output bound, counted at arrival) per UTC minute (gateway/rate/caps.py). One table,
+    whatever sets it: the config file or, later, the keys API."""
+
+    requests: int | None = Field(None, gt=0, strict=True)
+    tokens: int | None = Field(None, gt=0, strict=True)
+
+    @model_validator(mode="after")
+    def _some(self) -> RateConfig:
+        if self.requests is None and self.tokens is None:
+            raise ValueError("a rate cap needs `requests`, `tokens` or both (per minute)")
+        return self
+
+
 class TenantConfig(Strict):
     name: str  # a path: `pro/acme/search` is the tenant `search` in the group `pro/acme`, in the group `pro`
     api_keys: list[str] = Field(default_factory=list)
@@ -78,6 +93,7 @@ class TenantConfig(Strict):
     priorities: list[StrictInt] = Field(default_factory=list, max_length=64)
     models: list[str] | None = ModelsField  # the model ids it may use (None: any; its groups may limit it too)
     quota: QuotaConfig | None = None
+    rate: RateConfig | None = None  # per-minute caps (a product limit; fair share orders what they let through)
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
     _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
@@ -125,6 +141,7 @@ class GroupConfig(Strict):
     priority: int | None = Priority
     models: list[str] | None = ModelsField  # the model ids its tenants may use (None: any)
     quota: QuotaConfig | None = None  # on its tenants' use in total
+    rate: RateConfig | None = None  # per-minute caps on its tenants' requests in total
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_path(v)))
     _models = field_validator("models")(classmethod(lambda cls, v: check_models(v)))
@@ -198,8 +215,8 @@ class ServerConfig(Strict):
         doc="`name` (a name, or a path `tier/org/name` in the tenant tree), `api_keys` and/or `api_key_sha256` (keys "
         "given by their hex SHA-256, see [Tenants, keys and weights](gateway.md#tenants-keys-and-weights)), `weight` "
         "(1), `priority` (none: its group's), `priorities` (`[]`: the values its requests may name besides its own); "
-        "`models` (none: any): the model ids it may use; `quota` (none, the gateway only). With none, no key is "
-        "checked and everyone is one tenant, `anonymous` (the gateway's keyless mode, said at start)",
+        "`models` (none: any): the model ids it may use; `quota` and `rate` (none, the gateway only). With none, no "
+        "key is checked and everyone is one tenant, `anonymous` (the gateway's keyless mode, said at start)",
     )
     groups: list[GroupConfig] = key(
         default_factory=list,
@@ -208,8 +225,8 @@ class ServerConfig(Strict):
         metavar="PATH:WEIGHT[:PRIORITY]",
         read=lambda flags: groups_from_flags(flags),
         doc="`name` (a prefix of tenants' paths), `weight` (1), `priority` (none: its parent's, else 0), `models` "
-        "(none: any): the model ids its tenants may use; `quota` (none): on its tenants' use in total, see "
-        "[Quotas](#quotas)",
+        "(none: any): the model ids its tenants may use; `quota` and `rate` (none): on its tenants' use in total, see "
+        "[Quotas](gateway.md#quotas) and [Rate caps](gateway.md#rate-caps)",
     )
     w_p: float = key(1.0, help="cost of a prompt token (0 to 1e6)", ge=0, le=MAX_COST, allow_inf_nan=False)
     w_q: float = key(2.0, help="cost of an output token (0 to 1e6)", ge=0, le=MAX_COST, allow_inf_nan=False)
@@ -312,6 +329,12 @@ class ServerConfig(Strict):
         out.update((g.name, g.quota) for g in self.groups if g.quota is not None)
         return out
 
+    def rates(self) -> dict[str, RateConfig]:
+        """The nodes (tenants and groups) with a rate cap, by path."""
+        out = {t.name: t.rate for t in self.tenants if t.rate is not None}
+        out.update((g.name, g.rate) for g in self.groups if g.rate is not None)
+        return out
+
     def derived(self, name: Hashable, make: Callable[[], T]) -> T:
         """`make()`, made once per config and kept: what a server derives from it for its requests (`index()`, a
         reload's change of the tenant tree). A live reload makes them off the event loop, so that putting the new
@@ -340,8 +363,8 @@ class ServerConfig(Strict):
         while memo:
             _, made = memo.popitem()
             if isinstance(made, TenantIndex):
-                drain(made.names, made.owners.clear, made.owners.hashed, made.quotas, made.allowed_models)
+                drain(made.names, made.owners.clear, made.owners.hashed, made.quotas, made.rates, made.allowed_models)
 
     def index(self) -> TenantIndex:
-        """The tenants' names, key owners, quotas and model access, made once (`derived`)."""
+        """The tenants' names, key owners, quotas, rate caps and model access, made once (`derived`)."""
         return self.derived("index", lambda: TenantIndex(self))

@@ -1,5 +1,6 @@
 """What the requests read of a configuration's tenants, made once per configuration (`ServerConfig.index`): the
-keys' owners (`KeyOwners`), the names, the quotas and the tenants limited to some models (`TenantIndex`)."""
+keys' owners (`KeyOwners`), the names, the quotas, the rate caps and the tenants limited to some models
+(`TenantIndex`)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,17 @@ class KeyOwners:
 
 class TenantIndex:
     """What the requests read of a config's tenants, made once per config (`ServerConfig.index`): the names in
-    order and as a set, the keys' owners, the quotas and the tenants limited to some models. Read only."""
+    order and as a set, the keys' owners, the quotas, the rate caps and the tenants limited to some models. Read
+    only."""
 
-    __slots__ = ("names", "name_set", "owners", "quotas", "allowed_models")
+    __slots__ = ("names", "name_set", "owners", "quotas", "rates", "allowed_models")
 
     def __init__(self, cfg: ServerConfig) -> None:
         self.names = [t.name for t in cfg.tenants]
         self.name_set = frozenset(self.names)
         self.owners = cfg.key_owners()
         self.quotas = cfg.quotas()
+        self.rates = cfg.rates()
         self.allowed_models = cfg.allowed_models()
 
 

@@ -230,6 +230,8 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
         body = gw.metrics.exposition()
         if gw.sched.quotas is not None:
             body += (await gw.sched.quotas.exposition(gw.metrics.active_tenants)).encode()
+        if gw.rates.on:
+            body += (await gw.rates.exposition(gw.metrics.active_tenants)).encode()
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     spec = openapi(config)
@@ -241,6 +243,12 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     app.include_router(
         admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows, QuotaView(gw.sched))
     )
+
+    @app.get("/admin/rates")
+    async def rates(request: Request) -> Response:
+        if (denied := admin_denied(request, gw.cfg.admin_key, gw.owners)) is not None:
+            return denied
+        return JSONResponse(await gw.rates.all_status())
 
     @app.post("/admin/reload")
     async def reload_config(request: Request) -> Response:

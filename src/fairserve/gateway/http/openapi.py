@@ -341,10 +341,28 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     },
                 }
             },
+            "/admin/rates": {
+                "get": {
+                    "summary": "Every rate cap's count in the current minute: limit, used, remaining, resets_at",
+                    "security": admin,
+                    "responses": {
+                        "200": _object(
+                            {
+                                "enforced": {"type": "boolean"},
+                                "estimated": {"type": "boolean"},
+                                "per": {"type": "string"},
+                                "rates": {"type": "object"},
+                            },
+                            "the rate caps",
+                        ),
+                        **_errors(401, 403, 429),
+                    },
+                }
+            },
             "/admin/reload": {
                 "post": {
                     "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, model access, "
-                    "quotas, prices, timeouts, backends",
+                    "quotas, rate caps, prices, timeouts, backends",
                     "security": admin,
                     "responses": {
                         "200": _object({"reloaded": {"type": "boolean"}, "message": {"type": "string"}}, "reloaded"),

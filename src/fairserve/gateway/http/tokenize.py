@@ -19,8 +19,7 @@ from ...tenancy.access import model_refused
 from ..admission.scheduler import Scheduler
 from ..component import Part
 from ..dispatch.pools import UnknownModel
-from ..relay.proxy import passthrough
-from ..relay.upstream import UpstreamError
+from ..relay.upstream import UpstreamError, passthrough
 from ..settings.config import GatewayConfig
 
 TOKENIZE_PATHS = ("/tokenize", "/detokenize")

@@ -48,6 +48,7 @@ OUTCOMES = (
     "rejected",
     "queue_full",
     "insufficient_quota",
+    "rate_limited",
     "timeout",
     "backend_unavailable",
     "client_disconnected",

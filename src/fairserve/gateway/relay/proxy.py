@@ -38,13 +38,14 @@ from ..http.body import (
 )
 from ..quota.book import Exhausted
 from ..quota.gate import insufficient_quota
+from ..rate.gate import RateGate
 from ..settings.config import GatewayConfig
 from .client import Client
 from .failures import Failed, retry_after
 from .pipe import Buffers
 from .stalls import StallWatch
 from .stream import Relay
-from .upstream import UpstreamError, UpstreamFailed, UpstreamResponse
+from .upstream import UpstreamError, UpstreamFailed, UpstreamResponse, passthrough
 
 log = logging.getLogger("fairserve.gateway")
 
@@ -54,8 +55,10 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 
 
 class Proxy(Part):
-    def __init__(self, sched: Scheduler, upstream: Any, stalls: StallWatch | None = None) -> None:
-        self.sched = sched
+    def __init__(
+        self, sched: Scheduler, upstream: Any, stalls: StallWatch | None = None, rates: RateGate | None = None
+    ) -> None:
+        self.sched, self.rates = sched, rates  # NOTE: the rate caps count a request once it has a ticket
         self.upstream = upstream
         self.stalls = stalls
         self.buffers = Buffers()  # what the streams hold read from their backends, not yet sent (gateway/relay/pipe.py)
@@ -123,6 +126,8 @@ class Proxy(Part):
             return await self._error(request_id, 404, str(e), "model_not_found", param="model")(scope, receive, send)
         if sched.pools.placement.prefix_delta is not None:  # NOTE: prefix dispatch places by the prompt's blocks
             ticket.prefix = prompt_digests(parsed.body, kind == CHAT, parsed.footprint.prompt_tokens)
+        if self.rates is not None and self.rates.on and (limited := await self.rates.admit(ticket)) is not None:
+            return await limited(scope, receive, send)
         refused = sched.submit(ticket, parsed.priority)
         if refused == "queue_full":
             return await self._error(
@@ -386,14 +391,3 @@ class Proxy(Part):
         if t.first_token_at is None:  # NOTE: not streamed: its first output is its whole answer
             t.first_token_at = self.sched.clock()
         return passthrough(resp, content, t.request_id)
-
-
-def passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
-    """The backend's answer as it came, with the request's id."""
-    media = resp.header(b"content-type")
-    return Response(
-        content,
-        status_code=resp.status_code,
-        media_type=media.decode("latin-1") if media is not None else "application/json",
-        headers={"X-Request-Id": request_id},
-    )

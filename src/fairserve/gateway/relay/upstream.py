@@ -15,6 +15,7 @@ import aiohttp
 import httpx
 import yarl
 from aiohttp.helpers import get_env_proxy_for_url
+from starlette.responses import Response
 
 
 class UpstreamFailed(Exception):
@@ -199,3 +200,14 @@ class Upstream:
         for session in [*self._retired, self._session]:
             if session is not None:
                 await session.close()
+
+
+def passthrough(resp: UpstreamResponse, content: bytes, request_id: str) -> Response:
+    """The backend's answer as it came, with the request's id."""
+    media = resp.header(b"content-type")
+    return Response(
+        content,
+        status_code=resp.status_code,
+        media_type=media.decode("latin-1") if media is not None else "application/json",
+        headers={"X-Request-Id": request_id},
+    )

@@ -1,9 +1,9 @@
 """Live configuration: `SIGHUP` or `POST /admin/reload` re-read the config file (with the same flags on top) and apply
 it without dropping a queued or in-flight request: the tenant tree (tenants, keys, weights, priorities and the
-priorities a tenant may name, groups, model access, quotas), the models' prices and `w_p`/`w_q` (a request keeps the
-price of its arrival), the backends (gateway/dispatch/fleet.py: added ones serve at once, removed ones drain, queued
-requests go to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from then
-on), and the limits read at each request, in two phases over every part (gateway/component.py): each checks the new
+priorities a tenant may name, groups, model access, quotas, rate caps), the models' prices and `w_p`/`w_q` (a request
+keeps the price of its arrival), the backends (gateway/dispatch/fleet.py: added ones serve at once, removed ones drain,
+queued requests go to the new pools), the timeouts of the upstream hop and the queue (for requests and connections from
+then on), and the limits read at each request, in two phases over every part (gateway/component.py): each checks the new
 configuration, then each configures itself from it. What only a restart can change (each such key says so and why where
 it is declared, `key(restart=...)`: the listening socket, the policy and its ledgers, the shared state, the HTTP
 server's own settings, ...) is refused, as is a file that cannot be read (read off the event loop, bounded in size and
