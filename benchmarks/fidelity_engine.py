@@ -10,6 +10,11 @@ from the profile alone, and compare.
 3. The simulator runs the same arrivals (`--profile FILE`) in its engine mode `vllm` (vLLM's own steps: the token
    budget, chunked prefill, its preemption; sim/vllm_steps.py), and for comparison in the `paged` mode (a prefill
    pass, then decode steps).
+4. A diagnostic (not a prediction: it reads the held-out runs): each real step is timed (from the previous step's
+   end while the engine was busy) beside what the profile's model gives for the same step (its prefill chunks, its
+   decodes and their context); their ratio is the run's `speed`, how much slower the engine ran than when it was
+   profiled, and the simulator runs again with the profile's times scaled by it. What is left is the simulator's
+   own error; what the scaling removed was the machine's drift.
 
 Workloads are sized from the profile's capacity C (requests/s of 128 prompt + 64 output tokens at a full batch):
 `pair` (two tenants at 0.5C and 1.0C), `on-off` (0.4C steady, 1.2C on 5 s / off 5 s), `weighted` (two at 1.0C each,
@@ -53,6 +58,7 @@ from fairserve.metrics import service_curves  # noqa: E402
 from fairserve.records import RequestRecord  # noqa: E402
 from fairserve.sim import SimOptions, simulate  # noqa: E402
 from fairserve.sim.engine_profile import load_engine_profile  # noqa: E402
+from fairserve.sim.vllm_steps import step_s  # noqa: E402
 from fairserve.workloads import Arrival, Workload  # noqa: E402
 
 ENGINE = {"max_num_seqs": 16, "max_model_len": 1024, "dtype": "float32", "enforce_eager": True}
@@ -96,17 +102,36 @@ def workloads(c: float, duration: float, seed: int) -> dict[str, list[Arrival]]:
 
 
 # ---- the real engine ------------------------------------------------------------------------------------------------
-def run_real(llm: Any, arrivals: list[Arrival], tag: str) -> list[dict[str, Any]]:
-    """The arrivals in real time on the engine; one record (as a dict) per request."""
+def run_real(llm: Any, arrivals: list[Arrival], tag: str) -> dict[str, Any]:
+    """The arrivals in real time on the engine: one record (as a dict) per request, and each engine step as
+    [prefill chunks, decodes, their context tokens, seconds] (what the latency model is asked for that step)."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
+    sched = engine.engine_core.engine_core.scheduler
+    steps: list[list[Any]] = []
+    schedule = sched.schedule
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = schedule(*args, **kwargs)
+        chunks, decodes, context = [], 0, 0
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            before = req.num_computed_tokens - n  # NOTE: schedule() has advanced it already
+            if n == 1 and before >= max(req.num_prompt_tokens, req.num_tokens - 1):
+                decodes, context = decodes + 1, context + before
+            else:
+                chunks.append(n)
+        steps.append([chunks, decodes, context, 0.0])
+        return out
+
+    sched.schedule = recording
     pending = sorted(arrivals, key=lambda a: a.arrival_s)
     recs: dict[str, dict[str, Any]] = {}
     rng = random.Random(hash(tag) & 0xFFFF)
     vocab = int(engine.vllm_config.model_config.get_vocab_size())
     start = time.perf_counter()
-    i = 0
+    i, last_end = 0, None
     while i < len(pending) or engine.has_unfinished_requests():
         now = time.perf_counter() - start
         while i < len(pending) and pending[i].arrival_s <= now:
@@ -121,10 +146,18 @@ def run_real(llm: Any, arrivals: list[Arrival], tag: str) -> list[dict[str, Any]
             recs[rid] = dict(client=a.client, arrival_s=a.arrival_s, prompt=a.prompt_tokens, max_tokens=a.output_tokens)
             i += 1
         if not engine.has_unfinished_requests():
+            last_end = None
             time.sleep(max(0.0, min(0.01, pending[i].arrival_s - now)))
             continue
+        before = len(steps)
+        t0 = time.perf_counter()
         outs = engine.step()
         t = time.perf_counter() - start
+        if len(steps) > before:
+            # NOTE: from the previous step's end where the engine was busy since: what the loop spends between steps
+            # (adding the requests due, reading outputs) delays the engine as much as the step itself
+            steps[-1][3] = time.perf_counter() - (last_end if last_end is not None else t0)
+            last_end = time.perf_counter()
         for out in outs:
             r = recs[out.request_id]
             n = len(out.outputs[0].token_ids)
@@ -133,7 +166,8 @@ def run_real(llm: Any, arrivals: list[Arrival], tag: str) -> list[dict[str, Any]
             r["output"], r["last_s"] = n, t
             if out.finished:
                 r["finish_s"] = t
-    return list(recs.values())
+    del sched.schedule
+    return {"records": list(recs.values()), "steps": steps}
 
 
 def engine_worker(policy: str, jobs: list[tuple[str, list[Arrival]]], conn: Any) -> None:
@@ -242,27 +276,65 @@ def main() -> None:
         (out / "real.json").write_text(json.dumps(real))
         print(f"real runs: {out / 'real.json'}")
 
+    lat = load_engine_profile(path).latency()
+    speed = {(p, n): step_speed(lat, real[p][n]["steps"]) for p in policies for n in loads}
+    print("\nFrom the profile alone (every workload held out):\n")
+    table(loads, policies, real, a.modes.split(","), lambda p, n: path, a.duration)
     print(
-        "| workload | policy | mode | rate real | sim | err | max share err | TTFT p50 real | sim | err | TTFT p90 err "
-        "| e2e p50 real | sim | err |"
+        "\nDiagnostic, not a prediction: each run's steps took x (its `speed`) the time the profile's model gives "
+        "the same steps; the simulator again with the profile's times scaled by x:\n"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table(loads, policies, real, ["vllm"], lambda p, n: scaled(path, speed[(p, n)], out), a.duration, speed)
+
+
+def step_speed(lat: Any, steps: list[list[Any]]) -> float:
+    """Σ real step seconds ÷ Σ the model's seconds for the same steps."""
+    predicted = sum(step_s(lat, chunks, decodes, context) for chunks, decodes, context, _ in steps)
+    return sum(st[3] for st in steps) / predicted
+
+
+def scaled(path: str, x: float, out: Path) -> str:
+    """The profile with every measured time × x (its fitted model scales by x)."""
+    data = json.loads(Path(path).read_text())
+    for row in data["rows"]:
+        row["prefill_s"] *= x
+        row["decode_step_s"] *= x
+    target = out / f"scaled-{x:.4f}.json"
+    target.write_text(json.dumps(data))
+    return str(target)
+
+
+def table(
+    loads: dict[str, list[Arrival]],
+    policies: list[str],
+    real: dict[str, Any],
+    modes: list[str],
+    profile_for: Any,
+    duration: float,
+    speed: dict[tuple[str, str], float] | None = None,
+) -> None:
+    print(
+        "| workload | policy | mode | speed | rate real | sim | err | max share err | TTFT p50 real | sim | err "
+        "| TTFT p90 err | e2e p50 real | sim | err |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, arrivals in loads.items():
         for p in policies:
-            r = measures(to_records(real[p][name]), a.duration)
-            wl = Workload(name, sorted(arrivals, key=lambda x: x.arrival_s), a.duration)
-            for mode in a.modes.split(","):
-                options = SimOptions(policy=p, latency=path, mode=mode, drain=True)  # type: ignore[arg-type]
-                s = measures(simulate(wl, options, weights=WEIGHTS).records, a.duration)
+            r = measures(to_records(real[p][name]["records"]), duration)
+            wl = Workload(name, sorted(arrivals, key=lambda x: x.arrival_s), duration)
+            x = f"×{speed[(p, name)]:.2f}" if speed else "×1"
+            for mode in modes:
+                options = SimOptions(policy=p, latency=profile_for(p, name), mode=mode, drain=True)  # type: ignore[arg-type]
+                s = measures(simulate(wl, options, weights=WEIGHTS).records, duration)
                 share = max(abs(r["shares"][k] - s["shares"].get(k, 0.0)) for k in r["shares"])
 
                 def err(key: str, r: dict = r, s: dict = s) -> str:
                     return f"{s[key] / r[key] - 1:+.1%}"
 
                 print(
-                    f"| {name} | {p} | {mode} | {r['rate']:,.0f} | {s['rate']:,.0f} | {err('rate')} | {share:.3f} | "
-                    f"{r['ttft_p50']:.2f} | {s['ttft_p50']:.2f} | {err('ttft_p50')} | {err('ttft_p90')} | "
-                    f"{r['e2e_p50']:.2f} | {s['e2e_p50']:.2f} | {err('e2e_p50')} |"
+                    f"| {name} | {p} | {mode} | {x} | {r['rate']:,.0f} | {s['rate']:,.0f} | {err('rate')} | "
+                    f"{share:.3f} | {r['ttft_p50']:.2f} | {s['ttft_p50']:.2f} | {err('ttft_p50')} | "
+                    f"{err('ttft_p90')} | {r['e2e_p50']:.2f} | {s['e2e_p50']:.2f} | {err('e2e_p50')} |"
                 )
 
 

@@ -12,9 +12,10 @@ at 32 and 128, ≤ 0.35 ms of gateway CPU per request.
 `--base DIR`: the gateway of DIR's checkout of fairserve (its `src/`) side by side, so that a change is measured
 against the code before it; `--variant FLAGS` (repeatable): this tree's gateway with more flags (`--access-log`).
 `--tenants N`: the gateways configured with N tenants in a 3-level tree (benchmarks/config_scale.py's), requests from
-one of them.
+one of them. `--redis`: a redis-server for variants with shared state (`--variant "--workers 2 --state {redis}"`);
+the CPU per request of `--workers N` counts the workers' (the parent's children).
 Run: .venv/bin/python benchmarks/gateway_overhead.py [--sequential 1000] [--requests 1000] [--concurrency 32,128]
-     [--rounds 5] [--base DIR] [--variant FLAGS] [--tenants N]
+     [--rounds 5] [--base DIR] [--variant FLAGS] [--tenants N] [--redis]
 """
 
 from __future__ import annotations
@@ -160,9 +161,14 @@ async def run_path(url: str, key: str, sequential: int, requests: int, levels: l
 
 
 def cpu_s(pid: int) -> float:
-    """A process's user + system CPU seconds (Linux /proc)."""
+    """A process's user + system CPU seconds and its children's, live ones (`--workers N`) included (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return own + sum(cpu_s(c) for c in children)
 
 
 def big_config(path: Path, n: int) -> None:
@@ -181,6 +187,9 @@ def main() -> int:
     p.add_argument("--base", type=Path, help="another checkout of fairserve, measured side by side")
     p.add_argument("--variant", action="append", default=[], help="this tree's gateway with these flags too")
     p.add_argument("--tenants", type=int, default=1)
+    p.add_argument(
+        "--redis", action="store_true", help="start a redis-server; `{redis}` in a variant's flags is its URL"
+    )
     a = p.parse_args()
     if min(a.sequential, a.requests, a.rounds, *a.concurrency) < 1:
         print("gateway_overhead.py: every count must be >= 1", file=sys.stderr)
@@ -217,8 +226,13 @@ def main() -> int:
         paths["fairserve"] = gateway()
         if a.base is not None:
             paths[f"fairserve at {a.base}"] = gateway(env={"PYTHONPATH": str(a.base.resolve() / "src")})
+        if a.redis:
+            from support.redis_server import redis_server
+
+            redis_url = stack.enter_context(redis_server()).url
         for flags in a.variant:
-            paths[f"fairserve {flags}"] = gateway(*flags.split())
+            shown = flags.replace("{redis}", "redis://…")
+            paths[f"fairserve {shown}"] = gateway(*flags.replace("{redis}", redis_url if a.redis else "").split())
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
         loads = []
         names = list(paths)

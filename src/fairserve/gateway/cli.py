@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import socket
 import ssl
 import sys
 from typing import Any
 
 from ..api.keys import add_flags, flag_overrides
+from ..argtypes import positive
 from ..core import DEFAULT_TENANT, describe
 from .settings.config import GatewayConfig, load_config
 
@@ -41,22 +43,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tree, policy and costs (for engine_tenant=1 backends), and exit",
     )
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument(
+        "--workers",
+        type=positive(int, "a whole number"),
+        default=1,
+        metavar="N",
+        help="N gateway processes on the one address (SO_REUSEPORT), each a replica of the shared state: needs state "
+        "(--state redis://...); for more cores than one process uses (default 1)",
+    )
     return g
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted. Config problems raise ValueError with one line."""
+def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int | None = None) -> int:
+    """Serve until interrupted. Config problems raise ValueError with one line. `sock`: a listening socket to serve
+    on, shared with the other workers of `--workers N` (`worker`: this one's index; gateway/workers.py)."""
     import uvicorn
 
     from ..api.server import check_listen_free, server_options
     from .http.app import create_app
+    from .workers import check_workers, run_workers
 
     cfg = config_from_args(args)
     if args.engine_env:
         for name, value in cfg.engine_env(cfg.policy, cfg.w_p, cfg.w_q).items():
             print(f"{name}={shlex.quote(value)}")
         return 0
-    check_listen_free(cfg.host, cfg.port)
+    check_workers(cfg, getattr(args, "workers", 1) if worker is None else 1)
+    if sock is None:
+        check_listen_free(cfg.host, cfg.port)
     if cfg.state is not None:
         import asyncio
 
@@ -66,11 +80,13 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(probe(cfg.state))
         except SharedStateError as e:  # NOTE: it cannot start: as bad input, exit 2 (README's table)
             raise ValueError(str(e)) from None
+    if worker is None and getattr(args, "workers", 1) > 1:
+        return run_workers(args, cfg)
     # NOTE: before the banner: a snapshot that cannot be restored stops it here
     app = create_app(cfg, lambda: config_from_args(args), freeze=True)
     print(
-        f"fairserve gateway: {_n(len(cfg.tenants), 'tenant')}, {_n(len(cfg.backends), 'backend')}, "
-        f"policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",
+        f"fairserve gateway{'' if worker is None else f' worker {worker}'}: {_n(len(cfg.tenants), 'tenant')}, "
+        f"{_n(len(cfg.backends), 'backend')}, policy {cfg.policy}, listening on {cfg.scheme}://{cfg.listen}",
         file=sys.stderr,
     )
     if cfg.keyless:
@@ -91,21 +107,26 @@ def run(args: argparse.Namespace) -> int:
     proxies: dict[str, Any] = (
         {"forwarded_allow_ips": cfg.forwarded_allow_ips} if cfg.forwarded_allow_ips is not None else {}
     )
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=args.log_level,
+        access_log=cfg.access_log,
+        **tls,
+        **proxies,
+        **server_options(cfg.client_timeout_s, cfg.drain_timeout_s, cfg.max_header_bytes, cfg.max_headers),
+    )
+    server = uvicorn.Server(config)
     try:
-        uvicorn.run(
-            app,
-            host=cfg.host,
-            port=cfg.port,
-            log_level=args.log_level,
-            access_log=cfg.access_log,
-            **tls,
-            **proxies,
-            **server_options(cfg.client_timeout_s, cfg.drain_timeout_s, cfg.max_header_bytes, cfg.max_headers),
-        )
+        server.run(sockets=None if sock is None else [sock])
+    except KeyboardInterrupt:
+        pass
     except ssl.SSLError as e:  # NOTE: a certificate and key that do not match, a file that is not PEM
         print(f"fairserve: error: TLS: {e}", file=sys.stderr)
         return 1
-    return 0
+    # NOTE: as uvicorn.run: a server that never started (its startup failed) exits with uvicorn's status 3
+    return 0 if server.started else 3
 
 
 def _n(count: int, what: str) -> str:
