@@ -7,6 +7,7 @@ from typing import Any
 
 from ...api.protocol import MAX_INT
 from ...core import MAX_WEIGHT, MIN_WEIGHT
+from ..keys.routes import key_paths
 from ..settings.config import GatewayConfig
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -359,6 +360,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     },
                 }
             },
+            **key_paths(_errors, _json),
             "/admin/reload": {
                 "post": {
                     "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, model access, "

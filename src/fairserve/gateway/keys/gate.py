@@ -1,0 +1,173 @@
+"""The keys made through the API, wired into the gateway (a part: gateway/component.py). The book answers the request
+path (`KeyOwners.more`: asked after the config file's keys); the store keeps the keys across restarts: with `state`
+in Redis, shared by the replicas, else in `SNAPSHOT.keys` beside the snapshot file; with neither, no key is made
+(409: a key that a restart silently drops would lock its client out).
+
+Replicas: a create or revoke is written to Redis and applied on the replica that took it at once; every replica
+polls the store's version every `POLL_S` and re-reads the records when it moved, so a revoked key is refused
+everywhere within `POLL_S` (plus one round trip). Last use: noted per second in the process, flushed to the store
+every `POLL_S` with Redis, every `FILE_FLUSH_S` to the file, and at stop. While Redis cannot be reached each replica
+keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
+
+A reload keeps every key made through the API (it replaces the config file's keys only); a key whose tenant a reload
+removed is refused (401) and listed `orphaned` until it is revoked, or until a reload brings the tenant back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...tenancy.index import KeyOwners
+from ..component import Part, cancelled
+from .book import MAX_KEYS, KeyBook, Refused, make, parse_create
+from .store import FileKeys, KeyStore, RedisKeys, keys_path
+
+if TYPE_CHECKING:
+    from ..settings.config import GatewayConfig
+    from ..shared.state import SharedState
+
+log = logging.getLogger("fairserve.gateway")
+POLL_S = 0.25  # how often a replica reads the store's version (a revoked key is refused everywhere within this)
+FILE_FLUSH_S = 10.0  # how often the last uses are written to the keys file (and at stop)
+NO_STORE = (
+    "keys made through the API need a place that outlives a restart: run the gateway with `state` (Redis, shared by "
+    "the replicas) or `snapshot` (the keys go to SNAPSHOT.keys beside it)"
+)
+
+
+class Scheduler(Protocol):
+    """What the keys read of the scheduler (gateway/admission/scheduler.py): the shared state it joined."""
+
+    shared: SharedState | None
+
+
+class ApiKeys(Part):
+    """The keys made through the API of one gateway (`create`, `rows`, `revoke`; a component)."""
+
+    def __init__(
+        self, cfg: GatewayConfig, sched: Scheduler, owners: KeyOwners, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.sched = sched
+        self.book = KeyBook(clock)
+        # NOTE: read now, so that a bad file stops the gateway before it serves
+        self.store: KeyStore | None = FileKeys(keys_path(cfg.snapshot)) if cfg.snapshot is not None else None
+        if isinstance(self.store, FileKeys):
+            self.book.load(self.store.records.values())
+        self.keyless = cfg.keyless
+        self.lost = False  # the store could not be read at the last poll
+        self._task: asyncio.Task[None] | None = None
+        owners.more = self.book.owner
+        self.configure(cfg)
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The tenants the keys may name from now on (a reload): a key of a removed tenant is refused, kept."""
+        self.book.tenants = cfg.index().name_set
+        self.keyless = cfg.keyless
+
+    async def start(self) -> None:
+        """With `state`, the keys are in the shared state's Redis (joined by the scheduler, started first): read
+        now, then polled."""
+        shared = self.sched.shared
+        if shared is not None:
+            self.store = RedisKeys(shared._client, shared.settings.prefix)
+            await self.poll()
+        if self.store is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """The polls end; the last uses not yet written are (best effort)."""
+        task, self._task = self._task, None
+        await cancelled(task)
+        if self.store is not None:
+            try:
+                await self.store.flush(self.book.take_unsent())
+            except Exception as e:  # NOTE: Redis gone at shutdown: a last use is lost, nothing else
+                log.warning("last uses of the API's keys not written at stop: %r", e)
+
+    async def poll(self) -> None:
+        """Re-read the store's records if they changed; one warning when it cannot be read, one line when it can."""
+        assert self.store is not None
+        try:
+            records = await self.store.load(list(self.book.records.values()))
+        except Exception as e:  # NOTE: Redis lost: the keys last read keep serving
+            if not self.lost:
+                log.warning("the keys made through the API cannot be read (%r): the last read serve", e)
+                self.lost = True
+            return
+        if self.lost:
+            log.warning("the keys made through the API are read again")
+            self.lost = False
+        if records is not None:
+            self.book.load(records)
+
+    async def _run(self) -> None:
+        assert self.store is not None
+        flush_s = POLL_S if self.store.kind == "redis" else FILE_FLUSH_S
+        flushed = time.monotonic()
+        while True:
+            await asyncio.sleep(POLL_S)
+            await self.poll()
+            if self.book.unsent and time.monotonic() - flushed >= flush_s:
+                flushed = time.monotonic()
+                unsent = self.book.take_unsent()
+                try:
+                    await self.store.flush(unsent)
+                except Exception:  # NOTE: kept for the next flush (the poll has warned if Redis is lost)
+                    for i, s in unsent.items():
+                        self.book.unsent.setdefault(i, s)
+
+    def _writable(self) -> KeyStore:
+        if self.keyless:
+            raise Refused(409, "keyless", "no tenants are configured (keyless mode): the gateway checks no key")
+        if self.store is None:
+            raise Refused(409, "no_key_store", NO_STORE)
+        return self.store
+
+    async def create(self, body: bytes) -> dict[str, Any]:
+        """`POST /admin/keys`: a new key of an existing tenant; the answer holds the key, once."""
+        store = self._writable()
+        tenant, name, expires_at = parse_create(body, self.book.clock())
+        if tenant not in self.book.tenants:
+            msg = f"no tenant named {tenant!r} in the configuration: add it to the config file (and reload) first"
+            raise Refused(404, "unknown_tenant", msg, "tenant")
+        if len(self.book.records) >= MAX_KEYS:
+            raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
+        key, rec = make(tenant, name, expires_at, self.book.clock())
+        await self._write(store.create(rec))
+        self.book.add(rec)
+        log.info("API key %s (%s...) made for tenant %r", rec.id, rec.prefix, tenant)
+        return {"key": key, **self.book.row(rec, 0, self.book.clock())}
+
+    async def revoke(self, key_id: str) -> dict[str, Any]:
+        """`DELETE /admin/keys/{id}`: refused here at once, everywhere within `POLL_S`."""
+        store = self._writable()
+        if not await self._write(store.revoke(key_id)):
+            raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
+        rec = self.book.remove(key_id)
+        log.info("API key %s revoked%s", key_id, f" (tenant {rec.tenant!r})" if rec is not None else "")
+        return {"id": key_id, "revoked": True}
+
+    async def _write(self, call: Any) -> Any:
+        try:
+            return await call
+        except Exception as e:  # NOTE: the file (OSError) or Redis (a ConnectionError, a TimeoutError, ...)
+            redis = self.store is not None and self.store.kind == "redis"
+            where = "the shared state (Redis) did not answer" if redis else "the keys file was not written"
+            raise Refused(
+                503, "key_store_unavailable", f"{where}: {e!r}; try again (GET /admin/keys lists what is kept)"
+            ) from None
+
+    async def all_rows(self) -> dict[str, Any]:
+        """`GET /admin/keys` and the dashboard: every key (never the key itself) and where they are kept."""
+        try:
+            stored = await self.store.last_used() if self.store is not None else {}
+        except Exception:  # NOTE: Redis lost: this replica's own last uses
+            stored = {}
+        return {"store": self.store.kind if self.store is not None else None, "keys": self.book.rows(stored)}
+
+    def refusal(self, key: str | None) -> str | None:
+        """The 401's message for a key of the book that is expired or orphaned (the failure path only)."""
+        return self.book.refusal(key)
