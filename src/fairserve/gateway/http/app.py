@@ -165,8 +165,15 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     app.valid_key = valid_key
 
-    async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+    async def identify(scope: Scope) -> tuple[str | None, str]:
+        """`gw.identify`, and a key unknown here asked of the store of the API's keys before its 401."""
         tenant, request_id = gw.identify(scope)
+        if tenant is None and await gw.keys.recheck(scope_bearer(scope)):
+            tenant = gw.identify(scope)[0]
+        return tenant, request_id
+
+    async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+        tenant, request_id = await identify(scope)
         if tenant is None:
             key = scope_bearer(scope)
             gw.throttle.failed(_address(scope), key)
@@ -183,7 +190,7 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     app.completion = completion_asgi
 
     async def tokenize_asgi(scope: Scope, receive: Receive, send: Send) -> None:
-        tenant, request_id = gw.identify(scope)
+        tenant, request_id = await identify(scope)
         if tenant is None:
             key = scope_bearer(scope)
             gw.throttle.failed(_address(scope), key)
@@ -211,6 +218,8 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         tenant = gw.tenant(request)
+        if tenant is None and await gw.keys.recheck(bearer(request)):
+            tenant = gw.tenant(request)
         if tenant is None and not same_key(key := bearer(request), config.admin_key):
             return _unauthorized(why=gw.keys.refusal(key))
         return await gw.models(tenant)

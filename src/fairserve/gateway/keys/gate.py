@@ -5,9 +5,10 @@ in Redis, shared by the replicas, else in `SNAPSHOT.keys` beside the snapshot fi
 
 Replicas: a create or revoke is written to Redis and applied on the replica that took it at once; every replica
 polls the store's version every `POLL_S` and re-reads the records when it moved, so a revoked key is refused
-everywhere within `POLL_S` (plus one round trip). Last use: noted per second in the process, flushed to the store
-every `POLL_S` with Redis, every `FILE_FLUSH_S` to the file, and at stop. While Redis cannot be reached each replica
-keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
+everywhere within `POLL_S` (plus one round trip); a replica asked for a key it does not know reads the store once
+before its 401 (`recheck`), so a new key serves at once everywhere. Last use: noted per second in the process,
+flushed to the store every `POLL_S` with Redis, every `FILE_FLUSH_S` to the file, and at stop. While Redis cannot be
+reached each replica keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
 
 A reload keeps every key made through the API (it replaces the config file's keys only); a key whose tenant a reload
 removed is refused (401) and listed `orphaned` until it is revoked, or until a reload brings the tenant back."""
@@ -59,6 +60,9 @@ class ApiKeys(Part):
         self.keyless = cfg.keyless
         self.lost = False  # the store could not be read at the last poll
         self._task: asyncio.Task[None] | None = None
+        # NOTE: one read or write of the store at a time, so that a poll's older read never undoes a create or revoke
+        self._io = asyncio.Lock()
+        self._polls = 0  # polls begun
         owners.more = self.book.owner
         self.configure(cfg)
 
@@ -73,7 +77,7 @@ class ApiKeys(Part):
         shared = self.sched.shared
         if shared is not None:
             self.store = RedisKeys(shared._client, shared.settings.prefix)
-            await self.poll()
+            await self.refresh()
         if self.store is not None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -87,8 +91,25 @@ class ApiKeys(Part):
             except Exception as e:  # NOTE: Redis gone at shutdown: a last use is lost, nothing else
                 log.warning("last uses of the API's keys not written at stop: %r", e)
 
-    async def poll(self) -> None:
-        """Re-read the store's records if they changed; one warning when it cannot be read, one line when it can."""
+    async def refresh(self) -> None:
+        """Re-read the store's records if they changed, unless a poll began after this was asked (and has ended):
+        misses at once share one."""
+        asked = self._polls
+        async with self._io:
+            if self._polls == asked:
+                self._polls += 1
+                await self._poll()
+
+    async def recheck(self, key: str | None) -> bool:
+        """Before the 401 of a key this replica does not know: with Redis, whether a refresh made it known (a key
+        made on another replica serves at once; the auth throttle bounds what unknown keys cost)."""
+        if key is None or self._task is None or not isinstance(self.store, RedisKeys):
+            return False
+        await self.refresh()
+        return self.book.owner(key) is not None
+
+    async def _poll(self) -> None:
+        """One warning when the store cannot be read, one line when it can again."""
         assert self.store is not None
         try:
             records = await self.store.load(list(self.book.records.values()))
@@ -109,7 +130,7 @@ class ApiKeys(Part):
         flushed = time.monotonic()
         while True:
             await asyncio.sleep(POLL_S)
-            await self.poll()
+            await self.refresh()
             if self.book.unsent and time.monotonic() - flushed >= flush_s:
                 flushed = time.monotonic()
                 unsent = self.book.take_unsent()
@@ -136,17 +157,19 @@ class ApiKeys(Part):
         if len(self.book.records) >= MAX_KEYS:
             raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
         key, rec = make(tenant, name, expires_at, self.book.clock())
-        await self._write(store.create(rec))
-        self.book.add(rec)
+        async with self._io:
+            await self._write(store.create(rec))
+            self.book.add(rec)
         log.info("API key %s (%s...) made for tenant %r", rec.id, rec.prefix, tenant)
         return {"key": key, **self.book.row(rec, 0, self.book.clock())}
 
     async def revoke(self, key_id: str) -> dict[str, Any]:
         """`DELETE /admin/keys/{id}`: refused here at once, everywhere within `POLL_S`."""
         store = self._writable()
-        if not await self._write(store.revoke(key_id)):
-            raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
-        rec = self.book.remove(key_id)
+        async with self._io:
+            if not await self._write(store.revoke(key_id)):
+                raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
+            rec = self.book.remove(key_id)
         log.info("API key %s revoked%s", key_id, f" (tenant {rec.tenant!r})" if rec is not None else "")
         return {"id": key_id, "revoked": True}
 
