@@ -209,3 +209,16 @@ def test_a_key_the_config_names_is_its_config_tenants_and_a_reload_keeps_the_oth
     assert owners.get("fs-api") == "bob" and "fs-api" in owners and owners.get("nobody") is None
     owners.replace(KeyOwners(config([BACKEND], tenants=[{"name": "bob", "api_keys": ["k2"]}]).tenants))
     assert owners.get(KEYS["alice"]) is None and owners.get("k2") == "bob" and owners.get("fs-api") == "bob"
+
+
+def test_a_tenant_with_api_keys_empty_is_served_by_the_apis_keys_only_and_serve_refuses_it(tmp_path):
+    from fairserve.serve.config import load_config as load_serve
+
+    carol = {"name": "carol", "api_keys": []}  # its keys are made through the API
+    with gateway(cfg(tmp_path, tenants=[{"name": "alice", "api_keys": [KEYS["alice"]]}, carol]), Clock()) as (c, _):
+        assert owner(c, make(c, tenant="carol")["key"]) == "carol"
+    with pytest.raises(ValueError, match="needs api_keys or api_key_sha256"):
+        config([BACKEND], tenants=[{"name": "carol"}])  # no key at all is still a mistake
+    with pytest.raises(ValueError, match="tenant 'carol' has no key: `fairserve serve` makes no keys") as e:
+        load_serve(None, {"model": "tiny-random", "tenants": [carol]})
+    assert "\n" not in str(e.value)
