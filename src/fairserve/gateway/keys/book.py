@@ -9,7 +9,6 @@ this replica's and the store's."""
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ KEY_PREFIX = "fs-"  # every key the API makes starts so (a secret scanner can te
 SHOWN = 8  # the characters of a key kept in clear to tell keys apart: the prefix and 5 more
 MAX_NAME = 200  # characters of a key's name
 MAX_KEYS = 100_000  # keys the API keeps in all (each costs a record on every replica)
+MAX_LIFE_S = 100 * 365 * 86400  # the latest expiry: about a century from now
 FIELDS = ("tenant", "name", "expires_at", "expires_in_s")
 
 
@@ -87,8 +87,9 @@ def _expiry(doc: dict[str, Any], now: float) -> float | None:
     if at is not None and within is not None:
         raise Refused(400, "invalid_expiry", "give expires_at or expires_in_s, not both", "expires_at")
     if within is not None:
-        if isinstance(within, bool) or not isinstance(within, int | float) or not math.isfinite(within) or within <= 0:
-            raise Refused(400, "invalid_expiry", "expires_in_s must be a number of seconds > 0", "expires_in_s")
+        if isinstance(within, bool) or not isinstance(within, int | float) or not 0 < within <= MAX_LIFE_S:
+            msg = f"expires_in_s must be a number of seconds > 0 and at most {MAX_LIFE_S}"
+            raise Refused(400, "invalid_expiry", msg, "expires_in_s")
         return now + within
     if at is None:
         return None
@@ -100,8 +101,8 @@ def _expiry(doc: dict[str, Any], now: float) -> float | None:
         msg = 'expires_at must be an ISO 8601 date and time, e.g. "2027-01-31T00:00:00Z" (UTC unless it says)'
         raise Refused(400, "invalid_expiry", msg, "expires_at")
     out = (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
-    if out <= now:
-        raise Refused(400, "invalid_expiry", f"expires_at {at!r} is not in the future", "expires_at")
+    if not now < out <= now + MAX_LIFE_S:
+        raise Refused(400, "invalid_expiry", f"expires_at {at!r} is not in the next hundred years", "expires_at")
     return out
 
 
@@ -171,6 +172,10 @@ class KeyBook:
         if self.used.get(rec.id) != second:
             self.used[rec.id] = self.unsent[rec.id] = second
         return rec.tenant
+
+    def knows(self, key: str) -> bool:
+        """Whether `key` is one of the book's, whether or not it serves (off the request path)."""
+        return bool(self.by_digest) and key_digest(key) in self.by_digest
 
     def refusal(self, key: str | None) -> str | None:
         """Why a key of the book was refused (the 401's message; off the request path), None for any other key."""

@@ -7,7 +7,8 @@ Replicas: a create or revoke is written to Redis and applied on the replica that
 polls the store's version every `POLL_S` and re-reads the records when it moved, so a revoked key is refused
 everywhere within `POLL_S` (plus one round trip); a replica asked for a key it does not know reads the store once
 before its 401 (`recheck`), so a new key serves at once everywhere. Last use: noted per second in the process,
-flushed to the store every `POLL_S` with Redis, every `FILE_FLUSH_S` to the file, and at stop. While Redis cannot be
+flushed to the store every `POLL_S` with Redis, with the snapshot to the file (every `snapshot_interval_s`), and at
+stop. While Redis cannot be
 reached each replica keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
 
 A reload keeps every key made through the API (it replaces the config file's keys only); a key whose tenant a reload
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fairserve.gateway")
 POLL_S = 0.25  # how often a replica reads the store's version (a revoked key is refused everywhere within this)
-FILE_FLUSH_S = 10.0  # how often the last uses are written to the keys file (and at stop)
 NO_STORE = (
     "keys made through the API need a place that outlives a restart: run the gateway with `state` (Redis, shared by "
     "the replicas) or `snapshot` (the keys go to SNAPSHOT.keys beside it)"
@@ -60,6 +60,7 @@ class ApiKeys(Part):
         self.keyless = cfg.keyless
         self.lost = False  # the store could not be read at the last poll
         self._task: asyncio.Task[None] | None = None
+        self._file_every_s = cfg.snapshot_interval_s  # the last uses go to the file with the snapshot (0: at stop)
         # NOTE: one read or write of the store at a time, so that a poll's older read never undoes a create or revoke
         self._io = asyncio.Lock()
         self._polls = 0  # polls begun
@@ -75,21 +76,20 @@ class ApiKeys(Part):
         """With `state`, the keys are in the shared state's Redis (joined by the scheduler, started first): read
         now, then polled."""
         shared = self.sched.shared
+        loop = asyncio.get_running_loop()
         if shared is not None:
             self.store = RedisKeys(shared._client, shared.settings.prefix)
             await self.refresh()
-        if self.store is not None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = loop.create_task(self._run(POLL_S, poll=True))
+        elif self.store is not None and self._file_every_s > 0:
+            self._task = loop.create_task(self._run(self._file_every_s, poll=False))
 
     async def stop(self) -> None:
         """The polls end; the last uses not yet written are (best effort)."""
         task, self._task = self._task, None
         await cancelled(task)
-        if self.store is not None:
-            try:
-                await self.store.flush(self.book.take_unsent())
-            except Exception as e:  # NOTE: Redis gone at shutdown: a last use is lost, nothing else
-                log.warning("last uses of the API's keys not written at stop: %r", e)
+        if self.store is not None and not await self._flush():
+            log.warning("the last uses of the API's keys were not written at stop")
 
     async def refresh(self) -> None:
         """Re-read the store's records if they changed, unless a poll began after this was asked (and has ended):
@@ -103,8 +103,8 @@ class ApiKeys(Part):
     async def recheck(self, key: str | None) -> bool:
         """Before the 401 of a key this replica does not know: with Redis, whether a refresh made it known (a key
         made on another replica serves at once; the auth throttle bounds what unknown keys cost)."""
-        if key is None or self._task is None or not isinstance(self.store, RedisKeys):
-            return False
+        if key is None or self._task is None or not isinstance(self.store, RedisKeys) or self.book.knows(key):
+            return False  # NOTE: a key of the book that is refused (expired, orphaned) is refused as it is
         await self.refresh()
         return self.book.owner(key) is not None
 
@@ -124,21 +124,28 @@ class ApiKeys(Part):
         if records is not None:
             self.book.load(records)
 
-    async def _run(self) -> None:
-        assert self.store is not None
-        flush_s = POLL_S if self.store.kind == "redis" else FILE_FLUSH_S
-        flushed = time.monotonic()
+    async def _run(self, every_s: float, poll: bool) -> None:
         while True:
-            await asyncio.sleep(POLL_S)
-            await self.refresh()
-            if self.book.unsent and time.monotonic() - flushed >= flush_s:
-                flushed = time.monotonic()
-                unsent = self.book.take_unsent()
-                try:
-                    await self.store.flush(unsent)
-                except Exception:  # NOTE: kept for the next flush (the poll has warned if Redis is lost)
-                    for i, s in unsent.items():
-                        self.book.unsent.setdefault(i, s)
+            await asyncio.sleep(every_s)
+            if poll:
+                await self.refresh()
+            await self._flush()
+
+    async def _flush(self) -> bool:
+        """The last uses not yet written, written; kept for the next flush when the store fails (False)."""
+        assert self.store is not None
+        unsent = self.book.take_unsent()
+        if not unsent:
+            return True
+        try:
+            await self.store.flush(unsent)
+        except Exception as e:  # NOTE: Redis lost (the poll has warned), or the file not written
+            if self.store.kind == "file":
+                log.error("the keys file was not written: %r", e)
+            for i, second in unsent.items():
+                self.book.unsent.setdefault(i, second)
+            return False
+        return True
 
     def _writable(self) -> KeyStore:
         if self.keyless:
