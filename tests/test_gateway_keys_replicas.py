@@ -1,7 +1,7 @@
 """Keys by API across replicas, through HTTP with the official `openai` client and a real redis-server: a key made on
 one replica serves at once on both, survives a restart of both (it is kept in Redis, hashed), and once revoked is
 refused on both within a second, while the tenant's other keys still serve; its last use, noted on one replica, is
-listed by the other."""
+listed by the other; a Redis that lost its data gets the keys back from the replicas."""
 
 from __future__ import annotations
 
@@ -81,3 +81,9 @@ def test_a_key_made_on_one_replica_serves_on_both_survives_their_restart_and_is_
             for base in (a, b):
                 assert chat(base, other["key"]) == "ok" and chat(base, KEYS["alice"]) == "ok"
             assert wait_until(lambda: set(listed(b)) == {other["id"]}, 1.0)
+
+            # Redis loses its data (a restart without persistence): the replicas write back the keys they hold
+            with redis_py.Redis.from_url(redis.url) as client:
+                client.flushall()
+                assert wait_until(lambda: client.hkeys("fairserve:keys") == [other["id"].encode()], 2.0)
+            assert chat(a, other["key"]) == "ok" and chat(a, made["key"]) == "invalid_api_key"
