@@ -217,11 +217,12 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        tenant = gw.tenant(request)
-        if tenant is None and await gw.keys.recheck(bearer(request)):
-            tenant = gw.tenant(request)
-        if tenant is None and not same_key(key := bearer(request), config.admin_key):
-            return _unauthorized(why=gw.keys.refusal(key))
+        tenant, key = gw.tenant(request), bearer(request)
+        if tenant is None and not same_key(key, config.admin_key):
+            if await gw.keys.recheck(key):
+                tenant = gw.tenant(request)
+            if tenant is None:
+                return _unauthorized(why=gw.keys.refusal(key))
         return await gw.models(tenant)
 
     @app.get("/healthz")
