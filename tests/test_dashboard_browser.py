@@ -263,3 +263,37 @@ def test_dashboard_shows_a_three_level_tree_and_a_live_reweight(browser, tree_ga
     doc = httpx.get(tree_gateway + "/admin/tree", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     premium = doc["tree"][0]
     assert [c["weight"] for c in premium["children"]] == [2, 4]  # the reweight reached the gateway
+
+
+def test_dashboard_lists_the_keys_made_by_api_and_drops_a_revoked_one(browser, emulator, tmp_path):
+    cfg = build_config(
+        {
+            "backends": [{"url": emulator}],
+            "admin_key": ADMIN,
+            "tenants": [{"name": t, "api_keys": [k]} for t, k in KEYS.items()],
+            "snapshot": str(tmp_path / "snap.json"),  # NOTE: the API's keys are kept beside it
+        }
+    )
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    with running_server(create_app(cfg)) as url, httpx.Client(timeout=10) as http:
+        ci = http.post(url + "/admin/keys", json={"tenant": "alice", "name": "ci"}, headers=admin).json()
+        batch = http.post(url + "/admin/keys", json={"tenant": "bob", "expires_in_s": 3600}, headers=admin).json()
+        assert http.get(url + "/v1/models", headers={"Authorization": f"Bearer {ci['key']}"}).status_code == 200
+        page.goto(url + "/dashboard")
+        page.fill("#key", ADMIN)
+        page.click("#login button[type=submit]")
+        row = '#keys tr[data-key="{}"] [data-field="{}"]'
+        page.wait_for_selector(f'#keys tr[data-key="{batch["id"]}"]', timeout=10_000)
+        assert page.inner_text(row.format(ci["id"], "name")) == "ci"
+        assert page.inner_text(row.format(ci["id"], "prefix")) == ci["prefix"] + "…"
+        assert page.inner_text(row.format(ci["id"], "tenant")) == "alice"
+        assert page.inner_text(row.format(ci["id"], "last_used_at")) != "–"  # used once
+        assert page.inner_text(row.format(batch["id"], "last_used_at")) == "–"  # never used
+        assert page.inner_text(row.format(batch["id"], "expires_at")) != "–"
+        assert page.inner_text(row.format(batch["id"], "state")) == "active"
+        assert ci["key"] not in page.content() and batch["key"] not in page.content()  # never a key
+        assert http.delete(f"{url}/admin/keys/{batch['id']}", headers=admin).status_code == 200
+        page.wait_for_selector(f'#keys tr[data-key="{batch["id"]}"]', state="detached", timeout=5_000)
+        assert page.locator("#keys tbody tr").count() == 1
+    page.close()

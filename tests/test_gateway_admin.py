@@ -82,7 +82,7 @@ def test_config_defaults():
         ({"backends": [{"url": "ftp://x"}]}, "backends.0.url"),
         ({"backends": [{"url": "http://x", "max_inflight_requests": 0}]}, "backends.0.max_inflight_requests"),
         ({"tenants": [{"name": "a", "api_keys": ["k"], "weight": 0}]}, "tenants.0.weight"),
-        ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0"),
+        ({"tenants": [{"name": "a"}]}, "tenants.0"),  # no key (`api_keys = []`: keys made through the API)
         ({"tenants": [{"name": "a", "api_key_sha256": ["abc"]}]}, "tenants.0.api_key_sha256"),
         ({"tenants": [{"name": "a", "api_keys": ["k"], "quota": {"per": "week", "tokens": 5}}]}, "tenants.0.quota.per"),
         ({"tenants": [{"name": "a", "api_keys": ["k"], "quota": {"per": "day"}}]}, "tenants.0.quota"),

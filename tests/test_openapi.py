@@ -48,6 +48,8 @@ def test_openapi_json_describes_every_route(gateway_url):
         "/admin/tenants",
         "/admin/tenants/{name}/weight",
         "/admin/reset",
+        "/admin/keys",
+        "/admin/keys/{id}",
     } <= set(doc["paths"])
 
 

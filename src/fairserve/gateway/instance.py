@@ -25,6 +25,7 @@ from .dispatch.capacity import CapacityMonitor
 from .dispatch.fleet import connections
 from .dispatch.health import HealthMonitor
 from .http.tokenize import Tokenize
+from .keys.gate import ApiKeys
 from .metrics.prometheus import GatewayMetrics
 from .rate.gate import RateGate
 from .relay.proxy import Proxy
@@ -55,6 +56,7 @@ class Gateway(Part):
         self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
+        self.keys = ApiKeys(cfg, self.sched, self.owners)  # made through the admin API, asked after the config's
         self.tenant_names = cfg.index().name_set
         self.keyless = cfg.keyless
         limit = connections(cfg.backends, [])
@@ -82,12 +84,13 @@ class Gateway(Part):
     def parts(self) -> list[Component]:
         """Every part, in start order, which is also the order they apply a new configuration: the scheduler first
         (the shared state is joined before anything is served; the pools a backend change makes take its new tenant
-        tree; the rate caps after it, in the Redis it joined), the proxy last (stopped first, it lets the requests cut
-        at the end of the drain settle)."""
+        tree; the rate caps and the API's keys after it, in the Redis it joined), the proxy last (stopped first, it
+        lets the requests cut at the end of the drain settle)."""
         snapshots: list[Component] = [self.snapshots] if self.snapshots is not None else []
         parts: list[Component] = [
             self.sched,
             self.rates,
+            self.keys,
             self,
             self.health,
             self.capacity,

@@ -56,6 +56,11 @@ class ServeConfig(ServerConfig):
     @model_validator(mode="after")
     def _tenants(self) -> ServeConfig:
         check_tenants(self.tenants, self.admin_key, self.groups)
+        if keyless := [t.name for t in self.tenants if not t.api_keys and not t.api_key_sha256]:
+            raise ValueError(
+                f"tenant {keyless[0]!r} has no key: `fairserve serve` makes no keys through its API (give api_keys "
+                "or api_key_sha256, or put `fairserve gateway` in front of it)"
+            )
         if quotas := self.quotas():
             raise ValueError(
                 f"quota (on {', '.join(sorted(quotas))}): `fairserve serve` does not enforce quotas; "

@@ -108,8 +108,12 @@ class TenantConfig(Strict):
 
     @model_validator(mode="after")
     def _has_key(self) -> TenantConfig:
-        if not self.api_keys and not self.api_key_sha256:
-            raise ValueError(f"tenant {self.name!r} needs api_keys or api_key_sha256 (at least one key)")
+        # NOTE: `api_keys = []` given: its keys are made through the gateway's API (`POST /admin/keys`)
+        if not self.api_keys and not self.api_key_sha256 and "api_keys" not in self.model_fields_set:
+            raise ValueError(
+                f"tenant {self.name!r} needs api_keys or api_key_sha256 (at least one key; `api_keys = []`: its keys "
+                "are made through the gateway's API)"
+            )
         return self
 
     def digests(self) -> list[str]:
@@ -215,8 +219,9 @@ class ServerConfig(Strict):
         doc="`name` (a name, or a path `tier/org/name` in the tenant tree), `api_keys` and/or `api_key_sha256` (keys "
         "given by their hex SHA-256, see [Tenants, keys and weights](gateway.md#tenants-keys-and-weights)), `weight` "
         "(1), `priority` (none: its group's), `priorities` (`[]`: the values its requests may name besides its own); "
-        "`models` (none: any): the model ids it may use; `quota` and `rate` (none, the gateway only). With none, no "
-        "key is checked and everyone is one tenant, `anonymous` (the gateway's keyless mode, said at start)",
+        "`models` (none: any): the model ids it may use; `quota` and `rate` (none, the gateway only). `api_keys = "
+        "[]` (the gateway only): its keys are made through the admin API (`POST /admin/keys`). With none, no key is "
+        "checked and everyone is one tenant, `anonymous` (the gateway's keyless mode, said at start)",
     )
     groups: list[GroupConfig] = key(
         default_factory=list,

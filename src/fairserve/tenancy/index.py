@@ -5,7 +5,7 @@ keys' owners (`KeyOwners`), the names, the quotas, the rate caps and the tenants
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,13 +14,16 @@ if TYPE_CHECKING:
 
 class KeyOwners:
     """Which tenant owns an API key: those given in clear by a dict lookup, those given hashed (`api_key_sha256`) by
-    the lookup of the key's SHA-256 (only when some are configured: no hashing on the way of the others)."""
+    the lookup of the key's SHA-256 (only when some are configured: no hashing on the way of the others), then those
+    kept elsewhere (`more`: the gateway's keys made through its API, gateway/keys/), asked last: a key the config
+    names is its config tenant's."""
 
-    __slots__ = ("clear", "hashed")
+    __slots__ = ("clear", "hashed", "more")
 
     def __init__(self, tenants: Sequence[TenantConfig]) -> None:
         self.clear = {k: t.name for t in tenants for k in t.api_keys}
         self.hashed = {d: t.name for t in tenants for d in t.api_key_sha256}
+        self.more: Callable[[str], str | None] | None = None
 
     def get(self, key: str | None, default: str | None = None) -> str | None:
         if key is None:
@@ -28,10 +31,13 @@ class KeyOwners:
         owner = self.clear.get(key)
         if owner is None and self.hashed:
             owner = self.hashed.get(key_digest(key))
+        if owner is None and self.more is not None:
+            owner = self.more(key)
         return owner if owner is not None else default
 
     def replace(self, other: KeyOwners) -> None:
-        """Take `other`'s keys (a reload): whoever holds this object sees them at once."""
+        """Take `other`'s keys (a reload): whoever holds this object sees them at once; `more` is kept (the keys made
+        through the API outlive a reload)."""
         self.clear, self.hashed = other.clear, other.hashed
 
     def __contains__(self, key: object) -> bool:

@@ -112,6 +112,7 @@ function render(data) {
   if (data.tree) renderTree(data.tree);
 
   renderQuotas(data.quotas);
+  renderKeys(data.keys);
 
   $("backends-card").hidden = data.backends === null;
   if (data.backends !== null) {
@@ -155,6 +156,31 @@ function renderQuotas(quotas) {
     }
   }
   $("quotas").tBodies[0].replaceChildren(...rows);
+}
+
+function when(iso) {
+  return iso ? iso.replace("T", " ").replace("+00:00", "").replace(/\.\d+$/, "") : "–";
+}
+
+function renderKeys(keys) {
+  // the keys made through the API (GET /admin/keys): never a key, its prefix only
+  const rows = keys ? keys.keys : [];
+  $("keys-card").hidden = rows.length === 0;
+  if (rows.length === 0) return;
+  $("keys-note").textContent = "(kept in " + (keys.store === "redis" ? "the shared state, Redis" : "the keys file") + ")";
+  $("keys").tBodies[0].replaceChildren(...rows.map((k) => {
+    const tr = document.createElement("tr");
+    tr.dataset.key = k.id;
+    cell(tr, k.name || k.id, "name");
+    cell(tr, k.prefix + "…", "prefix");
+    cell(tr, k.tenant, "tenant");
+    cell(tr, when(k.created_at), "created_at");
+    cell(tr, when(k.expires_at), "expires_at");
+    cell(tr, when(k.last_used_at), "last_used_at");
+    const state = k.orphaned ? "tenant removed" : k.expired ? "expired" : "active";
+    cell(tr, state, "state").className = state === "active" ? "up" : "down";
+    return tr;
+  }));
 }
 
 function renderTree(top) {

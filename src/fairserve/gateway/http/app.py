@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from ...api.errors import error_response
 from ...tenancy import AuthThrottle, admin_denied, admin_router, bearer, metrics_denied, same_key, scope_bearer
 from ..instance import Gateway
+from ..keys.routes import keys_router
 from ..quota.gate import QuotaView
 from ..settings import pauses
 from ..settings.config import GatewayConfig
@@ -116,10 +117,10 @@ class _Asgi(Response):
         await self.app(scope, receive, send)
 
 
-def _unauthorized(request_id: str | None = None) -> Response:
+def _unauthorized(request_id: str | None = None, why: str | None = None) -> Response:
     return error_response(
         401,
-        "missing or unknown API key: send 'Authorization: Bearer KEY'",
+        why or "missing or unknown API key: send 'Authorization: Bearer KEY'",
         code="invalid_api_key",
         headers={"X-Request-Id": request_id} if request_id else None,
     )
@@ -164,11 +165,19 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     app.valid_key = valid_key
 
-    async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+    async def identify(scope: Scope) -> tuple[str | None, str]:
+        """`gw.identify`, and a key unknown here asked of the store of the API's keys before its 401."""
         tenant, request_id = gw.identify(scope)
+        if tenant is None and await gw.keys.recheck(scope_bearer(scope)):
+            tenant = gw.identify(scope)[0]
+        return tenant, request_id
+
+    async def completion_asgi(scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+        tenant, request_id = await identify(scope)
         if tenant is None:
-            gw.throttle.failed(_address(scope), scope_bearer(scope))
-            return await _unauthorized(request_id)(scope, receive, send)
+            key = scope_bearer(scope)
+            gw.throttle.failed(_address(scope), key)
+            return await _unauthorized(request_id, gw.keys.refusal(key))(scope, receive, send)
         try:
             await gw.proxy.handle(scope, receive, send, kind, tenant, request_id)
         except Exception as exc:  # what the app's handler of unexpected errors would do
@@ -181,10 +190,11 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
     app.completion = completion_asgi
 
     async def tokenize_asgi(scope: Scope, receive: Receive, send: Send) -> None:
-        tenant, request_id = gw.identify(scope)
+        tenant, request_id = await identify(scope)
         if tenant is None:
-            gw.throttle.failed(_address(scope), scope_bearer(scope))
-            return await _unauthorized(request_id)(scope, receive, send)
+            key = scope_bearer(scope)
+            gw.throttle.failed(_address(scope), key)
+            return await _unauthorized(request_id, gw.keys.refusal(key))(scope, receive, send)
         await gw.tokenize.handle(scope, receive, send, tenant, request_id)
 
     app.tokenize = tokenize_asgi
@@ -207,9 +217,12 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        tenant = gw.tenant(request)
-        if tenant is None and not same_key(bearer(request), config.admin_key):
-            return _unauthorized()
+        tenant, key = gw.tenant(request), bearer(request)
+        if tenant is None and not same_key(key, config.admin_key):
+            if await gw.keys.recheck(key):
+                tenant = gw.tenant(request)
+            if tenant is None:
+                return _unauthorized(why=gw.keys.refusal(key))
         return await gw.models(tenant)
 
     @app.get("/healthz")
@@ -241,8 +254,18 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
         return JSONResponse(spec)
 
     app.include_router(
-        admin_router(gw.sched, gw.sched.tenants, config.admin_key, gw.owners, gw.backend_rows, QuotaView(gw.sched))
+        admin_router(
+            gw.sched,
+            gw.sched.tenants,
+            config.admin_key,
+            gw.owners,
+            gw.backend_rows,
+            QuotaView(gw.sched),
+            gw.keys.all_rows,
+        )
     )
+
+    app.include_router(keys_router(gw.keys, lambda request: admin_denied(request, gw.cfg.admin_key, gw.owners)))
 
     @app.get("/admin/rates")
     async def rates(request: Request) -> Response:

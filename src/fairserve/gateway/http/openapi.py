@@ -7,6 +7,7 @@ from typing import Any
 
 from ...api.protocol import MAX_INT
 from ...core import MAX_WEIGHT, MIN_WEIGHT
+from ..keys.routes import key_paths
 from ..settings.config import GatewayConfig
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -26,13 +27,14 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "invalid request",
         401: "missing or unknown key",
         403: "not allowed with this key (the admin API; a model the tenant may not use)",
-        404: "unknown tenant, or no backend serves the model",
+        404: "unknown tenant or key id, or no backend serves the model",
         408: "the request body did not arrive in time",
-        409: "not supported by the policy",
+        409: "not supported by the policy, or nowhere to keep the API's keys",
         413: "body too large",
         429: "queue full, rate limited, or too many failed authentications from this address or with this key",
         502: "no backend could serve it",
-        503: "waited queue_ttl_s without a free backend, the backend is busy (Retry-After), or shutting down",
+        503: "waited queue_ttl_s without a free backend, the backend is busy (Retry-After), shutting down, or the "
+        "store of the API's keys did not answer",
         504: "no backend answered in time",
     }
     return {str(s): _json(_ERROR, what[s]) for s in statuses}
@@ -359,6 +361,7 @@ def openapi(cfg: GatewayConfig) -> dict[str, Any]:
                     },
                 }
             },
+            **key_paths(_errors, _json),
             "/admin/reload": {
                 "post": {
                     "summary": "Re-read the configuration (as SIGHUP): tenants, keys, weights, groups, model access, "

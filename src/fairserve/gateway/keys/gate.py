@@ -1,0 +1,203 @@
+"""The keys made through the API, wired into the gateway (a part: gateway/component.py). The book answers the request
+path (`KeyOwners.more`: asked after the config file's keys); the store keeps the keys across restarts: with `state`
+in Redis, shared by the replicas, else in `SNAPSHOT.keys` beside the snapshot file; with neither, no key is made
+(409: a key that a restart silently drops would lock its client out).
+
+Replicas: a create or revoke is written to Redis and applied on the replica that took it at once; every replica
+polls the store's version every `POLL_S` and re-reads the records when it moved, so a revoked key is refused
+everywhere within `POLL_S` (plus one round trip); a replica asked for a key it does not know reads the store once
+before its 401 (`recheck`), so a new key serves at once everywhere. Last use: noted per second in the process,
+flushed to the store every `POLL_S` with Redis, with the snapshot to the file (every `snapshot_interval_s`), and at
+stop. While Redis cannot be
+reached each replica keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
+
+A reload keeps every key made through the API (it replaces the config file's keys only); a key whose tenant a reload
+removed is refused (401) and listed `orphaned` until it is revoked, or until a reload brings the tenant back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...tenancy.index import KeyOwners
+from ..component import Part, cancelled
+from .book import MAX_KEYS, KeyBook, Refused, make, parse_create
+from .store import FileKeys, KeyStore, RedisKeys, keys_path
+
+if TYPE_CHECKING:
+    from ..settings.config import GatewayConfig
+    from ..shared.state import SharedState
+
+log = logging.getLogger("fairserve.gateway")
+POLL_S = 0.25  # how often a replica reads the store's version (a revoked key is refused everywhere within this)
+NO_STORE = (
+    "keys made through the API need a place that outlives a restart: run the gateway with `state` (Redis, shared by "
+    "the replicas) or `snapshot` (the keys go to SNAPSHOT.keys beside it)"
+)
+
+
+class Scheduler(Protocol):
+    """What the keys read of the scheduler (gateway/admission/scheduler.py): the shared state it joined."""
+
+    shared: SharedState | None
+
+
+class ApiKeys(Part):
+    """The keys made through the API of one gateway (`create`, `rows`, `revoke`; a component)."""
+
+    def __init__(
+        self, cfg: GatewayConfig, sched: Scheduler, owners: KeyOwners, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.sched = sched
+        self.book = KeyBook(clock)
+        # NOTE: read now, so that a bad file stops the gateway before it serves
+        self.store: KeyStore | None = FileKeys(keys_path(cfg.snapshot)) if cfg.snapshot is not None else None
+        if isinstance(self.store, FileKeys):
+            self.book.load(self.store.records.values())
+        self.keyless = cfg.keyless
+        self.lost = False  # the store could not be read at the last poll
+        self._task: asyncio.Task[None] | None = None
+        self._file_every_s = cfg.snapshot_interval_s  # the last uses go to the file with the snapshot (0: at stop)
+        # NOTE: one read or write of the store at a time, so that a poll's older read never undoes a create or revoke
+        self._io = asyncio.Lock()
+        self._polls = 0  # polls begun
+        owners.more = self.book.owner
+        self.configure(cfg)
+
+    def configure(self, cfg: GatewayConfig) -> None:
+        """The tenants the keys may name from now on (a reload): a key of a removed tenant is refused, kept."""
+        self.book.tenants = cfg.index().name_set
+        self.keyless = cfg.keyless
+
+    async def start(self) -> None:
+        """With `state`, the keys are in the shared state's Redis (joined by the scheduler, started first): read
+        now, then polled."""
+        shared = self.sched.shared
+        loop = asyncio.get_running_loop()
+        if shared is not None:
+            self.store = RedisKeys(shared._client, shared.settings.prefix)
+            await self.refresh()
+            self._task = loop.create_task(self._run(POLL_S, poll=True))
+        elif self.store is not None and self._file_every_s > 0:
+            self._task = loop.create_task(self._run(self._file_every_s, poll=False))
+
+    async def stop(self) -> None:
+        """The polls end; the last uses not yet written are (best effort)."""
+        task, self._task = self._task, None
+        await cancelled(task)
+        if self.store is not None and not await self._flush():
+            log.warning("the last uses of the API's keys were not written at stop")
+
+    async def refresh(self) -> None:
+        """Re-read the store's records if they changed, unless a poll began after this was asked (and has ended):
+        misses at once share one."""
+        asked = self._polls
+        async with self._io:
+            if self._polls == asked:
+                self._polls += 1
+                await self._poll()
+
+    async def recheck(self, key: str | None) -> bool:
+        """Before the 401 of a key this replica does not know: with Redis, whether a refresh made it known (a key
+        made on another replica serves at once; the auth throttle bounds what unknown keys cost)."""
+        if key is None or self._task is None or not isinstance(self.store, RedisKeys) or self.book.knows(key):
+            return False  # NOTE: a key of the book that is refused (expired, orphaned) is refused as it is
+        await self.refresh()
+        return self.book.owner(key) is not None
+
+    async def _poll(self) -> None:
+        """One warning when the store cannot be read, one line when it can again."""
+        assert self.store is not None
+        try:
+            records = await self.store.load(list(self.book.records.values()))
+        except Exception as e:  # NOTE: Redis lost: the keys last read keep serving
+            if not self.lost:
+                log.warning("the keys made through the API cannot be read (%r): the last read serve", e)
+                self.lost = True
+            return
+        if self.lost:
+            log.warning("the keys made through the API are read again")
+            self.lost = False
+        if records is not None:
+            self.book.load(records)
+
+    async def _run(self, every_s: float, poll: bool) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            if poll:
+                await self.refresh()
+            await self._flush()
+
+    async def _flush(self) -> bool:
+        """The last uses not yet written, written; kept for the next flush when the store fails (False)."""
+        assert self.store is not None
+        unsent = self.book.take_unsent()
+        if not unsent:
+            return True
+        try:
+            await self.store.flush(unsent)
+        except Exception as e:  # NOTE: Redis lost (the poll has warned), or the file not written
+            if self.store.kind == "file":
+                log.error("the keys file was not written: %r", e)
+            for i, second in unsent.items():
+                self.book.unsent.setdefault(i, second)
+            return False
+        return True
+
+    def _writable(self) -> KeyStore:
+        if self.keyless:
+            raise Refused(409, "keyless", "no tenants are configured (keyless mode): the gateway checks no key")
+        if self.store is None:
+            raise Refused(409, "no_key_store", NO_STORE)
+        return self.store
+
+    async def create(self, body: bytes) -> dict[str, Any]:
+        """`POST /admin/keys`: a new key of an existing tenant; the answer holds the key, once."""
+        store = self._writable()
+        tenant, name, expires_at = parse_create(body, self.book.clock())
+        if tenant not in self.book.tenants:
+            msg = f"no tenant named {tenant!r} in the configuration: add it to the config file (and reload) first"
+            raise Refused(404, "unknown_tenant", msg, "tenant")
+        if len(self.book.records) >= MAX_KEYS:
+            raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
+        key, rec = make(tenant, name, expires_at, self.book.clock())
+        async with self._io:
+            await self._write(store.create(rec))
+            self.book.add(rec)
+        log.info("API key %s (%s...) made for tenant %r", rec.id, rec.prefix, tenant)
+        return {"key": key, **self.book.row(rec, 0, self.book.clock())}
+
+    async def revoke(self, key_id: str) -> dict[str, Any]:
+        """`DELETE /admin/keys/{id}`: refused here at once, everywhere within `POLL_S`."""
+        store = self._writable()
+        async with self._io:
+            if not await self._write(store.revoke(key_id)):
+                raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
+            rec = self.book.remove(key_id)
+        log.info("API key %s revoked%s", key_id, f" (tenant {rec.tenant!r})" if rec is not None else "")
+        return {"id": key_id, "revoked": True}
+
+    async def _write(self, call: Any) -> Any:
+        try:
+            return await call
+        except Exception as e:  # NOTE: the file (OSError) or Redis (a ConnectionError, a TimeoutError, ...)
+            redis = self.store is not None and self.store.kind == "redis"
+            where = "the shared state (Redis) did not answer" if redis else "the keys file was not written"
+            raise Refused(
+                503, "key_store_unavailable", f"{where}: {e!r}; try again (GET /admin/keys lists what is kept)"
+            ) from None
+
+    async def all_rows(self) -> dict[str, Any]:
+        """`GET /admin/keys` and the dashboard: every key (never the key itself) and where they are kept."""
+        try:
+            stored = await self.store.last_used() if self.store is not None else {}
+        except Exception:  # NOTE: Redis lost: this replica's own last uses
+            stored = {}
+        return {"store": self.store.kind if self.store is not None else None, "keys": self.book.rows(stored)}
+
+    def refusal(self, key: str | None) -> str | None:
+        """The 401's message for a key of the book that is expired or orphaned (the failure path only)."""
+        return self.book.refusal(key)
