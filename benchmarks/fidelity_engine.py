@@ -186,7 +186,12 @@ def engine_worker(policy: str, jobs: list[tuple[str, list[Arrival]]], conn: Any)
     # NOTE: warmed up on the first workload's first 5 s, discarded: the first seconds of a new engine run slower
     first = [a for a in jobs[0][1] if a.arrival_s < 5.0]
     run_real(llm, [Arrival(a.arrival_s, "warm-" + a.client, a.prompt_tokens, a.output_tokens) for a in first], "warm")
-    conn.send({name: run_real(llm, arrivals, f"{policy}-{name}") for name, arrivals in jobs})
+    # NOTE: the engine profiled as it runs the workloads, its scheduler (fairserve's, this policy) included
+    from fairserve.profile import vllm as profiler
+
+    prof = profiler.profile_llm(llm, str(vllm_cpu_model.default_dir()), dict(ENGINE), 3, lambda _: None)
+    runs: dict[str, Any] = {name: run_real(llm, arrivals, f"{policy}-{name}") for name, arrivals in jobs}
+    conn.send(runs | {"profile": prof.to_dict()})
 
 
 def profile_worker(path: str, conn: Any) -> None:
@@ -278,19 +283,39 @@ def main() -> None:
 
     lat = load_engine_profile(path).latency()
     speed = {(p, n): step_speed(lat, real[p][n]["steps"]) for p in policies for n in loads}
-    print("\nFrom the profile alone (every workload held out):\n")
+    print("\nFrom the profile of the engine alone (every workload held out):\n")
     table(loads, policies, real, a.modes.split(","), lambda p, n: path, a.duration)
+    own: dict[str, str] = {}
+    for p in policies:
+        if "profile" in real[p]:
+            own[p] = str(out / f"profile-{p}.json")
+            Path(own[p]).write_text(json.dumps(real[p]["profile"]))
+    if own:
+        print(
+            "\nFrom each policy's engine profiled as it runs, fairserve's scheduler in it, just before its runs "
+            "(held out too):\n"
+        )
+        table(loads, [p for p in policies if p in own], real, a.modes.split(","), lambda p, n: own[p], a.duration)
     print(
         "\nDiagnostic, not a prediction: each run's steps took x (its `speed`) the time the profile's model gives "
         "the same steps; the simulator again with the profile's times scaled by x:\n"
     )
     table(loads, policies, real, ["vllm"], lambda p, n: scaled(path, speed[(p, n)], out), a.duration, speed)
+    print("\nEach run's speed by the kind of step (decode steps only; steps with a prefill chunk):\n")
+    for p in policies:
+        for n in loads:
+            st = real[p][n]["steps"]
+            decode, prefill = step_speed(lat, st, "decode"), step_speed(lat, st, "prefill")
+            print(f"{n} {p}: decode ×{decode:.2f}, with a prefill chunk ×{prefill:.2f}")
 
 
-def step_speed(lat: Any, steps: list[list[Any]]) -> float:
-    """Σ real step seconds ÷ Σ the model's seconds for the same steps."""
+def step_speed(lat: Any, steps: list[list[Any]], kind: str | None = None) -> float:
+    """Σ real step seconds ÷ Σ the model's seconds for the same steps; `kind`: of the decode-only steps ("decode")
+    or of those with a prefill chunk ("prefill") only."""
+    if kind is not None:
+        steps = [st for st in steps if bool(st[0]) == (kind == "prefill")]
     predicted = sum(step_s(lat, chunks, decodes, context) for chunks, decodes, context, _ in steps)
-    return sum(st[3] for st in steps) / predicted
+    return sum(st[3] for st in steps) / predicted if predicted else float("nan")
 
 
 def scaled(path: str, x: float, out: Path) -> str:

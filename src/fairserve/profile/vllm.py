@@ -72,7 +72,19 @@ def profile(
     sizes: dict[str, Any] | None = None,
 ) -> EngineProfile:
     """`sizes`: `grid.grid`'s prompts, batches and output (default: its own)."""
-    llm = build(model, engine_args)
+    return profile_llm(build(model, engine_args), model, engine_args, repeats, log, sizes)
+
+
+def profile_llm(
+    llm: Any,
+    model: str,
+    engine_args: dict[str, Any],
+    repeats: int,
+    log: Callable[[str], None] = print,
+    sizes: dict[str, Any] | None = None,
+) -> EngineProfile:
+    """`profile` of an engine already built (`build(model, engine_args)`, or one about to serve, its scheduler
+    included), with nothing else running on it."""
     lim = limits(llm)
     import vllm
 
