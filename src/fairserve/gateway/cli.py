@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int
 
     from ..api.server import check_listen_free, server_options
     from .http.app import create_app
-    from .workers import check_workers, run_workers
+    from .workers import check_workers, run_workers, serve_on
 
     cfg = config_from_args(args)
     if args.engine_env:
@@ -107,8 +107,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int
     proxies: dict[str, Any] = (
         {"forwarded_allow_ips": cfg.forwarded_allow_ips} if cfg.forwarded_allow_ips is not None else {}
     )
-    config = uvicorn.Config(
-        app,
+    options: dict[str, Any] = dict(
         host=cfg.host,
         port=cfg.port,
         log_level=args.log_level,
@@ -117,16 +116,15 @@ def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int
         **proxies,
         **server_options(cfg.client_timeout_s, cfg.drain_timeout_s, cfg.max_header_bytes, cfg.max_headers),
     )
-    server = uvicorn.Server(config)
     try:
-        server.run(sockets=None if sock is None else [sock])
-    except KeyboardInterrupt:
-        pass
+        if sock is None:
+            uvicorn.run(app, **options)
+        elif not serve_on(uvicorn.Server(uvicorn.Config(app, **options)), sock):
+            return 3  # NOTE: as uvicorn.run: a server whose startup failed exits with its status 3
     except ssl.SSLError as e:  # NOTE: a certificate and key that do not match, a file that is not PEM
         print(f"fairserve: error: TLS: {e}", file=sys.stderr)
         return 1
-    # NOTE: as uvicorn.run: a server that never started (its startup failed) exits with uvicorn's status 3
-    return 0 if server.started else 3
+    return 0
 
 
 def _n(count: int, what: str) -> str:

@@ -50,6 +50,15 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def serve_on(server: Any, sock: socket.socket) -> bool:
+    """A worker's uvicorn `server` on the shared `sock` until stopped; whether it started."""
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    return bool(server.started)
+
+
 def _worker(args: argparse.Namespace, index: int) -> None:
     """One worker: the gateway of `args` on a socket it shares with the others."""
     from .cli import config_from_args, run
