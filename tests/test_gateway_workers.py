@@ -1,7 +1,7 @@
-"""`fairserve gateway --workers N` (gateway/workers.py): N gateway processes on one port, each a replica of the shared
-state on a real redis-server. Connections reach both workers, which see each other through Redis; requests through
-the official `openai` client are served and charged in one ledger; SIGTERM to the parent stops every worker and exits
-0. Without shared state, N workers are refused with one line."""
+"""`fairserve gateway --workers N` (gateway/http/workers.py): N gateway processes on one port, each a replica of the
+shared state on a real redis-server. Connections reach both workers, which see each other through Redis; requests
+through the official `openai` client are served and charged in one ledger; SIGTERM to the parent stops every worker
+and exits 0. Without shared state, N workers are refused with one line."""
 
 from __future__ import annotations
 

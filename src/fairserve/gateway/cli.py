@@ -56,12 +56,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int | None = None) -> int:
     """Serve until interrupted. Config problems raise ValueError with one line. `sock`: a listening socket to serve
-    on, shared with the other workers of `--workers N` (`worker`: this one's index; gateway/workers.py)."""
+    on, shared with the other workers of `--workers N` (`worker`: this one's index; gateway/http/workers.py)."""
     import uvicorn
 
     from ..api.server import check_listen_free, server_options
     from .http.app import create_app
-    from .workers import check_workers, run_workers, serve_on
+    from .http.workers import check_workers, run_workers, serve_on
 
     cfg = config_from_args(args)
     if args.engine_env:
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None = None, worker: int
         except SharedStateError as e:  # NOTE: it cannot start: as bad input, exit 2 (README's table)
             raise ValueError(str(e)) from None
     if worker is None and getattr(args, "workers", 1) > 1:
-        return run_workers(args, cfg)
+        return run_workers(args, cfg, run)
     # NOTE: before the banner: a snapshot that cannot be restored stops it here
     app = create_app(cfg, lambda: config_from_args(args), freeze=True)
     print(

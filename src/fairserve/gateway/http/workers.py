@@ -17,9 +17,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from .settings.config import GatewayConfig
+from ..settings.config import GatewayConfig
 
 WORKERS_MAX = 256
 
@@ -59,12 +60,9 @@ def serve_on(server: Any, sock: socket.socket) -> bool:
     return bool(server.started)
 
 
-def _worker(args: argparse.Namespace, index: int) -> None:
-    """One worker: the gateway of `args` on a socket it shares with the others."""
-    from .cli import config_from_args, run
-
-    cfg = config_from_args(args)
-    sock = reuse_port_socket(cfg.host, cfg.port)
+def _worker(args: argparse.Namespace, index: int, run: Callable[..., int], host: str, port: int) -> None:
+    """One worker: `run` (the command's, `gateway/cli.py`) of `args` on a socket it shares with the others."""
+    sock = reuse_port_socket(host, port)
     # NOTE: uvicorn drains on SIGTERM / SIGINT, then raises the signal again with the handler it found: a stop the
     # parent asked for is then a clean exit, not a death by signal
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,12 +74,15 @@ def _worker(args: argparse.Namespace, index: int) -> None:
         sys.exit(2)
 
 
-def run_workers(args: argparse.Namespace, cfg: GatewayConfig) -> int:
-    """Start `args.workers` workers, wait for them, forward the stop signals. The exit status: 0 when every worker
-    stopped cleanly, else 1."""
+def run_workers(args: argparse.Namespace, cfg: GatewayConfig, run: Callable[..., int]) -> int:
+    """Start `args.workers` workers, each serving `run(args, sock=…, worker=i)`, wait for them, forward the stop
+    signals. The exit status: 0 when every worker stopped cleanly, else 1."""
     n = int(args.workers)
     ctx = mp.get_context("spawn")  # NOTE: a fresh interpreter each: no event loop or socket copied from this one
-    procs = [ctx.Process(target=_worker, args=(args, i), name=f"fairserve-gateway-{i}") for i in range(n)]
+    procs = [
+        ctx.Process(target=_worker, args=(args, i, run, cfg.host, cfg.port), name=f"fairserve-gateway-{i}")
+        for i in range(n)
+    ]
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
