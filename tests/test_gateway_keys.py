@@ -7,9 +7,11 @@ lifespan runs the gateway's parts (their loops sleep), and `/v1/models` tries th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from starlette.testclient import TestClient
@@ -17,6 +19,7 @@ from support.gateway import ADMIN, KEYS, config
 
 from fairserve.gateway import create_app
 from fairserve.gateway.instance import Gateway
+from fairserve.gateway.keys.gate import ApiKeys
 from fairserve.tenancy import key_digest
 from fairserve.tenancy.index import KeyOwners
 
@@ -225,3 +228,48 @@ def test_a_tenant_with_api_keys_empty_is_served_by_the_apis_keys_only_and_serve_
     with pytest.raises(ValueError, match="tenant 'carol' has no key: `fairserve serve` makes no keys") as e:
         load_serve(None, {"model": "tiny-random", "tenants": [carol]})
     assert "\n" not in str(e.value)
+
+
+class Swallowing:
+    """A store whose read, cancelled, returns as if it had answered (as a Redis client can, cancelled mid-call)."""
+
+    kind = "redis"
+
+    def __init__(self) -> None:
+        self.reading = asyncio.Event()
+        self.swallowed = False
+
+    async def load(self, held):
+        self.reading.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise  # NOTE: only the first: a broken loop then fails the test, not hang it
+            self.swallowed = True
+        return None
+
+    async def flush(self, used) -> None:
+        return None
+
+
+def test_stop_ends_the_polls_even_when_the_store_swallows_the_cancellation():
+    async def main() -> None:
+        store = Swallowing()
+        keys = stopping(store)
+        keys._task = asyncio.get_running_loop().create_task(keys._run(0.001, poll=True))
+        await asyncio.wait_for(store.reading.wait(), 5)  # NOTE: a poll is inside the store's read
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.wait_for(keys.stop(), 5)
+        # NOTE: at once: the loop ends where its cancellation was swallowed (it polled on until the 5 s before)
+        assert store.swallowed and loop.time() - t0 < 2.5
+
+    asyncio.run(main())
+
+
+def stopping(store) -> ApiKeys:
+    cfg = config(["http://127.0.0.1:9"])
+    keys = ApiKeys(cfg, SimpleNamespace(shared=None), KeyOwners(cfg.tenants))
+    keys.store = store
+    return keys

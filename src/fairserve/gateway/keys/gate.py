@@ -125,7 +125,10 @@ class ApiKeys(Part):
             self.book.load(records)
 
     async def _run(self, every_s: float, poll: bool) -> None:
-        while True:
+        # NOTE: until `stop` takes the task: a cancellation that lands inside a Redis call can be swallowed there,
+        # and the loop must still end (else `stop` waits on it forever)
+        me = asyncio.current_task()
+        while self._task is me:
             await asyncio.sleep(every_s)
             if poll:
                 await self.refresh()
