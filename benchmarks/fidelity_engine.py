@@ -189,7 +189,7 @@ def engine_worker(policy: str, jobs: list[tuple[str, list[Arrival]]], conn: Any)
     # NOTE: the engine profiled as it runs the workloads, its scheduler (fairserve's, this policy) included
     from fairserve.profile import vllm as profiler
 
-    prof = profiler.profile_llm(llm, str(vllm_cpu_model.default_dir()), dict(ENGINE), 3, lambda _: None)
+    prof = profiler.profile(str(vllm_cpu_model.default_dir()), dict(ENGINE), 3, lambda _: None, llm=llm)
     runs: dict[str, Any] = {name: run_real(llm, arrivals, f"{policy}-{name}") for name, arrivals in jobs}
     conn.send(runs | {"profile": prof.to_dict()})
 

@@ -4,7 +4,7 @@ tenant. Every other module of `core/` builds on this one, and it imports none of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,11 @@ def parents(path: str) -> list[str]:
     """The groups above `path`, nearest first: `a/b/c` -> [`a/b`, `a`]."""
     parts = path.split(SEP)
     return [SEP.join(parts[:k]) for k in range(len(parts) - 1, 0, -1)]
+
+
+def limited_path(tenant: str, limited: Container[str]) -> list[str]:
+    """`tenant` and the groups above it (nearest first) that are in `limited` (the nodes with a quota, a cap)."""
+    return [p for p in (tenant, *parents(tenant)) if p in limited]
 
 
 def parse_priorities(text: str | None, source: str = "--priorities") -> dict[str, int] | None:

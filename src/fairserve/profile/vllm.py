@@ -70,21 +70,13 @@ def profile(
     repeats: int,
     log: Callable[[str], None] = print,
     sizes: dict[str, Any] | None = None,
+    llm: Any = None,
 ) -> EngineProfile:
-    """`sizes`: `grid.grid`'s prompts, batches and output (default: its own)."""
-    return profile_llm(build(model, engine_args), model, engine_args, repeats, log, sizes)
-
-
-def profile_llm(
-    llm: Any,
-    model: str,
-    engine_args: dict[str, Any],
-    repeats: int,
-    log: Callable[[str], None] = print,
-    sizes: dict[str, Any] | None = None,
-) -> EngineProfile:
-    """`profile` of an engine already built (`build(model, engine_args)`, or one about to serve, its scheduler
-    included), with nothing else running on it."""
+    """`sizes`: `grid.grid`'s prompts, batches and output (default: its own). `llm`: the engine already built from
+    `model` and `engine_args` (one about to serve, its scheduler included), with nothing else running on it; None:
+    built here."""
+    if llm is None:
+        llm = build(model, engine_args)
     lim = limits(llm)
     import vllm
 

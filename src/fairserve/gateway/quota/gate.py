@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from starlette.responses import JSONResponse, Response
 
 from ...core import Listener, Request
-from ...core.account import parents
+from ...core.account import limited_path
 from ...tenancy import QuotaConfig
 from ..metrics.prometheus import num
 from .book import MEASURES, Cost, Exhausted, Hold, Quota, QuotaBook, utc_now
@@ -85,7 +85,7 @@ class QuotaGate(Listener):
     def paths(self, tenant: str) -> list[str]:
         out = self._paths.get(tenant)
         if out is None:
-            out = self._paths[tenant] = [p for p in (tenant, *parents(tenant)) if p in self.book.quotas]
+            out = self._paths[tenant] = limited_path(tenant, self.book.quotas)
         return out
 
     def _remote(self) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.responses import Response
 
 from ...api.errors import error_response
-from ...core.account import parents
+from ...core.account import limited_path
 from ..metrics.prometheus import GatewayMetrics
 from ..metrics.usage import UsageLog
 from .caps import MEASURES, Limited, RateBook, RateCap
@@ -93,7 +93,7 @@ class RateGate:
     def paths(self, tenant: str) -> list[str]:
         out = self._paths.get(tenant)
         if out is None:
-            out = self._paths[tenant] = [p for p in (tenant, *parents(tenant)) if p in self.book.caps]
+            out = self._paths[tenant] = limited_path(tenant, self.book.caps)
         return out
 
     def _book(self) -> RateBook:
