@@ -144,6 +144,7 @@ class Changes(Listener):
         answer: SyncAnswer,
         snap: dict[Account, tuple[float, float]],
         pending: dict[str, float],
+        restore: bool = False,
     ) -> None:
         """An answer into the ledger: the weights set since the last one, then the global counter and service of
         the nodes it carries, with what this replica changed and has not sent (or sent in the batch being answered,
@@ -165,7 +166,10 @@ class Changes(Listener):
             if acct is None or counter is None or service is None:
                 continue
             c0, s0 = snap[acct] if acct in snap else self.base(acct)
-            ledger.apply_remote(acct.tenant, counter + (acct.counter - c0), service + (acct.service - s0), groups=False)
+            c1, s1 = counter + (acct.counter - c0), service + (acct.service - s0)
+            if restore and acct.service > s1:  # NOTE: Redis lost its data, and another wrote back an older copy:
+                c1, s1 = acct.counter, acct.service  # ours stands; the next batch sends the difference
+            ledger.apply_remote(acct.tenant, c1, s1, groups=False)
             self.synced[acct] = service
             if acct in self.dirty:  # NOTE: what changed since counts from these values now
                 self.dirty[acct] = (counter, service)

@@ -22,9 +22,7 @@ Every replica pointing at the same Redis URL and key prefix `P` shares:
 - `P:sn`, the number of the last batch applied for each replica's token (`P:seen`: when each was last seen, so that
   the numbers of replicas gone for an hour are forgotten);
 - `P:hold`, set for `hold_s` when a replica that had an epoch finds none (Redis lost its data): meanwhile no lease
-  grows beyond what its replica has in flight, and each replica writes back the tenants it knows; where two write
-  back one tenant, the larger counter and service stand (a copy a replica did not refresh lately is an older, so
-  smaller, one; a refund made in those seconds may be undone).
+  grows beyond what its replica has in flight, and each replica writes back the tenants it knows.
 
 A sync costs what changed: every step touches the nodes this replica charged (a tenant and the groups above it),
 lifted, or whose backlog it changed, at most `pull` nodes changed elsewhere, the replicas waiting for capacity, and
@@ -189,10 +187,6 @@ if fresh and #names > 0 then
       if old[q] then
         c, s = split(old[q])
         c, s = tonumber(c), tonumber(s)
-        if hold then  -- NOTE: Redis lost its data: of the copies written back, the later (larger) one stands
-          c = math.max(c, tonumber(ARGV[x + $charges.base_counter]))
-          s = math.max(s, tonumber(ARGV[x + $charges.base_service]))
-        end
       else
         c, s = tonumber(ARGV[x + $charges.base_counter]), tonumber(ARGV[x + $charges.base_service])
       end

@@ -331,11 +331,12 @@ class SharedState(HeadOrder, Link):
         return leave(self.settings.prefix, self.replica, self._token)
 
     def _apply(self, answer: SyncAnswer, snap: dict[Account, tuple[float, float]], reset: bool) -> None:
-        self.changes.apply(self.ledger, answer, snap, self._weights)
         epoch = answer.epoch
         # NOTE: a new epoch: Redis lost its data; the next sync writes back every tenant this replica knows (where
-        # no other replica has yet), with the charges not yet sent on top, and its whole backlog
+        # no other replica has yet), with the charges not yet sent on top, and its whole backlog; a tenant another
+        # replica wrote back lower keeps this replica's value, whose difference the next sync adds
         self._restore = bool(self._epoch) and epoch != self._epoch
+        self.changes.apply(self.ledger, answer, snap, self._weights, restore=self._restore)
         if self._restore:
             self._seed = dict(self.ledger.weights)  # set where unset, as at start
         generation = answer.generation
