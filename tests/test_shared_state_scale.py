@@ -68,9 +68,9 @@ def test_an_answer_carries_at_most_pull_tenants_changed_elsewhere_and_the_rest_f
             assert await b.state.sync()
             pulled = []
             apply = a.state.changes.apply
-            a.state.changes.apply = lambda ledger, answer, *rest: (
+            a.state.changes.apply = lambda ledger, answer, *rest, **kw: (
                 pulled.append(len(answer.nodes)),
-                apply(ledger, answer, *rest),
+                apply(ledger, answer, *rest, **kw),
             )
             for _ in range(5):
                 assert await a.state.sync()
