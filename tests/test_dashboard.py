@@ -120,6 +120,7 @@ def test_dashboard_data_page_and_owners_on_the_gateway():
         for name, row in rows.items():
             assert {k: v for k, v in row.items() if k != "rate"} == admin[name]
         assert rows["alice"]["weight"] == 2.0 and doc["policy"] == "vtc"
+        assert doc["rate_caps"] is None  # no caps configured: the page hides their card
         (backend,) = doc["backends"]
         assert backend["healthy"] is True and backend["limit_requests"] >= 1 and backend["in_flight_requests"] == 0
 

@@ -107,7 +107,7 @@ def gateway(emulator):
             "backends": [{"url": emulator, "max_inflight_requests": 4}],
             "admin_key": ADMIN,
             "tenants": [
-                {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2},
+                {"name": "alice", "api_keys": [KEYS["alice"]], "weight": 2, "rate": {"requests": 10**6}},
                 {"name": "bob", "api_keys": [KEYS["bob"]], "quota": {"tokens": 10**9, "per": "day"}},
             ],
         }
@@ -175,6 +175,20 @@ def test_dashboard_live_in_a_browser(browser, gateway):
         )
         assert abs(used + held + remaining - 10**9) <= 2  # one poll's numbers (rounded for display)
         assert page.locator('#quotas tr[data-node="alice"]').count() == 0  # alice has no quota
+        # alice's rate cap: the requests counted this minute, and what remains of it
+        rate = '#rates tr[data-node="alice"][data-measure="requests"] [data-field="{}"]'
+        page.wait_for_function(
+            "(sel) => Number(document.querySelector(sel).textContent.replace(/,/g, '')) > 0",
+            arg=rate.format("used"),
+            timeout=10_000,
+        )
+        # NOTE: both cells in one evaluation: one poll's numbers (the page cannot repaint between them)
+        counted, left = page.evaluate(
+            "(sels) => sels.map((s) => Number(document.querySelector(s).textContent.replace(/,/g, '')))",
+            [rate.format("used"), rate.format("remaining")],
+        )
+        assert counted > 0 and counted + left == 10**6, (counted, left)
+        assert page.locator('#rates tr[data-node="bob"]').count() == 0  # bob has no cap
         OUT.mkdir(parents=True, exist_ok=True)
         shot = OUT / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)

@@ -78,6 +78,7 @@ def admin_router(
     backends: BackendRows | None = None,
     quotas: Quotas | None = None,
     keys: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    rate_caps: Callable[[], Awaitable[dict[str, Any] | None]] | None = None,
 ) -> APIRouter:
     """GET /admin/tenants, GET /admin/tree (every node of the tenant tree), PUT /admin/tenants/{path}/weight and
     PUT /admin/nodes/{path}/weight (any tenant or group), POST /admin/reset, POST /admin/owners (which tenant owns
@@ -85,8 +86,8 @@ def admin_router(
     Rows for the configured `tenants` and their groups only (bounded, and no tenant appears that nobody configured).
     Also the dashboard page, GET /dashboard, which holds no data. `backends`: the gateway's backend rows, for the
     dashboard. `quotas`: each row then has its node's `quota` (used, held, remaining, resets_at per measure), and
-    GET /admin/quotas lists every node's. `keys`: the keys made through the API (`GET /admin/keys`'s answer), for
-    the dashboard."""
+    GET /admin/quotas lists every node's. `keys`: the keys made through the API (`GET /admin/keys`'s answer), and
+    `rate_caps`: the per-minute caps' use (`GET /admin/rates`'s, None without caps), for the dashboard."""
     router = APIRouter(prefix="/admin")
     history = History()
 
@@ -190,6 +191,7 @@ def admin_router(
         data = snapshot(accounts.view(), tenants, history, backends)
         data["quotas"] = await quotas.all_status() if quotas is not None else None
         data["keys"] = await keys() if keys is not None else None
+        data["rate_caps"] = await rate_caps() if rate_caps is not None else None
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
     page = APIRouter()

@@ -112,6 +112,7 @@ function render(data) {
   if (data.tree) renderTree(data.tree);
 
   renderQuotas(data.quotas);
+  renderRates(data.rate_caps);
   renderKeys(data.keys);
 
   $("backends-card").hidden = data.backends === null;
@@ -156,6 +157,32 @@ function renderQuotas(quotas) {
     }
   }
   $("quotas").tBodies[0].replaceChildren(...rows);
+}
+
+function renderRates(rates) {
+  // each node's per-minute caps (GET /admin/rates): one row per measure (requests, tokens)
+  const nodes = rates ? Object.entries(rates.rates) : [];
+  $("rates-card").hidden = nodes.length === 0;
+  if (nodes.length === 0) return;
+  $("rates-note").textContent = rates.estimated ? "(this replica's estimate: Redis cannot be reached)" : "";
+  const rows = [];
+  for (const [path, caps] of nodes) {
+    for (const measure of ["requests", "tokens"]) {
+      const m = caps[measure];
+      if (!m) continue;
+      const tr = document.createElement("tr");
+      tr.dataset.node = path;
+      tr.dataset.measure = measure;
+      cell(tr, path, "name");
+      cell(tr, measure, "measure");
+      cell(tr, fmt(m.used, 0), "used");
+      cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
+      cell(tr, fmt(m.limit, 0), "limit");
+      cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
+      rows.push(tr);
+    }
+  }
+  $("rates").tBodies[0].replaceChildren(...rows);
 }
 
 function when(iso) {

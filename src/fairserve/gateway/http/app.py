@@ -262,6 +262,7 @@ def create_app(config: GatewayConfig, load: Callable[[], GatewayConfig] | None =
             gw.backend_rows,
             QuotaView(gw.sched),
             gw.keys.all_rows,
+            gw.rates.dashboard,
         )
     )
 

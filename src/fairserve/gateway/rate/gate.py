@@ -156,6 +156,10 @@ class RateGate:
         caps = {path: await self.status(path) for path in self.book.caps}
         return {"enforced": self.on, "estimated": self.local, "per": "minute", "rates": caps}
 
+    async def dashboard(self) -> dict[str, Any] | None:
+        """`all_status` for the dashboard, None while no cap is configured (its card then stays hidden)."""
+        return await self.all_status() if self.on else None
+
     async def exposition(self, active: list[str]) -> str:
         """The cap series of the nodes with a cap on the paths of the active tenants."""
         nodes: dict[str, None] = {}
