@@ -82,8 +82,7 @@ def build_parser(command: str | None = None, *, outline: bool = False) -> argpar
 
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     from .core import describe
-    from .sim import LATENCY_MODELS
-    from .sim.requests import MODES
+    from .sim import LATENCY_MODELS, MODES
     from .workloads import ALL_WORKLOADS, TRACE_FORMATS
 
     s = sub.add_parser(
@@ -136,8 +135,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--engine-mode",
         default="reserve",
         choices=MODES,
-        help="reserve: the paper's conservative admission; paged: vLLM-like with preemption; vllm: vLLM's own steps "
-        "(token budget, chunked prefill, its preemption; docs/latency.md)",
+        help="reserve: the paper's admission; paged: vLLM-like, preempting; vllm: vLLM's own steps (docs/latency.md)",
     )
     s.add_argument(
         "--prefix-cache",

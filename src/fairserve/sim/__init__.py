@@ -20,7 +20,7 @@ from .latency import (
 )
 from .options import LEGACY, SimOptions
 from .prefix_cache import DEFAULT_BLOCK_TOKENS
-from .requests import EngineConfig, Mode, SimRequest, SimResult
+from .requests import MODES, EngineConfig, Mode, SimRequest, SimResult
 from .vllm_steps import VllmEngine
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "SimResult",
     "LatencyModel",
     "LATENCY_MODELS",
+    "MODES",
     "get_latency_model",
     "hit_rate",
     "hit_rates",
