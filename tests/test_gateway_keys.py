@@ -164,7 +164,7 @@ def test_who_may_make_keys_and_where_none_can_be_kept(tmp_path):
         r = client.post("/admin/keys", json={"tenant": "alice"}, headers=AS_ADMIN)
         assert r.status_code == 409 and r.json()["error"]["code"] == "no_key_store"
         assert "state" in r.json()["error"]["message"] and "snapshot" in r.json()["error"]["message"]
-        assert client.get("/admin/keys", headers=AS_ADMIN).json() == {"store": None, "keys": []}
+        assert client.get("/admin/keys", headers=AS_ADMIN).json() == {"store": None, "keys": [], "tenants": []}
 
 
 def test_a_reload_replaces_the_config_files_keys_and_keeps_the_apis(tmp_path):

@@ -24,7 +24,7 @@ class Failing:
 
     kind = "redis"
 
-    async def create(self, rec) -> None:
+    async def create(self, rec, tenant) -> bool:
         raise ConnectionError("Redis is gone")
 
     async def revoke(self, key_id: str) -> bool:

@@ -87,3 +87,33 @@ def test_a_key_made_on_one_replica_serves_on_both_survives_their_restart_and_is_
                 client.flushall()
                 assert wait_until(lambda: client.hkeys("fairserve:keys") == [other["id"].encode()], 2.0)
             assert chat(a, other["key"]) == "ok" and chat(a, made["key"]) == "invalid_api_key"
+
+
+def tenants_of(base: str) -> set[str]:
+    """The top-level tenants a replica serves (`GET /admin/tree`'s)."""
+    return {n["path"] for n in HTTP.get(base + "/admin/tree", headers=AS_ADMIN).json()["tree"] if n["kind"] == "tenant"}
+
+
+def test_a_tenant_made_with_a_key_on_one_replica_serves_on_both_outlives_their_restart_and_goes_with_its_key():
+    fake = FakeBackend()
+    with redis_server() as redis, running_server(fake.app) as url:
+        with replicas(url, redis.url) as (a, b):
+            body = {"tenant": "carol", "new_tenant": {"weight": 3, "rate": {"requests": 100}}}
+            made = HTTP.post(a + "/admin/keys", json=body, headers=AS_ADMIN).json()
+            assert [chat(b, made["key"]), chat(a, made["key"])] == ["ok", "ok"]  # at once, on the other too
+            assert "carol" in tenants_of(a) and "carol" in tenants_of(b)
+            r = HTTP.post(b + "/admin/keys", json={**body, "name": "again"}, headers=AS_ADMIN)
+            assert r.status_code == 409 and r.json()["error"]["code"] == "tenant_exists"
+        with replicas(url, redis.url) as (a, b):  # both restarted: the tenant is Redis's, as its key
+            assert [chat(a, made["key"]), chat(b, made["key"])] == ["ok", "ok"]
+            rates = HTTP.get(b + "/admin/rates", headers=AS_ADMIN).json()["rates"]
+            assert rates["carol"]["requests"]["limit"] == 100
+            # Redis loses its data: the replicas write the tenant back with its key
+            with redis_py.Redis.from_url(redis.url) as client:
+                client.flushall()
+                assert wait_until(lambda: client.hkeys("fairserve:keys:tenants") == [b"carol"], 2.0)
+            assert HTTP.delete(f"{b}/admin/keys/{made['id']}", headers=AS_ADMIN).status_code == 200
+            assert wait_until(lambda: "carol" not in tenants_of(a), 1.0)  # gone with its last key, everywhere
+            assert chat(a, made["key"]) == "invalid_api_key" and "carol" not in tenants_of(b)
+            with redis_py.Redis.from_url(redis.url) as client:
+                assert client.hkeys("fairserve:keys:tenants") == [] and client.hkeys("fairserve:keys:count") == []

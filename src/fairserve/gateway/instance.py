@@ -26,6 +26,7 @@ from .dispatch.fleet import connections
 from .dispatch.health import HealthMonitor
 from .http.tokenize import Tokenize
 from .keys.gate import ApiKeys
+from .keys.tenants import merged
 from .metrics.prometheus import GatewayMetrics
 from .rate.gate import RateGate
 from .relay.proxy import Proxy
@@ -56,7 +57,9 @@ class Gateway(Part):
         self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
+        self.base = cfg  # the config file's (with the flags), as last read: `cfg` is it with the API's tenants
         self.keys = ApiKeys(cfg, self.sched, self.owners)  # made through the admin API, asked after the config's
+        self.keys.tenancy = self
         self.tenant_names = cfg.index().name_set
         self.keyless = cfg.keyless
         limit = connections(cfg.backends, [])
@@ -133,16 +136,29 @@ class Gateway(Part):
         self.cfg = cfg
 
     async def reload(self) -> str:
-        """Re-read and apply the configuration (gateway/settings/reload.py); ReloadError (one line) when it is
-        refused."""
+        """Re-read and apply the configuration (gateway/settings/reload.py), with the tenants the keys API made;
+        ReloadError (one line) when it is refused."""
         assert self.load is not None
+        read, bases = self.load, []
+
+        def load() -> GatewayConfig:
+            bases.append(read())
+            return merged(bases[-1], list(self.keys.tenants.values()))
+
         try:
-            line = await reload_config(self, self.load)
+            line = await reload_config(self, load)
         except ReloadError as e:
             log.error("reload refused, the running configuration is kept: %s", e)
             raise
+        self.base = bases[-1]  # NOTE: before anything else runs: the lock is free, the next reload reads this
         log.info(line)
         return line
+
+    async def use_tenants(self) -> None:
+        """The tenants the keys API made, as they are now, put in place beside the config file's (as last read):
+        a reload (ReloadError when refused)."""
+        line = await reload_config(self, lambda: merged(self.base, list(self.keys.tenants.values())))
+        log.info("tenants of the keys API applied: %s", line.removeprefix("config reloaded: "))
 
     def backend_rows(self) -> list[dict[str, Any]]:
         """Each backend's state, its URL without credentials (`/healthz`, the dashboard)."""

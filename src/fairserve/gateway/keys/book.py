@@ -23,7 +23,7 @@ SHOWN = 8  # the characters of a key kept in clear to tell keys apart: the prefi
 MAX_NAME = 200  # characters of a key's name
 MAX_KEYS = 100_000  # keys the API keeps in all (each costs a record on every replica)
 MAX_LIFE_S = 100 * 365 * 86400  # the latest expiry: about a century from now
-FIELDS = ("tenant", "name", "expires_at", "expires_in_s")
+FIELDS = ("tenant", "name", "expires_at", "expires_in_s", "new_tenant")
 
 
 class Refused(Exception):
@@ -106,23 +106,37 @@ def _expiry(doc: dict[str, Any], now: float) -> float | None:
     return out
 
 
-def parse_create(body: bytes, now: float) -> tuple[str, str | None, float | None]:
-    """(tenant, name, expires_at) from a `POST /admin/keys` body; Refused (400) for anything else."""
+@dataclass(frozen=True)
+class Create:
+    """What a `POST /admin/keys` asks: a key of `tenant`, named, expiring; `new_tenant`: the tenant's own table
+    when the key makes it (gateway/keys/tenants.py; None: a key of an existing tenant)."""
+
+    tenant: str
+    name: str | None
+    expires_at: float | None
+    new_tenant: Any
+
+
+def parse_create(body: bytes, now: float) -> Create:
+    """What a `POST /admin/keys` body asks; Refused (400) for anything else (`new_tenant` is checked by the part)."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("tenant"), str) or not doc["tenant"]:
-        msg = 'expected a JSON body {"tenant": NAME, "name"?: TEXT, "expires_at"?: ISO_TIME, "expires_in_s"?: S}'
+        msg = (
+            'expected a JSON body {"tenant": NAME, "name"?: TEXT, "expires_at"?: ISO_TIME, "expires_in_s"?: S, '
+            '"new_tenant"?: {...}}'
+        )
         raise Refused(400, "invalid_request", msg, "tenant")
     unknown = sorted(set(doc) - set(FIELDS))
     if unknown:
-        msg = f"unknown field {unknown[0]!r}: a key names a configured tenant (whose weight, quota and caps it takes)"
+        msg = f"unknown field {unknown[0]!r} (a key's fields: {', '.join(FIELDS)})"
         raise Refused(400, "invalid_request", msg, unknown[0])
     name = doc.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable()):
         raise Refused(400, "invalid_request", f"name must be printable text of at most {MAX_NAME} characters", "name")
-    return doc["tenant"], name, _expiry(doc, now)
+    return Create(doc["tenant"], name, _expiry(doc, now), doc.get("new_tenant"))
 
 
 class KeyBook:

@@ -12,7 +12,11 @@ stop. While Redis cannot be
 reached each replica keeps serving the keys it last read (one warning), and creating or revoking one answers 503.
 
 A reload keeps every key made through the API (it replaces the config file's keys only); a key whose tenant a reload
-removed is refused (401) and listed `orphaned` until it is revoked, or until a reload brings the tenant back."""
+removed is refused (401) and listed `orphaned` until it is revoked, or until a reload brings the tenant back.
+
+Tenants made with a key (`new_tenant`, gateway/keys/tenants.py) are kept in the same store and applied to the gateway
+(`Tenancy.use_tenants`: a reload with them added) at start, when this replica makes or drops one, and when a poll
+reads that another did."""
 
 from __future__ import annotations
 
@@ -22,10 +26,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ...tenancy import TenantConfig
 from ...tenancy.index import KeyOwners
-from ..component import Part, cancelled
+from ..component import Part, ReloadError, cancelled
 from .book import MAX_KEYS, KeyBook, Refused, make, parse_create
 from .store import FileKeys, KeyStore, RedisKeys, keys_path
+from .tenants import merged, parse_tenant, tenant_doc
 
 if TYPE_CHECKING:
     from ..settings.config import GatewayConfig
@@ -45,6 +51,15 @@ class Scheduler(Protocol):
     shared: SharedState | None
 
 
+class Tenancy(Protocol):
+    """What the keys ask of the gateway (gateway/instance.py): the config file's configuration as last read, and
+    the API's tenants put in place (a reload with them added; ReloadError when refused)."""
+
+    base: GatewayConfig
+
+    async def use_tenants(self) -> None: ...
+
+
 class ApiKeys(Part):
     """The keys made through the API of one gateway (`create`, `rows`, `revoke`; a component)."""
 
@@ -55,8 +70,13 @@ class ApiKeys(Part):
         self.book = KeyBook(clock)
         # NOTE: read now, so that a bad file stops the gateway before it serves
         self.store: KeyStore | None = FileKeys(keys_path(cfg.snapshot)) if cfg.snapshot is not None else None
+        # the tenants the API made, by name (replaced whole at each change, never changed in place: a reload reads
+        # it on its thread)
+        self.tenants: dict[str, TenantConfig] = {}
+        self.tenancy: Tenancy | None = None  # set by the gateway
         if isinstance(self.store, FileKeys):
             self.book.load(self.store.records.values())
+            self.tenants = dict(self.store.tenants)
         self.keyless = cfg.keyless
         self.lost = False  # the store could not be read at the last poll
         self._task: asyncio.Task[None] | None = None
@@ -81,7 +101,10 @@ class ApiKeys(Part):
             self.store = RedisKeys(shared._client, shared.settings.prefix)
             await self.refresh()
             self._task = loop.create_task(self._run(POLL_S, poll=True))
-        elif self.store is not None and self._file_every_s > 0:
+            return
+        if self.tenants:
+            await self._use_tenants()
+        if self.store is not None and self._file_every_s > 0:
             self._task = loop.create_task(self._run(self._file_every_s, poll=False))
 
     async def stop(self) -> None:
@@ -96,9 +119,12 @@ class ApiKeys(Part):
         misses at once share one."""
         asked = self._polls
         async with self._io:
-            if self._polls == asked:
-                self._polls += 1
-                await self._poll()
+            if self._polls != asked:
+                return
+            self._polls += 1
+            changed = await self._poll()
+        if changed:  # NOTE: outside the lock: a reload at many tenants takes a while, creates and revokes go on
+            await self._use_tenants()
 
     async def recheck(self, key: str | None) -> bool:
         """Before the 401 of a key this replica does not know: with Redis, whether a refresh made it known (a key
@@ -108,21 +134,39 @@ class ApiKeys(Part):
         await self.refresh()
         return self.book.owner(key) is not None
 
-    async def _poll(self) -> None:
-        """One warning when the store cannot be read, one line when it can again."""
+    async def _poll(self) -> bool:
+        """Whether the tenants the API made changed. One warning when the store cannot be read, one line when it can
+        again."""
         assert self.store is not None
         try:
-            records = await self.store.load(list(self.book.records.values()))
+            loaded = await self.store.load((list(self.book.records.values()), list(self.tenants.values())))
         except Exception as e:  # NOTE: Redis lost: the keys last read keep serving
             if not self.lost:
                 log.warning("the keys made through the API cannot be read (%r): the last read serve", e)
                 self.lost = True
-            return
+            return False
         if self.lost:
             log.warning("the keys made through the API are read again")
             self.lost = False
-        if records is not None:
-            self.book.load(records)
+        if loaded is None:
+            return False
+        records, made = loaded
+        self.book.load(records)
+        tenants = {t.name: t for t in made}
+        if tenants == self.tenants:
+            return False
+        self.tenants = tenants
+        return True
+
+    async def _use_tenants(self) -> None:
+        """The API's tenants put in place (a reload of the gateway with them); refused: said once, the running
+        configuration kept (the file clashes with them: a reload of a fixed file or a revoke mends it)."""
+        if self.tenancy is None:
+            return
+        try:
+            await self.tenancy.use_tenants()
+        except ReloadError as e:
+            log.error("the tenants made through the keys API are not applied: %s", e)
 
     async def _run(self, every_s: float, poll: bool) -> None:
         # NOTE: until `stop` takes the task: a cancellation that lands inside a Redis call can be swallowed there,
@@ -158,20 +202,47 @@ class ApiKeys(Part):
         return self.store
 
     async def create(self, body: bytes) -> dict[str, Any]:
-        """`POST /admin/keys`: a new key of an existing tenant; the answer holds the key, once."""
+        """`POST /admin/keys`: a new key of an existing tenant, or of the tenant it makes (`new_tenant`); the answer
+        holds the key, once, when it serves."""
         store = self._writable()
-        tenant, name, expires_at = parse_create(body, self.book.clock())
-        if tenant not in self.book.tenants:
-            msg = f"no tenant named {tenant!r} in the configuration: add it to the config file (and reload) first"
+        asked = parse_create(body, self.book.clock())
+        tenant = await self._new_tenant(asked.tenant, asked.new_tenant) if asked.new_tenant is not None else None
+        if tenant is None and asked.tenant not in self.book.tenants:
+            msg = (
+                f"no tenant named {asked.tenant!r}: give new_tenant to make it with the key ({{}}: weight 1, no "
+                "quota or cap), or add it to the config file (and reload)"
+            )
             raise Refused(404, "unknown_tenant", msg, "tenant")
         if len(self.book.records) >= MAX_KEYS:
             raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
-        key, rec = make(tenant, name, expires_at, self.book.clock())
+        key, rec = make(asked.tenant, asked.name, asked.expires_at, self.book.clock())
         async with self._io:
-            await self._write(store.create(rec))
+            if not await self._write(store.create(rec, tenant)):
+                raise _exists(asked.tenant)
             self.book.add(rec)
-        log.info("API key %s (%s...) made for tenant %r", rec.id, rec.prefix, tenant)
+            if tenant is not None:
+                self.tenants = {**self.tenants, tenant.name: tenant}
+        if tenant is not None:
+            try:
+                await self.tenancy.use_tenants() if self.tenancy is not None else None
+            except ReloadError as e:  # NOTE: a reload of the file in between clashes with it: nothing is kept
+                await self.revoke(rec.id)
+                raise Refused(409, "invalid_tenant", f"tenant {tenant.name!r} not made: {e}", "new_tenant") from None
+            log.info("tenant %r made through the keys API", tenant.name)
+        log.info("API key %s (%s...) made for tenant %r", rec.id, rec.prefix, asked.tenant)
         return {"key": key, **self.book.row(rec, 0, self.book.clock())}
+
+    async def _new_tenant(self, name: str, doc: Any) -> TenantConfig:
+        """The tenant `new_tenant` makes, checked against the running ones (off the event loop: O(tenants))."""
+        if name in self.book.tenants:
+            raise _exists(name)
+        tenant = parse_tenant(name, doc)
+        if self.tenancy is not None:
+            try:
+                await asyncio.to_thread(merged, self.tenancy.base, [*self.tenants.values(), tenant])
+            except ValueError as e:
+                raise Refused(409, "invalid_tenant", f"tenant {name!r} not made: {e}", "tenant") from None
+        return tenant
 
     async def revoke(self, key_id: str) -> dict[str, Any]:
         """`DELETE /admin/keys/{id}`: refused here at once, everywhere within `POLL_S`."""
@@ -180,8 +251,19 @@ class ApiKeys(Part):
             if not await self._write(store.revoke(key_id)):
                 raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
             rec = self.book.remove(key_id)
+            gone = rec is not None and rec.tenant in self.tenants and not self._keys_of(rec.tenant)
+            if gone:
+                assert rec is not None
+                self.tenants = {n: t for n, t in self.tenants.items() if n != rec.tenant}
         log.info("API key %s revoked%s", key_id, f" (tenant {rec.tenant!r})" if rec is not None else "")
+        if gone:
+            assert rec is not None
+            await self._use_tenants()
+            log.info("tenant %r, made through the keys API, dropped with its last key", rec.tenant)
         return {"id": key_id, "revoked": True}
+
+    def _keys_of(self, tenant: str) -> int:
+        return sum(r.tenant == tenant for r in self.book.records.values())
 
     async def _write(self, call: Any) -> Any:
         try:
@@ -199,8 +281,25 @@ class ApiKeys(Part):
             stored = await self.store.last_used() if self.store is not None else {}
         except Exception:  # NOTE: Redis lost: this replica's own last uses
             stored = {}
-        return {"store": self.store.kind if self.store is not None else None, "keys": self.book.rows(stored)}
+        made = [
+            {"weight": t.weight, **tenant_doc(t), "keys": self._keys_of(t.name)}
+            for t in sorted(self.tenants.values(), key=_name)
+        ]
+        return {
+            "store": self.store.kind if self.store is not None else None,
+            "keys": self.book.rows(stored),
+            "tenants": made,
+        }
 
     def refusal(self, key: str | None) -> str | None:
         """The 401's message for a key of the book that is expired or orphaned (the failure path only)."""
         return self.book.refusal(key)
+
+
+def _exists(name: str) -> Refused:
+    msg = f"tenant {name!r} exists: make its key without new_tenant (its weight, quota and caps are where it was made)"
+    return Refused(409, "tenant_exists", msg, "new_tenant")
+
+
+def _name(t: TenantConfig) -> str:
+    return t.name

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from ...api.errors import error_response
 from .book import Refused
 from .gate import ApiKeys
+from .tenants import TENANT_FIELDS
 
 MAX_BODY = 4096  # bytes of a create's body
 
@@ -82,17 +83,34 @@ def key_paths(errors: Callable[..., dict[str, Any]], json: Callable[[dict[str, A
             "name": {"type": "string", "maxLength": 200},
             "expires_at": {"type": "string", "description": "ISO 8601, UTC unless it says (e.g. 2027-01-31T00:00:00Z)"},
             "expires_in_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+            "new_tenant": {
+                "type": "object",
+                "description": "make the tenant with the key: a config file's tenant table less its keys ({}: "
+                "weight 1); it goes with its last key",
+                "properties": {f: {} for f in TENANT_FIELDS},
+                "additionalProperties": False,
+            },
         },
+    }
+    made_tenant = {
+        "type": "object",
+        "required": ["name", "keys"],
+        "properties": {"name": {"type": "string"}, "keys": {"type": "integer"}, **{f: {} for f in TENANT_FIELDS}},
     }
     listing = {
         "type": "object",
-        "required": ["store", "keys"],
-        "properties": {"store": {"type": "string", "nullable": True}, "keys": {"type": "array", "items": row}},
+        "required": ["store", "keys", "tenants"],
+        "properties": {
+            "store": {"type": "string", "nullable": True},
+            "keys": {"type": "array", "items": row},
+            "tenants": {"type": "array", "items": made_tenant},
+        },
     }
     return {
         "/admin/keys": {
             "post": {
-                "summary": "Make a key for a configured tenant: the answer holds the key, once (stored hashed)",
+                "summary": "Make a key for a tenant (`new_tenant`: the tenant too): the answer holds the key, "
+                "once (stored hashed)",
                 "security": admin,
                 "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
                 "responses": {
@@ -101,7 +119,8 @@ def key_paths(errors: Callable[..., dict[str, Any]], json: Callable[[dict[str, A
                 },
             },
             "get": {
-                "summary": "The keys made through the API: names, prefixes, tenants, expiry, last use (never a key)",
+                "summary": "The keys made through the API (names, prefixes, tenants, expiry, last use; never a "
+                "key) and the tenants it made",
                 "security": admin,
                 "responses": {"200": json(listing, "the keys"), **errors(401, 403, 429)},
             },

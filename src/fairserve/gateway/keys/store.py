@@ -1,33 +1,42 @@
 """Where the keys made through the API are kept, so that a restart keeps them: with the shared state, in its Redis
 (`RedisKeys`: every replica reads the same keys); without it, in a file beside the snapshot (`FileKeys`,
-`SNAPSHOT.keys`). Each store holds records (never a key) and each key's last use (unix seconds)."""
+`SNAPSHOT.keys`). Each store holds records (never a key), each key's last use (unix seconds), and the tenants the API
+made (gateway/keys/tenants.py): each made with its first key, dropped with its last, in the same write."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...tenancy import TenantConfig
 from ..shared.snapshot import write
 from .book import KeyRecord
+from .tenants import read_tenant, tenant_doc
 
 log = logging.getLogger("fairserve.gateway")
 FORMAT = "fairserve-gateway-keys/1"
+Loaded = tuple[list[KeyRecord], list[TenantConfig]]  # the records, and the tenants the API made
 
 
 class KeyStore(Protocol):
     kind: str  # "redis" or "file" (`GET /admin/keys` says where its keys are kept)
 
-    async def load(self, held: list[KeyRecord]) -> list[KeyRecord] | None:
-        """Every record, or None when nothing changed since the last load (`held`: the records this replica holds)."""
+    async def load(self, held: Loaded) -> Loaded | None:
+        """Every record and tenant, or None when nothing changed since the last load (`held`: this replica's)."""
         ...
 
-    async def create(self, rec: KeyRecord) -> None: ...
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
+        """The key kept, and `tenant` (a new one, the key's) with it; False (nothing kept): the store has a tenant of
+        that name already."""
+        ...
 
     async def revoke(self, key_id: str) -> bool:
-        """Whether there was such a key (it is gone from the store either way)."""
+        """Whether there was such a key (it is gone from the store either way); a tenant the API made goes with its
+        last key."""
         ...
 
     async def flush(self, used: dict[str, int]) -> None:
@@ -43,7 +52,8 @@ def keys_path(snapshot: str) -> str:
 
 
 class FileKeys:
-    """A JSON file (`{"format", "keys": {ID: RECORD}, "used": {ID: SECOND}}`), replaced atomically at each create and
+    """A JSON file (`{"format", "keys": {ID: RECORD}, "used": {ID: SECOND}, "tenants": {NAME: TENANT}}`), replaced
+    atomically at each create and
     revoke and at each flush of the last uses. Read at construction: ValueError (one line) when it is not such a
     file, or none can be written there."""
 
@@ -53,6 +63,7 @@ class FileKeys:
         self.path = path
         self.records: dict[str, KeyRecord] = {}
         self.used: dict[str, int] = {}
+        self.tenants: dict[str, TenantConfig] = {}
         self._loaded = False
         self._writing = asyncio.Lock()  # NOTE: one write at a time: each goes through the same temporary file
         p = Path(path)
@@ -68,6 +79,10 @@ class FileKeys:
             self.records = {i: KeyRecord.read(r) for i, r in doc["keys"].items()}
             used = doc.get("used", {})
             self.used = {i: int(s) for i, s in used.items() if i in self.records} if isinstance(used, dict) else {}
+            tenants = doc.get("tenants", {})
+            if not isinstance(tenants, dict):
+                raise ValueError("tenants: not an object")
+            self.tenants = {n: read_tenant(t) for n, t in tenants.items()}
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as e:
             raise ValueError(
                 f"keys file {path} cannot be read ({e}); fix or move it away (its keys stop working)"
@@ -75,29 +90,39 @@ class FileKeys:
 
     async def _save(self) -> None:
         keys = {i: r.doc() for i, r in self.records.items()}  # NOTE: on the loop, so it is consistent; written off it
-        doc = {"format": FORMAT, "keys": keys, "used": dict(self.used)}
+        tenants = {n: tenant_doc(t) for n, t in self.tenants.items()}
+        doc = {"format": FORMAT, "keys": keys, "used": dict(self.used), "tenants": tenants}
         async with self._writing:
             await asyncio.to_thread(write, self.path, doc)
 
-    async def load(self, held: list[KeyRecord]) -> list[KeyRecord] | None:
+    async def load(self, held: Loaded) -> Loaded | None:
         if self._loaded:
             return None  # NOTE: one process writes this file: what it holds is what the file holds
         self._loaded = True
-        return list(self.records.values())
+        return list(self.records.values()), list(self.tenants.values())
 
-    async def create(self, rec: KeyRecord) -> None:
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
+        if tenant is not None and tenant.name in self.tenants:
+            return False
         self.records[rec.id] = rec
+        if tenant is not None:
+            self.tenants[tenant.name] = tenant
         try:
             await self._save()
         except OSError:
             del self.records[rec.id]
+            if tenant is not None:
+                del self.tenants[tenant.name]
             raise
+        return True
 
     async def revoke(self, key_id: str) -> bool:
         rec = self.records.pop(key_id, None)
         if rec is None:
             return False
         self.used.pop(key_id, None)
+        if rec.tenant in self.tenants and all(r.tenant != rec.tenant for r in self.records.values()):
+            del self.tenants[rec.tenant]
         await self._save()
         return True
 
@@ -111,11 +136,31 @@ class FileKeys:
         return dict(self.used)
 
 
-# KEYS: the records' hash, the version, the last uses; ARGV: the id. 1: revoked, 0: no such key
+# KEYS: the records' hash, the version, the keys per tenant, the tenants; ARGV: the id, its record, its tenant, and
+# the tenant's record ('' for a key of an existing tenant). 1: kept, 0: the API made a tenant of that name already
+CREATE_LUA = """
+if ARGV[4] ~= '' then
+  if redis.call('HSETNX', KEYS[4], ARGV[3], ARGV[4]) == 0 then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+redis.call('INCR', KEYS[2])
+return 1
+"""
+
+# KEYS: the records' hash, the version, the last uses, the keys per tenant, the tenants; ARGV: the id. 1: revoked,
+# 0: no such key. The key's tenant, if the API made it, goes with its last key
 REVOKE_LUA = """
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+local doc = redis.call('HGET', KEYS[1], ARGV[1])
+if not doc then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('INCR', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
+local tenant = cjson.decode(doc)['tenant']
+if redis.call('HINCRBY', KEYS[4], tenant, -1) <= 0 then
+  redis.call('HDEL', KEYS[4], tenant)
+  redis.call('HDEL', KEYS[5], tenant)
+end
 return 1
 """
 
@@ -130,32 +175,43 @@ return 0
 
 class RedisKeys:
     """In the shared state's Redis: a hash of the records (`PREFIX:keys`, ID -> JSON), a version that every create
-    and revoke increments (`PREFIX:keys:v`: a replica re-reads the hash when it moved), and a sorted set of the last
-    uses (`PREFIX:keys:used`, ID -> unix second, only ever raised: `ZADD GT`)."""
+    and revoke increments (`PREFIX:keys:v`: a replica re-reads the hashes when it moved), a sorted set of the last
+    uses (`PREFIX:keys:used`, ID -> unix second, only ever raised: `ZADD GT`), the tenants the API made
+    (`PREFIX:keys:tenants`, NAME -> JSON) and the keys of each tenant (`PREFIX:keys:count`, NAME -> N)."""
 
     kind = "redis"
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
         self.hash, self.version_key, self.used_key = f"{prefix}:keys", f"{prefix}:keys:v", f"{prefix}:keys:used"
+        self.tenants_key, self.count_key = f"{prefix}:keys:tenants", f"{prefix}:keys:count"
         self.version: bytes | None = None  # as last read
+        self._create = client.register_script(CREATE_LUA)
         self._revoke = client.register_script(REVOKE_LUA)
         self._flush = client.register_script(FLUSH_LUA)
 
-    async def load(self, held: list[KeyRecord]) -> list[KeyRecord] | None:
+    async def load(self, held: Loaded) -> Loaded | None:
         version = await self.client.get(self.version_key)
-        if version is None and held:
-            # NOTE: Redis lost its data (restarted without persistence): the keys this replica holds are written back
-            log.warning("the shared state lost the keys made through the API: %d written back", len(held))
+        records, tenants = held
+        if version is None and records:
+            # NOTE: Redis lost its data (restarted without persistence): what this replica holds is written back
+            log.warning("the shared state lost the keys made through the API: %d written back", len(records))
             async with self.client.pipeline(transaction=True) as pipe:
-                for rec in held:
+                for rec in records:
                     pipe.hsetnx(self.hash, rec.id, json.dumps(rec.doc()))
+                # NOTE: set, not added: every replica writes back what it holds, and they hold the same keys
+                pipe.hset(self.count_key, mapping=Counter(rec.tenant for rec in records))
+                for t in tenants:
+                    pipe.hsetnx(self.tenants_key, t.name, json.dumps(tenant_doc(t)))
                 pipe.incr(self.version_key)
                 await pipe.execute()
             return None
         if version == self.version:
             return None
-        raw = await self.client.hgetall(self.hash)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.hash)
+            pipe.hgetall(self.tenants_key)
+            raw, raw_tenants = await pipe.execute()
         self.version = version
         out = []
         for key_id, doc in raw.items():
@@ -163,16 +219,22 @@ class RedisKeys:
                 out.append(KeyRecord.read(json.loads(doc)))
             except ValueError as e:  # NOTE: one bad record costs that key, not the others
                 log.error("key record %r in %s skipped: %s", key_id, self.hash, e)
-        return out
+        made = []
+        for name, doc in raw_tenants.items():
+            try:
+                made.append(read_tenant(json.loads(doc)))
+            except ValueError as e:
+                log.error("tenant record %r in %s skipped: %s", name, self.tenants_key, e)
+        return out, made
 
-    async def create(self, rec: KeyRecord) -> None:
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(self.hash, rec.id, json.dumps(rec.doc()))
-            pipe.incr(self.version_key)
-            await pipe.execute()
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
+        made = json.dumps(tenant_doc(tenant)) if tenant is not None else ""
+        keys = [self.hash, self.version_key, self.count_key, self.tenants_key]
+        return bool(await self._create(keys=keys, args=[rec.id, json.dumps(rec.doc()), rec.tenant, made]))
 
     async def revoke(self, key_id: str) -> bool:
-        return bool(await self._revoke(keys=[self.hash, self.version_key, self.used_key], args=[key_id]))
+        keys = [self.hash, self.version_key, self.used_key, self.count_key, self.tenants_key]
+        return bool(await self._revoke(keys=keys, args=[key_id]))
 
     async def flush(self, used: dict[str, int]) -> None:
         if used:

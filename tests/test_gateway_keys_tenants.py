@@ -1,0 +1,132 @@
+"""Tenants made through the keys API, in one gateway in-process (Starlette's TestClient), kept beside the snapshot
+file: `POST /admin/keys` with `new_tenant` makes the tenant and its first key at once, with its weight, priority and
+rate cap in place when the answer comes; it is listed, survives a reload of the file and a restart, and goes with its
+last key; the file wins over it, a file that clashes with it is refused, and bad input gets one clear error.
+Integration tier: the app's lifespan runs the gateway's parts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+from support.gateway import ADMIN, config
+
+from fairserve.gateway import create_app
+from fairserve.gateway.instance import Gateway
+
+pytestmark = pytest.mark.integration
+
+BACKEND = "http://127.0.0.1:9"  # refuses at once: `/v1/models` answers the configured models
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+CAROL = {"weight": 3, "priority": 1, "rate": {"requests": 2}}
+
+
+def cfg(tmp_path, **kw):
+    return config([BACKEND], snapshot=str(tmp_path / "snap.json"), snapshot_interval_s=0, **kw)
+
+
+@contextlib.contextmanager
+def gateway(c) -> Iterator[tuple[TestClient, Gateway]]:
+    app = create_app(c)
+    with TestClient(app) as client:
+        yield client, app.state.gateway
+
+
+def post(client: TestClient, **body):
+    return client.post("/admin/keys", json=body, headers=AS_ADMIN)
+
+
+def owner(client: TestClient, key: str) -> str | None:
+    return client.post("/admin/owners", json={"keys": [key]}, headers=AS_ADMIN).json()["owners"][key]
+
+
+def made(client: TestClient) -> dict[str, dict]:
+    """The tenants the API made, as `GET /admin/keys` lists them."""
+    return {t["name"]: t for t in client.get("/admin/keys", headers=AS_ADMIN).json()["tenants"]}
+
+
+def in_place(gw: Gateway, name: str) -> tuple[float, int, dict | None] | None:
+    """The tenant's weight, priority and rate cap in the running gateway (None: not one of its tenants)."""
+    if name not in gw.sched.tenants:
+        return None
+    caps = gw.cfg.index().rates
+    return gw.cfg.weights()[name], gw.cfg.level_of(name), caps[name].model_dump() if name in caps else None
+
+
+def test_a_key_with_new_tenant_makes_the_tenant_at_once_and_it_goes_with_its_last_key(tmp_path):
+    with gateway(cfg(tmp_path)) as (client, gw):
+        assert in_place(gw, "carol") is None
+        r = post(client, tenant="carol", name="first", new_tenant=CAROL)
+        assert r.status_code == 201, r.text
+        first = r.json()
+        # in place when the answer comes: the key serves, the weight, priority and cap are the gateway's
+        assert owner(client, first["key"]) == "carol"
+        assert in_place(gw, "carol") == (3.0, 1, {"requests": 2, "tokens": None})
+        assert gw.sched.ledger.weights["carol"] == 3.0  # the ledger charges it so
+        assert "carol" in client.get("/admin/rates", headers=AS_ADMIN).json()["rates"]
+        assert made(client) == {"carol": {"name": "carol", **CAROL, "keys": 1}}
+        # a second key of the tenant is made without new_tenant; with it, the tenant exists
+        r = post(client, tenant="carol", new_tenant={})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "tenant_exists"
+        second = post(client, tenant="carol").json()
+        assert owner(client, second["key"]) == "carol" and made(client)["carol"]["keys"] == 2
+
+        assert client.delete(f"/admin/keys/{first['id']}", headers=AS_ADMIN).status_code == 200
+        assert in_place(gw, "carol") is not None and owner(client, second["key"]) == "carol"  # one key left
+        assert client.delete(f"/admin/keys/{second['id']}", headers=AS_ADMIN).status_code == 200
+        assert in_place(gw, "carol") is None and made(client) == {}  # gone with its last key
+        r = post(client, tenant="carol")
+        assert r.status_code == 404 and "give new_tenant to make it" in r.json()["error"]["message"]
+    stored = json.loads((tmp_path / "snap.json.keys").read_text())
+    assert stored["tenants"] == {} and stored["keys"] == {}
+
+
+def test_a_restart_and_a_reload_keep_it_and_the_file_wins(tmp_path):
+    with gateway(cfg(tmp_path)) as (client, gw):
+        key = post(client, tenant="team/carol", new_tenant={"weight": 2}).json()["key"]
+        assert in_place(gw, "team/carol") == (2.0, 0, None)
+    with gateway(cfg(tmp_path)) as (client, gw):  # a restart: read from SNAPSHOT.keys, applied at start
+        assert owner(client, key) == "team/carol" and in_place(gw, "team/carol") == (2.0, 0, None)
+        gw.load = lambda: cfg(tmp_path, tenants=[{"name": "alice", "api_keys": ["key-alice-2"]}])
+        assert client.post("/admin/reload", headers=AS_ADMIN).status_code == 200
+        assert owner(client, key) == "team/carol" and in_place(gw, "alice") is not None  # the file's and the API's
+        assert in_place(gw, "bob") is None
+        # the file names team/carol: the file's weight, and the API's key serves as one of its keys
+        gw.load = lambda: cfg(tmp_path, tenants=[{"name": "team/carol", "api_keys": ["k"], "weight": 5}])
+        assert client.post("/admin/reload", headers=AS_ADMIN).status_code == 200
+        assert in_place(gw, "team/carol") == (5.0, 0, None) and owner(client, key) == "team/carol"
+        # a file whose tenants clash with it (team/carol a group) is refused, naming it; the running one is kept
+        gw.load = lambda: cfg(tmp_path, tenants=[{"name": "team", "api_keys": ["k"]}])
+        r = client.post("/admin/reload", headers=AS_ADMIN)
+        assert (
+            r.status_code == 400 and "tenants made through the keys API: 'team/carol'" in r.json()["error"]["message"]
+        )
+        assert in_place(gw, "team/carol") == (5.0, 0, None)
+        # back to a file without it: the API's tenant again
+        gw.load = lambda: cfg(tmp_path)
+        assert client.post("/admin/reload", headers=AS_ADMIN).status_code == 200
+        assert in_place(gw, "team/carol") == (2.0, 0, None) and owner(client, key) == "team/carol"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"tenant": "carol", "new_tenant": 3}, 400, "invalid_request", "new_tenant"),
+        ({"tenant": "carol", "new_tenant": {"weight": -1}}, 400, "invalid_request", "new_tenant"),
+        ({"tenant": "carol", "new_tenant": {"api_keys": ["k"]}}, 400, "invalid_request", "new_tenant"),
+        ({"tenant": "carol", "new_tenant": {"rate": {}}}, 400, "invalid_request", "new_tenant"),
+        ({"tenant": "a//b", "new_tenant": {}}, 400, "invalid_request", "new_tenant"),
+        ({"tenant": "alice", "new_tenant": {}}, 409, "tenant_exists", "new_tenant"),
+        ({"tenant": "alice/x", "new_tenant": {}}, 409, "invalid_tenant", "tenant"),
+    ],
+)
+def test_bad_new_tenants_get_one_clear_error_and_make_nothing(tmp_path, body, status, code, param):
+    with gateway(cfg(tmp_path)) as (client, gw):
+        r = post(client, **body)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        assert r.json()["error"]["param"] == param and "\n" not in r.json()["error"]["message"]
+        assert made(client) == {} and client.get("/admin/keys", headers=AS_ADMIN).json()["keys"] == []
+        assert sorted(gw.sched.tenants) == ["alice", "bob"]
