@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable
 
 from ...api.tokens import token_counter
-from ...core import Account, CostFunction, LedgerView, LinearCost, Request, RequestState, make_policy
+from ...core import Account, CostFunction, LedgerView, LinearCost, RequestState, make_policy
 from ...core.ledger import Ledger
 from ...tenancy import QuotaConfig, refused_priority
 from ..component import ReloadError
 from ..dispatch import fleet
+from ..dispatch.fallback import Fallbacks
 from ..dispatch.pools import Backend, Dispatch, UnknownModel
 from ..dispatch.unavailable import FailFast
 from ..metrics.prometheus import GatewayMetrics
@@ -35,7 +36,7 @@ from ..settings.config import GatewayConfig
 from ..shared.state import SharedState, StateSettings
 from . import totals
 from .footprint import Footprint
-from .ticket import Ending, Ticket
+from .ticket import Ending, Ticket, admitted_within, entry
 
 log = logging.getLogger("fairserve.gateway")
 MAX_LOST = 3  # connections lost before any output, per request, before it fails with 502
@@ -95,6 +96,7 @@ class Scheduler:
         self.pools = Dispatch(self.backends, make_ledger, cfg.counter_scope == "per_model", clock, cfg.placement())
         self.ledger = self.pools.ledgers[0]  # the fleet's (global), or the first pool's (per_model: the one, mostly)
         self.fail_fast = FailFast(self)  # pools with no backend up fail their requests (dispatch/unavailable.py)
+        self.fallbacks = Fallbacks(self)  # queued requests move to their model's fallbacks (dispatch/fallback.py)
 
     # ---- arrivals -----------------------------------------------------------------------------------------------
     def new_ticket(
@@ -133,16 +135,7 @@ class Scheduler:
         else:
             if self.shared is not None:
                 self.shared.note_tokens(t.tokens)
-            req = Request(
-                id=f"gw-{next(self._ids)}",
-                tenant=t.tenant,
-                prompt_tokens=t.footprint.prompt_tokens,
-                max_tokens=t.footprint.max_output,
-                arrival_s=t.queued_at,
-                priority=priority,
-                item=t,
-                cost=t.cost,
-            )
+            req = entry(t, f"gw-{next(self._ids)}", priority, t.cost)
             if t.pool.ledger.add(req):
                 t.req = req
                 t.pool.queued += 1
@@ -202,13 +195,13 @@ class Scheduler:
         self.fail_fast.check(t)  # PoolDown: its pool has had no backend up for fail_fast_s
         if timeout_s is None:
             timeout_s = max(0.0, t.deadline - self.clock())
-        # NOTE: asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the client left) that
-        # lands as the admission does, and the request would go upstream for nobody
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(t.admitted)
-        except TimeoutError:
-            return t.admitted.result() if t.admitted.done() else None
+        after = self.fallbacks.after_s(t)
+        if after is not None and after < timeout_s:  # NOTE: past `fallback_after_s` it may move to a fallback
+            if (b := await admitted_within(t, after)) is not None:
+                return b
+            self.fallbacks.move(t)
+            timeout_s -= after
+        return await admitted_within(t, timeout_s)
 
     # ---- progress and failures ----------------------------------------------------------------------------------
     def output(self, t: Ticket, tokens: int) -> None:

@@ -53,8 +53,35 @@ class Ticket:
     upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
     holding: asyncio.Task[Any] | None = None  # its quota hold, taken at its first dispatch (gateway/quota/gate.py)
     prefix: tuple[str, ...] = ()  # prefix dispatch: its prompt's block digests (gateway/dispatch/locality.py)
+    fell_back_from: str | None = None  # the model it asked for, once queued it moved to a fallback (`model`)
 
     @property
     def tokens(self) -> int:
         """The capacity it reserves on a backend: its prompt and output bound."""
         return self.footprint.tokens
+
+
+def entry(t: Ticket, request_id: str, priority: int | None, cost: CostFunction | None) -> Request:
+    """`t`'s ledger entry: its tenant, footprint and arrival, priced by `cost` (None: the ledger's)."""
+    fp = t.footprint
+    return Request(
+        id=request_id,
+        tenant=t.tenant,
+        prompt_tokens=fp.prompt_tokens,
+        max_tokens=fp.max_output,
+        arrival_s=t.queued_at,
+        priority=priority,
+        item=t,
+        cost=cost,
+    )
+
+
+async def admitted_within(t: Ticket, timeout_s: float) -> Backend | None:
+    """The backend `t` is admitted to within `timeout_s`, else None."""
+    # NOTE: asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation (the client left) that
+    # lands as the admission does, and the request would go upstream for nobody
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(t.admitted)
+    except TimeoutError:
+        return t.admitted.result() if t.admitted.done() else None

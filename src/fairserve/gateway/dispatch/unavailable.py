@@ -3,7 +3,8 @@ once the pool has been down for `fail_fast_s`, its queued requests fail together
 that names the backends and why they are down, with a `Retry-After` (the next health check), and a request that
 arrives at such a pool fails at once. A backend that comes back in time serves them as usual. `fail_fast_s = 0`:
 requests wait their whole `queue_ttl_s`. A model with `fallbacks` is served as its first fallback whose pool is up
-while every backend of its own pool is down (`fallback`)."""
+while every backend of its own pool is down (`fallback`), and its queued requests move there when the last backend
+of their pool goes down (gateway/dispatch/fallback.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .pools import Pool, UnknownModel
 if TYPE_CHECKING:
     from ..admission.ticket import Ticket
     from ..settings.config import GatewayConfig
+    from .fallback import Fallbacks
     from .pools import Backend, Dispatch
 
 
@@ -59,6 +61,7 @@ class Scheduler(Protocol):
     cfg: GatewayConfig
     clock: Callable[[], float]
     pools: Dispatch
+    fallbacks: Fallbacks
 
     def close(self, t: Ticket, ending: Ending) -> bool: ...
 
@@ -83,10 +86,15 @@ class FailFast:
             raise PoolDown(t.pool, self.retry_after())
 
     def went_down(self, b: Backend) -> None:
-        """`b` is down: each pool of it with no backend up now fails its queued requests `fail_fast_s` from now."""
-        if self.sched.cfg.fail_fast_s:
-            for pool in self.sched.pools.pools.values():
-                if b in pool.backends and not any(x.healthy for x in pool.backends):
+        """`b` is down: each pool of it with no backend up now moves its queued requests with a fallback up there, and
+        fails the others `fail_fast_s` from now."""
+        for pool in self.sched.pools.pools.values():
+            if b in pool.backends and not any(x.healthy for x in pool.backends):
+                if self.sched.cfg.fallbacks:
+                    for req in sorted(pool.ledger.queued(), key=lambda r: r.seq):
+                        if req.item.pool is pool:
+                            self.sched.fallbacks.move(req.item, down=True)
+                if self.sched.cfg.fail_fast_s:
                     self._arm(pool, self.sched.cfg.fail_fast_s)
 
     def _arm(self, pool: Pool, delay_s: float) -> None:

@@ -252,6 +252,9 @@ class Proxy(Part):
                 return await response(scope, receive, send)
             if client.left():
                 return  # NOTE: admitted as its client left: nothing goes upstream
+            if t.model is not None and t.model != parsed.model:  # NOTE: it moved to a fallback while queued
+                parsed = served_as(parsed, t.model)
+                body = upstream_body(parsed)
             if self.sched.quotas is not None and t.holding is None:
                 # NOTE: a task, so that a hold taken as the client leaves is still settled (`Scheduler.close`)
                 t.holding = asyncio.get_running_loop().create_task(self.sched.quotas.hold(t))

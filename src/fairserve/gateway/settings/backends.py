@@ -128,6 +128,15 @@ def parse_fallbacks(flags: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def check_unique(backends: list[BackendConfig]) -> None:
+    """ValueError unless each backend has its own URL, credentials aside."""
+    urls = [b.url for b in backends]
+    if len(set(urls)) != len(urls):
+        raise ValueError("backend URLs must be unique")
+    if len({b.name for b in backends}) != len(urls):
+        raise ValueError("backend URLs must differ in more than their credentials")
+
+
 def check_fallbacks(fallbacks: dict[str, list[str]]) -> dict[str, list[str]]:
     """ValueError for an empty id or list, or a model that is its own fallback."""
     for model, others in fallbacks.items():

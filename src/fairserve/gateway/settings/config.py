@@ -22,7 +22,7 @@ from ..dispatch.placement import Placement, parse_placement
 from . import backends as served
 from .backends import BackendConfig, Price, parse_backend
 from .replicas import check_sharing
-from .urls import REDIS_URL, check_proxy, checked_url
+from .urls import REDIS_URL, check_proxy, check_tls, checked_url
 
 _JOINED = "the replicas' shared state is joined at start"
 
@@ -82,8 +82,17 @@ class GatewayConfig(ServerConfig):
         metavar="MODEL=OTHER[|OTHER]",
         read=served.parse_fallbacks,
         doc="models to serve a model's requests instead while every backend of its pool is down, in order, "
-        '`fallbacks = { "llama-70b" = ["llama-8b"] }`: the first whose pool has a backend up serves it (see '
-        "[Several models](gateway.md#several-models))",
+        '`fallbacks = { "llama-70b" = ["llama-8b"] }`: the first whose pool has a backend up serves it; queued '
+        "ones move there when it goes down, or past `fallback_after_s` ([Several models](#several-models))",
+    )
+    fallback_after_s: float = key(
+        0.0,
+        help="a queued request of a model with fallbacks moves to the first with a backend up and a shorter queue "
+        "once it has waited this long; 0: only when its pool is down",
+        ge=0,
+        le=3600,
+        doc="a request queued this long for a model with `fallbacks` moves to the first of them with a backend up "
+        "and fewer requests queued, once; 0: only when its pool is down. See [Several models](#several-models)",
     )
     scope: Literal["per_model", "global"] | None = key(
         None,
@@ -348,22 +357,13 @@ class GatewayConfig(ServerConfig):
             self.tenants = [TenantConfig.model_validate({"name": DEFAULT_TENANT, "api_key_sha256": [NO_KEY_DIGEST]})]
             self._keyless = True
         check_tenants(self.tenants, self.admin_key, self.groups)
-        urls = [b.url for b in self.backends]
-        if len(set(urls)) != len(urls):
-            raise ValueError("backend URLs must be unique")
-        if len({b.name for b in self.backends}) != len(urls):
-            raise ValueError("backend URLs must differ in more than their credentials")
+        served.check_unique(self.backends)
         if self.metrics_key is not None and (
             self.metrics_key == self.admin_key or self.metrics_key in self.key_owners()
         ):
             raise ValueError("metrics_key must differ from the admin key and every tenant's API key")
         check_sharing(self)
-        if self.ssl_keyfile is not None and self.ssl_certfile is None:
-            raise ValueError("ssl_keyfile: needs ssl_certfile (the certificate) too")
-        for name in ("ssl_certfile", "ssl_keyfile"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).is_file():
-                raise ValueError(f"{name}: no such file: {path}")
+        check_tls(self.ssl_certfile, self.ssl_keyfile)
         return self
 
     @property

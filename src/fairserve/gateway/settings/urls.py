@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 # NOTE: query parameters that carry a secret (the Redis client takes `?password=`): their values are never shown
@@ -64,3 +65,12 @@ def check_proxy(entry: str) -> None:
         raise ValueError(
             f'each entry must be an IP address or a network like 10.0.0.0/8 (or the list be ["*"]), got {entry!r}'
         ) from None
+
+
+def check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """ValueError for a key without its certificate, or a file that is not there."""
+    if keyfile is not None and certfile is None:
+        raise ValueError("ssl_keyfile: needs ssl_certfile (the certificate) too")
+    for name, path in (("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{name}: no such file: {path}")

@@ -1,0 +1,86 @@
+"""Fallbacks for queued requests (`fallbacks`, gateway/settings/config.py). At arrival a request whose pool is down is
+served as its first fallback up (gateway/dispatch/unavailable.py's `fallback`); once queued, it moves (`Fallbacks.
+move`) to its first fallback that may serve it sooner:
+
+- past a queue wait, `fallback_after_s` (0: never): a fallback with a backend up and fewer requests queued than the
+  request's own pool;
+- when its own pool goes down (its queued requests would fail after `fail_fast_s`): a fallback with a backend up.
+
+A request moves once, to a model its tenant may use: its entry leaves its own pool's ledger uncharged and joins the
+fallback's, with the same tenant, footprint and priority (so VTC orders it there by the tenant's counter in that
+ledger), priced as that model; the proxy sends its body with that model (gateway/relay/proxy.py), and the usage log
+names the model it was served as."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from ...core import CostFunction, RequestState
+from ...tenancy.access import model_refused
+from ..admission.ticket import entry
+from .pools import UnknownModel
+
+if TYPE_CHECKING:
+    from ..admission.ticket import Ticket
+    from ..settings.config import GatewayConfig
+    from .pools import Dispatch, Pool
+
+log = logging.getLogger("fairserve.gateway")
+
+
+class Scheduler(Protocol):
+    cfg: GatewayConfig
+    pools: Dispatch
+    prices: dict[str, CostFunction]
+    price: CostFunction | None
+    clock: Callable[[], float]
+
+    def dispatch(self) -> None: ...
+
+
+class Fallbacks:
+    """The scheduler's moves of queued requests to their model's fallbacks."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    def after_s(self, t: Ticket) -> float | None:
+        """How long `t` waits before it may move (None: it does not)."""
+        cfg = self.sched.cfg
+        if not cfg.fallback_after_s or t.fell_back_from is not None or not cfg.fallbacks.get(t.model or ""):
+            return None
+        return cfg.fallback_after_s
+
+    def move(self, t: Ticket, down: bool = False) -> bool:
+        """Move queued `t` to the first of its model's fallbacks with a backend up and (unless its own pool is
+        `down`) fewer requests queued; whether it moved."""
+        req, own, sched = t.req, t.pool, self.sched
+        if req is None or req.state is not RequestState.QUEUED or t.fell_back_from is not None or t.model is None:
+            return False
+        allowed = sched.cfg.index().allowed_models
+        for model in sched.cfg.fallbacks.get(t.model, ()):
+            pool = self._pool(model)
+            if pool is None or pool is own or model_refused(allowed, t.tenant, model) is not None:
+                continue
+            if not any(b.healthy for b in pool.backends) or (not down and pool.queued >= own.queued):
+                continue
+            cost = sched.prices.get(model, sched.price)
+            moved = entry(t, f"{req.id}>{model}", req.priority, cost)
+            if not pool.ledger.add(moved):  # NOTE: a policy that refuses it there (rpm): it stays where it is
+                continue
+            own.ledger.settle(req, prompt=0, output=0, cancelled=True)
+            own.queued -= 1
+            pool.queued += 1
+            t.req, t.pool, t.cost, t.fell_back_from, t.model = moved, pool, cost, t.model, model
+            log.info("request %s: moved from %s to its fallback %s", t.request_id, t.fell_back_from, model)
+            sched.dispatch()
+            return True
+        return False
+
+    def _pool(self, model: str) -> Pool | None:
+        try:
+            return self.sched.pools.route(model)
+        except UnknownModel:
+            return None
