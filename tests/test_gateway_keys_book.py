@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from support.gateway import config
 
-from fairserve.gateway.keys.book import KeyBook, Refused, make
+from fairserve.gateway.keys.book import Create, KeyBook, Refused, make
 from fairserve.gateway.keys.gate import ApiKeys
 from fairserve.tenancy.index import KeyOwners
 
@@ -43,7 +43,7 @@ def keys_with(store) -> ApiKeys:
 
 def test_a_store_that_fails_makes_no_key_and_revokes_none():
     keys = keys_with(Failing())
-    _, rec = make("alice", None, None, T0)
+    _, rec = make(Create("alice", None, None, None, None), T0)
     keys.book.add(rec)
     for call in (keys.create(b'{"tenant": "alice"}'), keys.revoke(rec.id)):
         with pytest.raises(Refused) as e:
@@ -56,7 +56,7 @@ def test_a_use_is_noted_once_a_second_and_kept_when_a_flush_fails():
     now = [T0]
     book = KeyBook(lambda: now[0])
     book.tenants = frozenset({"alice"})
-    key, rec = make("alice", "ci", None, T0)
+    key, rec = make(Create("alice", "ci", None, None, None), T0)
     book.add(rec)
     assert book.owner(key) == "alice" and book.owner("fs-other") is None
     assert book.take_unsent() == {rec.id: int(T0)}

@@ -1,8 +1,9 @@
 """Tenants made through the keys API, in one gateway in-process (Starlette's TestClient), kept beside the snapshot
 file: `POST /admin/keys` with `new_tenant` makes the tenant and its first key at once, with its weight, priority and
 rate cap in place when the answer comes; it is listed, survives a reload of the file and a restart, and goes with its
-last key; the file wins over it, a file that clashes with it is refused, and bad input gets one clear error.
-Integration tier: the app's lifespan runs the gateway's parts."""
+last key; the file wins over it, a file that clashes with it is refused, and bad input gets one clear error. A key's
+own budget (a quota of its own) is enforced beside its tenant's. Integration tier: the app's lifespan runs the
+gateway's parts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import contextlib
 import json
 from collections.abc import Iterator
 
+import openai
 import pytest
+from openai import OpenAI
 from starlette.testclient import TestClient
-from support.gateway import ADMIN, config
+from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, config, serve
 
 from fairserve.gateway import create_app
 from fairserve.gateway.instance import Gateway
@@ -22,6 +25,7 @@ pytestmark = pytest.mark.integration
 BACKEND = "http://127.0.0.1:9"  # refuses at once: `/v1/models` answers the configured models
 AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
 CAROL = {"weight": 3, "priority": 1, "rate": {"requests": 2}}
+BUDGET = {"per": "day", "tokens": 40}
 
 
 def cfg(tmp_path, **kw):
@@ -130,3 +134,41 @@ def test_bad_new_tenants_get_one_clear_error_and_make_nothing(tmp_path, body, st
         assert r.json()["error"]["param"] == param and "\n" not in r.json()["error"]["message"]
         assert made(client) == {} and client.get("/admin/keys", headers=AS_ADMIN).json()["keys"] == []
         assert sorted(gw.sched.tenants) == ["alice", "bob"]
+
+
+def test_a_keys_budget_is_its_own_quota_beside_its_tenants(tmp_path):
+    """Through the official client: a key made with `budget = {tokens: 40, per: day}` is served until its requests
+    have used 40 tokens, then gets 429 `insufficient_quota` naming the key (Retry-After: the day's end), while the
+    tenant's other keys are served on (the negative control); a restart keeps the budget and its use is listed."""
+    fake = FakeBackend()
+    with serve(fake, snapshot=str(tmp_path / "snap.json"), snapshot_interval_s=0) as base:
+        r = HTTP.post(base + "/admin/keys", json={"tenant": "alice", "budget": BUDGET}, headers=AS_ADMIN)
+        assert r.status_code == 201, r.text
+        made = r.json()
+        assert made["budget"] == BUDGET
+        capped = OpenAI(base_url=base + "/v1", api_key=made["key"], max_retries=0)
+        served = 0
+        with pytest.raises(openai.RateLimitError) as refused:
+            for _ in range(20):  # each request: its prompt and 5 output tokens (more than 40 within 20)
+                capped.completions.create(model="m", prompt="hello there", max_tokens=5)
+                served += 1
+        assert 1 <= served < 20 and refused.value.code == "insufficient_quota"
+        assert f"key:{made['id']}" in refused.value.message and int(refused.value.response.headers["retry-after"]) >= 1
+        other = OpenAI(base_url=base + "/v1", api_key=KEYS["alice"], max_retries=0)
+        assert other.completions.create(model="m", prompt="hi", max_tokens=5).usage.completion_tokens == 5
+        use = HTTP.get(base + "/admin/quotas", headers=AS_ADMIN).json()["quotas"][f"key:{made['id']}"]
+        assert use["tokens"]["limit"] == 40 and use["tokens"]["used"] >= 40 - 5
+    with serve(fake, snapshot=str(tmp_path / "snap.json"), snapshot_interval_s=0) as base:  # a restart keeps it
+        rows = HTTP.get(base + "/admin/keys", headers=AS_ADMIN).json()["keys"]
+        assert [row["budget"] for row in rows] == [BUDGET]
+        assert f"key:{made['id']}" in HTTP.get(base + "/admin/quotas", headers=AS_ADMIN).json()["quotas"]
+
+
+@pytest.mark.parametrize(
+    "budget", [{"tokens": 5}, {"per": "day"}, {"tokens": -1, "per": "day"}, {"tokens": 5, "per": "week"}, "x"]
+)
+def test_a_bad_budget_is_one_clear_error(tmp_path, budget):
+    with gateway(cfg(tmp_path)) as (client, _):
+        r = post(client, tenant="alice", budget=budget)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "budget", r.text
+        assert "\n" not in r.json()["error"]["message"]

@@ -90,6 +90,7 @@ class Scheduler:
             return ledger
 
         quotas = cfg.quotas()
+        self.budgets: dict[str, QuotaConfig] = {}  # the keys' budgets (`use_budgets`)
         self.quota_gate = QuotaGate(quotas) if quotas else None  # kept once made: holds are settled through it
         self.quotas = self.quota_gate  # NOTE: None while no quota is configured: the hot path asks nothing
 
@@ -328,9 +329,15 @@ class Scheduler:
         gateway/admission/totals.py)."""
         return totals.accounts(self.pools.ledgers)
 
+    def use_budgets(self, budgets: dict[str, QuotaConfig]) -> None:
+        """The budgets of the keys made through the API from now on (gateway/keys/), quotas beside the config's."""
+        self.budgets = budgets
+        self.use_quotas(self.cfg.index().quotas)
+
     def use_quotas(self, quotas: dict[str, QuotaConfig]) -> None:
-        """The quotas from now on (a reload): their gate is made on first need and kept (it settles the holds of
-        requests still running), and listens to every ledger; no quota configured: nothing is checked or held."""
+        """The quotas from now on (a reload), with the keys' budgets: their gate is made on first need and kept (it
+        settles the holds of running requests), and listens to every ledger; no quota: nothing is checked or held."""
+        quotas = {**quotas, **self.budgets} if self.budgets else quotas
         if quotas and self.quota_gate is None:
             self.quota_gate = QuotaGate(quotas)
             for ledger in self.pools.ledgers:

@@ -53,6 +53,7 @@ class Ticket:
     upstream: Any = None  # the upstream response open for it (closed at once when its client leaves)
     holding: asyncio.Task[Any] | None = None  # its quota hold, taken at its first dispatch (gateway/quota/gate.py)
     prefix: tuple[str, ...] = ()  # prefix dispatch: its prompt's block digests (gateway/dispatch/locality.py)
+    budget: str | None = None  # the node of its key's budget (a key made through the API with one: `key:ID`)
     fell_back_from: str | None = None  # the model it asked for, once queued it moved to a fallback (`model`)
 
     @property

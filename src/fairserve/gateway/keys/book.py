@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from ...api.config import one_line
+from ...tenancy import QuotaConfig
 from ...tenancy.index import key_digest
 
 KEY_PREFIX = "fs-"  # every key the API makes starts so (a secret scanner can tell them)
@@ -23,7 +27,8 @@ SHOWN = 8  # the characters of a key kept in clear to tell keys apart: the prefi
 MAX_NAME = 200  # characters of a key's name
 MAX_KEYS = 100_000  # keys the API keeps in all (each costs a record on every replica)
 MAX_LIFE_S = 100 * 365 * 86400  # the latest expiry: about a century from now
-FIELDS = ("tenant", "name", "expires_at", "expires_in_s", "new_tenant")
+FIELDS = ("tenant", "name", "expires_at", "expires_in_s", "budget", "new_tenant")
+BUDGET = "key:"  # a key's budget is the quota of the node `key:ID` (no tenant or group name has a ':')
 
 
 class Refused(Exception):
@@ -43,8 +48,10 @@ class KeyRecord:
     created_at: float  # unix seconds
     name: str | None = None
     expires_at: float | None = None  # unix seconds; None: never
+    budget: QuotaConfig | None = None  # its own quota, beside its tenant's (the node `key:ID`)
 
     def doc(self) -> dict[str, Any]:
+        budget = self.budget.model_dump(exclude_none=True) if self.budget is not None else None
         return {
             "id": self.id,
             "tenant": self.tenant,
@@ -53,17 +60,24 @@ class KeyRecord:
             "created_at": self.created_at,
             "name": self.name,
             "expires_at": self.expires_at,
+            **({"budget": budget} if budget is not None else {}),
         }
+
+    @property
+    def node(self) -> str:
+        """The node its budget is the quota of."""
+        return BUDGET + self.id
 
     @classmethod
     def read(cls, doc: Any) -> KeyRecord:
         """A record from its stored JSON object; ValueError (one line) for anything else."""
         try:
-            rec = cls(**doc)
+            budget = doc.get("budget") if isinstance(doc, dict) else None
+            rec = cls(**{**doc, "budget": QuotaConfig.model_validate(budget) if budget is not None else None})
             ok = all(isinstance(getattr(rec, f), str) for f in ("id", "tenant", "sha256", "prefix"))
             ok = ok and len(rec.sha256) == 64 and isinstance(rec.created_at, int | float)
             ok = ok and isinstance(rec.name, str | None) and isinstance(rec.expires_at, int | float | None)
-        except TypeError:
+        except (TypeError, ValidationError):
             ok = False
         if not ok:
             raise ValueError(f"not a key record: {json.dumps(doc)[:200]}")
@@ -114,6 +128,7 @@ class Create:
     tenant: str
     name: str | None
     expires_at: float | None
+    budget: QuotaConfig | None
     new_tenant: Any
 
 
@@ -136,7 +151,17 @@ def parse_create(body: bytes, now: float) -> Create:
     name = doc.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME or not name.isprintable()):
         raise Refused(400, "invalid_request", f"name must be printable text of at most {MAX_NAME} characters", "name")
-    return Create(doc["tenant"], name, _expiry(doc, now), doc.get("new_tenant"))
+    return Create(doc["tenant"], name, _expiry(doc, now), _budget(doc.get("budget")), doc.get("new_tenant"))
+
+
+def _budget(doc: Any) -> QuotaConfig | None:
+    if doc is None:
+        return None
+    try:
+        return QuotaConfig.model_validate(doc)
+    except ValidationError as e:
+        msg = one_line(e).replace("config key '", "budget: '").replace("config: ", "budget: ")
+        raise Refused(400, "invalid_request", f'{msg} (e.g. {{"tokens": 100000, "per": "day"}})', "budget") from None
 
 
 class KeyBook:
@@ -147,6 +172,7 @@ class KeyBook:
         self.clock = clock
         self.records: dict[str, KeyRecord] = {}
         self.by_digest: dict[str, KeyRecord] = {}
+        self.budgets: dict[str, str] = {}  # digest -> the node of the key's budget, for the keys that have one
         self.tenants: frozenset[str] = frozenset()
         self.used: dict[str, int] = {}  # id -> the unix second it was last presented here
         self.unsent: dict[str, int] = {}
@@ -156,17 +182,21 @@ class KeyBook:
         records = list(records)
         self.records = {r.id: r for r in records}
         self.by_digest = {r.sha256: r for r in records}
+        self.budgets = {r.sha256: r.node for r in records if r.budget is not None}
         self.used = {i: s for i, s in self.used.items() if i in self.records}
         self.unsent = {i: s for i, s in self.unsent.items() if i in self.records}
 
     def add(self, rec: KeyRecord) -> None:
         self.records[rec.id] = rec
         self.by_digest[rec.sha256] = rec
+        if rec.budget is not None:
+            self.budgets[rec.sha256] = rec.node
 
     def remove(self, key_id: str) -> KeyRecord | None:
         rec = self.records.pop(key_id, None)
         if rec is not None:
             self.by_digest.pop(rec.sha256, None)
+            self.budgets.pop(rec.sha256, None)
             self.used.pop(key_id, None)
             self.unsent.pop(key_id, None)
         return rec
@@ -186,6 +216,14 @@ class KeyBook:
         if self.used.get(rec.id) != second:
             self.used[rec.id] = self.unsent[rec.id] = second
         return rec.tenant
+
+    def budget(self, key: str) -> str | None:
+        """The node of `key`'s budget (the request path, after `owner`, only while some key has a budget)."""
+        return self.budgets.get(key_digest(key))
+
+    def budget_quotas(self) -> dict[str, QuotaConfig]:
+        """Every key's budget, by its node (the quota gate's)."""
+        return {r.node: r.budget for r in self.records.values() if r.budget is not None}
 
     def knows(self, key: str) -> bool:
         """Whether `key` is one of the book's, whether or not it serves (off the request path)."""
@@ -227,11 +265,21 @@ class KeyBook:
             "last_used_at": iso(last_used) if last_used else None,
             "expired": rec.expired(now),
             "orphaned": rec.tenant not in self.tenants,
+            "budget": rec.doc().get("budget"),
         }
 
 
-def make(tenant: str, name: str | None, expires_at: float | None, now: float) -> tuple[str, KeyRecord]:
+def make(asked: Create, now: float) -> tuple[str, KeyRecord]:
     """A fresh key and its record (a fresh id)."""
     key = new_key()
-    rec = KeyRecord("key_" + secrets.token_hex(8), tenant, key_digest(key), key[:SHOWN], now, name, expires_at)
+    rec = KeyRecord(
+        "key_" + secrets.token_hex(8),
+        asked.tenant,
+        key_digest(key),
+        key[:SHOWN],
+        now,
+        asked.name,
+        asked.expires_at,
+        asked.budget,
+    )
     return key, rec

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...tenancy import TenantConfig
+from ...tenancy import QuotaConfig, TenantConfig
 from ...tenancy.index import KeyOwners
 from ..component import Part, ReloadError, cancelled
 from .book import MAX_KEYS, KeyBook, Refused, make, parse_create
@@ -46,9 +46,12 @@ NO_STORE = (
 
 
 class Scheduler(Protocol):
-    """What the keys read of the scheduler (gateway/admission/scheduler.py): the shared state it joined."""
+    """What the keys ask of the scheduler (gateway/admission/scheduler.py): the shared state it joined; the keys'
+    budgets enforced as quotas of their nodes (`key:ID`)."""
 
     shared: SharedState | None
+
+    def use_budgets(self, budgets: dict[str, QuotaConfig]) -> None: ...
 
 
 class Tenancy(Protocol):
@@ -77,6 +80,7 @@ class ApiKeys(Part):
         if isinstance(self.store, FileKeys):
             self.book.load(self.store.records.values())
             self.tenants = dict(self.store.tenants)
+            sched.use_budgets(self.book.budget_quotas())
         self.keyless = cfg.keyless
         self.lost = False  # the store could not be read at the last poll
         self._task: asyncio.Task[None] | None = None
@@ -152,6 +156,7 @@ class ApiKeys(Part):
             return False
         records, made = loaded
         self.book.load(records)
+        self.sched.use_budgets(self.book.budget_quotas())
         tenants = {t.name: t for t in made}
         if tenants == self.tenants:
             return False
@@ -215,11 +220,13 @@ class ApiKeys(Part):
             raise Refused(404, "unknown_tenant", msg, "tenant")
         if len(self.book.records) >= MAX_KEYS:
             raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
-        key, rec = make(asked.tenant, asked.name, asked.expires_at, self.book.clock())
+        key, rec = make(asked, self.book.clock())
         async with self._io:
             if not await self._write(store.create(rec, tenant)):
                 raise _exists(asked.tenant)
             self.book.add(rec)
+            if rec.budget is not None:
+                self.sched.use_budgets(self.book.budget_quotas())
             if tenant is not None:
                 self.tenants = {**self.tenants, tenant.name: tenant}
         if tenant is not None:
@@ -251,6 +258,8 @@ class ApiKeys(Part):
             if not await self._write(store.revoke(key_id)):
                 raise Refused(404, "unknown_key", f"no key with id {key_id!r} (GET /admin/keys lists them)")
             rec = self.book.remove(key_id)
+            if rec is not None and rec.budget is not None:
+                self.sched.use_budgets(self.book.budget_quotas())
             gone = rec is not None and rec.tenant in self.tenants and not self._keys_of(rec.tenant)
             if gone:
                 assert rec is not None

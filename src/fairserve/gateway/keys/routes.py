@@ -61,6 +61,16 @@ def key_paths(errors: Callable[..., dict[str, Any]], json: Callable[[dict[str, A
     """The routes' OpenAPI paths (`errors(*statuses)` and `json(schema, description)`: openapi.py's)."""
     admin: list[dict[str, list[str]]] = [{"bearer": []}]
     text = {"type": "string", "nullable": True}
+    budget = {
+        "type": "object",
+        "description": "the key's own quota, beside its tenant's: as a tenant's `quota`",
+        "required": ["per"],
+        "properties": {
+            "per": {"type": "string", "enum": ["hour", "day", "month"]},
+            "tokens": {"type": "integer", "minimum": 1},
+            "service": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+        },
+    }
     row_fields = ["id", "name", "prefix", "tenant", "created_at", "expires_at", "last_used_at", "expired"]
     row_props: dict[str, Any] = {
         "id": {"type": "string"},
@@ -72,6 +82,7 @@ def key_paths(errors: Callable[..., dict[str, Any]], json: Callable[[dict[str, A
         "last_used_at": text,
         "expired": {"type": "boolean"},
         "orphaned": {"type": "boolean"},
+        "budget": {**budget, "nullable": True},
     }
     row = {"type": "object", "required": row_fields, "properties": row_props}
     made = {**row, "required": ["key", *row_fields], "properties": {"key": {"type": "string"}, **row_props}}
@@ -83,6 +94,7 @@ def key_paths(errors: Callable[..., dict[str, Any]], json: Callable[[dict[str, A
             "name": {"type": "string", "maxLength": 200},
             "expires_at": {"type": "string", "description": "ISO 8601, UTC unless it says (e.g. 2027-01-31T00:00:00Z)"},
             "expires_in_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+            "budget": budget,
             "new_tenant": {
                 "type": "object",
                 "description": "make the tenant with the key: a config file's tenant table less its keys ({}: "

@@ -154,9 +154,9 @@ class QuotaGate(Listener):
             if not self._writes:
                 self._quiet.set()
 
-    async def check(self, tenant: str) -> Exhausted | None:
-        """At arrival: the first used-up quota on `tenant`'s path, else None."""
-        paths = self.paths(tenant)
+    async def check(self, tenant: str, budget: str | None = None) -> Exhausted | None:
+        """At arrival: the first used-up quota on `tenant`'s path (and `budget`, its key's), else None."""
+        paths = self.paths(tenant) if budget is None else [*self.paths(tenant), budget]
         if not paths:
             return None
         book = self.book if self._remote() else self.estimate
@@ -167,8 +167,9 @@ class QuotaGate(Listener):
             return await self._failed(e).check(paths)
 
     async def hold(self, t: Ticket) -> Hold | Exhausted:
-        """At dispatch: hold `t`'s bound on every quota of its path (NOTHING: no quota), in Redis or the estimate."""
-        paths = self.paths(t.tenant)
+        """At dispatch: hold `t`'s bound on every quota of its path and its key's budget (NOTHING: no quota), in
+        Redis or the estimate."""
+        paths = self.paths(t.tenant) if t.budget is None else [*self.paths(t.tenant), t.budget]
         if not paths:
             return NOTHING
         fp = t.footprint

@@ -114,12 +114,14 @@ class Proxy(Part):
         refusal = self.refusal(tenant, parsed, kind, request_id)
         if refusal is not None:
             return await refusal(scope, receive, send)
-        if sched.quotas is not None and (out := await sched.quotas.check(tenant)) is not None:
+        budget = scope.get("fairserve.budget")  # NOTE: its key's budget, where it has one (gateway/instance.py)
+        if sched.quotas is not None and (out := await sched.quotas.check(tenant, budget)) is not None:
             metrics.refused(tenant, "insufficient_quota")
             sched.usage.refused(request_id, tenant, parsed.model, kind, "insufficient_quota")
             return await insufficient_quota(out, request_id)(scope, receive, send)
         try:
             ticket = sched.new_ticket(tenant, parsed.footprint, request_id, parsed.model, kind)
+            ticket.budget = budget
         except UnknownModel as e:
             metrics.refused(tenant, "model_not_found")
             sched.usage.refused(request_id, tenant, parsed.model, kind, "model_not_found")
