@@ -247,7 +247,9 @@ def test_a_quota_call_redis_cannot_answer_is_answered_from_the_replicas_own_coun
     shared.clock = lambda: 0.0
     gate = QuotaGate({"alice": QuotaConfig(per="day", tokens=40)}, clock=Clock())
     gate.use_redis(shared)
-    ticket = type("T", (), {"tenant": "alice", "footprint": Footprint(10, 10), "cost": LinearCost(), "pool": None, "budget": None})
+    ticket = type(
+        "T", (), {"tenant": "alice", "footprint": Footprint(10, 10), "cost": LinearCost(), "pool": None, "budget": None}
+    )
 
     async def scenario():
         assert await gate.check("alice") is None  # nothing read this window, nothing used here
