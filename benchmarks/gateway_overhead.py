@@ -14,8 +14,14 @@ against the code before it; `--variant FLAGS` (repeatable): this tree's gateway 
 `--tenants N`: the gateways configured with N tenants in a 3-level tree (benchmarks/config_scale.py's), requests from
 one of them. `--redis`: a redis-server for variants with shared state (`--variant "--workers 2 --state {redis}"`);
 the CPU per request of `--workers N` counts the workers' (the parent's children).
+LiteLLM's proxy is a path too, automatically when the venv of scripts/litellm_env.sh exists (made once, from the
+package registry; `--litellm` insists on it, failing without it, `--no-litellm` leaves it out): started from that
+venv on a loopback port as an operator runs it (a generated config with the emulator as the OpenAI-compatible
+`openai/m` at its /v1, a master key, no database, its defaults otherwise: one uvicorn worker, access log on), with
+nothing fetched while it runs (the model cost map from the package, LiteLLM's telemetry off), stopped at the end
+whatever happens; its CPU per request is counted as fairserve's is, and the seconds it took to answer are printed.
 Run: .venv/bin/python benchmarks/gateway_overhead.py [--sequential 1000] [--requests 1000] [--concurrency 32,128]
-     [--rounds 5] [--base DIR] [--variant FLAGS] [--tenants N] [--redis]
+     [--rounds 5] [--base DIR] [--variant FLAGS] [--tenants N] [--redis] [--litellm | --no-litellm]
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +46,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.processes import fairserve_process, serve  # noqa: E402  (the loopback subprocess helpers of the tests)
 
+from fairserve.api.server import free_port  # noqa: E402
 from fairserve.api.tokens import prompt_of  # noqa: E402
 
 BODY = {"model": "m", "prompt": prompt_of(8), "max_tokens": 4, "stream": True}
@@ -178,6 +188,76 @@ def big_config(path: Path, n: int) -> None:
     write_config(path, n)
 
 
+LITELLM_KEY = "sk-fairserve-bench"  # the proxy's master key, the bearer token of its path
+
+
+def litellm_venv() -> Path:
+    """Where scripts/litellm_env.sh makes its venv (FAIRSERVE_LITELLM_VENV, else under XDG_CACHE_HOME or ~/.cache)."""
+    if venv := os.environ.get("FAIRSERVE_LITELLM_VENV"):
+        return Path(venv)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fairserve" / "litellm-venv"
+
+
+def litellm_ready(venv: Path) -> bool:
+    """Whether the script finished that venv (its stamp is written last)."""
+    return (venv / ".fairserve-litellm").is_file() and (venv / "bin" / "litellm").is_file()
+
+
+@contextlib.contextmanager
+def litellm_proxy(
+    venv: Path, backend: str, workdir: Path, timeout_s: float = 180.0
+) -> Iterator[tuple[str, int, float]]:
+    """LiteLLM's proxy from `venv` on a loopback port in front of `backend` (an OpenAI-compatible server); yields
+    (url, pid, seconds until /health/liveliness answered) and stops it on exit, also after an error."""
+    config = workdir / "litellm.yaml"
+    model = {"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": backend + "/v1", "api_key": "none"}}
+    # JSON is YAML; no database_url: keys, spend and the rest stay in memory
+    config.write_text(json.dumps({"model_list": [model], "general_settings": {"master_key": LITELLM_KEY}}))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DIRECT_URL", "REDIS_URL", "PYTHONPATH")}
+    env |= {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the cost map shipped in the package, not fetched
+        "LITELLM_TELEMETRY_DISABLED": "true",
+    }
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    log = tempfile.TemporaryFile()  # NOTE: not a pipe (it logs every request); its cwd has no .env for it to load
+    t = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    try:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health/liveliness", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() - t > timeout_s:
+                log.seek(0)
+                raise RuntimeError(f"LiteLLM's proxy did not start: {log.read().decode(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        yield url, proc.pid, time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            t = time.monotonic()
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            print(f"(LiteLLM's proxy stopped in {time.monotonic() - t:.1f} s)", file=sys.stderr)
+        log.close()
+
+
+def litellm_about(venv: Path) -> tuple[str, str]:
+    """The venv's LiteLLM version and which of uvloop and httptools its uvicorn finds (without importing LiteLLM)."""
+    code = (
+        "import importlib.metadata as m, importlib.util as u; print(m.version('litellm')); "
+        "print(', '.join(x for x in ('uvloop', 'httptools') if u.find_spec(x)) or 'neither')"
+    )
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    version, servers = out.stdout.splitlines()
+    return version, servers
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="gateway_overhead.py", description=__doc__.splitlines()[0])
     p.add_argument("--sequential", type=int, default=1000, help="requests one at a time per path and round")
@@ -190,13 +270,24 @@ def main() -> int:
     p.add_argument(
         "--redis", action="store_true", help="start a redis-server; `{redis}` in a variant's flags is its URL"
     )
+    p.add_argument(
+        "--litellm",
+        action=argparse.BooleanOptionalAction,
+        help="LiteLLM's proxy as a path (default: when scripts/litellm_env.sh's venv exists)",
+    )
     a = p.parse_args()
+    venv = litellm_venv()
+    if a.litellm and not litellm_ready(venv):
+        print(f"gateway_overhead.py: --litellm: no venv at {venv} (scripts/litellm_env.sh makes it)", file=sys.stderr)
+        return 2
+    litellm = litellm_ready(venv) if a.litellm is None else a.litellm
     if min(a.sequential, a.requests, a.rounds, *a.concurrency) < 1:
         print("gateway_overhead.py: every count must be >= 1", file=sys.stderr)
         return 2
     if a.base is not None and not (a.base / "src" / "fairserve").is_dir():
         print(f"gateway_overhead.py: --base {a.base}: no src/fairserve there", file=sys.stderr)
         return 2
+    run: Callable[..., Any]
     try:
         import uvloop
 
@@ -215,13 +306,13 @@ def main() -> int:
         where = {"PYTHONPATH": str(a.base.resolve() / "src")} if a.base is not None else None
         emulator = stack.enter_context(serve("emulate", "--time-scale", "1000000", env=where))
         backend = f"--backend={emulator},max_requests=256"
-        paths: dict[str, tuple[str, int | None]] = {"direct": (emulator, None)}
+        paths: dict[str, tuple[str, int | None, str]] = {"direct": (emulator, None, key)}  # URL, CPU's pid, key
 
-        def gateway(*flags: str, env: dict[str, str] | None = None) -> tuple[str, int]:
+        def gateway(*flags: str, env: dict[str, str] | None = None) -> tuple[str, int, str]:
             url, proc = stack.enter_context(
                 fairserve_process("gateway", *tenant_args, backend, *flags, env=env, timeout_s=300)
             )
-            return url, proc.pid
+            return url, proc.pid, key
 
         paths["fairserve"] = gateway()
         if a.base is not None:
@@ -233,6 +324,11 @@ def main() -> int:
         for flags in a.variant:
             shown = flags.replace("{redis}", "redis://…")
             paths[f"fairserve {shown}"] = gateway(*flags.replace("{redis}", redis_url if a.redis else "").split())
+        if litellm:
+            version, servers = litellm_about(venv)
+            name = f"LiteLLM {version}"
+            proxy_url, proxy_pid, started_s = stack.enter_context(litellm_proxy(venv, emulator, Path(tmp)))
+            paths[name] = (proxy_url, proxy_pid, LITELLM_KEY)
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
         loads = []
         names = list(paths)
@@ -240,9 +336,9 @@ def main() -> int:
             loads.append(os.getloadavg()[0])
             gateways = names[1:]
             for name in [names[0], *gateways[r % len(gateways) :], *gateways[: r % len(gateways)]]:
-                url, pid = paths[name]
+                url, pid, token = paths[name]
                 before = cpu_s(pid) if pid is not None else 0.0
-                got = run(run_path(url, key, a.sequential, a.requests, a.concurrency))
+                got = run(run_path(url, token, a.sequential, a.requests, a.concurrency))
                 got["cpu_ms"] = (cpu_s(pid) - before) / got["requests"] * 1000 if pid is not None else None
                 rounds[name].append(got)
     print_table(rounds, a.concurrency)
@@ -256,6 +352,10 @@ def main() -> int:
         f"{'uvloop' if run is not asyncio.run else 'asyncio'}; uvloop/httptools installed for uvicorn: "
         f"{', '.join(m for m in ('uvloop', 'httptools') if importlib.util.find_spec(m)) or 'neither'})"
     )
+    if litellm:
+        print(
+            f"({name}'s proxy answered {started_s:.1f} s after its start; its venv ({venv}) has for uvicorn: {servers})"
+        )
     return 0
 
 
