@@ -71,7 +71,7 @@ class Fallbacks:
             if not pool.ledger.add(moved):  # NOTE: a policy that refuses it there (rpm): it stays where it is
                 continue
             own.ledger.settle(req, prompt=0, output=0, cancelled=True)
-            own.queued -= 1
+            t.pool.queued -= 1  # NOTE: `own`: its pool until the line below
             pool.queued += 1
             t.req, t.pool, t.cost, t.fell_back_from, t.model = moved, pool, cost, t.model, model
             log.info("request %s: moved from %s to its fallback %s", t.request_id, t.fell_back_from, model)
