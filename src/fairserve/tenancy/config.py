@@ -18,7 +18,7 @@ from ..api.keys import key
 from ..core import MAX_WEIGHT, MIN_WEIGHT
 from ..core.account import SEP, parents
 from .flags import groups_from_flags, tenants_from_flags
-from .index import KeyOwners, TenantIndex, drain, key_digest
+from .index import KeyOwners, TenantIndex, drain, key_digest, set_of
 
 _PART = r"[A-Za-z0-9_.@-]{1,64}"
 _NAME = re.compile(rf"^{_PART}(?:/{_PART}){{0,7}}$")  # a path of at most 8 levels: `tier/org/team/key`
@@ -156,7 +156,7 @@ def check_tenants(tenants: list[TenantConfig], admin_key: str | None, groups: Se
     some tenant's path, given once; a key belongs to one tenant and is not the admin key. Linear in tenants and keys
     (a reload of 100,000 tenants checks them in a fraction of a second)."""
     names = [t.name for t in tenants]
-    unique = set(names)
+    unique = set_of(names)
     if len(unique) != len(names):
         dup = sorted(n for n, times in Counter(names).items() if times > 1)
         more = f" and {len(dup) - MAX_PROBLEMS} more" if len(dup) > MAX_PROBLEMS else ""
@@ -368,6 +368,8 @@ class ServerConfig(Strict):
         while memo:
             _, made = memo.popitem()
             if isinstance(made, TenantIndex):
+                # NOTE: the set first, while the list holds its names: freeing it then frees no name (1 ms, not 4)
+                made.name_set = frozenset()
                 drain(made.names, made.owners.clear, made.owners.hashed, made.quotas, made.rates, made.allowed_models)
 
     def index(self) -> TenantIndex:

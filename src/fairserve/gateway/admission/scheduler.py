@@ -52,7 +52,7 @@ class Scheduler:
         self, cfg: GatewayConfig, metrics: GatewayMetrics, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.cfg, self.metrics, self.clock = cfg, metrics, clock
-        self.count_tokens, self.tenants = token_counter(cfg.tokenizer), [t.name for t in cfg.tenants]
+        self.count_tokens, self.tenants = token_counter(cfg.tokenizer), retree.Names(cfg)
         self.backends = [Backend(b) for b in cfg.backends]
         self.draining: list[Backend] = []  # removed by a reload, requests still in flight (dispatch/fleet.py)
         self.prices = cfg.price_table()
@@ -366,7 +366,7 @@ class Scheduler:
         self.prices, self.pools.placement = cfg.price_table(), cfg.placement()
         base = LinearCost(cfg.w_p, cfg.w_q)
         self.price = None if self.ledger.cost == base else base
-        self.tenants[:] = cfg.index().names  # NOTE: in place: the admin API reads this list
+        self.tenants.follow(self.cfg, cfg)  # NOTE: in place: the admin API reads this list
         self.use_quotas(cfg.index().quotas)
         self.cfg = cfg
 

@@ -24,6 +24,23 @@ class Retree:
     levels: list[tuple[str, int | None, frozenset[int] | None]]  # nodes whose priority or permitted levels changed
     weights: list[tuple[str, float]]  # nodes whose weight the file changed (or added)
     line: str  # for the reload's log line
+    kept: int  # how many of the old one's tenants, in order, the new one begins with (`Names.follow`)
+
+
+class Names(list[str]):
+    """A configuration's tenant names in order (the scheduler's, which the admin API reads), made the next one's in
+    place (`follow`): only those after the names both begin with, where it holds the running one's (O(what changed)
+    on the event loop: a tenant added at the end, one name set)."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        super().__init__(cfg.index().names)
+        self.of = cfg.index().names  # the names it was last made from
+
+    def follow(self, old: GatewayConfig, new: GatewayConfig) -> None:
+        names = new.index().names
+        kept = plan(old, new).kept if self.of is old.index().names else 0
+        self[kept:] = names[kept:]
+        self.of = names
 
 
 def plan(old: GatewayConfig, new: GatewayConfig) -> Retree:
@@ -33,8 +50,11 @@ def plan(old: GatewayConfig, new: GatewayConfig) -> Retree:
 
 
 def _plan(old: GatewayConfig, new: GatewayConfig) -> Retree:
-    before, after = old.index().name_set, new.index()
+    first, after = old.index(), new.index()
+    before = first.name_set
     added = [n for n in after.names if n not in before]
+    pairs = enumerate(zip(first.names, after.names, strict=False))  # NOTE: a loop: the event loop runs between
+    kept = next((i for i, (a, b) in pairs if a != b), min(len(first.names), len(after.names)))
     w0 = old.weights()
     weights = [(path, w) for path, w in new.weights().items() if w0.get(path) != w]
     changed = sum(1 for path, _ in weights if path in w0)  # NOTE: a node added is not a weight changed
@@ -47,7 +67,7 @@ def _plan(old: GatewayConfig, new: GatewayConfig) -> Retree:
     removed = len(before) + len(added) - len(after.names)  # NOTE: no set difference: one long call holds the GIL
     line = f"{len(after.names)} tenants ({len(added)} added, {removed} removed), {changed} "
     line += "weights changed" + (f", {len(levels)} priorities changed" if levels else "")
-    return Retree(added, levels, weights, line)
+    return Retree(added, levels, weights, line, kept)
 
 
 def apply(
