@@ -22,6 +22,7 @@ from fairserve.api.config import load_config
 from fairserve.gateway.instance import Gateway
 from fairserve.gateway.settings import pauses, reload
 from fairserve.gateway.settings.config import GatewayConfig, build_config
+from fairserve.tenancy import TenantConfig
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +90,30 @@ def test_a_replaced_configuration_is_freed_a_tenant_at_a_time_with_no_collection
         assert held() is None and their == []  # emptied (off the loop), then freed
         assert index.names == [] and index.name_set == frozenset()  # NOTE: the set let go of before its names
         assert gw.owners.get("k74") == "g2/u74" and gw.owners.get("k0") is None and len(gw.sched.tenants) == 70
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("made_by_api", [False, True])
+def test_the_gateways_reload_frees_the_file_it_replaced_a_tenant_at_a_time(collector, made_by_api):
+    """`Gateway.reload` keeps the file's configuration beside the one it runs (the keys API's tenants added to it):
+    the file it replaces is emptied off the loop too, with or without such tenants."""
+
+    async def go() -> None:
+        gw = Gateway(cfg(50))
+        gw.frozen = True
+        if made_by_api:
+            gw.keys.tenants = {"api/t": TenantConfig.model_validate({"name": "api/t", "api_keys": []})}
+        gw.load = lambda: cfg(60)
+        await gw.reload()
+        assert ("api/t" in gw.sched.tenants) is made_by_api and (gw.cfg is gw.base) is not made_by_api
+        held, their, running = weakref.ref(gw.base), gw.base.tenants, gw.cfg.tenants
+        gc.disable()  # NOTE: freed by reference counts alone, or not at all
+        gw.load = lambda: cfg(70, start=5)
+        await gw.reload()
+        await asyncio.get_running_loop().shutdown_default_executor()
+        assert held() is None and their == [] and running == []  # emptied (off the loop), then freed
+        assert len(gw.sched.tenants) == 70 + made_by_api
 
     asyncio.run(go())
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -150,7 +151,9 @@ class Gateway(Part):
         except ReloadError as e:
             log.error("reload refused, the running configuration is kept: %s", e)
             raise
-        self.base = bases[-1]  # NOTE: before anything else runs: the lock is free, the next reload reads this
+        old, self.base = self.base, bases[-1]  # NOTE: before any await: the lock is free, the next reload reads this
+        if sys.getrefcount(old) == 2:  # NOTE: `old` and the call's argument: nothing else holds the file's last one
+            await asyncio.to_thread(old.release)  # NOTE: freed a tenant at a time, off the event loop
         log.info(line)
         return line
 
