@@ -16,7 +16,6 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from .coalesce import Coalesced
 from .errors import error_body
 
 HEADER_TIMEOUT_S = 30.0  # a client's request line and headers must arrive within this
@@ -73,8 +72,7 @@ def header_timeout_protocol(
         refused = False  # answered 431: nothing more is parsed or answered on this connection
 
         def connection_made(self, transport: Any) -> None:
-            # NOTE: a response's head and body in one send (api/coalesce.py)
-            super().connection_made(Coalesced(transport, asyncio.get_running_loop()))
+            super().connection_made(transport)
             self.waiting_since = time.monotonic()
             open_.add(self)
             if not sweeping:
