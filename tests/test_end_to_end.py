@@ -96,6 +96,8 @@ def test_weighted_tenants_reach_the_ledger_with_their_weights_through_http(emula
 def run_and_check(emulator, workload, policy, weights=None):
     records, text = bench_through_gateway(emulator, workload, policy, weights)
     assert len(records) == len(workload.arrivals)
-    assert all(r.status == "finished" for r in records), {(r.status, r.error) for r in records if r.status != "finished"}
+    assert all(r.status == "finished" for r in records), {
+        (r.status, r.error) for r in records if r.status != "finished"
+    }
     assert all(r.output_tokens == r.max_tokens for r in records)
     return records, text

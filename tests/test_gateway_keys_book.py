@@ -24,7 +24,7 @@ class Failing:
 
     kind = "redis"
 
-    async def create(self, rec, tenant) -> bool:
+    async def create(self, rec, tenant, made_by_api) -> int:
         raise ConnectionError("Redis is gone")
 
     async def revoke(self, key_id: str) -> bool:

@@ -112,8 +112,11 @@ def test_a_tenant_made_with_a_key_on_one_replica_serves_on_both_outlives_their_r
             with redis_py.Redis.from_url(redis.url) as client:
                 client.flushall()
                 assert wait_until(lambda: client.hkeys("fairserve:keys:tenants") == [b"carol"], 2.0)
+            with redis_py.Redis.from_url(redis.url) as client:  # a record that does not decode is revoked all the same
+                client.hset("fairserve:keys", "key_junk", "not json")
+            assert HTTP.delete(f"{a}/admin/keys/key_junk", headers=AS_ADMIN).status_code == 200
             assert HTTP.delete(f"{b}/admin/keys/{made['id']}", headers=AS_ADMIN).status_code == 200
             assert wait_until(lambda: "carol" not in tenants_of(a), 1.0)  # gone with its last key, everywhere
             assert chat(a, made["key"]) == "invalid_api_key" and "carol" not in tenants_of(b)
             with redis_py.Redis.from_url(redis.url) as client:
-                assert client.hkeys("fairserve:keys:tenants") == [] and client.hkeys("fairserve:keys:count") == []
+                assert client.hkeys("fairserve:keys:tenants") == [] and not client.exists("fairserve:keys:of:carol")

@@ -3,10 +3,12 @@ file: `POST /admin/keys` with `new_tenant` makes the tenant and its first key at
 rate cap in place when the answer comes; it is listed, survives a reload of the file and a restart, and goes with its
 last key; the file wins over it, a file that clashes with it is refused, and bad input gets one clear error. A key's
 own budget (a quota of its own) is enforced beside its tenant's. Integration tier: the app's lifespan runs the
-gateway's parts."""
+gateway's parts. The snapshot keeps a made tenant's counter and weight; a key asked for a made tenant as its last key
+is revoked gets 404, not a key that never serves."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from support.gateway import ADMIN, HTTP, KEYS, FakeBackend, config, serve
 
 from fairserve.gateway import create_app
 from fairserve.gateway.instance import Gateway
+from fairserve.gateway.keys.book import Refused
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +175,33 @@ def test_a_bad_budget_is_one_clear_error(tmp_path, budget):
         r = post(client, tenant="alice", budget=budget)
         assert r.status_code == 400 and r.json()["error"]["param"] == "budget", r.text
         assert "\n" not in r.json()["error"]["message"]
+
+
+def test_the_snapshot_keeps_a_made_tenants_counter_and_weight(tmp_path):
+    with gateway(cfg(tmp_path)) as (client, gw):
+        assert post(client, tenant="carol", new_tenant={"weight": 2}).status_code == 201
+        assert client.put("/admin/tenants/carol/weight", json={"weight": 7}, headers=AS_ADMIN).status_code == 200
+    stored = json.loads((tmp_path / "snap.json").read_text())["tenants"]
+    assert stored["carol"]["weight"] == 7 and stored["carol"]["configured_weight"] == 2
+    with gateway(cfg(tmp_path)) as (client, gw):  # restored with the file's tenants and the API's
+        assert gw.sched.ledger.weights["carol"] == 7.0 and in_place(gw, "carol") == (2.0, 0, None)
+
+
+def test_a_key_asked_for_a_made_tenant_as_its_last_key_is_revoked_gets_404_not_a_dead_key(tmp_path):
+    async def go() -> None:
+        gw = Gateway(cfg(tmp_path))
+        await gw.serve()
+        try:
+            first = await gw.keys.create(json.dumps({"tenant": "carol", "new_tenant": {}}).encode())
+            revoked, second = await asyncio.gather(
+                gw.keys.revoke(first["id"]),
+                gw.keys.create(json.dumps({"tenant": "carol"}).encode()),
+                return_exceptions=True,
+            )
+            assert revoked == {"id": first["id"], "revoked": True}
+            assert isinstance(second, Refused) and second.status == 404 and second.code == "unknown_tenant"
+            assert "carol" not in gw.keys.tenants and gw.keys.book.records == {}
+        finally:
+            await gw.close()
+
+    asyncio.run(go())

@@ -27,7 +27,8 @@ from .dispatch.fleet import connections
 from .dispatch.health import HealthMonitor
 from .http.tokenize import Tokenize
 from .keys.gate import ApiKeys
-from .keys.tenants import merged
+from .keys.store import FileKeys, keys_path
+from .keys.tenants import at_start, merged
 from .metrics.prometheus import GatewayMetrics
 from .rate.gate import RateGate
 from .relay.proxy import Proxy
@@ -45,21 +46,24 @@ class Gateway(Part):
     """What one app instance holds: config, scheduler (policy + backends), metrics, the upstream client."""
 
     def __init__(self, cfg: GatewayConfig) -> None:
-        self.cfg = cfg
+        self.base = cfg  # the config file's (with the flags), as last read: `cfg` is it with the API's tenants
+        # NOTE: without `state`, the keys API's tenants are beside the snapshot: read now (a bad file stops the
+        # gateway before it serves), so that the ledger, the snapshot's restore and every part start with them
+        store = FileKeys(keys_path(cfg.snapshot)) if cfg.snapshot is not None else None
+        self.cfg = cfg = at_start(cfg, list(store.tenants.values())) if store is not None else cfg
         self.metrics = GatewayMetrics(cfg.metrics_window_s)
         self.sched = Scheduler(cfg, self.metrics)
         self.metrics.bind(self.sched)
         # NOTE: restored now, so that a bad file stops the gateway before it serves
         self.snapshots = (
-            Snapshots(cfg.snapshot, self.sched.ledger, cfg.weights(), cfg.snapshot_interval_s)
+            Snapshots(cfg.snapshot, self.sched.ledger, cfg, cfg.snapshot_interval_s)
             if cfg.snapshot is not None
             else None
         )
         self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
-        self.base = cfg  # the config file's (with the flags), as last read: `cfg` is it with the API's tenants
-        self.keys = ApiKeys(cfg, self.sched, self.owners)  # made through the admin API, asked after the config's
+        self.keys = ApiKeys(cfg, self.sched, self.owners, store)  # made through the admin API, after the config's
         self.keys.tenancy = self
         self.tenant_names = cfg.index().name_set
         self.keyless = cfg.keyless

@@ -62,14 +62,10 @@ class Scheduler:
         self._wakeup: asyncio.TimerHandle | None = None
         self.probe: Callable[[Backend], None] | None = None  # ask for a health check now (gateway/dispatch/health.py)
         # shared with other replicas through Redis (gateway/shared/state.py), joined by `start`
+        settings = StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s) if cfg.state is not None else None
         self.shared = (
-            self.shared_state(
-                StateSettings(cfg.state, cfg.state_interval_s, cfg.state_ttl_s),
-                self.backends,
-                tokens_of=lambda r: r.item.tokens,
-                on_change=self.dispatch,
-            )
-            if cfg.state is not None
+            self.shared_state(settings, self.backends, tokens_of=lambda r: r.item.tokens, on_change=self.dispatch)
+            if settings is not None
             else None
         )
 
@@ -246,6 +242,8 @@ class Scheduler:
         t.pool = pool
         pool.ledger.requeue(t.req)
         pool.queued += 1
+        if not up:  # NOTE: its pool is down (its own failure may have taken it down): a fallback may take it
+            self.fallbacks.move(t, down=True)
         self.dispatch()
         return True
 

@@ -70,7 +70,8 @@ class Fallbacks:
             moved = entry(t, f"{req.id}>{model}", req.priority, cost)
             if not pool.ledger.add(moved):  # NOTE: a policy that refuses it there (rpm): it stays where it is
                 continue
-            own.ledger.settle(req, prompt=0, output=0, cancelled=True)
+            own.ledger.settle(req, prompt=0, output=0, cancelled=True)  # NOTE: its quota hold, if any, settled too
+            t.holding = None  # NOTE: a request that failed once and was requeued holds anew at its next dispatch
             t.pool.queued -= 1  # NOTE: `own`: its pool until the line below
             pool.queued += 1
             t.req, t.pool, t.cost, t.fell_back_from, t.model = moved, pool, cost, t.model, model

@@ -88,7 +88,7 @@ class FailFast:
     def went_down(self, b: Backend) -> None:
         """`b` is down: each pool of it with no backend up now moves its queued requests with a fallback up there, and
         fails the others `fail_fast_s` from now."""
-        for pool in self.sched.pools.pools.values():
+        for pool in list(self.sched.pools.pools.values()):  # NOTE: a move may make its fallback's pool
             if b in pool.backends and not any(x.healthy for x in pool.backends):
                 if self.sched.cfg.fallbacks:
                     for req in sorted(pool.ledger.queued(), key=lambda r: r.seq):

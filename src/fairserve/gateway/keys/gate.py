@@ -30,7 +30,7 @@ from ...tenancy import QuotaConfig, TenantConfig
 from ...tenancy.index import KeyOwners
 from ..component import Part, ReloadError, cancelled
 from .book import MAX_KEYS, KeyBook, Refused, make, parse_create
-from .store import FileKeys, KeyStore, RedisKeys, keys_path
+from .store import FileKeys, KeyStore, RedisKeys
 from .tenants import merged, parse_tenant, tenant_doc
 
 if TYPE_CHECKING:
@@ -67,12 +67,17 @@ class ApiKeys(Part):
     """The keys made through the API of one gateway (`create`, `rows`, `revoke`; a component)."""
 
     def __init__(
-        self, cfg: GatewayConfig, sched: Scheduler, owners: KeyOwners, clock: Callable[[], float] = time.time
+        self,
+        cfg: GatewayConfig,
+        sched: Scheduler,
+        owners: KeyOwners,
+        store: FileKeys | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """`store`: the keys file beside the snapshot, read by the gateway (its tenants are in `cfg` already)."""
         self.sched = sched
         self.book = KeyBook(clock)
-        # NOTE: read now, so that a bad file stops the gateway before it serves
-        self.store: KeyStore | None = FileKeys(keys_path(cfg.snapshot)) if cfg.snapshot is not None else None
+        self.store: KeyStore | None = store
         # the tenants the API made, by name (replaced whole at each change, never changed in place: a reload reads
         # it on its thread)
         self.tenants: dict[str, TenantConfig] = {}
@@ -88,6 +93,7 @@ class ApiKeys(Part):
         # NOTE: one read or write of the store at a time, so that a poll's older read never undoes a create or revoke
         self._io = asyncio.Lock()
         self._polls = 0  # polls begun
+        self._applying: asyncio.Event | None = None  # set once the tenants a poll read are in place
         owners.more = self.book.owner
         self.configure(cfg)
 
@@ -106,8 +112,6 @@ class ApiKeys(Part):
             await self.refresh()
             self._task = loop.create_task(self._run(POLL_S, poll=True))
             return
-        if self.tenants:
-            await self._use_tenants()
         if self.store is not None and self._file_every_s > 0:
             self._task = loop.create_task(self._run(self._file_every_s, poll=False))
 
@@ -128,14 +132,25 @@ class ApiKeys(Part):
             self._polls += 1
             changed = await self._poll()
         if changed:  # NOTE: outside the lock: a reload at many tenants takes a while, creates and revokes go on
-            await self._use_tenants()
+            self._applying = applying = asyncio.Event()  # NOTE: a key of the new tenants waits for it (`recheck`)
+            try:
+                await self._use_tenants()
+            finally:
+                applying.set()
+                if self._applying is applying:
+                    self._applying = None
 
     async def recheck(self, key: str | None) -> bool:
         """Before the 401 of a key this replica does not know: with Redis, whether a refresh made it known (a key
         made on another replica serves at once; the auth throttle bounds what unknown keys cost)."""
-        if key is None or self._task is None or not isinstance(self.store, RedisKeys) or self.book.knows(key):
-            return False  # NOTE: a key of the book that is refused (expired, orphaned) is refused as it is
-        await self.refresh()
+        if key is None or self._task is None or not isinstance(self.store, RedisKeys):
+            return False
+        if self.book.knows(key):  # NOTE: refused as it is (expired, orphaned), unless its new tenant is being applied
+            if (applying := self._applying) is None:
+                return False
+            await applying.wait()
+        else:
+            await self.refresh()
         return self.book.owner(key) is not None
 
     async def _poll(self) -> bool:
@@ -222,8 +237,13 @@ class ApiKeys(Part):
             raise Refused(409, "too_many_keys", f"the API keeps at most {MAX_KEYS} keys: revoke some first")
         key, rec = make(asked, self.book.clock())
         async with self._io:
-            if not await self._write(store.create(rec, tenant)):
-                raise _exists(asked.tenant)
+            # NOTE: asked again under the lock: a revoke of its last key may have dropped an API-made tenant since
+            made_by_api = tenant is None and asked.tenant in self.tenants and asked.tenant not in self._file_tenants()
+            if tenant is None and not made_by_api and asked.tenant not in self._file_tenants():
+                raise _gone(asked.tenant)
+            kept = await self._write(store.create(rec, tenant, made_by_api))
+            if kept != 1:
+                raise _exists(asked.tenant) if kept == 0 else _gone(asked.tenant)
             self.book.add(rec)
             if rec.budget is not None:
                 self.sched.use_budgets(self.book.budget_quotas())
@@ -271,6 +291,10 @@ class ApiKeys(Part):
             log.info("tenant %r, made through the keys API, dropped with its last key", rec.tenant)
         return {"id": key_id, "revoked": True}
 
+    def _file_tenants(self) -> frozenset[str] | set[str]:
+        """The tenants the config file names (as last read); the running ones without a gateway (a test's part)."""
+        return self.tenancy.base.index().name_set if self.tenancy is not None else set(self.book.tenants)
+
     def _keys_of(self, tenant: str) -> int:
         return sum(r.tenant == tenant for r in self.book.records.values())
 
@@ -308,6 +332,11 @@ class ApiKeys(Part):
 def _exists(name: str) -> Refused:
     msg = f"tenant {name!r} exists: make its key without new_tenant (its weight, quota and caps are where it was made)"
     return Refused(409, "tenant_exists", msg, "new_tenant")
+
+
+def _gone(name: str) -> Refused:
+    msg = f"no tenant named {name!r}: its last key was revoked meanwhile (give new_tenant to make it again)"
+    return Refused(404, "unknown_tenant", msg, "tenant")
 
 
 def _name(t: TenantConfig) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,9 +28,9 @@ class KeyStore(Protocol):
         """Every record and tenant, or None when nothing changed since the last load (`held`: this replica's)."""
         ...
 
-    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
-        """The key kept, and `tenant` (a new one, the key's) with it; False (nothing kept): the store has a tenant of
-        that name already."""
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None, made_by_api: bool) -> int:
+        """The key kept, and `tenant` (a new one, the key's) with it: 1; nothing kept: 0 where the store has a tenant
+        of that name already, -1 where the key's tenant is one the API made (`made_by_api`) and it is gone."""
         ...
 
     async def revoke(self, key_id: str) -> bool:
@@ -101,9 +100,11 @@ class FileKeys:
         self._loaded = True
         return list(self.records.values()), list(self.tenants.values())
 
-    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None, made_by_api: bool) -> int:
         if tenant is not None and tenant.name in self.tenants:
-            return False
+            return 0
+        if made_by_api and rec.tenant not in self.tenants:
+            return -1
         self.records[rec.id] = rec
         if tenant is not None:
             self.tenants[tenant.name] = tenant
@@ -114,7 +115,7 @@ class FileKeys:
             if tenant is not None:
                 del self.tenants[tenant.name]
             raise
-        return True
+        return 1
 
     async def revoke(self, key_id: str) -> bool:
         rec = self.records.pop(key_id, None)
@@ -136,30 +137,36 @@ class FileKeys:
         return dict(self.used)
 
 
-# KEYS: the records' hash, the version, the keys per tenant, the tenants; ARGV: the id, its record, its tenant, and
-# the tenant's record ('' for a key of an existing tenant). 1: kept, 0: the API made a tenant of that name already
+# KEYS: the records' hash, the version, the tenants, the tenant's keys (a set); ARGV: the id, its record, its tenant,
+# the tenant's record ('' for a key of an existing tenant), and '1' where that tenant is one the API made (it must
+# still be there). 1: kept, 0: the API made a tenant of that name already, -1: the API's tenant is gone
 CREATE_LUA = """
 if ARGV[4] ~= '' then
-  if redis.call('HSETNX', KEYS[4], ARGV[3], ARGV[4]) == 0 then return 0 end
+  if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end
+elseif ARGV[5] == '1' and redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then
+  return -1
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+redis.call('SADD', KEYS[4], ARGV[1])
 redis.call('INCR', KEYS[2])
 return 1
 """
 
-# KEYS: the records' hash, the version, the last uses, the keys per tenant, the tenants; ARGV: the id. 1: revoked,
-# 0: no such key. The key's tenant, if the API made it, goes with its last key
+# KEYS: the records' hash, the version, the last uses, the tenants; ARGV: the id, the prefix of a tenant's set of
+# keys. 1: revoked, 0: no such key. A tenant the API made goes with the last key of its set (a record that does not
+# decode is revoked all the same)
 REVOKE_LUA = """
 local doc = redis.call('HGET', KEYS[1], ARGV[1])
 if not doc then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('INCR', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-local tenant = cjson.decode(doc)['tenant']
-if redis.call('HINCRBY', KEYS[4], tenant, -1) <= 0 then
-  redis.call('HDEL', KEYS[4], tenant)
-  redis.call('HDEL', KEYS[5], tenant)
+local ok, rec = pcall(cjson.decode, doc)
+if ok and type(rec) == 'table' and type(rec['tenant']) == 'string' then
+  local of = ARGV[2] .. rec['tenant']
+  if redis.call('SREM', of, ARGV[1]) == 1 and redis.call('SCARD', of) == 0 then
+    redis.call('HDEL', KEYS[4], rec['tenant'])
+  end
 end
 return 1
 """
@@ -177,14 +184,14 @@ class RedisKeys:
     """In the shared state's Redis: a hash of the records (`PREFIX:keys`, ID -> JSON), a version that every create
     and revoke increments (`PREFIX:keys:v`: a replica re-reads the hashes when it moved), a sorted set of the last
     uses (`PREFIX:keys:used`, ID -> unix second, only ever raised: `ZADD GT`), the tenants the API made
-    (`PREFIX:keys:tenants`, NAME -> JSON) and the keys of each tenant (`PREFIX:keys:count`, NAME -> N)."""
+    (`PREFIX:keys:tenants`, NAME -> JSON) and each tenant's keys (`PREFIX:keys:of:NAME`, a set of ids)."""
 
     kind = "redis"
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
         self.hash, self.version_key, self.used_key = f"{prefix}:keys", f"{prefix}:keys:v", f"{prefix}:keys:used"
-        self.tenants_key, self.count_key = f"{prefix}:keys:tenants", f"{prefix}:keys:count"
+        self.tenants_key, self.of_prefix = f"{prefix}:keys:tenants", f"{prefix}:keys:of:"  # + a tenant: its keys
         self.version: bytes | None = None  # as last read
         self._create = client.register_script(CREATE_LUA)
         self._revoke = client.register_script(REVOKE_LUA)
@@ -197,10 +204,9 @@ class RedisKeys:
             # NOTE: Redis lost its data (restarted without persistence): what this replica holds is written back
             log.warning("the shared state lost the keys made through the API: %d written back", len(records))
             async with self.client.pipeline(transaction=True) as pipe:
-                for rec in records:
+                for rec in records:  # NOTE: each write a union with what is there: replicas write back in turn
                     pipe.hsetnx(self.hash, rec.id, json.dumps(rec.doc()))
-                # NOTE: set, not added: every replica writes back what it holds, and they hold the same keys
-                pipe.hset(self.count_key, mapping=Counter(rec.tenant for rec in records))
+                    pipe.sadd(self.of_prefix + rec.tenant, rec.id)
                 for t in tenants:
                     pipe.hsetnx(self.tenants_key, t.name, json.dumps(tenant_doc(t)))
                 pipe.incr(self.version_key)
@@ -227,14 +233,15 @@ class RedisKeys:
                 log.error("tenant record %r in %s skipped: %s", name, self.tenants_key, e)
         return out, made
 
-    async def create(self, rec: KeyRecord, tenant: TenantConfig | None) -> bool:
+    async def create(self, rec: KeyRecord, tenant: TenantConfig | None, made_by_api: bool) -> int:
         made = json.dumps(tenant_doc(tenant)) if tenant is not None else ""
-        keys = [self.hash, self.version_key, self.count_key, self.tenants_key]
-        return bool(await self._create(keys=keys, args=[rec.id, json.dumps(rec.doc()), rec.tenant, made]))
+        keys = [self.hash, self.version_key, self.tenants_key, self.of_prefix + rec.tenant]
+        args = [rec.id, json.dumps(rec.doc()), rec.tenant, made, "1" if made_by_api else ""]
+        return int(await self._create(keys=keys, args=args))
 
     async def revoke(self, key_id: str) -> bool:
-        keys = [self.hash, self.version_key, self.used_key, self.count_key, self.tenants_key]
-        return bool(await self._revoke(keys=keys, args=[key_id]))
+        keys = [self.hash, self.version_key, self.used_key, self.tenants_key]
+        return bool(await self._revoke(keys=keys, args=[key_id, self.of_prefix]))
 
     async def flush(self, used: dict[str, int]) -> None:
         if used:

@@ -12,6 +12,7 @@ refused like any invalid file, naming them."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from .book import Refused
 if TYPE_CHECKING:
     from ..settings.config import GatewayConfig
 
+log = logging.getLogger("fairserve.gateway")
 TENANT_FIELDS = ("weight", "priority", "priorities", "models", "quota", "rate")  # a tenant table's, less its keys
 SHOWN_CLASHES = 3  # the API's tenants named in a refused file's message
 
@@ -56,6 +58,16 @@ def read_tenant(doc: Any) -> TenantConfig:
         return TenantConfig.model_validate({**doc, "api_keys": []})
     except ValidationError as e:
         raise ValueError(f"tenant record {doc['name']!r}: {one_line(e)}") from None
+
+
+def at_start(base: GatewayConfig, made: list[TenantConfig]) -> GatewayConfig:
+    """`merged` for a gateway's start: where the file clashes with the API's tenants, said (one line) and the file's
+    alone (their keys are refused, listed `orphaned`, until a reload of a mended file or their revocation)."""
+    try:
+        return merged(base, made)
+    except ValueError as e:
+        log.error("the tenants made through the keys API are not applied: %s", e)
+        return base
 
 
 def merged(base: GatewayConfig, made: list[TenantConfig]) -> GatewayConfig:

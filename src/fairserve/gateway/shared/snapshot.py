@@ -24,10 +24,17 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...core import Ledger
 from ..component import Part, cancelled
+
+
+class HasWeights(Protocol):
+    """A configuration (gateway/settings/config.py's): every node's weight, by path."""
+
+    def weights(self) -> dict[str, float]: ...
+
 
 log = logging.getLogger("fairserve.gateway")
 FORMAT = "fairserve-gateway-snapshot/1"
@@ -123,12 +130,21 @@ def restore(path: str, ledger: Ledger, configured: dict[str, float]) -> int:
 
 
 class Snapshots(Part):
-    """Restores at construction; from `start()` writes every `interval_s` (0: never), and once more at `stop()`."""
+    """Restores at construction; from `start()` writes every `interval_s` (0: never), and once more at `stop()`. The
+    tenants written are those of the configuration running then (a reload's, with the keys API's tenants)."""
 
-    def __init__(self, path: str, ledger: Ledger, configured: dict[str, float], interval_s: float) -> None:
-        self.path, self.ledger, self.configured, self.interval_s = path, ledger, configured, interval_s
-        self.restored = restore(path, ledger, configured)
+    def __init__(self, path: str, ledger: Ledger, cfg: HasWeights, interval_s: float) -> None:
+        self.path, self.ledger, self.cfg, self.interval_s = path, ledger, cfg, interval_s
+        self.restored = restore(path, ledger, cfg.weights())
         self._task: asyncio.Task[None] | None = None
+
+    def configure(self, cfg: HasWeights) -> None:
+        """The configuration from now on (a reload): its weights are read at each write (O(tenants), as the write)."""
+        self.cfg = cfg
+
+    @property
+    def configured(self) -> dict[str, float]:
+        return self.cfg.weights()
 
     def save(self) -> bool:
         try:
