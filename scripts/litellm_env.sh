@@ -22,17 +22,11 @@ PYTHON=${PYTHON:-python3}
 LITELLM_VERSION=1.108.7
 # what the venv must hold; a change here rebuilds it
 WANT="litellm[proxy]==$LITELLM_VERSION"
-STAMP="$VENV/.fairserve-litellm"
 
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-flock 9     # one set-up at a time (two clones benchmarking at once)
+install() {
+    "$1" -m pip install --quiet --disable-pip-version-check "$WANT" >&2
+    LITELLM_LOCAL_MODEL_COST_MAP=True "$1" -c 'import litellm.proxy.proxy_server' >&2
+}
 
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
-    echo "litellm_env: installing $WANT into $VENV (once; ~1 minute)" >&2
-    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$WANT" >&2
-    LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/python" -c 'import litellm.proxy.proxy_server' >&2
-    echo "$WANT" >"$STAMP"
-fi
-echo "$VENV/bin/python"
+source "$(dirname "$0")/side_venv.sh"
+side_venv "$VENV" "$WANT" litellm "litellm_env: installing $WANT into $VENV (once; ~1 minute)"

@@ -21,18 +21,11 @@ RAY_VERSION=2.60.0
 WANT=$(printf '%s\n' "ray==$RAY_VERSION" "pytest>=8,<10" && "$PYTHON" -c \
     'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
     "$ROOT/pyproject.toml")
-STAMP="$VENV/.fairserve-ray"
-
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-flock 9     # one set-up at a time (two clones testing at once)
-
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
-    echo "ray_env: installing ray $RAY_VERSION into $VENV (once; ~35 s, ~530 MB)" >&2
-    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+install() {
     echo "$WANT" >"$VENV/requirements.txt"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$VENV/requirements.txt" >&2
-    "$VENV/bin/python" -c 'import ray, numpy' >&2
-    echo "$WANT" >"$STAMP"
-fi
-echo "$VENV/bin/python"
+    "$1" -m pip install --quiet --disable-pip-version-check -r "$VENV/requirements.txt" >&2
+    "$1" -c 'import ray, numpy' >&2
+}
+
+source "$(dirname "$0")/side_venv.sh"
+side_venv "$VENV" "$WANT" ray "ray_env: installing ray $RAY_VERSION into $VENV (once; ~35 s, ~530 MB)"

