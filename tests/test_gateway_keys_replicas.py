@@ -1,10 +1,13 @@
 """Keys by API across replicas, through HTTP with the official `openai` client and a real redis-server: a key made on
 one replica serves at once on both, survives a restart of both (it is kept in Redis, hashed), and once revoked is
 refused on both within a second, while the tenant's other keys still serve; its last use, noted on one replica, is
-listed by the other; a Redis that lost its data gets the keys back from the replicas."""
+listed by the other; a Redis that lost its data gets the keys back from the replicas. A tenant made with a key serves
+on both at once, outlives their restart and goes with its last key; a key whose tenant a replica is still applying
+waits for it there."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
@@ -120,3 +123,27 @@ def test_a_tenant_made_with_a_key_on_one_replica_serves_on_both_outlives_their_r
             assert chat(a, made["key"]) == "invalid_api_key" and "carol" not in tenants_of(b)
             with redis_py.Redis.from_url(redis.url) as client:
                 assert client.hkeys("fairserve:keys:tenants") == [] and not client.exists("fairserve:keys:of:carol")
+
+
+def test_a_key_whose_new_tenant_a_replica_is_still_applying_waits_for_it_not_401():
+    """B's poll reads a tenant made on A and its key, and puts the tenant in place slowly (a reload at many tenants
+    takes seconds; here one made 1 s long): the key asked of B meanwhile is served once the tenant is in place."""
+    fake = FakeBackend()
+    with redis_server() as redis, running_server(fake.app) as url, contextlib.ExitStack() as stack:
+        cfg = config([url], state=redis.url, state_interval_s=0.1)
+        a = stack.enter_context(running_server(create_app(cfg)))
+        app_b = create_app(cfg)
+        b = stack.enter_context(running_server(app_b))
+        gw_b = app_b.state.gateway
+        applying = gw_b.use_tenants
+
+        async def slowly() -> None:
+            await asyncio.sleep(1.0)
+            await applying()
+
+        gw_b.use_tenants = slowly
+        body = {"tenant": "carol", "new_tenant": {"weight": 2}}
+        made = HTTP.post(a + "/admin/keys", json=body, headers=AS_ADMIN).json()
+        assert wait_until(lambda: gw_b.keys.book.knows(made["key"]), 2.0)  # B's poll has read the key...
+        assert wait_until(lambda: gw_b.keys._applying is not None, 0.5)  # ... and is putting its tenant in place
+        assert chat(b, made["key"]) == "ok" and "carol" in tenants_of(b)
