@@ -114,13 +114,13 @@ def test_a_request_queued_past_fallback_after_s_moves_to_a_fallback_with_a_short
     small, models, (took,) = queued_big_then_move(0.3, tmp_path)
     assert [b["model"] for b in small.bodies] == ["small"]  # sent to small, naming small
     assert sorted(models) == ["big", "small"]  # the usage log names the model each was served as
-    assert 0.3 <= took < 5
+    assert took >= 0.3  # it waited its fallback_after_s first (no upper bound: a loaded machine is slower)
 
 
 def test_queued_requests_move_when_their_pool_goes_down(tmp_path):
     small, models, (took,) = queued_big_then_move(0, tmp_path, down=True)
     assert [b["model"] for b in small.bodies] == ["small"] and "small" in models
-    assert took < 5  # not failed after fail_fast_s, not waited for big
+    # NOTE: served (not the 503 of fail_fast_s), by small, while big stayed down
 
 
 def test_without_fallback_after_s_a_queued_request_waits_for_its_own_pool(tmp_path):
@@ -136,8 +136,8 @@ def test_without_fallback_after_s_a_queued_request_waits_for_its_own_pool(tmp_pa
             first = pool.submit(stream, client)
             wait_for(lambda: big.calls == 1)
             second = pool.submit(client.completions.create, model="big", prompt="hello", max_tokens=2)
-            time.sleep(0.5)
-            assert not second.done()  # queued behind the first
+            wait_for(lambda: httpx.get(base + "/healthz", timeout=5).json()["queued"] == 1)
+            assert not second.done() and not small.bodies  # queued behind the first, not moved
             big.paused = False
             assert first.result() == 2 and second.result().usage.completion_tokens == 2
         assert not small.bodies and big.calls == 2

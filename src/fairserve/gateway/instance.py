@@ -63,8 +63,7 @@ class Gateway(Part):
         self.throttle = AuthThrottle(cfg.auth_failure_limit, cfg.auth_failure_window_s)
         self.stalls = StallWatch(cfg.client_write_timeout_s, cfg.client_min_rate)
         self.owners = cfg.key_owners()
-        self.keys = ApiKeys(cfg, self.sched, self.owners, store)  # made through the admin API, after the config's
-        self.keys.tenancy = self
+        self.keys = ApiKeys(cfg, self.sched, self.owners, self, store)  # made through the admin API, after the file's
         self.tenant_names = cfg.index().name_set
         self.keyless = cfg.keyless
         limit = connections(cfg.backends, [])

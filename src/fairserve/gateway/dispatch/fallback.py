@@ -1,6 +1,6 @@
-"""Fallbacks for queued requests (`fallbacks`, gateway/settings/config.py). At arrival a request whose pool is down is
-served as its first fallback up (gateway/dispatch/unavailable.py's `fallback`); once queued, it moves (`Fallbacks.
-move`) to its first fallback that may serve it sooner:
+"""A model's fallbacks (`fallbacks`, gateway/settings/config.py), both ways read from `up_fallbacks`. At arrival a
+request whose pool is down is served as its first fallback up (`fallback`); once queued, it moves (`Fallbacks.move`)
+to its first fallback that may serve it sooner:
 
 - past a queue wait, `fallback_after_s` (0: never): a fallback with a backend up and fewer requests queued than the
   request's own pool;
@@ -14,7 +14,7 @@ names the model it was served as."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ...core import CostFunction, RequestState
@@ -28,6 +28,31 @@ if TYPE_CHECKING:
     from .pools import Dispatch, Pool
 
 log = logging.getLogger("fairserve.gateway")
+
+
+def up_fallbacks(pools: Dispatch, model: str, fallbacks: Mapping[str, Sequence[str]]) -> Iterator[tuple[str, Pool]]:
+    """Each of `model`'s fallbacks whose pool has a backend up, with that pool, in order (a model no backend serves
+    is passed over)."""
+    for alternative in fallbacks.get(model, ()):
+        try:
+            pool = pools.route(alternative)
+        except UnknownModel:
+            continue
+        if any(b.healthy for b in pool.backends):
+            yield alternative, pool
+
+
+def fallback(pools: Dispatch, model: str | None, fallbacks: Mapping[str, Sequence[str]]) -> str | None:
+    """At arrival, the model to serve a request for `model` instead: while every backend of `model`'s pool is down,
+    its first fallback up. None: serve `model` (its pool has a backend up, or no fallback is up either)."""
+    if model is None or model not in fallbacks:
+        return None
+    try:
+        if any(b.healthy for b in pools.route(model).backends):
+            return None
+    except UnknownModel:  # NOTE: a model no backend serves: its own 404, as without fallbacks
+        return None
+    return next((alternative for alternative, _ in up_fallbacks(pools, model, fallbacks)), None)
 
 
 class Scheduler(Protocol):
@@ -60,11 +85,10 @@ class Fallbacks:
         if req is None or req.state is not RequestState.QUEUED or t.fell_back_from is not None or t.model is None:
             return False
         allowed = sched.cfg.index().allowed_models
-        for model in sched.cfg.fallbacks.get(t.model, ()):
-            pool = self._pool(model)
-            if pool is None or pool is own or model_refused(allowed, t.tenant, model) is not None:
+        for model, pool in up_fallbacks(sched.pools, t.model, sched.cfg.fallbacks):
+            if pool is own or model_refused(allowed, t.tenant, model) is not None:
                 continue
-            if not any(b.healthy for b in pool.backends) or (not down and pool.queued >= own.queued):
+            if not down and pool.queued >= own.queued:
                 continue
             cost = sched.prices.get(model, sched.price)
             moved = entry(t, f"{req.id}>{model}", req.priority, cost)
@@ -79,9 +103,3 @@ class Fallbacks:
             sched.dispatch()
             return True
         return False
-
-    def _pool(self, model: str) -> Pool | None:
-        try:
-            return self.sched.pools.route(model)
-        except UnknownModel:
-            return None

@@ -3,18 +3,18 @@ once the pool has been down for `fail_fast_s`, its queued requests fail together
 that names the backends and why they are down, with a `Retry-After` (the next health check), and a request that
 arrives at such a pool fails at once. A backend that comes back in time serves them as usual. `fail_fast_s = 0`:
 requests wait their whole `queue_ttl_s`. A model with `fallbacks` is served as its first fallback whose pool is up
-while every backend of its own pool is down (`fallback`), and its queued requests move there when the last backend
-of their pool goes down (gateway/dispatch/fallback.py)."""
+while every backend of its own pool is down, and its queued requests move there when the last backend of their pool
+goes down (gateway/dispatch/fallback.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..admission.ticket import Ending
-from .pools import Pool, UnknownModel
+from .pools import Pool
 
 if TYPE_CHECKING:
     from ..admission.ticket import Ticket
@@ -37,24 +37,6 @@ def down_for(pool: Pool, now: float) -> float:
     if any(b.healthy for b in pool.backends):
         return 0.0
     return now - max(b.down_since for b in pool.backends)
-
-
-def fallback(pools: Dispatch, model: str | None, fallbacks: Mapping[str, Sequence[str]]) -> str | None:
-    """The model to serve a request for `model` instead (`fallbacks`): while every backend of `model`'s pool is
-    down, the first of its fallbacks whose pool has a backend up. None: serve `model` (its pool has a backend up,
-    it has no fallbacks, or none of them is up either)."""
-    alternatives = fallbacks.get(model) if model is not None else None
-    if not alternatives:
-        return None
-    try:
-        if any(b.healthy for b in pools.route(model).backends):
-            return None
-        for alternative in alternatives:
-            if any(b.healthy for b in pools.route(alternative).backends):
-                return alternative
-    except UnknownModel:  # NOTE: a model no backend serves: its own 404 (or the next fallback's) as without it
-        return None
-    return None
 
 
 class Scheduler(Protocol):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,17 +72,19 @@ class ApiKeys(Part):
         cfg: GatewayConfig,
         sched: Scheduler,
         owners: KeyOwners,
+        tenancy: Tenancy | None = None,
         store: FileKeys | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`store`: the keys file beside the snapshot, read by the gateway (its tenants are in `cfg` already)."""
+        """`tenancy`: the gateway the API's tenants are put in place in (None: a part on its own, no tenant made);
+        `store`: the keys file beside the snapshot, read by the gateway (its tenants are in `cfg` already)."""
         self.sched = sched
         self.book = KeyBook(clock)
         self.store: KeyStore | None = store
         # the tenants the API made, by name (replaced whole at each change, never changed in place: a reload reads
         # it on its thread)
         self.tenants: dict[str, TenantConfig] = {}
-        self.tenancy: Tenancy | None = None  # set by the gateway
+        self.tenancy = tenancy
         if isinstance(self.store, FileKeys):
             self.book.load(self.store.records.values())
             self.tenants = dict(self.store.tenants)
@@ -314,10 +317,8 @@ class ApiKeys(Part):
             stored = await self.store.last_used() if self.store is not None else {}
         except Exception:  # NOTE: Redis lost: this replica's own last uses
             stored = {}
-        made = [
-            {"weight": t.weight, **tenant_doc(t), "keys": self._keys_of(t.name)}
-            for t in sorted(self.tenants.values(), key=_name)
-        ]
+        counts = Counter(r.tenant for r in self.book.records.values())
+        made = [{"weight": t.weight, **tenant_doc(t), "keys": counts[n]} for n, t in sorted(self.tenants.items())]
         return {
             "store": self.store.kind if self.store is not None else None,
             "keys": self.book.rows(stored),
@@ -337,7 +338,3 @@ def _exists(name: str) -> Refused:
 def _gone(name: str) -> Refused:
     msg = f"no tenant named {name!r}: its last key was revoked meanwhile (give new_tenant to make it again)"
     return Refused(404, "unknown_tenant", msg, "tenant")
-
-
-def _name(t: TenantConfig) -> str:
-    return t.name

@@ -22,9 +22,10 @@ from ...tenancy import model_refused, priority_message
 from ..admission.scheduler import Scheduler
 from ..admission.ticket import Ending, Ticket
 from ..component import Part
+from ..dispatch.fallback import fallback
 from ..dispatch.locality import prompt_digests
 from ..dispatch.pools import Backend, UnknownModel
-from ..dispatch.unavailable import PoolDown, fallback
+from ..dispatch.unavailable import PoolDown
 from ..http.body import (
     CHAT,
     PATHS,
