@@ -2,7 +2,7 @@
 (ledger, dispatch, capacity check) with the real `SharedState` against a real redis-server, in front of two backends
 the test plays step by step (every running request gets one output token per 10 ms step; each replica syncs every
 second step, Δ = 20 ms, and at the next step when it asks to sync early). No sleep, no wall clock: a run is the same
-on any machine, however loaded (tests/support/state_replicas.py, `Stepped`). tests/test_replicas.py and
+on any machine, however loaded (tests/support/stepped_replicas.py, `Stepped`). tests/test_replicas.py and
 tests/test_replicas_faults.py check the same wiring through HTTP.
 
 The bound on the service difference of two backlogged tenants (or nodes, per unit of weight) is docs/gateway.md's
@@ -37,7 +37,7 @@ import math
 
 import pytest
 from support.redis_server import redis_server
-from support.state_replicas import Stepped, Stream
+from support.stepped_replicas import Stepped, Stream
 
 from fairserve.core import theorem_bound
 from fairserve.gateway import build_config
