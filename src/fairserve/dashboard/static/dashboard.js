@@ -132,57 +132,52 @@ function render(data) {
   chart(data.history, data.tenants.map((t) => t.name));
 }
 
-function renderQuotas(quotas) {
-  // each node's quota: one row per measure (tokens, service) in the current UTC window
-  const nodes = quotas ? Object.entries(quotas.quotas) : [];
-  $("quotas-card").hidden = nodes.length === 0;
+function renderLimits(name, doc, nodes, measures, fill) {
+  // a card of limits (quotas, rate caps), hidden while there are none: one row per node and measure it limits,
+  // `fill(tr, path, node, m)` writing the row's cells
+  $(name + "-card").hidden = nodes.length === 0;
   if (nodes.length === 0) return;
-  $("quotas-note").textContent = quotas.estimated ? "(this replica's estimate: Redis cannot be reached)" : "";
+  $(name + "-note").textContent = doc.estimated ? "(this replica's estimate: Redis cannot be reached)" : "";
   const rows = [];
-  for (const [path, q] of nodes) {
-    for (const measure of ["tokens", "service"]) {
-      const m = q[measure];
+  for (const [path, node] of nodes) {
+    for (const measure of measures) {
+      const m = node[measure];
       if (!m) continue;
       const tr = document.createElement("tr");
       tr.dataset.node = path;
       tr.dataset.measure = measure;
-      cell(tr, path + " (per " + q.per + ")", "name");
-      cell(tr, measure, "measure");
-      cell(tr, fmt(m.used, 0), "used");
-      cell(tr, fmt(m.held, 0), "held");
-      cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
-      cell(tr, fmt(m.limit, 0), "limit");
-      cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
+      fill(tr, path, node, measure, m);
       rows.push(tr);
     }
   }
-  $("quotas").tBodies[0].replaceChildren(...rows);
+  $(name).tBodies[0].replaceChildren(...rows);
+}
+
+function renderQuotas(quotas) {
+  // each node's quota: one row per measure (tokens, service) in the current UTC window
+  const nodes = quotas ? Object.entries(quotas.quotas) : [];
+  renderLimits("quotas", quotas, nodes, ["tokens", "service"], (tr, path, q, measure, m) => {
+    cell(tr, path + " (per " + q.per + ")", "name");
+    cell(tr, measure, "measure");
+    cell(tr, fmt(m.used, 0), "used");
+    cell(tr, fmt(m.held, 0), "held");
+    cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
+    cell(tr, fmt(m.limit, 0), "limit");
+    cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
+  });
 }
 
 function renderRates(rates) {
   // each node's per-minute caps (GET /admin/rates): one row per measure (requests, tokens)
   const nodes = rates ? Object.entries(rates.rates) : [];
-  $("rates-card").hidden = nodes.length === 0;
-  if (nodes.length === 0) return;
-  $("rates-note").textContent = rates.estimated ? "(this replica's estimate: Redis cannot be reached)" : "";
-  const rows = [];
-  for (const [path, caps] of nodes) {
-    for (const measure of ["requests", "tokens"]) {
-      const m = caps[measure];
-      if (!m) continue;
-      const tr = document.createElement("tr");
-      tr.dataset.node = path;
-      tr.dataset.measure = measure;
-      cell(tr, path, "name");
-      cell(tr, measure, "measure");
-      cell(tr, fmt(m.used, 0), "used");
-      cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
-      cell(tr, fmt(m.limit, 0), "limit");
-      cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
-      rows.push(tr);
-    }
-  }
-  $("rates").tBodies[0].replaceChildren(...rows);
+  renderLimits("rates", rates, nodes, ["requests", "tokens"], (tr, path, caps, measure, m) => {
+    cell(tr, path, "name");
+    cell(tr, measure, "measure");
+    cell(tr, fmt(m.used, 0), "used");
+    cell(tr, fmt(m.remaining, 0), "remaining").className = m.remaining > 0 ? "up" : "down";
+    cell(tr, fmt(m.limit, 0), "limit");
+    cell(tr, m.resets_at.replace("T", " ").replace("+00:00", ""), "resets_at");
+  });
 }
 
 function when(iso) {
